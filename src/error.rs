@@ -1,0 +1,86 @@
+//! Configuration errors.
+//!
+//! Every invalid setting is reported when a quota, limiter or layer is built, never while a
+//! request is being served. Each variant names the setting that is wrong.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A setting that cannot work, found while building a [`Quota`](crate::Quota), a
+/// [`RateLimiter`](crate::RateLimiter) or a layer.
+///
+/// The panicking constructors (`Quota::per_second(0)`, …) panic with this error's message; the
+/// `try_` constructors return it, for values read from configuration at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `count` of a quota was zero: a quota must admit at least one request per period.
+    ZeroCount,
+    /// `period` of a quota was zero.
+    ZeroPeriod,
+    /// `burst` of a quota was zero: an idle key must be able to send at least one request.
+    ZeroBurst,
+    /// `period / count` is shorter than one nanosecond, the resolution of the clock.
+    RateTooHigh {
+        /// The requested count.
+        count: u32,
+        /// The requested period.
+        period: Duration,
+    },
+    /// `burst × period / count` does not fit the clock's range (about 584 years).
+    ToleranceTooLong,
+    /// A policy was given no quota at all.
+    NoQuota,
+    /// A policy was given more quotas than one key can be decided on at once.
+    TooManyQuotas {
+        /// How many were given.
+        got: usize,
+        /// The most a policy may hold.
+        max: usize,
+    },
+    /// Two tiers of one layer have the same name.
+    DuplicateTier(String),
+    /// `max_keys` was zero.
+    ZeroMaxKeys,
+    /// A name used in a header is not a valid structured-field string.
+    InvalidName(String),
+    /// A status code given for a rejection is not a client or server error.
+    InvalidStatus(u16),
+    /// A trusted-proxy entry could not be parsed as an address or CIDR range.
+    InvalidProxy(String),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::ZeroCount => f.write_str("quota count must be at least 1"),
+            ConfigError::ZeroPeriod => f.write_str("quota period must be longer than zero"),
+            ConfigError::ZeroBurst => f.write_str("quota burst must be at least 1"),
+            ConfigError::RateTooHigh { count, period } => write!(
+                f,
+                "quota rate {count} per {period:?} is finer than the clock's 1 ns resolution"
+            ),
+            ConfigError::ToleranceTooLong => {
+                f.write_str("quota burst × period / count is longer than the clock can hold")
+            }
+            ConfigError::NoQuota => f.write_str("a rate-limit policy needs at least one quota"),
+            ConfigError::TooManyQuotas { got, max } => {
+                write!(f, "a rate-limit policy holds at most {max} quotas (got {got})")
+            }
+            ConfigError::DuplicateTier(name) => write!(f, "tier {name:?} is defined twice"),
+            ConfigError::ZeroMaxKeys => f.write_str("max_keys must be at least 1"),
+            ConfigError::InvalidName(name) => write!(
+                f,
+                "name {name:?} must be printable ASCII without '\"' or '\\\\' to appear in headers"
+            ),
+            ConfigError::InvalidStatus(code) => {
+                write!(f, "rejection status {code} is not a 4xx or 5xx status")
+            }
+            ConfigError::InvalidProxy(s) => {
+                write!(f, "trusted proxy {s:?} is not an IP address or CIDR range")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

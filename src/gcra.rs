@@ -1,0 +1,259 @@
+//! The GCRA decision: a pure function of numbers, with no clock, no storage and no I/O.
+//!
+//! Times are nanoseconds on one monotonic axis chosen by the caller. A stored theoretical
+//! arrival time (`tat`) of `0`, or any `tat <= now`, is the state of an idle key: evicting such
+//! an entry changes no decision.
+//!
+//! For a request of cost `c`:
+//!
+//! ```text
+//! base    = max(tat, now)
+//! new_tat = base + c*T
+//! allow   = new_tat - now <= tau      (tau = burst * T)
+//! ```
+//!
+//! An allowed request stores `new_tat`; a rejected one stores nothing. With several quotas on
+//! one key the request is allowed only if every quota allows it, and then all of them store.
+
+use std::time::Duration;
+
+/// The most quotas one policy may hold (they are decided together for each request).
+pub const MAX_QUOTAS: usize = 4;
+
+/// One quota reduced to the two numbers the algorithm needs, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Gcra {
+    /// Emission interval `T`.
+    pub(crate) interval: u64,
+    /// Tolerance `tau = burst * T`.
+    pub(crate) tolerance: u64,
+}
+
+/// What one quota says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Admitted; store `new_tat`.
+    Allow { new_tat: u64 },
+    /// Not now; admissible after `retry_after` nanoseconds.
+    Deny { retry_after: u64 },
+    /// The cost is larger than the burst: no amount of waiting helps.
+    Never,
+}
+
+impl Gcra {
+    pub(crate) const fn new(interval: u64, tolerance: u64) -> Self {
+        Gcra {
+            interval,
+            tolerance,
+        }
+    }
+
+    /// The burst, in requests.
+    pub(crate) fn burst(&self) -> u64 {
+        self.tolerance / self.interval
+    }
+
+    /// Decides a request of `cost` against stored `tat` at `now`.
+    #[inline]
+    pub(crate) fn step(&self, tat: u64, now: u64, cost: u32) -> Step {
+        let inc = self.interval.saturating_mul(u64::from(cost));
+        if inc > self.tolerance {
+            return Step::Never;
+        }
+        let base = if tat > now { tat } else { now };
+        let new_tat = base.saturating_add(inc);
+        let ahead = new_tat - now;
+        if ahead <= self.tolerance {
+            Step::Allow { new_tat }
+        } else {
+            Step::Deny {
+                retry_after: ahead - self.tolerance,
+            }
+        }
+    }
+
+    /// Whole requests of cost 1 still admissible at `now` with stored `tat`.
+    #[inline]
+    pub(crate) fn remaining(&self, tat: u64, now: u64) -> u64 {
+        let ahead = tat.saturating_sub(now);
+        self.tolerance.saturating_sub(ahead) / self.interval
+    }
+
+    /// Time until the key is back to its full burst.
+    #[inline]
+    pub(crate) fn reset_after(tat: u64, now: u64) -> u64 {
+        tat.saturating_sub(now)
+    }
+}
+
+/// Whether a request was admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted: the cost was taken from every quota.
+    Allowed,
+    /// Rejected: admissible after [`Decision::retry_after`]. Nothing was consumed.
+    Limited,
+    /// Rejected, and it always will be: the cost is larger than the burst of at least one
+    /// quota. Nothing was consumed, and there is no time after which to retry.
+    Exceeds,
+}
+
+/// The state of one quota after a decision, as the `RateLimit` header field reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QuotaState {
+    /// The burst of the quota (`q` in `RateLimit-Policy`).
+    pub limit: u64,
+    /// Whole requests (of cost 1) still admissible now (`r` in `RateLimit`).
+    pub remaining: u64,
+    /// Nanoseconds until this quota is back to its full burst.
+    pub(crate) reset_after: u64,
+}
+
+impl QuotaState {
+    /// Time until this quota is back to its full burst (`t` in `RateLimit`, rounded up).
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_nanos(self.reset_after)
+    }
+}
+
+/// The answer to one request: what `CL.THROTTLE` returns, for every quota of the policy.
+///
+/// ```
+/// use tollgate::{Quota, RateLimiter};
+///
+/// let limiter = RateLimiter::<&str>::new(Quota::per_second(10).burst(5));
+/// for _ in 0..5 {
+///     assert!(limiter.check(&"k").is_allowed());
+/// }
+/// let d = limiter.check(&"k");
+/// assert!(!d.is_allowed());
+/// assert_eq!(d.remaining(), 0);
+/// assert!(d.retry_after().is_some());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub(crate) outcome: Outcome,
+    pub(crate) retry_after: u64,
+    pub(crate) len: u8,
+    pub(crate) quotas: [QuotaState; MAX_QUOTAS],
+}
+
+impl Decision {
+    /// Whether the request was admitted.
+    #[inline]
+    pub fn is_allowed(&self) -> bool {
+        self.outcome == Outcome::Allowed
+    }
+
+    /// Admitted, limited for now, or never admissible.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// The burst of the quota with the fewest requests remaining.
+    pub fn limit(&self) -> u64 {
+        self.binding().limit
+    }
+
+    /// Whole requests still admissible now: the least over all quotas.
+    pub fn remaining(&self) -> u64 {
+        self.binding().remaining
+    }
+
+    /// When [`Outcome::Limited`], how long until the same request would be admitted (the
+    /// longest wait among the quotas that rejected it). `None` when allowed, and when the
+    /// request can never be admitted.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.outcome {
+            Outcome::Limited => Some(Duration::from_nanos(self.retry_after)),
+            _ => None,
+        }
+    }
+
+    /// Time until every quota is back to its full burst.
+    pub fn reset_after(&self) -> Duration {
+        let max = self.states().iter().map(|s| s.reset_after).max();
+        Duration::from_nanos(max.unwrap_or(0))
+    }
+
+    /// The state of each quota, in the order the policy lists them.
+    pub fn states(&self) -> &[QuotaState] {
+        &self.quotas[..usize::from(self.len)]
+    }
+
+    fn binding(&self) -> QuotaState {
+        self.states()
+            .iter()
+            .copied()
+            .min_by_key(|s| s.remaining)
+            .unwrap_or_default()
+    }
+}
+
+/// Decides a request of `cost` against every quota at once, all or nothing.
+///
+/// `tats` holds one stored time per quota (`0` for absent); when the request is admitted they
+/// are replaced by the new times, otherwise left alone. Returns the decision and whether `tats`
+/// changed.
+pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (Decision, bool) {
+    debug_assert_eq!(gcras.len(), tats.len());
+    debug_assert!(gcras.len() <= MAX_QUOTAS);
+    let mut outcome = Outcome::Allowed;
+    let mut retry_after = 0;
+    let mut new_tats = [0u64; MAX_QUOTAS];
+    for (i, (g, &tat)) in gcras.iter().zip(tats.iter()).enumerate() {
+        match g.step(tat, now, cost) {
+            Step::Allow { new_tat } => new_tats[i] = new_tat,
+            Step::Deny { retry_after: r } => {
+                if outcome == Outcome::Allowed {
+                    outcome = Outcome::Limited;
+                }
+                retry_after = retry_after.max(r);
+            }
+            Step::Never => outcome = Outcome::Exceeds,
+        }
+    }
+    let allowed = outcome == Outcome::Allowed && cost > 0;
+    if allowed {
+        tats.copy_from_slice(&new_tats[..tats.len()]);
+    }
+    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+    for (i, (g, &tat)) in gcras.iter().zip(tats.iter()).enumerate() {
+        quotas[i] = QuotaState {
+            limit: g.burst(),
+            remaining: g.remaining(tat, now),
+            reset_after: Gcra::reset_after(tat, now),
+        };
+    }
+    let decision = Decision {
+        outcome,
+        retry_after,
+        len: gcras.len() as u8,
+        quotas,
+    };
+    (decision, allowed)
+}
+
+/// The single-quota case, on one word: returns the decision and the value to store, if any.
+#[inline]
+pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, Option<u64>) {
+    let (outcome, retry_after, stored) = match g.step(tat, now, cost) {
+        Step::Allow { new_tat } => (Outcome::Allowed, 0, (cost > 0).then_some(new_tat)),
+        Step::Deny { retry_after } => (Outcome::Limited, retry_after, None),
+        Step::Never => (Outcome::Exceeds, 0, None),
+    };
+    let tat = stored.unwrap_or(tat);
+    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+    quotas[0] = QuotaState {
+        limit: g.burst(),
+        remaining: g.remaining(tat, now),
+        reset_after: Gcra::reset_after(tat, now),
+    };
+    let decision = Decision {
+        outcome,
+        retry_after,
+        len: 1,
+        quotas,
+    };
+    (decision, stored)
+}

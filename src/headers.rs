@@ -1,0 +1,164 @@
+//! Rendering of `Retry-After`, `RateLimit-Policy` and `RateLimit` header fields
+//! (draft-ietf-httpapi-ratelimit-headers-10), shared by every layer.
+//!
+//! Mapping of GCRA onto the draft's fields, per quota:
+//!
+//! | field | parameter | value |
+//! |---|---|---|
+//! | `RateLimit-Policy` | `q` | the burst: requests an idle client may send at once |
+//! | `RateLimit-Policy` | `w` | seconds to earn the whole burst back (`burst × T`, rounded up), so `q/w` is the rate |
+//! | `RateLimit` | `r` | whole requests still admissible now |
+//! | `RateLimit` | `t` | seconds until the quota is back to its full burst (rounded up) |
+//!
+//! `Retry-After` is a whole number of seconds, rounded up and never `0` when the client must
+//! wait (RFC 9110 §10.2.3).
+
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use http::HeaderValue;
+
+use crate::error::ConfigError;
+use crate::gcra::Decision;
+
+/// `RateLimit-Policy`.
+pub static RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`.
+pub static RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
+/// `X-RateLimit-Limit` (legacy, on request).
+pub static X_RATELIMIT_LIMIT: http::HeaderName =
+    http::HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining` (legacy, on request).
+pub static X_RATELIMIT_REMAINING: http::HeaderName =
+    http::HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset` (legacy, on request).
+pub static X_RATELIMIT_RESET: http::HeaderName =
+    http::HeaderName::from_static("x-ratelimit-reset");
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// `Retry-After` for a wait of `d`: whole seconds rounded up, at least 1.
+pub fn retry_after_value(d: Duration) -> HeaderValue {
+    integer_value(ceil_secs(d).max(1))
+}
+
+pub(crate) fn integer_value(n: u64) -> HeaderValue {
+    let mut buf = itoa_buf();
+    HeaderValue::from_str(fmt_u64(n, &mut buf)).unwrap_or(HeaderValue::from_static("0"))
+}
+
+type ItoaBuf = [u8; 20];
+
+fn itoa_buf() -> ItoaBuf {
+    [0; 20]
+}
+
+fn fmt_u64(mut n: u64, buf: &mut ItoaBuf) -> &str {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    std::str::from_utf8(&buf[i..]).unwrap_or("0")
+}
+
+/// Checks that a policy name can be written as a structured-field string without escapes.
+pub(crate) fn check_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::InvalidName(name.to_owned()))
+    }
+}
+
+/// The static part of a policy's headers: names and the `RateLimit-Policy` value.
+#[derive(Debug, Clone)]
+pub(crate) struct PolicyHeaders {
+    names: Box<[Box<str>]>,
+    policy: HeaderValue,
+}
+
+impl PolicyHeaders {
+    /// `items` holds, per quota, its name, burst and burst period.
+    pub(crate) fn new(items: &[(String, u64, Duration)], extra: Option<&str>) -> Self {
+        let mut s = String::new();
+        for (i, (name, q, w)) in items.iter().enumerate() {
+            if i > 0 {
+                s.push_str(", ");
+            }
+            s.push_str(&format!("\"{name}\";q={q};w={}", ceil_secs(*w).max(1)));
+            if let Some(extra) = extra {
+                s.push_str(extra);
+            }
+        }
+        PolicyHeaders {
+            names: items.iter().map(|(n, _, _)| n.as_str().into()).collect(),
+            policy: HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static("")),
+        }
+    }
+
+    /// The `RateLimit-Policy` value (built once).
+    pub(crate) fn policy(&self) -> HeaderValue {
+        self.policy.clone()
+    }
+
+    /// The `RateLimit` value for `d`.
+    pub(crate) fn ratelimit(&self, d: &Decision) -> HeaderValue {
+        let mut out = BytesMut::with_capacity(24 * self.names.len());
+        let mut buf = itoa_buf();
+        for (i, (name, st)) in self.names.iter().zip(d.states()).enumerate() {
+            if i > 0 {
+                out.put_slice(b", ");
+            }
+            out.put_u8(b'"');
+            out.put_slice(name.as_bytes());
+            out.put_slice(b"\";r=");
+            out.put_slice(fmt_u64(st.remaining, &mut buf).as_bytes());
+            out.put_slice(b";t=");
+            out.put_slice(fmt_u64(ceil_secs(st.reset_after()), &mut buf).as_bytes());
+        }
+        HeaderValue::from_maybe_shared(out.freeze()).unwrap_or(HeaderValue::from_static(""))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        assert_eq!(retry_after_value(Duration::from_nanos(1)), "1");
+        assert_eq!(retry_after_value(Duration::ZERO), "1");
+        assert_eq!(retry_after_value(Duration::from_millis(1000)), "1");
+        assert_eq!(retry_after_value(Duration::from_millis(1001)), "2");
+        assert_eq!(retry_after_value(Duration::from_secs(86_400)), "86400");
+    }
+
+    #[test]
+    fn integers_render_exactly() {
+        for n in [0u64, 7, 10, 99, 100, 12345, u64::MAX] {
+            assert_eq!(integer_value(n), n.to_string().as_str());
+        }
+    }
+
+    #[test]
+    fn names_must_be_plain_printable_ascii() {
+        assert!(check_name("per-ip").is_ok());
+        assert!(check_name("").is_err());
+        assert!(check_name("a\"b").is_err());
+        assert!(check_name("a\\b").is_err());
+        assert!(check_name("é").is_err());
+    }
+}

@@ -1,0 +1,325 @@
+//! Key extractors: which bucket a request is counted in.
+//!
+//! One trait, [`KeyExtractor`], is shared by every layer of the crate. A key that cannot be
+//! extracted (a missing header, no peer address) is an [`KeyError`], never a panic or a 500:
+//! the layer's `on_missing_key` policy decides what happens to the request.
+//!
+//! | extractor | key | notes |
+//! |---|---|---|
+//! | [`Global`] | `()` | one bucket for everything |
+//! | [`PeerIp`] | `IpAddr` | the TCP peer (axum `ConnectInfo`); IPv6 grouped by /64 |
+//! | [`ClientIp`] | `IpAddr` | `X-Forwarded-For` / `Forwarded` / `X-Real-IP`, trusted only from configured proxies |
+//! | [`Header`] | `Box<[u8]>` | a header's value, e.g. an API key |
+//! | [`Route`] | `Arc<str>` | the matched route (axum `MatchedPath`), else the path |
+//! | [`from_fn`] | any | a closure over the request head |
+//! | `(A, B)`, `(A, B, C)` | tuple | every part must be present |
+//! | [`KeyExtractorExt::or`] | same key | the first extractor that succeeds |
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use http::{Extensions, HeaderMap, HeaderName, Method, Request, Uri};
+
+mod ip;
+
+pub use ip::{ClientIp, PeerIp};
+
+/// The parts of a request that extractors, cost functions and tier selectors look at.
+///
+/// Borrowed from an `http::Request` of any body type, so one extractor serves every service.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHead<'a> {
+    /// The request method.
+    pub method: &'a Method,
+    /// The request URI.
+    pub uri: &'a Uri,
+    /// The request headers.
+    pub headers: &'a HeaderMap,
+    /// The request extensions (axum's `ConnectInfo` and `MatchedPath` live here).
+    pub extensions: &'a Extensions,
+}
+
+impl<'a> RequestHead<'a> {
+    /// Borrows the head of `req`.
+    pub fn new<B>(req: &'a Request<B>) -> Self {
+        RequestHead {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+            extensions: req.extensions(),
+        }
+    }
+}
+
+/// Why a key could not be extracted from a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyError {
+    reason: &'static str,
+}
+
+impl KeyError {
+    /// A key error with a short reason, e.g. `"missing header x-api-key"`.
+    pub const fn new(reason: &'static str) -> Self {
+        KeyError { reason }
+    }
+
+    /// The reason.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no rate-limit key: {}", self.reason)
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+/// Picks the key a request is counted under.
+///
+/// Keys come from clients, so they are hashed with a per-process random seed and the number of
+/// tracked keys is bounded by the store.
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key type.
+    type Key: Clone + Eq + Hash + Send + Sync + fmt::Debug + 'static;
+
+    /// Extracts the key of `req`.
+    fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError>;
+}
+
+impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
+    type Key = E::Key;
+    fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
+        (**self).extract(req)
+    }
+}
+
+/// Combinators on key extractors.
+pub trait KeyExtractorExt: KeyExtractor + Sized {
+    /// Uses `self`, or `other` when `self` finds no key. Both must produce the same key type.
+    ///
+    /// ```
+    /// use tollgate::key::{Header, KeyExtractorExt, PeerIp};
+    /// // Requests with an API key are counted per key; the others per client address.
+    /// let by_key_or_ip = Header::new("x-api-key").map(|k| k.to_vec())
+    ///     .or(PeerIp::new().map(|ip| ip.to_string().into_bytes()));
+    /// # let _ = by_key_or_ip;
+    /// ```
+    fn or<O: KeyExtractor<Key = Self::Key>>(self, other: O) -> Or<Self, O> {
+        Or(self, other)
+    }
+
+    /// Transforms the key.
+    fn map<F, T>(self, f: F) -> Map<Self, F>
+    where
+        F: Fn(Self::Key) -> T + Send + Sync + 'static,
+        T: Clone + Eq + Hash + Send + Sync + fmt::Debug + 'static,
+    {
+        Map(self, f)
+    }
+}
+
+impl<E: KeyExtractor> KeyExtractorExt for E {}
+
+/// The first of two extractors that finds a key. See [`KeyExtractorExt::or`].
+#[derive(Debug, Clone)]
+pub struct Or<A, B>(A, B);
+
+impl<A, B> KeyExtractor for Or<A, B>
+where
+    A: KeyExtractor,
+    B: KeyExtractor<Key = A::Key>,
+{
+    type Key = A::Key;
+    fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
+        self.0.extract(req).or_else(|_| self.1.extract(req))
+    }
+}
+
+/// An extractor whose key is transformed. See [`KeyExtractorExt::map`].
+#[derive(Clone)]
+pub struct Map<E, F>(E, F);
+
+impl<E: fmt::Debug, F> fmt::Debug for Map<E, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Map").field(&self.0).finish()
+    }
+}
+
+impl<E, F, T> KeyExtractor for Map<E, F>
+where
+    E: KeyExtractor,
+    F: Fn(E::Key) -> T + Send + Sync + 'static,
+    T: Clone + Eq + Hash + Send + Sync + fmt::Debug + 'static,
+{
+    type Key = T;
+    fn extract(&self, req: &RequestHead<'_>) -> Result<T, KeyError> {
+        self.0.extract(req).map(&self.1)
+    }
+}
+
+/// One key for every request: a limit on the whole service (or route).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Global;
+
+impl KeyExtractor for Global {
+    type Key = ();
+    #[inline]
+    fn extract(&self, _: &RequestHead<'_>) -> Result<(), KeyError> {
+        Ok(())
+    }
+}
+
+/// The value of a request header, e.g. an API key. Requests without it have no key.
+///
+/// The value is copied (the key must not keep the connection's read buffer alive).
+#[derive(Debug, Clone)]
+pub struct Header {
+    name: HeaderName,
+}
+
+impl Header {
+    /// Keys requests by the header `name`.
+    ///
+    /// # Panics
+    /// When `name` is not a valid header name.
+    #[track_caller]
+    pub fn new(name: &str) -> Self {
+        match HeaderName::try_from(name) {
+            Ok(name) => Header { name },
+            Err(_) => panic!("tollgate: {name:?} is not a valid header name"),
+        }
+    }
+
+    /// Keys requests by the header `name`.
+    pub fn from_name(name: HeaderName) -> Self {
+        Header { name }
+    }
+}
+
+impl KeyExtractor for Header {
+    type Key = Box<[u8]>;
+    fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
+        match req.headers.get(&self.name) {
+            Some(v) if !v.is_empty() => Ok(v.as_bytes().into()),
+            _ => Err(KeyError::new("missing header")),
+        }
+    }
+}
+
+/// The route the request matched (axum's `MatchedPath`, e.g. `/users/{id}`), or the request
+/// path when no route was matched yet.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Route;
+
+impl KeyExtractor for Route {
+    type Key = Arc<str>;
+    fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
+        #[cfg(feature = "axum")]
+        if let Some(p) = req.extensions.get::<axum::extract::MatchedPath>() {
+            return Ok(Arc::from(p.as_str()));
+        }
+        Ok(Arc::from(req.uri.path()))
+    }
+}
+
+/// A key extractor made of a closure over the request head; `None` means "no key".
+///
+/// ```
+/// use tollgate::key::{self, RequestHead};
+/// // Count requests per tenant, taken from the first path segment.
+/// let tenant = key::from_fn(|req: &RequestHead<'_>| {
+///     req.uri.path().split('/').nth(1).filter(|s| !s.is_empty()).map(str::to_owned)
+/// });
+/// # let _ = tenant;
+/// ```
+pub fn from_fn<F, K>(f: F) -> FromFn<F>
+where
+    F: Fn(&RequestHead<'_>) -> Option<K> + Send + Sync + 'static,
+    K: Clone + Eq + Hash + Send + Sync + fmt::Debug + 'static,
+{
+    FromFn(f)
+}
+
+/// A closure key extractor. See [`from_fn`].
+#[derive(Clone)]
+pub struct FromFn<F>(F);
+
+impl<F> fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FromFn")
+    }
+}
+
+impl<F, K> KeyExtractor for FromFn<F>
+where
+    F: Fn(&RequestHead<'_>) -> Option<K> + Send + Sync + 'static,
+    K: Clone + Eq + Hash + Send + Sync + fmt::Debug + 'static,
+{
+    type Key = K;
+    fn extract(&self, req: &RequestHead<'_>) -> Result<K, KeyError> {
+        (self.0)(req).ok_or(KeyError::new("the key function returned None"))
+    }
+}
+
+macro_rules! tuple_extractor {
+    ($($name:ident $idx:tt),+) => {
+        impl<$($name: KeyExtractor),+> KeyExtractor for ($($name,)+) {
+            type Key = ($($name::Key,)+);
+            fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
+                Ok(($(self.$idx.extract(req)?,)+))
+            }
+        }
+    };
+}
+
+tuple_extractor!(A 0, B 1);
+tuple_extractor!(A 0, B 1, C 2);
+tuple_extractor!(A 0, B 1, C 2, D 3);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head_of<T>(req: &Request<T>) -> RequestHead<'_> {
+        RequestHead::new(req)
+    }
+
+    #[test]
+    fn header_key_is_the_value_and_missing_header_is_an_error() {
+        let req = Request::builder()
+            .header("x-api-key", "abc")
+            .body(())
+            .unwrap();
+        let k = Header::new("x-api-key").extract(&head_of(&req)).unwrap();
+        assert_eq!(&*k, b"abc");
+        let req = Request::builder().body(()).unwrap();
+        assert!(Header::new("x-api-key").extract(&head_of(&req)).is_err());
+    }
+
+    #[test]
+    fn tuple_needs_every_part_and_or_falls_back() {
+        let req = Request::builder()
+            .uri("/a/b")
+            .header("x-api-key", "abc")
+            .body(())
+            .unwrap();
+        let pair = (Header::new("x-api-key"), Route);
+        let (k, r) = pair.extract(&head_of(&req)).unwrap();
+        assert_eq!((&*k, &*r), (&b"abc"[..], "/a/b"));
+        let missing = (Header::new("x-other"), Route);
+        assert!(missing.extract(&head_of(&req)).is_err());
+        let either = Header::new("x-other").or(Header::new("x-api-key"));
+        assert_eq!(&*either.extract(&head_of(&req)).unwrap(), b"abc");
+    }
+
+    #[test]
+    fn closure_none_is_a_key_error() {
+        let req = Request::builder().uri("/").body(()).unwrap();
+        let f = from_fn(|r: &RequestHead<'_>| r.uri.path().strip_prefix("/t/").map(str::to_owned));
+        assert!(f.extract(&head_of(&req)).is_err());
+    }
+}
