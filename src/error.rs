@@ -65,7 +65,10 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::NoQuota => f.write_str("a rate-limit policy needs at least one quota"),
             ConfigError::TooManyQuotas { got, max } => {
-                write!(f, "a rate-limit policy holds at most {max} quotas (got {got})")
+                write!(
+                    f,
+                    "a rate-limit policy holds at most {max} quotas (got {got})"
+                )
             }
             ConfigError::DuplicateTier(name) => write!(f, "tier {name:?} is defined twice"),
             ConfigError::ZeroMaxKeys => f.write_str("max_keys must be at least 1"),

@@ -26,14 +26,12 @@ pub static RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("r
 /// `RateLimit`.
 pub static RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
 /// `X-RateLimit-Limit` (legacy, on request).
-pub static X_RATELIMIT_LIMIT: http::HeaderName =
-    http::HeaderName::from_static("x-ratelimit-limit");
+pub static X_RATELIMIT_LIMIT: http::HeaderName = http::HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining` (legacy, on request).
 pub static X_RATELIMIT_REMAINING: http::HeaderName =
     http::HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset` (legacy, on request).
-pub static X_RATELIMIT_RESET: http::HeaderName =
-    http::HeaderName::from_static("x-ratelimit-reset");
+pub static X_RATELIMIT_RESET: http::HeaderName = http::HeaderName::from_static("x-ratelimit-reset");
 
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {

@@ -1,0 +1,301 @@
+//! [`RateLimiter`]: the keyed GCRA limiter, usable without HTTP.
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::error::ConfigError;
+use crate::gcra::{Decision, Gcra, Outcome, MAX_QUOTAS};
+use crate::quota::Quota;
+use crate::store::memory::{Many, MemoryStore, One};
+use crate::store::OnFull;
+
+/// The default bound on tracked keys.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// A keyed GCRA rate limiter: one or more quotas per key, decided together.
+///
+/// Cheap to clone; clones share state. The HTTP layer is built on it, and it serves on its own
+/// wherever requests are not HTTP: queue consumers, outbound calls, background jobs.
+///
+/// ```
+/// use tollgate::{Quota, RateLimiter};
+///
+/// // 10 per second and 1000 per hour for each user, all or nothing.
+/// let limiter = RateLimiter::<u64>::builder(Quota::per_second(10))
+///     .quota(Quota::per_hour(1000))
+///     .build();
+/// let user = 42;
+/// let d = limiter.check(&user);
+/// assert!(d.is_allowed());
+/// assert_eq!(d.states().len(), 2);
+/// ```
+///
+/// # Semantics
+/// * A key idle for long enough admits exactly `burst` requests back to back, then one every
+///   emission interval.
+/// * [`check_n`](Self::check_n) with a cost `c` takes `c` requests' worth at once; a cost of 0
+///   only reports. A cost above a quota's burst can never pass: the decision says
+///   [`Outcome::Exceeds`] and carries no retry time.
+/// * With several quotas, a request that one quota rejects consumes from none.
+pub struct RateLimiter<K> {
+    inner: Arc<Inner<K>>,
+}
+
+impl<K> Clone for RateLimiter<K> {
+    fn clone(&self) -> Self {
+        RateLimiter {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K> fmt::Debug for RateLimiter<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("quotas", &self.inner.quotas)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<K> {
+    quotas: Box<[Quota]>,
+    gcras: Box<[Gcra]>,
+    store: Store<K>,
+    clock: Clock,
+}
+
+enum Store<K> {
+    One(MemoryStore<K, One>),
+    Many(MemoryStore<K, Many>),
+}
+
+/// Builds a [`RateLimiter`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RateLimiterBuilder {
+    quotas: Vec<Quota>,
+    clock: Option<Clock>,
+    max_keys: usize,
+    on_full: OnFull,
+}
+
+impl RateLimiterBuilder {
+    /// Adds a quota, decided together with the others (at most 4).
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.quotas.push(quota);
+        self
+    }
+
+    /// Uses `clock` instead of the system clock.
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Bounds the number of tracked keys (default 1 000 000).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// What to do with a new key when `max_keys` active keys are tracked.
+    pub fn on_full(mut self, on_full: OnFull) -> Self {
+        self.on_full = on_full;
+        self
+    }
+
+    /// Builds the limiter.
+    ///
+    /// # Panics
+    /// When the configuration is invalid; see [`try_build`](Self::try_build).
+    #[track_caller]
+    pub fn build<K: Hash + Eq + Clone + Send + Sync>(self) -> RateLimiter<K> {
+        match self.try_build() {
+            Ok(l) => l,
+            Err(e) => panic!("tollgate: {e}"),
+        }
+    }
+
+    /// Builds the limiter, or says which setting is wrong.
+    pub fn try_build<K: Hash + Eq + Clone + Send + Sync>(
+        self,
+    ) -> Result<RateLimiter<K>, ConfigError> {
+        if self.quotas.is_empty() {
+            return Err(ConfigError::NoQuota);
+        }
+        if self.quotas.len() > MAX_QUOTAS {
+            return Err(ConfigError::TooManyQuotas {
+                got: self.quotas.len(),
+                max: MAX_QUOTAS,
+            });
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::ZeroMaxKeys);
+        }
+        let gcras: Box<[Gcra]> = self.quotas.iter().map(Quota::gcra).collect();
+        let store = if gcras.len() == 1 {
+            Store::One(MemoryStore::new(self.max_keys, self.on_full))
+        } else {
+            Store::Many(MemoryStore::new(self.max_keys, self.on_full))
+        };
+        Ok(RateLimiter {
+            inner: Arc::new(Inner {
+                quotas: self.quotas.into_boxed_slice(),
+                gcras,
+                store,
+                clock: self.clock.unwrap_or_default(),
+            }),
+        })
+    }
+}
+
+/// The cost asked for can never be admitted: it is larger than a quota's burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsufficientCapacity {
+    /// The cost asked for.
+    pub cost: u32,
+    /// The smallest burst among the quotas.
+    pub burst: u64,
+}
+
+impl fmt::Display for InsufficientCapacity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a cost of {} can never be admitted by a burst of {}",
+            self.cost, self.burst
+        )
+    }
+}
+
+impl std::error::Error for InsufficientCapacity {}
+
+impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
+    /// A limiter with one quota, the system clock and the default key bound.
+    pub fn new(quota: Quota) -> Self {
+        Self::builder(quota).build()
+    }
+
+    /// Starts a builder with a first quota.
+    pub fn builder(quota: Quota) -> RateLimiterBuilder {
+        RateLimiterBuilder {
+            quotas: vec![quota],
+            clock: None,
+            max_keys: DEFAULT_MAX_KEYS,
+            on_full: OnFull::default(),
+        }
+    }
+
+    /// Decides one request for `key`.
+    #[inline]
+    pub fn check(&self, key: &K) -> Decision {
+        self.check_n(key, 1)
+    }
+
+    /// Decides a request costing `cost` units for `key`; a cost of 0 only reports.
+    #[inline]
+    pub fn check_n(&self, key: &K, cost: u32) -> Decision {
+        let now = self.inner.clock.now();
+        self.decide_at(key, now, cost)
+    }
+
+    /// Reports the state of `key` without consuming anything (`check_n(key, 0)`).
+    pub fn peek(&self, key: &K) -> Decision {
+        self.check_n(key, 0)
+    }
+
+    #[inline]
+    pub(crate) fn decide_at(&self, key: &K, now: u64, cost: u32) -> Decision {
+        let gcras = &self.inner.gcras;
+        match &self.inner.store {
+            Store::One(s) => s.decide(key, gcras, now, cost),
+            Store::Many(s) => s.decide(key, gcras, now, cost),
+        }
+    }
+
+    /// Waits until one request for `key` is admitted, then returns its decision.
+    ///
+    /// Waits with `tokio::time::sleep`, so the limiter's clock must move with tokio's time (the
+    /// system clock, or [`Clock::tokio`]).
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: nothing is consumed until the future completes, so dropping it consumes
+    /// nothing.
+    pub async fn until_ready(&self, key: &K) -> Decision {
+        match self.until_ready_n(key, 1).await {
+            Ok(d) => d,
+            // A cost of 1 never exceeds a valid quota's burst (at least 1).
+            Err(_) => unreachable!("a burst is at least 1"),
+        }
+    }
+
+    /// Waits until a request of `cost` for `key` is admitted.
+    ///
+    /// Returns [`InsufficientCapacity`] at once when `cost` is larger than a quota's burst.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe, as [`until_ready`](Self::until_ready).
+    pub async fn until_ready_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> Result<Decision, InsufficientCapacity> {
+        loop {
+            let d = self.check_n(key, cost);
+            match d.outcome() {
+                Outcome::Allowed => return Ok(d),
+                Outcome::Exceeds => {
+                    return Err(InsufficientCapacity {
+                        cost,
+                        burst: self.inner.gcras.iter().map(Gcra::burst).min().unwrap_or(0),
+                    })
+                }
+                Outcome::Limited => {
+                    let wait = d.retry_after().unwrap_or(Duration::from_millis(1));
+                    if !self.inner.clock.follows_sleep() {
+                        // A manual clock never moves by itself; yield so the caller's test can.
+                        tokio::task::yield_now().await;
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    /// The quotas, in the order given.
+    pub fn quotas(&self) -> &[Quota] {
+        &self.inner.quotas
+    }
+
+    /// The clock decisions are made with.
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    /// The number of tracked keys, idle ones included until they are swept.
+    pub fn len(&self) -> usize {
+        match &self.inner.store {
+            Store::One(s) => s.len(),
+            Store::Many(s) => s.len(),
+        }
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets every idle key now (which changes no decision) and returns how many keys are
+    /// still tracked. Not needed for correctness or for bounded memory: stores sweep by
+    /// themselves as they grow.
+    pub fn evict_idle(&self) -> usize {
+        let now = self.inner.clock.now();
+        match &self.inner.store {
+            Store::One(s) => s.evict_idle(now),
+            Store::Many(s) => s.evict_idle(now),
+        }
+    }
+}
