@@ -61,7 +61,13 @@ impl Gcra {
             return Step::Never;
         }
         let base = if tat > now { tat } else { now };
-        let new_tat = base.saturating_add(inc);
+        let Some(new_tat) = base.checked_add(inc) else {
+            // Only reachable about 584 years into a clock's life; deny rather than let a
+            // saturated time admit requests for free.
+            return Step::Deny {
+                retry_after: self.interval,
+            };
+        };
         let ahead = new_tat - now;
         if ahead <= self.tolerance {
             Step::Allow { new_tat }
