@@ -1,4 +1,60 @@
-//! tollgate: Tower layers that protect services from too much traffic.
+//! Tower layers that protect HTTP services from too much traffic.
+//!
+//! * [`RateLimitLayer`]: rate limiting with GCRA — an exact burst, a cost per request, several
+//!   quotas per key decided all or nothing, tiers, and the IETF `RateLimit` header fields.
+//! * [`RateLimiter`]: the same limiter without HTTP, for queue consumers and outbound calls.
+//! * [`key`]: who a request counts against — peer IP, client IP behind trusted proxies, a
+//!   header, the route, a closure, or a tuple of them.
+//!
+//! # Quick start
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use axum::{routing::get, Router};
+//! use tollgate::{key, Quota, RateLimitLayer};
+//!
+//! # async fn run() -> std::io::Result<()> {
+//! // Per client IP: 1 request per second, bursts of 5.
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(Quota::per_second(1).burst(5)).key(key::PeerIp::new()));
+//!
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! // PeerIp needs the peer address: serve with ConnectInfo.
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
+//! # }
+//! ```
+//!
+//! # What clients see
+//!
+//! An admitted request gets its response with
+//! `RateLimit-Policy: "default";q=5;w=5` and `RateLimit: "default";r=4;t=1`
+//! (draft-ietf-httpapi-ratelimit-headers-10; see [`headers`] for the mapping). A rejected one gets
+//! `429 Too Many Requests` at once, with `Retry-After` in whole seconds (rounded up, never 0)
+//! and the same fields; the inner service never sees it.
+//!
+//! # Semantics
+//!
+//! A [`Quota`] is `count` requests per `period` with a `burst`. The emission interval is
+//! `T = period / count`; an idle key may send exactly `burst` requests back to back, then one per
+//! `T`. Note for users of redis-cell or nginx `limit_req`: those admit `burst + 1` at once;
+//! here `burst` means the number admitted, so `Quota::per_second(10).burst(5)` admits five
+//! requests at t=0 and rejects the sixth.
+//!
+//! ```
+//! use tollgate::{Clock, Quota, RateLimiter};
+//!
+//! let (clock, _time) = Clock::manual();
+//! let limiter = RateLimiter::<&str>::builder(Quota::per_second(10).burst(5)).clock(clock).build();
+//! let admitted = (0..6).filter(|_| limiter.check(&"alice").is_allowed()).count();
+//! assert_eq!(admitted, 5);
+//! ```
+//!
+//! # Features
+//!
+//! * `axum` (default): `ConnectInfo` peer addresses, `MatchedPath` route keys, and
+//!   [`Decision`] as an axum extractor. Without it the crate needs only `http`, `tower` and
+//!   `tokio`, and serves any Tower stack.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -22,3 +78,7 @@ pub use gcra::{Decision, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
 pub use quota::Quota;
 pub use rate_limit::{MissingKey, Policy, RateLimitLayer};
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
