@@ -1358,4 +1358,141 @@ mod tests {
             );
         }
     }
+
+    /// xorshift64: a small deterministic generator, enough to spread inputs around.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+
+        fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+            &items[self.below(items.len())]
+        }
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        // Bytes that matter to the parsers, plus anything at all.
+        const ALPHABET: &[u8] = b"0123456789abcdefABCDEFforFOR.:[]_,;=\"\\ \t/%-xyz";
+        let client = behind_10_8().headers([
+            ForwardedHeader::XForwardedFor,
+            ForwardedHeader::Forwarded,
+            ForwardedHeader::XRealIp,
+        ]);
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for round in 0..5000 {
+            let len = rng.below(if round % 100 == 0 { 2000 } else { 60 });
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| match rng.below(10) {
+                    0 => rng.next() as u8,
+                    _ => *rng.pick(ALPHABET),
+                })
+                .collect();
+            let text = String::from_utf8_lossy(&bytes);
+            let _ = Cidr::parse(&text);
+            let _ = parse_node(&bytes);
+            let _ = xff_hop(&bytes);
+            let _ = forwarded_hop(&bytes);
+            let _ = RevElements(Some(&bytes)).map(forwarded_hop).count();
+            let _ = ClientIp::new().try_trust_proxy(&text);
+            let Ok(value) = HeaderValue::from_bytes(&bytes) else {
+                continue;
+            };
+            for name in ["x-forwarded-for", "forwarded", "x-real-ip"] {
+                let mut req = request(Some("10.0.0.1"), &[]);
+                req.headers_mut().append(name, value.clone());
+                let _ = key(&client, &req);
+                // From an untrusted peer, nothing a client sends changes the key.
+                req.extensions_mut()
+                    .insert(SocketAddr::new(ip("198.51.100.9"), 1));
+                assert_eq!(key(&client, &req), ip("198.51.100.9"), "{bytes:?}");
+            }
+        }
+    }
+
+    /// What the walk should find, computed the simple way over a list of parsed hops.
+    fn model(client: &ClientIp, peer: IpAddr, hops: &[Option<IpAddr>]) -> IpAddr {
+        let mut nearest = peer;
+        for hop in hops.iter().rev().take(MAX_HOPS) {
+            match hop {
+                None => return nearest,
+                Some(ip) if !client.is_trusted(*ip) => return *ip,
+                Some(ip) => nearest = *ip,
+            }
+        }
+        nearest
+    }
+
+    #[test]
+    fn random_chains_agree_with_the_model_in_both_headers() {
+        let client = behind_10_8().ipv6_prefix(128);
+        let pool: &[Option<&str>] = &[
+            Some("10.0.0.2"),
+            Some("10.9.8.7"),
+            Some("fd00::5"),
+            Some("203.0.113.7"),
+            Some("198.51.100.1"),
+            Some("2001:db8::1"),
+            None,
+        ];
+        let mut rng = Rng(42);
+        for _ in 0..3000 {
+            let n = rng.below(40);
+            let hops: Vec<Option<IpAddr>> = (0..n).map(|_| rng.pick(pool).map(ip)).collect();
+            let want = model(&client, ip("10.0.0.1"), &hops);
+            // X-Forwarded-For: random ports and blanks, split over random lines.
+            let mut lines = vec![String::new()];
+            for hop in &hops {
+                let entry = match (hop, rng.below(3)) {
+                    (None, _) => "junk".to_owned(),
+                    (Some(a @ IpAddr::V4(_)), 0) => format!("{a}:{}", rng.below(65536)),
+                    (Some(a @ IpAddr::V6(_)), 0) => format!("[{a}]:{}", rng.below(65536)),
+                    (Some(a), _) => a.to_string(),
+                };
+                let line = lines.last_mut().unwrap();
+                if !line.is_empty() {
+                    line.push_str(if rng.below(2) == 0 { ", " } else { "," });
+                }
+                line.push_str(&entry);
+                if rng.below(4) == 0 {
+                    lines.push(String::new());
+                }
+            }
+            let mut req = request(Some("10.0.0.1"), &[]);
+            for line in &lines {
+                req.headers_mut()
+                    .append("x-forwarded-for", HeaderValue::from_str(line).unwrap());
+            }
+            assert_eq!(key(&client, &req), want, "{lines:?}");
+            // Forwarded: random case, quoting and other parameters.
+            let elements: Vec<String> = hops
+                .iter()
+                .map(|hop| {
+                    let name = *rng.pick(&["for", "For", "FOR"]);
+                    let node = match hop {
+                        None => rng.pick(&["unknown", "_hidden", "\"_x:1\""]).to_string(),
+                        Some(a @ IpAddr::V4(_)) if rng.below(2) == 0 => a.to_string(),
+                        Some(a @ IpAddr::V4(_)) => format!("\"{a}:8080\""),
+                        Some(a) => format!("\"[{a}]\""),
+                    };
+                    match rng.below(3) {
+                        0 => format!("{name}={node}"),
+                        1 => format!("proto=https;{name}={node}"),
+                        _ => format!("{name}={node};by=\"a,b\\\"\""),
+                    }
+                })
+                .collect();
+            let req = fwd("10.0.0.1", &elements.join(", "));
+            assert_eq!(key(&client, &req), want, "{elements:?}");
+        }
+    }
 }
