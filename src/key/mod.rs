@@ -23,7 +23,7 @@ use http::{Extensions, HeaderMap, HeaderName, Method, Request, Uri};
 
 mod ip;
 
-pub use ip::{ClientIp, PeerIp};
+pub use ip::{ClientIp, ForwardedHeader, PeerIp};
 
 /// The parts of a request that extractors, cost functions and tier selectors look at.
 ///
