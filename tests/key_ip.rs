@@ -32,7 +32,7 @@ fn client_ip_from_configuration() {
     let req = request("2001:db8:ffff::1", "203.0.113.7, 10.1.1.1");
     assert_eq!(
         client_ip.extract(&RequestHead::new(&req)).unwrap(),
-        ip("203.0.113.7")
+        ip("203.0.113.7").into()
     );
 
     let err = ClientIp::new()
@@ -51,7 +51,7 @@ fn extractors_compose() {
     let req = request("192.168.1.1", "2001:db8::7");
     assert_eq!(
         shared.extract(&RequestHead::new(&req)).unwrap(),
-        ip("2001:db8::7")
+        ip("2001:db8::7").into()
     );
     let text = PeerIp::new().map(|ip| ip.to_string());
     assert_eq!(
@@ -65,11 +65,11 @@ fn extractors_compose() {
         .extract(&RequestHead::new(&no_peer))
         .is_err());
     let fallback = ClientIp::new().or(tollgate::key::from_fn(|_: &RequestHead<'_>| {
-        Some(IpAddr::from([0, 0, 0, 0]))
+        Some(IpAddr::from([0, 0, 0, 0]).into())
     }));
     assert_eq!(
         fallback.extract(&RequestHead::new(&no_peer)).unwrap(),
-        ip("0.0.0.0")
+        ip("0.0.0.0").into()
     );
 }
 

@@ -7,8 +7,8 @@
 //! | extractor | key | notes |
 //! |---|---|---|
 //! | [`Global`] | `()` | one bucket for everything |
-//! | [`PeerIp`] | `IpAddr` | the TCP peer (axum `ConnectInfo`); IPv6 grouped by /64 |
-//! | [`ClientIp`] | `IpAddr` | `X-Forwarded-For` / `Forwarded` / `X-Real-IP`, trusted only from configured proxies |
+//! | [`PeerIp`] | [`IpKey`] | the TCP peer (axum `ConnectInfo`); IPv6 grouped by /64 |
+//! | [`ClientIp`] | [`IpKey`] | `X-Forwarded-For` / `Forwarded` / `X-Real-IP`, trusted only from configured proxies |
 //! | [`Header`] | `Box<[u8]>` | a header's value, e.g. an API key |
 //! | [`Route`] | `Arc<str>` | the matched route (axum `MatchedPath`), else the path |
 //! | [`from_fn`] | any | a closure over the request head |
@@ -23,7 +23,7 @@ use http::{Extensions, HeaderMap, HeaderName, Method, Request, Uri};
 
 mod ip;
 
-pub use ip::{ClientIp, ForwardedHeader, PeerIp};
+pub use ip::{ClientIp, ForwardedHeader, IpKey, PeerIp};
 
 /// The parts of a request that extractors, cost functions and tier selectors look at.
 ///

@@ -1,0 +1,81 @@
+//! The server side of the HTTP load test (`scripts/loadtest`): one Axum hello-world app in one
+//! of several configurations, chosen by the first argument.
+//!
+//! ```text
+//! cargo run --release --example loadtest_server -- <config> [addr]
+//! ```
+//!
+//! | config | what it serves |
+//! |---|---|
+//! | `bare` | the app alone |
+//! | `plain_429` | the app answering every request `429` itself (the floor of the 429 path) |
+//! | `tollgate` | + `RateLimitLayer` keyed by peer IP, limit never reached |
+//! | `tollgate_429` | + `RateLimitLayer` keyed by peer IP, every request rejected |
+//! | `governor` | + `tower_governor` keyed by peer IP, limit never reached |
+//! | `governor_429` | + `tower_governor` keyed by peer IP, every request rejected |
+//!
+//! The server runs a one-thread tokio runtime, so pinning it to one core with `taskset`
+//! measures the cost per request on that core.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::{routing::get, Router};
+use tollgate::{key, Quota, RateLimitLayer};
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::PeerIpKeyExtractor;
+use tower_governor::GovernorLayer;
+
+async fn hello() -> &'static str {
+    "Hello, World!"
+}
+
+fn app(config: &str) -> Option<Router> {
+    let base = Router::new().route("/", get(hello));
+    let never = || Quota::per_second(100_000_000).burst(100_000_000);
+    let always = || Quota::per_day(1).burst(1);
+    Some(match config {
+        "bare" => base,
+        "plain_429" => Router::new().route(
+            "/",
+            get(|| async { (StatusCode::TOO_MANY_REQUESTS, "Too Many Requests\n") }),
+        ),
+        "tollgate" => base.layer(RateLimitLayer::new(never()).key(key::PeerIp::new())),
+        "tollgate_429" => base.layer(RateLimitLayer::new(always()).key(key::PeerIp::new())),
+        "governor" | "governor_429" => {
+            let mut b = GovernorConfigBuilder::default().key_extractor(PeerIpKeyExtractor);
+            if config == "governor" {
+                b.per_nanosecond(1).burst_size(100_000_000);
+            } else {
+                b.per_second(86_400).burst_size(1);
+            }
+            let conf = Arc::new(b.finish()?);
+            base.layer(GovernorLayer::new(conf))
+        }
+        _ => return None,
+    })
+}
+
+fn main() -> std::io::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let config = args.next().unwrap_or_else(|| "bare".to_owned());
+    let addr = args.next().unwrap_or_else(|| "127.0.0.1:3000".to_owned());
+    let Some(app) = app(&config) else {
+        eprintln!("unknown configuration {config:?}; see the file's docs for the list");
+        std::process::exit(2);
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&addr).await?;
+        println!("{config} listening on {}", listener.local_addr()?);
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    })
+}
