@@ -74,7 +74,11 @@ impl Model {
             .zip(&stored)
             .map(|(&(t, tau), &tat)| (tau - tat.saturating_sub(now).min(tau)) / t)
             .collect();
-        let reset_after = stored.iter().map(|&tat| tat.saturating_sub(now)).max().unwrap_or(0);
+        let reset_after = stored
+            .iter()
+            .map(|&tat| tat.saturating_sub(now))
+            .max()
+            .unwrap_or(0);
         Answer {
             outcome,
             retry_after: (outcome == Outcome::Limited).then(|| retry.unwrap_or(0)),
@@ -92,7 +96,10 @@ fn quota() -> impl Strategy<Value = Quota> {
 
 /// (gap before the request in µs, key, cost, evict idle keys first)
 fn requests() -> impl Strategy<Value = Vec<(u64, u8, u32, bool)>> {
-    prop::collection::vec((0u64..400_000, 0u8..4, 0u32..8, prop::bool::weighted(0.05)), 1..200)
+    prop::collection::vec(
+        (0u64..400_000, 0u8..4, 0u32..8, prop::bool::weighted(0.05)),
+        1..200,
+    )
 }
 
 fn limiter(quotas: &[Quota]) -> (RateLimiter<u8>, tollgate::ManualClock) {
