@@ -1,1 +1,400 @@
-fn main() {}
+//! tollgate's `RateLimiter` against governor 0.10, one check at a time.
+//!
+//! ```text
+//! CARGO_TARGET_DIR=/work/target-bench cargo bench --bench rate_limit
+//! # shorter, while developing (a shared 2-core machine is noisy anyway):
+//! CARGO_TARGET_DIR=/work/target-bench cargo bench --bench rate_limit -- --warm-up-time 1 --measurement-time 3
+//! # one group only:
+//! CARGO_TARGET_DIR=/work/target-bench cargo bench --bench rate_limit -- keyed_10k
+//! ```
+//!
+//! Every group holds two functions, `tollgate` and `governor`, configured alike and measured in
+//! the same run, so the ratio between them is what carries (see DESIGN.md §5 for reference
+//! figures). Both use their real default clocks: tollgate's `Clock::system()` and governor's
+//! `DefaultClock` (both read the TSC through `quanta`). The full result of each check (tollgate's
+//! `Decision`, governor's `Result<(), NotUntil>`) goes through `black_box`, as a caller that
+//! looks at it would; each timed loop also counts the checks that went the wrong way, and the
+//! count is asserted to be zero once the function has been measured.
+//!
+//! * `direct`: one key, one thread, limit never reached. tollgate `RateLimiter<()>` with
+//!   `check(&())`; governor `RateLimiter::direct` with `check()`.
+//! * `keyed_10k`: 10 000 distinct IPv4 keys (`IpAddr`, the same for both), visited round-robin,
+//!   all tracked before measuring, limit never reached. tollgate `RateLimiter<IpAddr>`; governor
+//!   `RateLimiter::keyed` (its default store, a `DashMap`).
+//! * `keyed_10k_idle`: as `keyed_10k`, but with 1e9 per second (burst 1e9), so that every key is
+//!   idle again 1 ns after its check, as for clients that send more slowly than their quota.
+//!   tollgate drops idle keys whenever a shard grows and decides an absent key as an idle one,
+//!   so here it goes through its insert path (shard write lock, insert, amortized sweeps);
+//!   governor keeps every key and still takes its lookup path.
+//! * `contended_2_threads`: one key hammered by 2 threads at once, limit never reached. Each
+//!   sample spawns 2 threads that meet at a barrier and then make `iters` checks each; the figure
+//!   is **wall time / total checks**: (last thread's end − first thread's start) / (2 × iters).
+//!   Thread spawn and join are outside the timed span.
+//! * `rejecting`: one key that is always over its limit (1 per hour, spent before measuring), as
+//!   `direct` otherwise. Under a flood the rejection path is the hot path: it must cost no more
+//!   than the accept path.
+//! * `rejecting_keyed`: the same, but through the keyed stores, with the rejected key among
+//!   10 000 tracked IPv4 keys (the shape of a per-IP HTTP limiter under a flood from one client).
+//! * `rejecting_contended_2_threads`: `rejecting` on 2 threads at once, timed as
+//!   `contended_2_threads` (wall time / total checks). A flood is served by every core; a
+//!   rejection that writes no shared memory scales with them.
+//!
+//! "Limit never reached" uses 1 request per second with a burst of `u32::MAX`, for both crates:
+//! a rate so low that a key's theoretical arrival time stays in the future for the whole run
+//! (one second ahead per check), and a burst so large (136 years' worth) that no check is
+//! refused. A key that stays ahead of the clock is a *tracked* key in both crates. With a quota
+//! of 1e9/s instead, tollgate would consider each key idle 1 ns after its check, and its store
+//! drops idle keys whenever a shard grows, so `keyed_10k` would measure tollgate's insert path
+//! rather than its lookup. That is what `keyed_10k_idle` measures, on purpose: on an HTTP server
+//! most clients send more slowly than their quota, so their keys go idle between requests.
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+
+/// Distinct keys in the keyed groups.
+const KEYS: usize = 10_000;
+
+/// tollgate: never reached (see the module documentation).
+fn tollgate_open() -> tollgate::Quota {
+    tollgate::Quota::per_second(1).burst(u32::MAX)
+}
+
+/// governor: the same quota.
+fn governor_open() -> governor::Quota {
+    governor::Quota::per_second(NonZeroU32::new(1).unwrap()).allow_burst(NonZeroU32::MAX)
+}
+
+/// tollgate: always over the limit once one request has been admitted.
+fn tollgate_closed() -> tollgate::Quota {
+    tollgate::Quota::per_hour(1)
+}
+
+/// governor: the same quota.
+fn governor_closed() -> governor::Quota {
+    governor::Quota::per_hour(NonZeroU32::new(1).unwrap())
+}
+
+/// 10 000 distinct IPv4 addresses, 10.0.0.0 onwards.
+fn ip_keys() -> Vec<IpAddr> {
+    (0..KEYS as u32)
+        .map(|i| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 | i)))
+        .collect()
+}
+
+fn direct(c: &mut Criterion) {
+    let mut group = c.benchmark_group("direct");
+
+    let tg = tollgate::RateLimiter::<()>::new(tollgate_open());
+    let mut rejected = 0u64;
+    group.bench_function("tollgate", |b| {
+        b.iter(|| {
+            let d = black_box(tg.check(black_box(&())));
+            rejected += u64::from(!d.is_allowed());
+        })
+    });
+    assert_eq!(rejected, 0, "tollgate rejected checks in `direct`");
+
+    let gv = governor::RateLimiter::direct(governor_open());
+    let mut rejected = 0u64;
+    group.bench_function("governor", |b| {
+        b.iter(|| {
+            let r = black_box(gv.check());
+            rejected += u64::from(r.is_err());
+        })
+    });
+    assert_eq!(rejected, 0, "governor rejected checks in `direct`");
+
+    group.finish();
+}
+
+fn keyed_10k(c: &mut Criterion) {
+    let mut group = c.benchmark_group("keyed_10k");
+    let keys = ip_keys();
+
+    let tg = tollgate::RateLimiter::<IpAddr>::new(tollgate_open());
+    for k in &keys {
+        assert!(tg.check(k).is_allowed());
+    }
+    assert_eq!(
+        tg.len(),
+        KEYS,
+        "tollgate must track every key before measuring"
+    );
+    let mut rejected = 0u64;
+    let mut i = 0;
+    group.bench_function("tollgate", |b| {
+        b.iter(|| {
+            let d = black_box(tg.check(black_box(&keys[i])));
+            rejected += u64::from(!d.is_allowed());
+            i += 1;
+            if i == KEYS {
+                i = 0;
+            }
+        })
+    });
+    assert_eq!(rejected, 0, "tollgate rejected checks in `keyed_10k`");
+    assert_eq!(tg.len(), KEYS, "tollgate forgot keys while measuring");
+
+    let gv = governor::RateLimiter::keyed(governor_open());
+    for k in &keys {
+        assert!(gv.check_key(k).is_ok());
+    }
+    assert_eq!(
+        gv.len(),
+        KEYS,
+        "governor must track every key before measuring"
+    );
+    let mut rejected = 0u64;
+    let mut i = 0;
+    group.bench_function("governor", |b| {
+        b.iter(|| {
+            let r = black_box(gv.check_key(black_box(&keys[i])));
+            rejected += u64::from(r.is_err());
+            i += 1;
+            if i == KEYS {
+                i = 0;
+            }
+        })
+    });
+    assert_eq!(rejected, 0, "governor rejected checks in `keyed_10k`");
+    assert_eq!(gv.len(), KEYS);
+
+    group.finish();
+}
+
+fn keyed_10k_idle(c: &mut Criterion) {
+    let mut group = c.benchmark_group("keyed_10k_idle");
+    let keys = ip_keys();
+
+    let tg = tollgate::RateLimiter::<IpAddr>::new(tollgate::Quota::per_second(1_000_000_000));
+    for k in &keys {
+        assert!(tg.check(k).is_allowed());
+    }
+    let mut rejected = 0u64;
+    let mut i = 0;
+    group.bench_function("tollgate", |b| {
+        b.iter(|| {
+            let d = black_box(tg.check(black_box(&keys[i])));
+            rejected += u64::from(!d.is_allowed());
+            i += 1;
+            if i == KEYS {
+                i = 0;
+            }
+        })
+    });
+    assert_eq!(rejected, 0, "tollgate rejected checks in `keyed_10k_idle`");
+
+    let gv = governor::RateLimiter::keyed(governor::Quota::per_second(
+        NonZeroU32::new(1_000_000_000).unwrap(),
+    ));
+    for k in &keys {
+        assert!(gv.check_key(k).is_ok());
+    }
+    let mut rejected = 0u64;
+    let mut i = 0;
+    group.bench_function("governor", |b| {
+        b.iter(|| {
+            let r = black_box(gv.check_key(black_box(&keys[i])));
+            rejected += u64::from(r.is_err());
+            i += 1;
+            if i == KEYS {
+                i = 0;
+            }
+        })
+    });
+    assert_eq!(rejected, 0, "governor rejected checks in `keyed_10k_idle`");
+    assert_eq!(gv.len(), KEYS);
+
+    group.finish();
+}
+
+/// Runs `check` `iters` times on each of 2 threads started together; returns the wall time
+/// divided by 2, so that criterion's division by `iters` gives wall time / total checks.
+/// `check` returns whether the check was admitted; refusals are added to `rejected`.
+fn two_threads<F>(iters: u64, check: F, rejected: &mut u64) -> Duration
+where
+    F: Fn() -> bool + Send + Sync,
+{
+    const THREADS: u32 = 2;
+    let barrier = Barrier::new(THREADS as usize);
+    let runs: Vec<(Instant, Instant, u64)> = thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    let start = Instant::now();
+                    let mut refused = 0u64;
+                    for _ in 0..iters {
+                        refused += u64::from(!check());
+                    }
+                    (start, Instant::now(), refused)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let start = runs.iter().map(|r| r.0).min().unwrap();
+    let end = runs.iter().map(|r| r.1).max().unwrap();
+    *rejected += runs.iter().map(|r| r.2).sum::<u64>();
+    (end - start) / THREADS
+}
+
+fn contended_2_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contended_2_threads");
+
+    let tg = tollgate::RateLimiter::<()>::new(tollgate_open());
+    let mut rejected = 0u64;
+    group.bench_function("tollgate", |b| {
+        b.iter_custom(|iters| {
+            two_threads(
+                iters,
+                || black_box(tg.check(black_box(&()))).is_allowed(),
+                &mut rejected,
+            )
+        })
+    });
+    assert_eq!(
+        rejected, 0,
+        "tollgate rejected checks in `contended_2_threads`"
+    );
+
+    let gv = governor::RateLimiter::direct(governor_open());
+    let mut rejected = 0u64;
+    group.bench_function("governor", |b| {
+        b.iter_custom(|iters| two_threads(iters, || black_box(gv.check()).is_ok(), &mut rejected))
+    });
+    assert_eq!(
+        rejected, 0,
+        "governor rejected checks in `contended_2_threads`"
+    );
+
+    group.finish();
+}
+
+fn rejecting(c: &mut Criterion) {
+    let mut group = c.benchmark_group("rejecting");
+
+    let tg = tollgate::RateLimiter::<()>::new(tollgate_closed());
+    assert!(tg.check(&()).is_allowed());
+    assert!(!tg.check(&()).is_allowed());
+    let mut admitted = 0u64;
+    group.bench_function("tollgate", |b| {
+        b.iter(|| {
+            let d = black_box(tg.check(black_box(&())));
+            admitted += u64::from(d.is_allowed());
+        })
+    });
+    assert_eq!(admitted, 0, "tollgate admitted checks in `rejecting`");
+
+    let gv = governor::RateLimiter::direct(governor_closed());
+    assert!(gv.check().is_ok());
+    assert!(gv.check().is_err());
+    let mut admitted = 0u64;
+    group.bench_function("governor", |b| {
+        b.iter(|| {
+            let r = black_box(gv.check());
+            admitted += u64::from(r.is_ok());
+        })
+    });
+    assert_eq!(admitted, 0, "governor admitted checks in `rejecting`");
+
+    group.finish();
+}
+
+fn rejecting_contended_2_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("rejecting_contended_2_threads");
+
+    let tg = tollgate::RateLimiter::<()>::new(tollgate_closed());
+    assert!(tg.check(&()).is_allowed());
+    let mut admitted = 0u64;
+    group.bench_function("tollgate", |b| {
+        b.iter_custom(|iters| {
+            // `two_threads` counts refusals; here every check must be one.
+            let mut refused = 0u64;
+            let t = two_threads(
+                iters,
+                || black_box(tg.check(black_box(&()))).is_allowed(),
+                &mut refused,
+            );
+            admitted += 2 * iters - refused;
+            t
+        })
+    });
+    assert_eq!(
+        admitted, 0,
+        "tollgate admitted checks in `rejecting_contended_2_threads`"
+    );
+
+    let gv = governor::RateLimiter::direct(governor_closed());
+    assert!(gv.check().is_ok());
+    let mut admitted = 0u64;
+    group.bench_function("governor", |b| {
+        b.iter_custom(|iters| {
+            let mut refused = 0u64;
+            let t = two_threads(iters, || black_box(gv.check()).is_ok(), &mut refused);
+            admitted += 2 * iters - refused;
+            t
+        })
+    });
+    assert_eq!(
+        admitted, 0,
+        "governor admitted checks in `rejecting_contended_2_threads`"
+    );
+
+    group.finish();
+}
+
+fn rejecting_keyed(c: &mut Criterion) {
+    let mut group = c.benchmark_group("rejecting_keyed");
+    let keys = ip_keys();
+    let flooder = keys[KEYS / 2];
+
+    let tg = tollgate::RateLimiter::<IpAddr>::new(tollgate_closed());
+    for k in &keys {
+        assert!(tg.check(k).is_allowed());
+    }
+    assert!(!tg.check(&flooder).is_allowed());
+    assert_eq!(tg.len(), KEYS);
+    let mut admitted = 0u64;
+    group.bench_function("tollgate", |b| {
+        b.iter(|| {
+            let d = black_box(tg.check(black_box(&flooder)));
+            admitted += u64::from(d.is_allowed());
+        })
+    });
+    assert_eq!(admitted, 0, "tollgate admitted checks in `rejecting_keyed`");
+
+    let gv = governor::RateLimiter::keyed(governor_closed());
+    for k in &keys {
+        assert!(gv.check_key(k).is_ok());
+    }
+    assert!(gv.check_key(&flooder).is_err());
+    let mut admitted = 0u64;
+    group.bench_function("governor", |b| {
+        b.iter(|| {
+            let r = black_box(gv.check_key(black_box(&flooder)));
+            admitted += u64::from(r.is_ok());
+        })
+    });
+    assert_eq!(admitted, 0, "governor admitted checks in `rejecting_keyed`");
+
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    direct,
+    keyed_10k,
+    keyed_10k_idle,
+    contended_2_threads,
+    rejecting,
+    rejecting_keyed,
+    rejecting_contended_2_threads
+);
+criterion_main!(benches);
