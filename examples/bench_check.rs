@@ -2,9 +2,9 @@
 //! (the criterion bench `benches/rate_limit.rs` gives times; this gives instruction counts).
 //!
 //! ```text
-//! CARGO_TARGET_DIR=/work/target-bench cargo build --profile bench --example bench_check
+//! cargo build --profile bench --example bench_check
 //! valgrind --tool=callgrind --toggle-collect='bench_check::run*' \
-//!     /work/target-bench/release/examples/bench_check tg-direct 1000000
+//!     target/release/examples/bench_check tg-direct 1000000
 //! callgrind_annotate --inclusive=yes callgrind.out.<pid>
 //! ```
 //!
