@@ -425,6 +425,11 @@ impl<K: Hash + Eq + Clone + Send + Sync> Shaper<K> {
 /// one interval each, and if it was at the head, the next one takes over its departure time.
 /// Nothing is consumed, so the key's output stays one request per interval as long as anyone
 /// is waiting. A slot that has completed has left; dropping it then changes nothing.
+///
+/// # Order
+/// The slots of one key complete in the order they were taken. A slot that is held without
+/// being polled holds up the ones behind it once its turn has come: await each slot (in its
+/// own task, or with the others), or drop it.
 #[must_use = "a slot does nothing unless awaited, and leaves the queue when dropped"]
 pub struct Slot {
     core: Arc<Core>,
@@ -549,7 +554,10 @@ struct Shard<K> {
 impl<K: Hash + Eq> Table<K> {
     fn new(max_keys: usize) -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
-        let n = (cpus * 4).clamp(8, 64).next_power_of_two();
+        // Enough shards that two threads rarely meet; no more than keys, so that a small
+        // bound is exact.
+        let most = 1usize << max_keys.max(1).ilog2();
+        let n = (cpus * 4).clamp(8, 64).next_power_of_two().min(most);
         let shards = (0..n)
             .map(|_| {
                 Mutex::new(Shard {
