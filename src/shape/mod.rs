@@ -91,9 +91,11 @@
 //!   are 1 ms) releases the requests whose slots have passed together and the average does not
 //!   drift: at 5 000/s, about five leave per tick.
 //! * **Never above the rate.** In any interval of length `w`, at most
-//!   `n + 1 + (w + C) / T` requests leave, where `C = max(T, 5 ms)` is how far a late wake-up
-//!   may catch up. A queue that fell further behind (a stalled runtime) forfeits the older
-//!   slots instead of releasing them as a burst.
+//!   `n + 1 + (w + C) / T` requests leave, where `C = 20 ms` is how late a departure may be
+//!   and still be caught up (tokio's timer ticks are 1 ms, and a loaded machine delays tasks by
+//!   a few more). A queue that fell further behind (a stalled runtime) forfeits the older slots
+//!   instead of releasing them as a burst. Against a partner that counts strictly over short
+//!   windows, shape a little below its limit.
 //! * **Cancellation.** A waiter whose future is dropped (the client went away, a timeout)
 //!   leaves the queue at once and consumes nothing. Everyone behind it moves up one slot; if
 //!   it was at the head, the next waiter takes over its departure time. So a dropped waiter

@@ -17,8 +17,10 @@ use crate::error::ConfigError;
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::quota::Quota;
 
-/// A schedule that fell further behind than this (or one interval, if longer) is not caught up.
-const CATCH_UP: Duration = Duration::from_millis(5);
+/// How late a departure may be and still be caught up. It covers tokio's 1 ms timer ticks
+/// and a busy runtime's scheduling delays (several ms on a loaded machine); a schedule that
+/// fell further behind forfeits the older slots rather than releasing them as a burst.
+const CATCH_UP: Duration = Duration::from_millis(20);
 
 /// Spaces out work per key: each key's requests leave one per emission interval of the quota,
 /// first in first out.
@@ -167,7 +169,7 @@ impl ShaperBuilder {
             .checked_mul(u64::from(self.no_delay_burst))
             .filter(|&a| a <= u64::MAX / 4)
             .ok_or(ConfigError::ToleranceTooLong)?;
-        let catch_up = interval.max(CATCH_UP.as_nanos() as u64);
+        let catch_up = CATCH_UP.as_nanos() as u64;
         let core = Arc::new(Core {
             timing: Timing {
                 interval,
