@@ -76,7 +76,7 @@ impl ShapeLayer<Global> {
     /// [`no_delay_burst`](Self::no_delay_burst)). Unless [`max_queue`](Self::max_queue) or
     /// [`max_delay`](Self::max_delay) is set, a key's queue takes one period's worth of
     /// requests: an idle key may send `count` at once (the first leaves, `count - 1` wait,
-    /// the last one about a period), and more are refused with 429.
+    /// the last one about a period; at least one may wait), and more are refused with 429.
     pub fn new(quota: Quota) -> Self {
         ShapeLayer {
             quota,
