@@ -140,7 +140,8 @@ impl ShaperBuilder {
 
     /// Bounds the number of keys tracked (default 1 000 000). Keys with nobody waiting whose
     /// schedule is in the past are forgotten first, which changes nothing; when every tracked
-    /// key is busy, [`Shaper::reserve`] refuses requests of new keys.
+    /// key is busy, [`Shaper::reserve`] refuses requests of new keys ([`Shaper::until_slot`],
+    /// which never refuses, tracks them beyond the bound).
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;
         self
