@@ -3,6 +3,9 @@
 //! * [`RateLimitLayer`]: rate limiting with GCRA — an exact burst, a cost per request, several
 //!   quotas per key decided all or nothing, tiers, and the IETF `RateLimit` header fields.
 //! * [`RateLimiter`]: the same limiter without HTTP, for queue consumers and outbound calls.
+//! * [`ShapeLayer`]: traffic shaping — requests wait in a bounded FIFO queue and are forwarded
+//!   at a fixed rate; [`PoliteLayer`] and [`Shaper`] do the same for outbound calls and queue
+//!   consumers (see [`shape`]).
 //! * [`key`]: who a request counts against — peer IP, client IP behind trusted proxies, a
 //!   header, the route, a closure, or a tuple of them.
 //!
@@ -67,6 +70,7 @@ pub mod limiter;
 pub mod quota;
 pub mod rate_limit;
 pub mod response;
+pub mod shape;
 pub mod store;
 
 #[cfg(feature = "axum")]
@@ -78,6 +82,7 @@ pub use gcra::{Decision, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
 pub use quota::Quota;
 pub use rate_limit::{MissingKey, Policy, RateLimitLayer};
+pub use shape::{PoliteLayer, ShapeLayer, Shaper};
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

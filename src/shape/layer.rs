@@ -1,0 +1,267 @@
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::service::{Shape, Shared};
+use super::shaper::Shaper;
+use crate::error::ConfigError;
+use crate::headers::{self, PolicyHeaders};
+use crate::key::{Global, KeyExtractor};
+use crate::limiter::DEFAULT_MAX_KEYS;
+use crate::quota::Quota;
+use crate::rate_limit::MissingKey;
+use crate::response::OnReject;
+
+/// The name shown in the `RateLimit` header fields unless the quota or the layer names it.
+const DEFAULT_NAME: &str = "shape";
+
+/// Shapes HTTP traffic: requests wait in a bounded first-in-first-out queue per key and are
+/// forwarded at the quota's rate. See the [module docs](crate::shape).
+///
+/// One layer value is one shared state: clones, and every service it wraps (every route of a
+/// `Router::layer`), share the same queues. Two layer values are two queues.
+#[must_use]
+pub struct ShapeLayer<E: KeyExtractor = Global> {
+    quota: Quota,
+    extractor: E,
+    no_delay_burst: u32,
+    max_queue: Option<usize>,
+    max_delay: Option<Duration>,
+    max_keys: usize,
+    name: Option<Cow<'static, str>>,
+    on_missing: MissingKey<E::Key>,
+    on_reject: Option<OnReject>,
+    headers: bool,
+    state: Arc<OnceLock<Result<Arc<Shared<E>>, ConfigError>>>,
+}
+
+impl<E: KeyExtractor + Clone> Clone for ShapeLayer<E> {
+    fn clone(&self) -> Self {
+        ShapeLayer {
+            quota: self.quota.clone(),
+            extractor: self.extractor.clone(),
+            no_delay_burst: self.no_delay_burst,
+            max_queue: self.max_queue,
+            max_delay: self.max_delay,
+            max_keys: self.max_keys,
+            name: self.name.clone(),
+            on_missing: self.on_missing.clone(),
+            on_reject: self.on_reject.clone(),
+            headers: self.headers,
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl<E: KeyExtractor + fmt::Debug> fmt::Debug for ShapeLayer<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShapeLayer")
+            .field("quota", &self.quota)
+            .field("extractor", &self.extractor)
+            .field("no_delay_burst", &self.no_delay_burst)
+            .field("max_queue", &self.max_queue)
+            .field("max_delay", &self.max_delay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShapeLayer<Global> {
+    /// Forwards requests at `quota`'s rate (one per `T = period / count`), first in first out,
+    /// all in one queue until [`key`](Self::key) says otherwise.
+    ///
+    /// The quota's burst is not used: requests are spaced out (see
+    /// [`no_delay_burst`](Self::no_delay_burst)). Unless [`max_queue`](Self::max_queue) or
+    /// [`max_delay`](Self::max_delay) is set, a key's queue takes one period's worth of
+    /// requests: an idle key may send `count` at once (the first leaves, `count - 1` wait,
+    /// the last one about a period; at least one may wait), and more are refused with 429.
+    pub fn new(quota: Quota) -> Self {
+        ShapeLayer {
+            quota,
+            extractor: Global,
+            no_delay_burst: 0,
+            max_queue: None,
+            max_delay: None,
+            max_keys: DEFAULT_MAX_KEYS,
+            name: None,
+            on_missing: MissingKey::default(),
+            on_reject: None,
+            headers: true,
+            state: Arc::default(),
+        }
+    }
+}
+
+impl<E: KeyExtractor> ShapeLayer<E> {
+    fn changed(mut self) -> Self {
+        // A setting changed before the layer was used: start from a fresh state.
+        self.state = Arc::default();
+        self
+    }
+
+    /// Gives each key (see [`crate::key`]) its own queue and its own rate.
+    pub fn key<E2: KeyExtractor>(self, extractor: E2) -> ShapeLayer<E2> {
+        ShapeLayer {
+            quota: self.quota,
+            extractor,
+            no_delay_burst: self.no_delay_burst,
+            max_queue: self.max_queue,
+            max_delay: self.max_delay,
+            max_keys: self.max_keys,
+            name: self.name,
+            on_missing: MissingKey::default(),
+            on_reject: self.on_reject,
+            headers: self.headers,
+            state: Arc::default(),
+        }
+    }
+
+    /// Lets up to `n` requests go ahead of the rate without waiting after the key was idle
+    /// (default `0`: pure smoothing).
+    ///
+    /// With `n`, an idle key's first `n + 1` requests are forwarded at once (the first is on
+    /// schedule anyway) and the rest are spaced one interval apart; the allowance comes back at
+    /// one request per interval. This is nginx's `delay=n`: `limit_req burst=B delay=D` is
+    /// `.no_delay_burst(D).max_queue(B - D)`, and `limit_req burst=B` (no `delay`, no
+    /// `nodelay`) is `.max_queue(B)`.
+    pub fn no_delay_burst(mut self, n: u32) -> Self {
+        self.no_delay_burst = n;
+        self.changed()
+    }
+
+    /// Refuses (429) a request that would make more than `n` requests of its key wait.
+    /// Requests whose slot has come are not counted; `0` forwards at the rate and refuses
+    /// whatever comes faster.
+    pub fn max_queue(mut self, n: usize) -> Self {
+        self.max_queue = Some(n);
+        self.changed()
+    }
+
+    /// Refuses (429) a request that would have to wait longer than `d`.
+    pub fn max_delay(mut self, d: Duration) -> Self {
+        self.max_delay = Some(d);
+        self.changed()
+    }
+
+    /// Bounds the number of keys tracked (default 1 000 000). Idle keys are forgotten first,
+    /// which changes nothing; when every tracked key is busy, requests of new keys are refused
+    /// with 429 until one goes idle.
+    pub fn max_keys(mut self, n: usize) -> Self {
+        self.max_keys = n;
+        self.changed()
+    }
+
+    /// Names the layer in the `RateLimit-Policy` and `RateLimit` header fields (default: the
+    /// quota's name, else `"shape"`).
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = Some(name.into());
+        self.changed()
+    }
+
+    /// What to do when no key can be extracted (default: reject with 400).
+    pub fn on_missing_key(mut self, policy: MissingKey<E::Key>) -> Self {
+        self.on_missing = policy;
+        self.changed()
+    }
+
+    /// Builds rejection responses with `hook` instead of the default plain-text 429.
+    pub fn on_reject(mut self, hook: OnReject) -> Self {
+        self.on_reject = Some(hook);
+        self.changed()
+    }
+
+    /// Whether to add `RateLimit-Policy` and `RateLimit` to responses (default: yes).
+    pub fn ratelimit_headers(mut self, on: bool) -> Self {
+        self.headers = on;
+        self.changed()
+    }
+
+    /// Checks the configuration now, for layers built from values read at run time.
+    ///
+    /// `Layer::layer` panics with the same error otherwise, when the app is assembled.
+    pub fn validate(self) -> Result<Self, ConfigError>
+    where
+        E: Clone,
+    {
+        self.shared()?;
+        Ok(self)
+    }
+
+    /// The shaper behind the layer, sharing its queues: to watch it, or to queue work that is
+    /// not HTTP behind the same rate.
+    pub fn shaper(&self) -> Result<Shaper<E::Key>, ConfigError>
+    where
+        E: Clone,
+    {
+        Ok(self.shared()?.shaper.clone())
+    }
+
+    fn shared(&self) -> Result<Arc<Shared<E>>, ConfigError>
+    where
+        E: Clone,
+    {
+        self.state.get_or_init(|| self.build()).clone()
+    }
+
+    fn build(&self) -> Result<Arc<Shared<E>>, ConfigError>
+    where
+        E: Clone,
+    {
+        let name: Box<str> = match (&self.name, self.quota.name()) {
+            (Some(n), _) => n.as_ref().into(),
+            (None, Some(n)) => n.into(),
+            (None, None) => DEFAULT_NAME.into(),
+        };
+        headers::check_name(&name)?;
+        if let MissingKey::Reject(status) = &self.on_missing {
+            if !(status.is_client_error() || status.is_server_error()) {
+                return Err(ConfigError::InvalidStatus(status.as_u16()));
+            }
+        }
+        let mut builder = Shaper::<E::Key>::builder(self.quota.clone())
+            .no_delay_burst(self.no_delay_burst)
+            .max_keys(self.max_keys);
+        if self.max_queue.is_none() && self.max_delay.is_none() {
+            let one_period = self.quota.count().saturating_sub(1).max(1);
+            builder = builder.max_queue(one_period as usize);
+        }
+        if let Some(n) = self.max_queue {
+            builder = builder.max_queue(n);
+        }
+        if let Some(d) = self.max_delay {
+            builder = builder.max_delay(d);
+        }
+        let shaper = builder.try_build::<E::Key>()?;
+        // `q`: how many requests an idle client may send at once without being refused;
+        // `w`: how long the shaper takes to forward them, so that q/w is the rate.
+        let capacity = shaper.capacity().unwrap_or(u64::MAX);
+        let interval = self.quota.emission_interval();
+        let window = Duration::from_nanos(
+            capacity.saturating_mul(u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX)),
+        );
+        let policy = PolicyHeaders::new(&[(name.to_string(), capacity, window)], None);
+        Ok(Arc::new(Shared {
+            extractor: self.extractor.clone(),
+            shaper,
+            capacity,
+            policy: self.headers.then_some(policy),
+            name,
+            on_missing: self.on_missing.clone(),
+            on_reject: self.on_reject.clone(),
+        }))
+    }
+}
+
+impl<S, E: KeyExtractor + Clone> Layer<S> for ShapeLayer<E> {
+    type Service = Shape<S, E>;
+
+    #[track_caller]
+    fn layer(&self, inner: S) -> Self::Service {
+        match self.shared() {
+            Ok(shared) => Shape::from_shared(inner, shared),
+            Err(e) => panic!("tollgate: invalid ShapeLayer: {e}"),
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! The schedule of one key: a first-in-first-out queue of waiters, served one per interval.
+//!
+//! Pure bookkeeping over clock nanoseconds: no clock, no timer, no lock. The shaper holds one
+//! [`Queue`] per key behind a mutex; the waiter futures call into it.
+//!
+//! # Model
+//!
+//! Every request that joins gets a *virtual time* `v`, as in GCRA: the first after idle gets
+//! `now`, each later one `T` more than the one before it. A request may leave once
+//! `v - tau <= now` (`tau` = no-delay burst × `T`). The queue stores only `next`, the virtual
+//! time the next newcomer would get; the waiter at position `i` has
+//! `v = next - (len - i)·T`. Positions, not stored times, give each waiter its slot, so:
+//!
+//! * **Leaving** (the head, at its slot) pops the front; the new head's `v` is one `T` later.
+//! * **Cancelling** (any waiter) removes it and takes `T` off `next`: everyone behind moves
+//!   up one slot, and the slot the cancelled waiter held goes to the one behind it.
+//! * Only the head needs a timer. Whoever makes a new head (by leaving or cancelling) wakes it.
+//! * **Catch-up.** A head that leaves late (a coarse timer tick, a busy runtime) leaves at once,
+//!   and so may the waiters behind it whose slots have passed: the average rate holds. A
+//!   schedule that fell more than `catch_up` behind is moved forward first, so a stall never
+//!   turns into a burst larger than `catch_up / T`.
+
+use std::collections::VecDeque;
+use std::task::Waker;
+
+/// The timing of a shaper, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timing {
+    /// `T`, the emission interval.
+    pub(crate) interval: u64,
+    /// `tau`: how far ahead of its slot a request may leave (no-delay burst × `T`).
+    pub(crate) ahead: u64,
+    /// How far behind `now` the schedule may lag and still be caught up.
+    pub(crate) catch_up: u64,
+}
+
+/// Admission bounds, in requests and nanoseconds. `None`: no bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Bounds {
+    /// The most requests that may be waiting (not counting those whose slot has come).
+    pub(crate) max_queue: Option<u64>,
+    /// The longest a request may be made to wait.
+    pub(crate) max_delay: Option<u64>,
+}
+
+/// What [`Queue::join`] decided for a newcomer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Join {
+    /// It leaves now, without joining the queue.
+    Leave,
+    /// It joined the queue with this ticket.
+    Wait(u64),
+    /// The queue is full; a place frees in this many nanoseconds.
+    Full(u64),
+}
+
+/// What a waiter learns when it asks for its turn.
+#[derive(Debug)]
+pub(crate) enum Turn {
+    /// It left the queue; wake this waiter (the new head) if any.
+    Leave(Option<Waker>),
+    /// It is the head and leaves at this time.
+    At(u64),
+    /// Someone is ahead of it; it will be woken.
+    Behind,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    ticket: u64,
+    waker: Option<Waker>,
+}
+
+/// The queue of one key.
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    /// The virtual time of the next newcomer (GCRA's theoretical arrival time).
+    next: u64,
+    /// Waiters that have not left, oldest first; tickets increase from front to back.
+    waiters: VecDeque<Waiter>,
+    /// The ticket of the next waiter to join.
+    ticket: u64,
+}
+
+impl Queue {
+    /// An idle queue.
+    pub(crate) fn new() -> Self {
+        Queue::default()
+    }
+
+    fn len(&self) -> u64 {
+        self.waiters.len() as u64
+    }
+
+    /// The virtual time of the waiter at `pos`.
+    fn virtual_at(&self, t: &Timing, pos: u64) -> u64 {
+        let behind = self.len().saturating_sub(pos);
+        self.next.saturating_sub(behind.saturating_mul(t.interval))
+    }
+
+    /// The virtual time a newcomer would get.
+    fn newcomer(&self, now: u64) -> u64 {
+        if self.waiters.is_empty() {
+            self.next.max(now)
+        } else {
+            self.next
+        }
+    }
+
+    /// Waiters whose slot has not come yet.
+    fn waiting(&self, t: &Timing, now: u64) -> u64 {
+        let len = self.len();
+        let head_slot = self.virtual_at(t, 0).saturating_sub(t.ahead);
+        if len == 0 || head_slot > now {
+            return len;
+        }
+        let due = (now - head_slot) / t.interval + 1;
+        len - due.min(len)
+    }
+
+    /// Admits a newcomer at `now`, within `bounds` when given.
+    ///
+    /// With `leave_now`, a newcomer that nobody is ahead of and whose slot has come leaves at
+    /// once instead of joining.
+    pub(crate) fn join(
+        &mut self,
+        t: &Timing,
+        bounds: Option<&Bounds>,
+        now: u64,
+        leave_now: bool,
+    ) -> Join {
+        let v = self.newcomer(now);
+        let slot = v.saturating_sub(t.ahead);
+        let wait = slot.saturating_sub(now);
+        if wait > 0 {
+            if let Some(b) = bounds {
+                if let Some(retry) = self.refusal(t, b, now, slot, wait) {
+                    return Join::Full(retry);
+                }
+            }
+        }
+        self.next = v.saturating_add(t.interval);
+        if leave_now && wait == 0 && self.waiters.is_empty() {
+            return Join::Leave;
+        }
+        let ticket = self.ticket;
+        self.ticket += 1;
+        self.waiters.push_back(Waiter {
+            ticket,
+            waker: None,
+        });
+        Join::Wait(ticket)
+    }
+
+    /// Why a newcomer that would wait until `slot` cannot join: the time until a place frees.
+    fn refusal(&self, t: &Timing, b: &Bounds, now: u64, slot: u64, wait: u64) -> Option<u64> {
+        let mut retry = None;
+        if let Some(max) = b.max_queue {
+            let waiting = self.waiting(t, now);
+            if waiting >= max {
+                // A place frees when the first waiting request's slot comes.
+                let first = if waiting == 0 {
+                    slot
+                } else {
+                    let pos = self.len() - waiting;
+                    self.virtual_at(t, pos).saturating_sub(t.ahead)
+                };
+                retry = Some(first.saturating_sub(now).max(1));
+            }
+        }
+        if let Some(max) = b.max_delay {
+            if wait > max {
+                let r = wait - max;
+                retry = Some(retry.map_or(r, |q: u64| q.max(r)));
+            }
+        }
+        retry
+    }
+
+    /// The waiter holding `ticket` asks for its turn at `now`; `waker` is stored if it must wait.
+    pub(crate) fn turn(&mut self, t: &Timing, ticket: u64, now: u64, waker: &Waker) -> Turn {
+        let Some(pos) = self.position(ticket) else {
+            // Only the waiter itself removes its ticket, so this cannot happen; leaving is the
+            // answer that cannot hang.
+            return Turn::Leave(None);
+        };
+        if pos == 0 {
+            let head = self.virtual_at(t, 0);
+            let slot = head.saturating_sub(t.ahead);
+            if slot <= now {
+                let floor = now.saturating_sub(t.catch_up);
+                if head < floor {
+                    // Fell behind by more than the catch-up allowance: forfeit the lost slots.
+                    self.next = self.next.saturating_add(floor - head);
+                }
+                self.waiters.pop_front();
+                let next_head = self.waiters.front_mut().and_then(|w| w.waker.take());
+                return Turn::Leave(next_head);
+            }
+            self.store_waker(pos, waker);
+            return Turn::At(slot);
+        }
+        self.store_waker(pos, waker);
+        Turn::Behind
+    }
+
+    /// The waiter holding `ticket` gives up: it leaves the queue and its slot goes to the ones
+    /// behind. Returns the waker of the new head when the head gave up.
+    pub(crate) fn cancel(&mut self, t: &Timing, ticket: u64) -> Option<Waker> {
+        let pos = self.position(ticket)?;
+        self.waiters.remove(pos);
+        self.next = self.next.saturating_sub(t.interval);
+        if pos == 0 {
+            self.waiters.front_mut().and_then(|w| w.waker.take())
+        } else {
+            None
+        }
+    }
+
+    fn position(&self, ticket: u64) -> Option<usize> {
+        self.waiters
+            .binary_search_by_key(&ticket, |w| w.ticket)
+            .ok()
+    }
+
+    fn store_waker(&mut self, pos: usize, waker: &Waker) {
+        if let Some(w) = self.waiters.get_mut(pos) {
+            match &mut w.waker {
+                Some(old) if old.will_wake(waker) => {}
+                slot => *slot = Some(waker.clone()),
+            }
+        }
+    }
+
+    /// Whether the queue decides exactly like an absent one (nothing waiting, schedule past).
+    pub(crate) fn is_idle(&self, now: u64) -> bool {
+        self.waiters.is_empty() && self.next <= now
+    }
+
+    /// Whether nobody is waiting (the entry may still remember a recent departure).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.waiters.is_empty()
+    }
+
+    /// The virtual time of the next newcomer, for picking eviction victims.
+    pub(crate) fn horizon(&self) -> u64 {
+        self.next
+    }
+
+    /// How many newcomers would be admitted right now, one after another, within `bounds`.
+    pub(crate) fn room(&self, t: &Timing, bounds: &Bounds, now: u64) -> u64 {
+        let base = self.newcomer(now);
+        // The j-th newcomer (from 0) has virtual time base + j·T; it may leave at once when
+        // that is at most now + tau, and may join when it is at most now + tau + max_delay.
+        let count_until = |limit: u64| {
+            if base > limit {
+                0
+            } else {
+                (limit - base) / t.interval + 1
+            }
+        };
+        let due = count_until(now.saturating_add(t.ahead));
+        let mut room = u64::MAX;
+        if let Some(max) = bounds.max_queue {
+            room = due.saturating_add(max.saturating_sub(self.waiting(t, now)));
+        }
+        if let Some(max) = bounds.max_delay {
+            room = room.min(count_until(now.saturating_add(t.ahead).saturating_add(max)));
+        }
+        room
+    }
+
+    /// Time until the key is idle again, if nothing else joins.
+    pub(crate) fn reset_after(&self, now: u64) -> u64 {
+        self.next.saturating_sub(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::task::{Wake, Waker};
+
+    const T: u64 = 100;
+
+    fn timing(ahead: u64) -> Timing {
+        Timing {
+            interval: T,
+            ahead: ahead * T,
+            catch_up: T,
+        }
+    }
+
+    struct Noop;
+    impl Wake for Noop {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    fn waker() -> Waker {
+        Waker::from(Arc::new(Noop))
+    }
+
+    fn ticket(j: Join) -> u64 {
+        match j {
+            Join::Wait(t) => t,
+            other => panic!("expected to wait, got {other:?}"),
+        }
+    }
+
+    fn slot(q: &mut Queue, t: &Timing, ticket: u64, now: u64) -> Option<u64> {
+        match q.turn(t, ticket, now, &waker()) {
+            Turn::At(at) => Some(at),
+            Turn::Leave(_) => None,
+            Turn::Behind => panic!("ticket {ticket} is not the head"),
+        }
+    }
+
+    #[test]
+    fn first_after_idle_leaves_then_one_per_interval() {
+        let t = timing(0);
+        let mut q = Queue::new();
+        assert_eq!(q.join(&t, None, 1_000, true), Join::Leave);
+        let a = ticket(q.join(&t, None, 1_000, true));
+        let b = ticket(q.join(&t, None, 1_000, true));
+        assert_eq!(slot(&mut q, &t, a, 1_000), Some(1_100));
+        assert!(matches!(q.turn(&t, b, 1_000, &waker()), Turn::Behind));
+        assert_eq!(slot(&mut q, &t, a, 1_100), None);
+        assert_eq!(slot(&mut q, &t, b, 1_100), Some(1_200));
+        assert_eq!(slot(&mut q, &t, b, 1_200), None);
+        assert!(!q.is_idle(1_299));
+        assert!(q.is_idle(1_300));
+    }
+
+    #[test]
+    fn cancelled_waiter_gives_its_slot_to_the_one_behind() {
+        let t = timing(0);
+        let mut q = Queue::new();
+        q.join(&t, None, 0, true);
+        let a = ticket(q.join(&t, None, 0, true)); // slot 100
+        let b = ticket(q.join(&t, None, 0, true)); // slot 200
+        let c = ticket(q.join(&t, None, 0, true)); // slot 300
+        q.cancel(&t, b);
+        assert_eq!(slot(&mut q, &t, a, 100), None);
+        assert_eq!(slot(&mut q, &t, c, 100), Some(200));
+        // The head gives up: the next takes its slot.
+        let d = ticket(q.join(&t, None, 150, true)); // slot 300
+        assert!(q.cancel(&t, c).is_none(), "c never stored a waker");
+        assert_eq!(slot(&mut q, &t, d, 150), Some(200));
+        assert_eq!(slot(&mut q, &t, d, 200), None);
+        assert!(q.is_idle(300));
+    }
+
+    #[test]
+    fn cancelling_everything_consumes_nothing() {
+        let t = timing(0);
+        let mut q = Queue::new();
+        let a = ticket(q.join(&t, None, 500, false));
+        let b = ticket(q.join(&t, None, 500, false));
+        q.cancel(&t, b);
+        q.cancel(&t, a);
+        assert!(q.is_idle(500));
+    }
+
+    #[test]
+    fn no_delay_burst_lets_that_many_go_ahead_of_the_rate() {
+        // nginx `delay=2`: after idle, 3 leave at once, then one per T.
+        let t = timing(2);
+        let mut q = Queue::new();
+        for _ in 0..3 {
+            assert_eq!(q.join(&t, None, 0, true), Join::Leave);
+        }
+        let d = ticket(q.join(&t, None, 0, true));
+        assert_eq!(slot(&mut q, &t, d, 0), Some(100));
+    }
+
+    #[test]
+    fn max_queue_counts_waiting_requests_and_says_when_a_place_frees() {
+        let t = timing(0);
+        let b = Bounds {
+            max_queue: Some(2),
+            max_delay: None,
+        };
+        let mut q = Queue::new();
+        assert_eq!(q.join(&t, Some(&b), 0, true), Join::Leave);
+        let a = ticket(q.join(&t, Some(&b), 0, true)); // slot 100
+        ticket(q.join(&t, Some(&b), 0, true)); // slot 200
+        assert_eq!(q.room(&t, &b, 30), 0);
+        assert_eq!(q.join(&t, Some(&b), 30, true), Join::Full(70));
+        // At 100 the head's slot has come: it is no longer waiting, so a place is free.
+        assert_eq!(q.room(&t, &b, 100), 1);
+        assert_eq!(slot(&mut q, &t, a, 100), None);
+        ticket(q.join(&t, Some(&b), 100, true)); // slot 300
+        assert_eq!(q.join(&t, Some(&b), 100, true), Join::Full(100));
+    }
+
+    #[test]
+    fn max_delay_refuses_what_would_wait_too_long() {
+        let t = timing(0);
+        let b = Bounds {
+            max_queue: None,
+            max_delay: Some(250),
+        };
+        let mut q = Queue::new();
+        assert_eq!(q.room(&t, &b, 0), 3);
+        q.join(&t, Some(&b), 0, true); // now
+        q.join(&t, Some(&b), 0, true); // 100
+        q.join(&t, Some(&b), 0, true); // 200
+        assert_eq!(q.join(&t, Some(&b), 0, true), Join::Full(50));
+        assert_eq!(q.room(&t, &b, 50), 1);
+    }
+
+    #[test]
+    fn a_stalled_schedule_catches_up_at_most_its_allowance() {
+        let t = timing(0); // catch_up = T
+        let mut q = Queue::new();
+        q.join(&t, None, 0, true);
+        let tickets: Vec<_> = (0..10).map(|_| ticket(q.join(&t, None, 0, true))).collect();
+        // Nobody polled until 1 000: slots 100..=1 000 have passed.
+        let mut left = 0;
+        for &tk in &tickets {
+            if slot(&mut q, &t, tk, 1_000).is_none() {
+                left += 1;
+            } else {
+                break;
+            }
+        }
+        // The head is moved to 900 (now - catch_up): 900 and 1 000 leave, 1 100 does not.
+        assert_eq!(left, 2);
+        assert_eq!(slot(&mut q, &t, tickets[2], 1_000), Some(1_100));
+    }
+}

@@ -1,0 +1,164 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use tower_service::Service;
+
+use super::future::{ResponseFuture, ShapeHeaders, State};
+use super::shaper::{Admission, Room, Shaper};
+use crate::gcra::{Decision, Outcome, QuotaState, MAX_QUOTAS};
+use crate::headers::PolicyHeaders;
+use crate::key::{KeyExtractor, RequestHead};
+use crate::rate_limit::MissingKey;
+use crate::response::{self, OnReject, Rejection, RejectionKind};
+
+pub(crate) struct Shared<E: KeyExtractor> {
+    pub(crate) extractor: E,
+    pub(crate) shaper: Shaper<E::Key>,
+    /// Requests an idle key is admitted at once (`q` of `RateLimit-Policy`).
+    pub(crate) capacity: u64,
+    /// `None` when the header fields are turned off.
+    pub(crate) policy: Option<PolicyHeaders>,
+    pub(crate) name: Box<str>,
+    pub(crate) on_missing: MissingKey<E::Key>,
+    pub(crate) on_reject: Option<OnReject>,
+}
+
+impl<E: KeyExtractor> Shared<E> {
+    /// The header fields for a response, from the state of the key's queue.
+    fn headers(&self, room: &Room, outcome: Outcome) -> Option<ShapeHeaders> {
+        let policy = self.policy.as_ref()?;
+        // The shared renderer speaks in decisions: one quota, whose burst is the capacity.
+        let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+        quotas[0] = QuotaState {
+            limit: self.capacity,
+            remaining: room.remaining.min(self.capacity),
+            reset_after: room.reset_after,
+        };
+        let decision = Decision {
+            outcome,
+            retry_after: 0,
+            len: 1,
+            quotas,
+        };
+        Some(ShapeHeaders {
+            policy: policy.policy(),
+            ratelimit: policy.ratelimit(&decision),
+        })
+    }
+}
+
+/// The service made by [`ShapeLayer`](super::ShapeLayer).
+pub struct Shape<S, E: KeyExtractor> {
+    inner: S,
+    shared: Arc<Shared<E>>,
+}
+
+impl<S: Clone, E: KeyExtractor> Clone for Shape<S, E> {
+    fn clone(&self) -> Self {
+        Shape {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, E: KeyExtractor> fmt::Debug for Shape<S, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shape")
+            .field("inner", &self.inner)
+            .field("shaper", &self.shared.shaper)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, E: KeyExtractor> Shape<S, E> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<E>>) -> Self {
+        Shape { inner, shared }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for Shape<S, E>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    E: KeyExtractor,
+    ResBody: From<Bytes>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, Request<ReqBody>>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let shared = &*self.shared;
+        let key = match shared.extractor.extract(&RequestHead::new(&req)) {
+            Ok(key) => key,
+            Err(_) => match &shared.on_missing {
+                MissingKey::UseKey(key) => key.clone(),
+                MissingKey::Allow => {
+                    return ResponseFuture::new(State::calling(self.inner.call(req)), None)
+                }
+                MissingKey::Reject(status) => {
+                    let r = Rejection {
+                        kind: RejectionKind::MissingKey,
+                        status: *status,
+                        retry_after: None,
+                        decision: None,
+                        policy: Some(&shared.name),
+                    };
+                    let resp = response::reject(shared.on_reject.as_ref(), &r);
+                    return ResponseFuture::new(State::ready(resp), None);
+                }
+            },
+        };
+        match shared.shaper.admit(&key) {
+            Admission::Leave(room) => {
+                let headers = shared.headers(&room, Outcome::Allowed);
+                ResponseFuture::new(State::calling(self.inner.call(req)), headers)
+            }
+            Admission::Wait(slot, room) => {
+                let headers = shared.headers(&room, Outcome::Allowed);
+                // The service made ready for this request waits with it; the clone serves the
+                // next one.
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::new(State::waiting(slot, ready, req), headers)
+            }
+            Admission::Full(full, room) => {
+                let r = Rejection {
+                    kind: RejectionKind::QueueFull,
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    retry_after: Some(full.retry_after()),
+                    decision: None,
+                    policy: Some(&shared.name),
+                };
+                let mut resp = response::reject(shared.on_reject.as_ref(), &r);
+                if let Some(h) = shared.headers(&room, Outcome::Limited) {
+                    h.apply(resp.headers_mut());
+                }
+                ResponseFuture::new(State::ready(resp), None)
+            }
+        }
+    }
+}

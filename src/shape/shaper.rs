@@ -1,0 +1,624 @@
+//! [`Shaper`]: keyed first-in-first-out queues drained at a fixed rate, without HTTP.
+
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, Hash};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hashbrown::HashTable;
+use tokio::time::Sleep;
+
+use super::queue::{Bounds, Join, Queue, Timing, Turn};
+use crate::clock::Clock;
+use crate::error::ConfigError;
+use crate::limiter::DEFAULT_MAX_KEYS;
+use crate::quota::Quota;
+
+/// How late a departure may be and still be caught up. It covers tokio's 1 ms timer ticks
+/// and a busy runtime's scheduling delays (several ms on a loaded machine); a schedule that
+/// fell further behind forfeits the older slots rather than releasing them as a burst.
+const CATCH_UP: Duration = Duration::from_millis(20);
+
+/// Spaces out work per key: each key's requests leave one per emission interval of the quota,
+/// first in first out.
+///
+/// Cheap to clone; clones share the queues. The HTTP [`ShapeLayer`](super::ShapeLayer) and the
+/// outbound [`PoliteLayer`](super::PoliteLayer) are built on it, and it serves on its own for
+/// queue consumers and background jobs.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{shape::Shaper, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// // A partner accepts 5 calls per second per account.
+/// let shaper = Shaper::<u64>::new(Quota::per_second(5));
+/// let start = tokio::time::Instant::now();
+/// for _ in 0..3 {
+///     shaper.until_slot(&42).await; // the first at once, then every 200 ms
+/// }
+/// assert_eq!(start.elapsed(), Duration::from_millis(400));
+/// # }
+/// ```
+///
+/// # Semantics
+/// * The quota gives the rate only: one request per `T = period / count`. Its burst is not
+///   used, since the point of shaping is to space requests out; see
+///   [`ShaperBuilder::no_delay_burst`] for letting a few through early.
+/// * A request's place in its key's queue is fixed when it joins
+///   ([`until_slot`](Self::until_slot) or [`reserve`](Self::reserve) is called), not when the
+///   returned [`Slot`] is first polled.
+/// * Waiting is on tokio's timer, and time is read from tokio's clock ([`Clock::tokio`]), so
+///   tests under `#[tokio::test(start_paused = true)]` run without sleeping.
+pub struct Shaper<K> {
+    inner: Arc<Inner<K>>,
+}
+
+impl<K> Clone for Shaper<K> {
+    fn clone(&self) -> Self {
+        Shaper {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K> fmt::Debug for Shaper<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shaper")
+            .field("quota", &self.inner.quota)
+            .field("no_delay_burst", &self.inner.no_delay_burst)
+            .field("bounds", &self.inner.core.bounds)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<K> {
+    quota: Quota,
+    no_delay_burst: u32,
+    core: Arc<Core>,
+    table: Table<K>,
+}
+
+/// What every waiter of a shaper needs, whatever its key.
+#[derive(Debug)]
+struct Core {
+    timing: Timing,
+    bounds: Bounds,
+    clock: Clock,
+}
+
+/// One key's queue.
+type Lane = Arc<Mutex<Queue>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock means a panic elsewhere between two plain field updates; the numbers are
+    // still times and counts, and a stuck queue would be worse.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Builds a [`Shaper`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ShaperBuilder {
+    quota: Quota,
+    no_delay_burst: u32,
+    bounds: Bounds,
+    max_keys: usize,
+}
+
+impl ShaperBuilder {
+    /// Lets up to `n` requests go ahead of the rate without waiting after the key was idle.
+    ///
+    /// Default `0`: pure smoothing, where after idle the first request leaves at once (nobody
+    /// is ahead of it) and every later one waits for its slot. With `n`, an idle key's first
+    /// `n + 1` requests leave at once and the rest are spaced one interval apart; the key earns
+    /// its allowance back at one request per interval. This is nginx `limit_req ... delay=n`.
+    pub fn no_delay_burst(mut self, n: u32) -> Self {
+        self.no_delay_burst = n;
+        self
+    }
+
+    /// Refuses a request that would make more than `n` requests of its key wait (requests
+    /// whose slot has come do not count). Without it, or [`max_delay`](Self::max_delay), the
+    /// queue is unbounded. Bounds apply to [`Shaper::reserve`]; [`Shaper::until_slot`] waits
+    /// regardless.
+    pub fn max_queue(mut self, n: usize) -> Self {
+        self.bounds.max_queue = Some(n as u64);
+        self
+    }
+
+    /// Refuses a request that would have to wait longer than `d`. Applies, like
+    /// [`max_queue`](Self::max_queue), to [`Shaper::reserve`].
+    pub fn max_delay(mut self, d: Duration) -> Self {
+        self.bounds.max_delay = Some(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Bounds the number of keys tracked (default 1 000 000). Keys with nobody waiting whose
+    /// schedule is in the past are forgotten first, which changes nothing; when every tracked
+    /// key is busy, [`Shaper::reserve`] refuses requests of new keys ([`Shaper::until_slot`],
+    /// which never refuses, tracks them beyond the bound).
+    pub fn max_keys(mut self, n: usize) -> Self {
+        self.max_keys = n;
+        self
+    }
+
+    /// Builds the shaper.
+    ///
+    /// # Panics
+    /// On an invalid setting; see [`try_build`](Self::try_build).
+    #[track_caller]
+    pub fn build<K: Hash + Eq + Clone + Send + Sync>(self) -> Shaper<K> {
+        match self.try_build() {
+            Ok(s) => s,
+            Err(e) => panic!("tollgate: {e}"),
+        }
+    }
+
+    /// Builds the shaper, or says which setting cannot work.
+    pub fn try_build<K: Hash + Eq + Clone + Send + Sync>(self) -> Result<Shaper<K>, ConfigError> {
+        if self.max_keys == 0 {
+            return Err(ConfigError::ZeroMaxKeys);
+        }
+        let interval = u64::try_from(self.quota.emission_interval().as_nanos())
+            .map_err(|_| ConfigError::ToleranceTooLong)?;
+        let ahead = interval
+            .checked_mul(u64::from(self.no_delay_burst))
+            .filter(|&a| a <= u64::MAX / 4)
+            .ok_or(ConfigError::ToleranceTooLong)?;
+        let catch_up = CATCH_UP.as_nanos() as u64;
+        let core = Arc::new(Core {
+            timing: Timing {
+                interval,
+                ahead,
+                catch_up,
+            },
+            bounds: self.bounds,
+            clock: Clock::tokio(),
+        });
+        Ok(Shaper {
+            inner: Arc::new(Inner {
+                quota: self.quota,
+                no_delay_burst: self.no_delay_burst,
+                core,
+                table: Table::new(self.max_keys),
+            }),
+        })
+    }
+}
+
+/// A request was refused because its key's queue is full (or the wait would be too long, or
+/// too many keys are busy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFull {
+    retry_after: Duration,
+}
+
+impl QueueFull {
+    /// The time until a place frees up in the queue, if nobody else takes it.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+}
+
+impl fmt::Display for QueueFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "shaping queue full: a place frees up in {:?}",
+            self.retry_after
+        )
+    }
+}
+
+impl std::error::Error for QueueFull {}
+
+/// The state of a key's queue after a request was admitted or refused, for the `RateLimit`
+/// header fields.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Room {
+    /// Requests that would still be admitted now.
+    pub(crate) remaining: u64,
+    /// Nanoseconds until the key is idle.
+    pub(crate) reset_after: u64,
+}
+
+/// What the shaper decided for one request.
+pub(crate) enum Admission {
+    /// Go now.
+    Leave(Room),
+    /// Wait for the slot.
+    Wait(Slot, Room),
+    /// Refused.
+    Full(QueueFull, Room),
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync> Shaper<K> {
+    /// A shaper at `quota`'s rate, with no queue bound and no no-delay burst.
+    pub fn new(quota: Quota) -> Self {
+        Self::builder(quota).build()
+    }
+
+    /// Starts a builder.
+    pub fn builder(quota: Quota) -> ShaperBuilder {
+        ShaperBuilder {
+            quota,
+            no_delay_burst: 0,
+            bounds: Bounds::default(),
+            max_keys: DEFAULT_MAX_KEYS,
+        }
+    }
+
+    /// Takes a place in `key`'s queue now and returns the [`Slot`] that completes when it is
+    /// this request's turn to go. Never refused: a caller that uses it has chosen to wait,
+    /// however long the queue (the bounds apply to [`reserve`](Self::reserve)).
+    ///
+    /// A plain function returning a future, so the place is taken at the call: the order of
+    /// the calls is the order of departure.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe. Dropping the [`Slot`] before it completes leaves the queue at once and
+    /// consumes nothing: everyone behind moves up one slot. Once it has completed, the slot
+    /// is used, whatever the caller does next.
+    pub fn until_slot(&self, key: &K) -> Slot {
+        match self.join(key, None, false) {
+            Admission::Wait(slot, _) => slot,
+            // Unbounded joins are never refused and, without `leave_now`, never leave at once.
+            Admission::Leave(_) | Admission::Full(..) => Slot::ready(self.inner.core.clone()),
+        }
+    }
+
+    /// Takes a place in `key`'s queue if the shaper's bounds allow it, or says how long until
+    /// a place frees up.
+    ///
+    /// # Cancellation safety
+    /// As [`until_slot`](Self::until_slot): dropping the [`Slot`] before it completes gives the
+    /// place back.
+    pub fn reserve(&self, key: &K) -> Result<Slot, QueueFull> {
+        match self.join(key, Some(&self.inner.core.bounds), false) {
+            Admission::Wait(slot, _) => Ok(slot),
+            Admission::Full(full, _) => Err(full),
+            Admission::Leave(_) => Ok(Slot::ready(self.inner.core.clone())),
+        }
+    }
+
+    /// Admits a request within the shaper's bounds; one that nobody is ahead of and whose slot
+    /// has come leaves at once.
+    pub(crate) fn admit(&self, key: &K) -> Admission {
+        self.join(key, Some(&self.inner.core.bounds), true)
+    }
+
+    /// Admits a request that will wait however long: `None` when it may leave at once.
+    pub(crate) fn admit_waiting(&self, key: &K) -> Option<Slot> {
+        match self.join(key, None, true) {
+            Admission::Wait(slot, _) => Some(slot),
+            Admission::Leave(_) | Admission::Full(..) => None,
+        }
+    }
+
+    /// Admits a request: leave now (only with `leave_now`, when nobody is ahead and its slot
+    /// has come), wait, or refused (only with `bounds`).
+    pub(crate) fn join(&self, key: &K, bounds: Option<&Bounds>, leave_now: bool) -> Admission {
+        let core = &self.inner.core;
+        let table = &self.inner.table;
+        let hash = table.hasher.hash_one(key);
+        let mut shard = lock(table.shard(hash));
+        let now = core.clock.now();
+        let lane = match shard.entries.find(hash, |(k, _)| k == key) {
+            Some((_, lane)) => lane.clone(),
+            None => {
+                if shard.entries.len() >= shard.sweep_at {
+                    shard.sweep(&table.hasher, now);
+                }
+                if shard.entries.len() >= table.max_per_shard
+                    && !shard.evict_one(&table.hasher)
+                    && bounds.is_some()
+                {
+                    // Every tracked key of this shard is busy: refuse newcomers, exactly as
+                    // a full queue would, until one goes idle.
+                    let full = QueueFull {
+                        retry_after: Duration::from_nanos(core.timing.interval),
+                    };
+                    let room = Room {
+                        remaining: 0,
+                        reset_after: core.timing.interval,
+                    };
+                    return Admission::Full(full, room);
+                }
+                let lane: Lane = Arc::new(Mutex::new(Queue::new()));
+                let hasher = &table.hasher;
+                shard
+                    .entries
+                    .insert_unique(hash, (key.clone(), lane.clone()), |(k, _)| {
+                        hasher.hash_one(k)
+                    });
+                lane
+            }
+        };
+        // The shard stays locked while the key's queue changes, so a sweep cannot drop an entry
+        // that a request is joining.
+        let mut queue = lock(&lane);
+        let join = queue.join(&core.timing, bounds, now, leave_now);
+        let room = Room {
+            remaining: queue.room(&core.timing, bounds.unwrap_or(&core.bounds), now),
+            reset_after: queue.reset_after(now),
+        };
+        drop(queue);
+        drop(shard);
+        match join {
+            Join::Leave => Admission::Leave(room),
+            Join::Wait(ticket) => Admission::Wait(
+                Slot {
+                    core: core.clone(),
+                    lane: Some(lane),
+                    ticket,
+                    sleep: None,
+                    armed: None,
+                },
+                room,
+            ),
+            Join::Full(retry) => Admission::Full(
+                QueueFull {
+                    retry_after: Duration::from_nanos(retry),
+                },
+                room,
+            ),
+        }
+    }
+
+    /// How many requests an idle key is admitted at once under the shaper's bounds (one leaves,
+    /// the others wait), or `None` when unbounded.
+    pub(crate) fn capacity(&self) -> Option<u64> {
+        let core = &self.inner.core;
+        if core.bounds == Bounds::default() {
+            return None;
+        }
+        Some(Queue::new().room(&core.timing, &core.bounds, 0))
+    }
+
+    /// The quota whose rate the shaper keeps.
+    pub fn quota(&self) -> &Quota {
+        &self.inner.quota
+    }
+
+    /// The number of tracked keys (idle ones included until they are swept).
+    pub fn len(&self) -> usize {
+        self.inner
+            .table
+            .shards
+            .iter()
+            .map(|s| lock(s).entries.len())
+            .sum()
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets every idle key now (nobody waiting, schedule in the past), which changes no
+    /// decision, and returns how many keys are still tracked. Not needed for bounded memory:
+    /// the table sweeps by itself as it grows.
+    pub fn evict_idle(&self) -> usize {
+        let now = self.inner.core.clock.now();
+        let table = &self.inner.table;
+        table
+            .shards
+            .iter()
+            .map(|s| {
+                let mut shard = lock(s);
+                shard.sweep(&table.hasher, now);
+                shard.entries.len()
+            })
+            .sum()
+    }
+}
+
+/// A place in a key's queue: a future that completes when it is this request's turn to go.
+///
+/// Returned by [`Shaper::until_slot`] and [`Shaper::reserve`]. The place was taken when the
+/// slot was created; polling only waits for it.
+///
+/// # Cancellation safety
+/// Dropping a slot before it completes leaves the queue at once: the requests behind move up
+/// one interval each, and if it was at the head, the next one takes over its departure time.
+/// Nothing is consumed, so the key's output stays one request per interval as long as anyone
+/// is waiting. A slot that has completed has left; dropping it then changes nothing.
+///
+/// # Order
+/// The slots of one key complete in the order they were taken. A slot that is held without
+/// being polled holds up the ones behind it once its turn has come: await each slot (in its
+/// own task, or with the others), or drop it.
+#[must_use = "a slot does nothing unless awaited, and leaves the queue when dropped"]
+pub struct Slot {
+    core: Arc<Core>,
+    /// `None` once the slot has left the queue (or never joined one).
+    lane: Option<Lane>,
+    ticket: u64,
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// The departure time the timer is set for.
+    armed: Option<u64>,
+}
+
+impl fmt::Debug for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Slot")
+            .field("waiting", &self.lane.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Slot {
+    /// A slot that has already come.
+    fn ready(core: Arc<Core>) -> Self {
+        Slot {
+            core,
+            lane: None,
+            ticket: 0,
+            sleep: None,
+            armed: None,
+        }
+    }
+
+    /// Whether the slot has been reached (the future completed, or had nothing to wait for).
+    pub fn is_done(&self) -> bool {
+        self.lane.is_none()
+    }
+
+    fn arm(&mut self, at: u64, now: u64, cx: &mut Context<'_>) -> Poll<()> {
+        if self.armed != Some(at) {
+            // Read after `now`, so the deadline is never before `at` on the shaper's clock.
+            let deadline = tokio::time::Instant::now() + Duration::from_nanos(at - now);
+            match &mut self.sleep {
+                Some(sleep) => sleep.as_mut().reset(deadline),
+                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+            self.armed = Some(at);
+        }
+        match &mut self.sleep {
+            Some(sleep) => {
+                let fired = sleep.as_mut().poll(cx);
+                if fired.is_ready() {
+                    // Re-arm from a fresh reading if the slot turns out not to have come.
+                    self.armed = None;
+                }
+                fired
+            }
+            None => Poll::Ready(()),
+        }
+    }
+}
+
+impl Future for Slot {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        loop {
+            let Some(lane) = &this.lane else {
+                return Poll::Ready(());
+            };
+            let now = this.core.clock.now();
+            let turn = lock(lane).turn(&this.core.timing, this.ticket, now, cx.waker());
+            match turn {
+                Turn::Leave(next_head) => {
+                    this.lane = None;
+                    this.sleep = None;
+                    if let Some(w) = next_head {
+                        w.wake();
+                    }
+                    return Poll::Ready(());
+                }
+                Turn::Behind => return Poll::Pending,
+                Turn::At(at) => {
+                    if this.arm(at, now, cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(lane) = self.lane.take() {
+            let next_head = lock(&lane).cancel(&self.core.timing, self.ticket);
+            if let Some(w) = next_head {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// How many entries are looked at to pick a key to forget when the table is full.
+const EVICTION_SAMPLE: usize = 8;
+/// Sweeps start once a shard holds this many keys.
+const MIN_SWEEP: usize = 64;
+
+/// The keys' queues: sharded hash tables, seeded at random per process.
+struct Table<K> {
+    shards: Box<[Mutex<Shard<K>>]>,
+    hasher: foldhash::fast::RandomState,
+    shard_mask: u64,
+    max_per_shard: usize,
+}
+
+struct Shard<K> {
+    entries: HashTable<(K, Lane)>,
+    /// Sweep idle entries when `len` reaches this.
+    sweep_at: usize,
+}
+
+impl<K: Hash + Eq> Table<K> {
+    fn new(max_keys: usize) -> Self {
+        let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
+        // Enough shards that two threads rarely meet; no more than keys, so that a small
+        // bound is exact.
+        let most = 1usize << max_keys.max(1).ilog2();
+        let n = (cpus * 4).clamp(8, 64).next_power_of_two().min(most);
+        let shards = (0..n)
+            .map(|_| {
+                Mutex::new(Shard {
+                    entries: HashTable::new(),
+                    sweep_at: MIN_SWEEP,
+                })
+            })
+            .collect();
+        Table {
+            shards,
+            hasher: foldhash::fast::RandomState::default(),
+            shard_mask: (n - 1) as u64,
+            max_per_shard: max_keys.div_ceil(n).max(1),
+        }
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard<K>> {
+        // hashbrown uses the low bits and the top 7; take the shard from bits in between.
+        &self.shards[((hash >> 40) & self.shard_mask) as usize]
+    }
+}
+
+impl<K: Hash + Eq> Shard<K> {
+    /// Drops every idle entry and returns memory when the table is mostly empty.
+    fn sweep(&mut self, hasher: &foldhash::fast::RandomState, now: u64) {
+        self.entries.retain(|(_, lane)| !lock(lane).is_idle(now));
+        let len = self.entries.len();
+        self.sweep_at = (len * 2).max(MIN_SWEEP);
+        if self.entries.capacity() > 4 * len.max(MIN_SWEEP) {
+            self.entries.shrink_to(len * 2, |(k, _)| hasher.hash_one(k));
+        }
+    }
+
+    /// Forgets the key nearest to idle among a sample, if one has nobody waiting. Its next
+    /// request starts from an idle schedule: it may leave up to one interval early, once.
+    fn evict_one(&mut self, hasher: &foldhash::fast::RandomState) -> bool {
+        let victim = self
+            .entries
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .filter_map(|(k, lane)| {
+                let q = lock(lane);
+                q.is_empty()
+                    .then(|| (q.horizon(), hasher.hash_one(k), lane.clone()))
+            })
+            .min_by_key(|(horizon, _, _)| *horizon);
+        let Some((_, hash, lane)) = victim else {
+            return false;
+        };
+        match self
+            .entries
+            .find_entry(hash, |(_, l)| Arc::ptr_eq(l, &lane))
+        {
+            Ok(entry) => {
+                entry.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
