@@ -1,3 +1,4 @@
+#![cfg(feature = "axum")]
 //! Hostile input through the HTTP layer: spoofed forwarding headers, garbage header bytes,
 //! floods of distinct keys.
 

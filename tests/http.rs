@@ -1,3 +1,4 @@
+#![cfg(feature = "axum")]
 //! DESIGN section 2 through the HTTP layer: statuses, headers, composition with axum.
 
 mod common;

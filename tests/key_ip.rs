@@ -1,3 +1,4 @@
+#![cfg(feature = "axum")]
 //! `PeerIp` and `ClientIp` through the public API, and behind a real axum server whose peer
 //! address comes from `ConnectInfo`.
 
