@@ -268,3 +268,32 @@ fn log(line: &Line, error: Option<(&dyn fmt::Display, FailMode)>) {
         ),
     }
 }
+
+impl crate::store::sealed::Sealed for RedisStore {}
+
+impl<K> crate::store::Backend<K> for RedisStore
+where
+    K: super::RedisKey + std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    type Limiter = super::RedisRateLimiter<K>;
+
+    fn make_limiter(
+        &self,
+        name: &str,
+        quotas: &[crate::Quota],
+        clock: Option<&crate::Clock>,
+        _max_keys: usize,
+        _on_full: crate::store::OnFull,
+    ) -> Result<Self::Limiter, crate::ConfigError> {
+        let (first, rest) = quotas.split_first().ok_or(crate::ConfigError::NoQuota)?;
+        let mut builder = super::RedisRateLimiter::<K>::builder(self.clone(), first.clone())
+            .name(name.to_owned());
+        for q in rest {
+            builder = builder.quota(q.clone());
+        }
+        if let Some(clock) = clock {
+            builder = builder.clock(clock.clone());
+        }
+        builder.try_build()
+    }
+}
