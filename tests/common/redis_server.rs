@@ -63,6 +63,30 @@ impl RedisServer {
         }
     }
 
+    /// Stops the server process (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .expect("server running")
+            .id()
+            .to_string();
+        let ok = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid} failed");
+    }
+
     /// Starts the server again on the same port (after [`kill`](Self::kill)).
     pub fn restart(&mut self) {
         self.kill();
@@ -128,6 +152,9 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        if self.child.is_some() {
+            self.resume();
+        }
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
