@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::redis_server::{RedisCluster, RedisServer};
 use common::spec;
-use tollgate::redis::{RedisRateLimiter, RedisStore};
+use tollgate::redis::{FailMode, RedisRateLimiter, RedisStore};
 use tollgate::{Clock, Outcome, Quota};
 
 fn limiter_for(
@@ -207,4 +207,319 @@ async fn the_deny_cache_never_outlives_the_rejection() {
     time.advance(Duration::from_millis(1));
     assert!(limiter.check(&1).await.is_allowed());
     assert_eq!(server.calls("evalsha"), 3);
+}
+
+/// Decides `check` over and over for `period`, returning every decision with its duration.
+async fn traffic(
+    limiter: &RedisRateLimiter<u64>,
+    period: Duration,
+) -> Vec<(tollgate::Decision, Duration)> {
+    let end = std::time::Instant::now() + period;
+    let mut out = Vec::new();
+    while std::time::Instant::now() < end {
+        let t = std::time::Instant::now();
+        let d = limiter.check(&1).await;
+        out.push((d, t.elapsed()));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    out
+}
+
+/// Kills Redis mid-traffic, checks every decision during the outage against `mode`, restarts
+/// Redis on the same port and waits for decisions to come from it again.
+async fn outage_follows(mode: FailMode) {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(50);
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(timeout)
+        .on_failure(mode);
+    let limiter = RedisRateLimiter::<u64>::builder(store, Quota::per_hour(100_000)).build();
+    let before = traffic(&limiter, Duration::from_millis(100)).await;
+    assert!(before
+        .iter()
+        .all(|(d, _)| d.is_allowed() && !d.is_degraded()));
+
+    server.kill();
+    let during = traffic(&limiter, Duration::from_millis(300)).await;
+    for (d, took) in &during {
+        assert!(
+            *took < timeout + Duration::from_millis(50),
+            "a call took {took:?}"
+        );
+        assert!(d.is_degraded());
+        match mode {
+            FailMode::Open => assert!(d.is_allowed()),
+            FailMode::Closed => {
+                assert_eq!(d.outcome(), Outcome::Limited);
+                assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+            }
+        }
+    }
+
+    server.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let t = std::time::Instant::now();
+        let d = limiter.check(&1).await;
+        assert!(t.elapsed() < timeout + Duration::from_millis(50));
+        if !d.is_degraded() {
+            // A fresh server: the key starts from its full burst again.
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), 99_999);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "Redis not used again");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn redis_killed_mid_traffic_fail_open_admits_within_the_timeout_then_recovers() {
+    outage_follows(FailMode::Open).await;
+}
+
+#[tokio::test]
+async fn redis_killed_mid_traffic_fail_closed_rejects_within_the_timeout_then_recovers() {
+    outage_follows(FailMode::Closed).await;
+}
+
+#[tokio::test]
+async fn a_hung_redis_costs_each_decision_at_most_the_timeout() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(50);
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(timeout)
+        .on_failure(FailMode::Closed);
+    let limiter = RedisRateLimiter::<u64>::builder(store, Quota::per_hour(100)).build();
+    assert!(limiter.check(&1).await.is_allowed());
+    server.pause();
+    // Concurrent callers on the one connection: none waits longer than the timeout.
+    let calls = (0..20).map(|_| {
+        let l = limiter.clone();
+        tokio::spawn(async move {
+            let t = std::time::Instant::now();
+            let d = l.check(&1).await;
+            (d, t.elapsed())
+        })
+    });
+    for call in calls.collect::<Vec<_>>() {
+        let (d, took) = call.await.unwrap();
+        assert!(d.is_degraded() && !d.is_allowed());
+        assert!(
+            took >= timeout && took < timeout + Duration::from_millis(50),
+            "{took:?}"
+        );
+    }
+    server.resume();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while limiter.check(&1).await.is_degraded() {
+        assert!(std::time::Instant::now() < deadline, "Redis not used again");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_at_startup_follows_the_failure_policy() {
+    let port = common::redis_server::free_port();
+    let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .timeout(Duration::from_millis(50));
+    let open = RedisRateLimiter::<u64>::builder(store.clone(), Quota::per_second(1)).build();
+    let closed =
+        RedisRateLimiter::<u64>::builder(store.on_failure(FailMode::Closed), Quota::per_second(1))
+            .build();
+    for _ in 0..3 {
+        let d = open.check(&1).await;
+        assert!(d.is_allowed() && d.is_degraded());
+        let d = closed.check(&1).await;
+        assert!(!d.is_allowed() && d.is_degraded());
+    }
+}
+
+mod http_layer {
+    use super::*;
+    use axum::body::Body;
+    use axum::routing::get;
+    use axum::Router;
+    use http::{Request, Response, StatusCode};
+    use tollgate::key::Header;
+    use tollgate::{Decision, Policy, RateLimitLayer};
+    use tower::ServiceExt;
+
+    fn req(key: &str, cost: u32) -> Request<Body> {
+        Request::get("/")
+            .header("x-key", key)
+            .header("x-cost", cost.to_string())
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    fn header<'a>(resp: &'a Response<Body>, name: &str) -> Option<&'a str> {
+        resp.headers().get(name).map(|v| v.to_str().unwrap())
+    }
+
+    async fn handler(d: Option<Decision>) -> String {
+        match d {
+            Some(d) if d.is_degraded() => "degraded".into(),
+            Some(d) => format!("remaining {}", d.remaining()),
+            None => "none".into(),
+        }
+    }
+
+    fn app(policy: Policy, store: RedisStore, clock: Clock) -> Router {
+        Router::new().route("/", get(handler)).layer(
+            RateLimitLayer::new(policy)
+                .key(Header::new("x-key"))
+                .cost(|r| {
+                    r.headers
+                        .get("x-cost")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(1)
+                })
+                .clock(clock)
+                .store(store),
+        )
+    }
+
+    /// The table of cases through an axum router on Redis: statuses, Retry-After, RateLimit.
+    #[tokio::test]
+    async fn the_layer_on_redis_follows_the_table_of_cases() {
+        let server = RedisServer::start();
+        let store = RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .timeout(Duration::from_secs(2));
+        for (n, case) in spec::cases().iter().enumerate() {
+            let mut policy = Policy::new(format!("http{n}"), case.quotas[0].clone());
+            for q in &case.quotas[1..] {
+                policy = policy.quota(q.clone());
+            }
+            let (clock, time) = Clock::manual();
+            let app = app(policy, store.clone(), clock);
+            let start = time.now();
+            for (i, step) in case.steps.iter().enumerate() {
+                time.advance(start + Duration::from_millis(step.at_ms) - time.now());
+                let resp = app.clone().oneshot(req(step.key, step.cost)).await.unwrap();
+                let ctx = format!("case {:?} step {i}", case.name);
+                let e = &step.expect;
+                let want = match e.outcome {
+                    Outcome::Allowed => StatusCode::OK,
+                    _ => StatusCode::TOO_MANY_REQUESTS,
+                };
+                assert_eq!(resp.status(), want, "{ctx}");
+                match (e.outcome, e.retry_after_ms) {
+                    (Outcome::Limited, Some(ms)) => {
+                        let secs = ms.div_ceil(1000).max(1).to_string();
+                        assert_eq!(header(&resp, "retry-after"), Some(secs.as_str()), "{ctx}");
+                    }
+                    (Outcome::Limited, None) => {
+                        assert!(header(&resp, "retry-after").is_some(), "{ctx}")
+                    }
+                    _ => assert_eq!(header(&resp, "retry-after"), None, "{ctx}"),
+                }
+                let rl = header(&resp, "ratelimit").expect("RateLimit on every response");
+                if let Some(r) = &e.remaining {
+                    let got: Vec<u64> = rl
+                        .split(", ")
+                        .map(|item| {
+                            let r = item.split(";r=").nth(1).unwrap();
+                            r.split(';').next().unwrap().parse().unwrap()
+                        })
+                        .collect();
+                    assert_eq!(&got, r, "{ctx}: {rl}");
+                }
+                assert!(header(&resp, "ratelimit-policy").is_some(), "{ctx}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn too_many_requests_get_429_with_headers_and_the_handler_sees_the_decision() {
+        let server = RedisServer::start();
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let app = app(
+            Policy::new("api", Quota::per_minute(2)),
+            store,
+            Clock::system(),
+        );
+        let resp = app.clone().oneshot(req("alice", 1)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(header(&resp, "ratelimit-policy"), Some("\"api\";q=2;w=60"));
+        assert_eq!(header(&resp, "ratelimit"), Some("\"api\";r=1;t=30"));
+        let body = axum::body::to_bytes(resp.into_body(), 1024).await.unwrap();
+        assert_eq!(&body[..], b"remaining 1");
+        assert_eq!(
+            app.clone().oneshot(req("alice", 1)).await.unwrap().status(),
+            200
+        );
+        // Rejected by Redis, then by the deny cache: the same answer.
+        for _ in 0..2 {
+            let resp = app.clone().oneshot(req("alice", 1)).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(header(&resp, "retry-after"), Some("30"));
+            assert_eq!(header(&resp, "ratelimit"), Some("\"api\";r=0;t=60"));
+        }
+        assert_eq!(server.calls("evalsha"), 3);
+        assert_eq!(app.oneshot(req("bob", 1)).await.unwrap().status(), 200);
+    }
+
+    #[tokio::test]
+    async fn redis_down_fail_closed_is_503_and_fail_open_passes_without_ratelimit_fields() {
+        let port = common::redis_server::free_port();
+        let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .timeout(Duration::from_millis(50));
+        let policy = Policy::new("api", Quota::per_second(1));
+        let closed = app(
+            policy.clone(),
+            store.clone().on_failure(FailMode::Closed),
+            Clock::system(),
+        );
+        let t = std::time::Instant::now();
+        let resp = closed.oneshot(req("alice", 1)).await.unwrap();
+        assert!(t.elapsed() < Duration::from_millis(100));
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&resp, "retry-after"), Some("1"));
+        assert_eq!(header(&resp, "ratelimit"), None);
+
+        let open = app(policy, store.on_failure(FailMode::Open), Clock::system());
+        let resp = open.oneshot(req("alice", 1)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(header(&resp, "ratelimit"), None);
+        let body = axum::body::to_bytes(resp.into_body(), 1024).await.unwrap();
+        assert_eq!(&body[..], b"degraded");
+    }
+
+    #[tokio::test]
+    async fn tiers_never_share_state_in_redis() {
+        let server = RedisServer::start();
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let layer = RateLimitLayer::new(Policy::new("free", Quota::per_hour(1)))
+            .tier(Policy::new("vip", Quota::per_hour(1)))
+            .key(Header::new("x-key"))
+            .select_tier(|r| r.headers.get("x-vip").map(|_| "vip"))
+            .store(store);
+        let app = Router::new().route("/", get(handler)).layer(layer);
+        let vip = |key: &str| {
+            Request::get("/")
+                .header("x-key", key)
+                .header("x-vip", "1")
+                .body(Body::empty())
+                .unwrap()
+        };
+        assert_eq!(
+            app.clone().oneshot(req("k", 1)).await.unwrap().status(),
+            200
+        );
+        assert_eq!(app.clone().oneshot(vip("k")).await.unwrap().status(), 200);
+        assert_eq!(
+            app.clone().oneshot(req("k", 1)).await.unwrap().status(),
+            429
+        );
+        assert_eq!(app.oneshot(vip("k")).await.unwrap().status(), 429);
+    }
 }
