@@ -61,8 +61,11 @@ pub struct RateLimitLayer<E: KeyExtractor = Global, B: Backend<E::Key> = Memory>
     max_keys: usize,
     on_full: OnFull,
     store: B,
-    state: Arc<OnceLock<Result<Arc<Shared<E, B::Limiter>>, ConfigError>>>,
+    state: Arc<OnceLock<Result<SharedState<E, B>, ConfigError>>>,
 }
+
+/// The state of a layer, built once, shared by every service it makes.
+type SharedState<E, B> = Arc<Shared<E, <B as Backend<<E as KeyExtractor>::Key>>::Limiter>>;
 
 impl<E: KeyExtractor + Clone, B: Backend<E::Key>> Clone for RateLimitLayer<E, B> {
     fn clone(&self) -> Self {
@@ -322,14 +325,14 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             .map(|t| t.limiter.clone()))
     }
 
-    fn shared(&self) -> Result<Arc<Shared<E, B::Limiter>>, ConfigError>
+    fn shared(&self) -> Result<SharedState<E, B>, ConfigError>
     where
         E: Clone,
     {
         self.state.get_or_init(|| self.build()).clone()
     }
 
-    fn build(&self) -> Result<Arc<Shared<E, B::Limiter>>, ConfigError>
+    fn build(&self) -> Result<SharedState<E, B>, ConfigError>
     where
         E: Clone,
     {

@@ -354,7 +354,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let n = 3 + 2 * inner.gcras.len();
         let reply = inner.store.eval(&self.redis_key(key), &args[..n]).await;
         let decision = reply.and_then(|r| {
-            let d = self.from_reply(&r);
+            let d = self.decision_of(&r);
             if d.is_none() {
                 inner.store.bad_reply();
             }
@@ -378,7 +378,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     }
 
     /// Maps the script's reply onto a decision; `None` when it does not fit.
-    fn from_reply(&self, r: &[i64]) -> Option<Decision> {
+    fn decision_of(&self, r: &[i64]) -> Option<Decision> {
         let gcras = &self.inner.gcras;
         if r.len() != 2 + 2 * gcras.len() {
             return None;
