@@ -56,7 +56,7 @@
 //!   [`Decision`] as an axum extractor. Without it the crate needs only `http`, `tower` and
 //!   `tokio`, and serves any Tower stack.
 //! * `redis`: limits shared by many instances, kept in Redis or Redis Cluster
-//!   ([`redis`](crate::redis)): `RateLimitLayer::store(RedisStore)` and `RedisRateLimiter`.
+//!   (module `redis`): `RateLimitLayer::store(RedisStore)` and `RedisRateLimiter`.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

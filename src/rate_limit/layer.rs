@@ -43,7 +43,7 @@ impl<K> Default for MissingKey<K> {
 /// memory store; in Redis, limits are shared by name, see [`store`](Self::store)).
 ///
 /// `B` is where the state lives: [`Memory`] (the default; decisions are synchronous and cost
-/// no I/O) or, with the `redis` feature, a [`RedisStore`](crate::redis::RedisStore).
+/// no I/O) or, with the `redis` feature, a `redis::RedisStore`.
 #[must_use]
 pub struct RateLimitLayer<E: KeyExtractor = Global, B: Backend<E::Key> = Memory> {
     policies: Vec<Policy>,
@@ -157,12 +157,12 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     }
 
     /// Keeps the limits in `store` instead of memory: with a
-    /// [`RedisStore`](crate::redis::RedisStore), every instance of the service that uses the
+    /// `redis::RedisStore`, every instance of the service that uses the
     /// same Redis, key prefix and policy names shares the limits. Nothing else changes: keys,
     /// tiers, costs, headers and responses are the same.
     ///
     /// With Redis, decisions wait for one round trip (bounded by the store's timeout, after
-    /// which its [`FailMode`](crate::redis::FailMode) decides), and
+    /// which its `redis::FailMode` decides), and
     /// [`max_keys`](Self::max_keys) / [`on_full`](Self::on_full) do not apply: Redis expires
     /// idle keys itself.
     pub fn store<B2: Backend<E::Key>>(self, store: B2) -> RateLimitLayer<E, B2> {

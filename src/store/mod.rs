@@ -2,7 +2,7 @@
 //!
 //! The memory store is the default; it needs no server. Every store offers the same thing: for
 //! one key, read the stored times, decide with [`crate::gcra`], and replace them atomically.
-//! With the `redis` feature, [`RedisStore`](crate::redis::RedisStore) keeps them in Redis,
+//! With the `redis` feature, `redis::RedisStore` keeps them in Redis,
 //! shared by every instance of a service.
 
 use std::hash::Hash;
@@ -17,7 +17,7 @@ pub(crate) mod memory;
 pub use memory::OnFull;
 
 /// The store of a [`RateLimitLayer`](crate::RateLimitLayer) (its second type parameter):
-/// [`Memory`] by default, or a [`RedisStore`](crate::redis::RedisStore) given to
+/// [`Memory`] by default, or a `redis::RedisStore` given to
 /// [`RateLimitLayer::store`](crate::RateLimitLayer::store).
 ///
 /// Sealed: implemented by the crate's stores only.
