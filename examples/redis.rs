@@ -50,7 +50,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("7 requests with x-api-key: {key}, alternating between instance A and B:");
     for i in 0..7 {
         let (name, app) = if i % 2 == 0 { ("A", &a) } else { ("B", &b) };
-        let req = Request::get("/").header("x-api-key", &key).body(Body::empty())?;
+        let req = Request::get("/")
+            .header("x-api-key", &key)
+            .body(Body::empty())?;
         let resp = app.clone().oneshot(req).await?;
         let ratelimit = resp
             .headers()
