@@ -523,3 +523,40 @@ mod http_layer {
         assert_eq!(app.oneshot(vip("k")).await.unwrap().status(), 429);
     }
 }
+
+#[tokio::test]
+async fn a_flushed_script_is_loaded_again_by_the_next_decision() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = RedisRateLimiter::<()>::builder(store, Quota::per_hour(10)).build();
+    assert_eq!(limiter.check(&()).await.remaining(), 9);
+    server.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    let d = limiter.check(&()).await;
+    assert!(!d.is_degraded());
+    assert_eq!(d.remaining(), 8);
+    // NOSCRIPT, SCRIPT LOAD, EVALSHA: then one call per decision again.
+    assert_eq!(limiter.check(&()).await.remaining(), 7);
+    assert_eq!(server.calls("evalsha"), 4);
+}
+
+#[tokio::test]
+async fn rates_finer_than_a_microsecond_are_a_configuration_error() {
+    let store = RedisStore::open("redis://127.0.0.1:1").unwrap();
+    let err = RedisRateLimiter::<u64>::builder(
+        store.clone(),
+        Quota::new(2_000, Duration::from_millis(1)),
+    )
+    .try_build::<u64>()
+    .unwrap_err();
+    assert!(
+        matches!(err, tollgate::ConfigError::RateTooHighForStore { .. }),
+        "{err}"
+    );
+    // One per microsecond is fine; 3 per second is rounded up to whole microseconds.
+    assert!(
+        RedisRateLimiter::<u64>::builder(store, Quota::per_second(1_000_000))
+            .quota(Quota::per_second(3))
+            .try_build::<u64>()
+            .is_ok()
+    );
+}
