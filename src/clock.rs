@@ -84,6 +84,12 @@ impl Clock {
         }
     }
 
+    /// Whether this is the machine's clock (as opposed to a test clock).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn is_system(&self) -> bool {
+        matches!(self.kind, Kind::System { .. })
+    }
+
     /// Whether sleeping with tokio moves this clock forward.
     pub(crate) fn follows_sleep(&self) -> bool {
         !matches!(self.kind, Kind::Manual(_))

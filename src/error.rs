@@ -27,6 +27,16 @@ pub enum ConfigError {
         /// The requested period.
         period: Duration,
     },
+    /// `period / count` is shorter than the resolution of the store's clock (1 µs for Redis,
+    /// whose `TIME` counts microseconds).
+    RateTooHighForStore {
+        /// The requested count.
+        count: u32,
+        /// The requested period.
+        period: Duration,
+        /// The store's resolution.
+        resolution: Duration,
+    },
     /// `burst × period / count` does not fit the clock's range (about 584 years).
     ToleranceTooLong,
     /// A policy was given no quota at all.
@@ -59,6 +69,14 @@ impl fmt::Display for ConfigError {
             ConfigError::RateTooHigh { count, period } => write!(
                 f,
                 "quota rate {count} per {period:?} is finer than the clock's 1 ns resolution"
+            ),
+            ConfigError::RateTooHighForStore {
+                count,
+                period,
+                resolution,
+            } => write!(
+                f,
+                "quota rate {count} per {period:?} is finer than the store's {resolution:?} resolution"
             ),
             ConfigError::ToleranceTooLong => {
                 f.write_str("quota burst × period / count is longer than the clock can hold")

@@ -141,6 +141,8 @@ pub struct Decision {
     pub(crate) outcome: Outcome,
     pub(crate) retry_after: u64,
     pub(crate) len: u8,
+    /// Made by a store's failure policy, not by the quotas.
+    pub(crate) degraded: bool,
     pub(crate) quotas: [QuotaState; MAX_QUOTAS],
 }
 
@@ -182,9 +184,40 @@ impl Decision {
         Duration::from_nanos(max.unwrap_or(0))
     }
 
+    /// Whether this decision was made without the quotas: a remote store (Redis) could not be
+    /// reached in time, and its failure policy admitted the request (fail open) or turned it
+    /// away (fail closed). Such a decision knows nothing of the key's state: every quota reports
+    /// `remaining` 0 and `reset_after` 0, and the HTTP layer sends no `RateLimit` fields with
+    /// it. Always `false` for the memory store.
+    #[inline]
+    pub fn is_degraded(&self) -> bool {
+        self.degraded
+    }
+
     /// The state of each quota, in the order the policy lists them.
     pub fn states(&self) -> &[QuotaState] {
         &self.quotas[..usize::from(self.len)]
+    }
+
+    /// A decision made by a store's failure policy: admitted (fail open) or limited for
+    /// `retry_after` nanoseconds (fail closed), with no knowledge of the key's state.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn degraded(gcras: &[Gcra], allowed: bool, retry_after: u64) -> Decision {
+        let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+        for (q, g) in quotas.iter_mut().zip(gcras) {
+            q.limit = g.burst();
+        }
+        Decision {
+            outcome: if allowed {
+                Outcome::Allowed
+            } else {
+                Outcome::Limited
+            },
+            retry_after: if allowed { 0 } else { retry_after },
+            len: gcras.len().min(MAX_QUOTAS) as u8,
+            degraded: true,
+            quotas,
+        }
     }
 
     fn binding(&self) -> QuotaState {
@@ -235,6 +268,7 @@ pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (
         outcome,
         retry_after,
         len: gcras.len() as u8,
+        degraded: false,
         quotas,
     };
     (decision, allowed)
@@ -259,6 +293,7 @@ pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, 
         outcome,
         retry_after,
         len: 1,
+        degraded: false,
         quotas,
     };
     (decision, stored)

@@ -58,6 +58,8 @@
 //! * `axum` (default): `ConnectInfo` peer addresses, `MatchedPath` route keys, and
 //!   [`Decision`] as an axum extractor. Without it the crate needs only `http`, `tower` and
 //!   `tokio`, and serves any Tower stack.
+//! * `redis`: limits shared by many instances, kept in Redis or Redis Cluster
+//!   (module `redis`): `RateLimitLayer::store(RedisStore)` and `RedisRateLimiter`.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -69,6 +71,8 @@ pub mod key;
 pub mod limiter;
 pub mod quota;
 pub mod rate_limit;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod response;
 pub mod shape;
 pub mod store;

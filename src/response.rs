@@ -31,6 +31,9 @@ pub enum RejectionKind {
     Concurrency,
     /// A shaping or waiting queue was full, or the wait would have been too long.
     QueueFull,
+    /// The limit's store (Redis) could not be reached in time and the layer is set to fail
+    /// closed: `503 Service Unavailable`.
+    StoreUnavailable,
 }
 
 /// What a rejection hook is told about the request it answers.
@@ -83,6 +86,7 @@ impl<'a> Rejection<'a> {
                 }
             }
             RejectionKind::QueueFull => "Too Many Requests\n",
+            RejectionKind::StoreUnavailable => "Service Unavailable\n",
         };
         let mut resp = Response::new(Bytes::from_static(body.as_bytes()));
         *resp.status_mut() = self.status;

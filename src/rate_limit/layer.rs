@@ -9,9 +9,9 @@ use super::service::{RateLimit, Shared, Tier};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor, RequestHead};
-use crate::limiter::{RateLimiter, DEFAULT_MAX_KEYS};
+use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::response::OnReject;
-use crate::store::OnFull;
+use crate::store::{Backend, Memory, OnFull};
 
 pub(crate) type SelectFn = dyn Fn(&RequestHead<'_>) -> Option<&'static str> + Send + Sync;
 pub(crate) type CostFn = dyn Fn(&RequestHead<'_>) -> u32 + Send + Sync;
@@ -39,9 +39,13 @@ impl<K> Default for MissingKey<K> {
 /// Applies GCRA rate limiting to requests. See the [module docs](crate::rate_limit).
 ///
 /// One layer value is one shared state: clones, and every service it wraps (every route of a
-/// `Router::layer`), count against the same limits. Two layer values are two limits.
+/// `Router::layer`), count against the same limits. Two layer values are two limits (with the
+/// memory store; in Redis, limits are shared by name, see [`store`](Self::store)).
+///
+/// `B` is where the state lives: [`Memory`] (the default; decisions are synchronous and cost
+/// no I/O) or, with the `redis` feature, a `redis::RedisStore`.
 #[must_use]
-pub struct RateLimitLayer<E: KeyExtractor = Global> {
+pub struct RateLimitLayer<E: KeyExtractor = Global, B: Backend<E::Key> = Memory> {
     policies: Vec<Policy>,
     extractor: E,
     select: Option<Arc<SelectFn>>,
@@ -56,10 +60,14 @@ pub struct RateLimitLayer<E: KeyExtractor = Global> {
     clock: Option<Clock>,
     max_keys: usize,
     on_full: OnFull,
-    state: Arc<OnceLock<Result<Arc<Shared<E>>, ConfigError>>>,
+    store: B,
+    state: Arc<OnceLock<Result<SharedState<E, B>, ConfigError>>>,
 }
 
-impl<E: KeyExtractor + Clone> Clone for RateLimitLayer<E> {
+/// The state of a layer, built once, shared by every service it makes.
+type SharedState<E, B> = Arc<Shared<E, <B as Backend<<E as KeyExtractor>::Key>>::Limiter>>;
+
+impl<E: KeyExtractor + Clone, B: Backend<E::Key>> Clone for RateLimitLayer<E, B> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             policies: self.policies.clone(),
@@ -76,12 +84,13 @@ impl<E: KeyExtractor + Clone> Clone for RateLimitLayer<E> {
             clock: self.clock.clone(),
             max_keys: self.max_keys,
             on_full: self.on_full,
+            store: self.store.clone(),
             state: self.state.clone(),
         }
     }
 }
 
-impl<E: KeyExtractor + fmt::Debug> fmt::Debug for RateLimitLayer<E> {
+impl<E: KeyExtractor + fmt::Debug, B: Backend<E::Key>> fmt::Debug for RateLimitLayer<E, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("policies", &self.policies)
@@ -109,12 +118,13 @@ impl RateLimitLayer<Global> {
             clock: None,
             max_keys: DEFAULT_MAX_KEYS,
             on_full: OnFull::default(),
+            store: Memory,
             state: Arc::default(),
         }
     }
 }
 
-impl<E: KeyExtractor> RateLimitLayer<E> {
+impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     fn changed(mut self) -> Self {
         // A setting changed before the layer was used: start from a fresh state.
         self.state = Arc::default();
@@ -122,7 +132,10 @@ impl<E: KeyExtractor> RateLimitLayer<E> {
     }
 
     /// Counts requests per key, as `extractor` finds it (see [`crate::key`]).
-    pub fn key<E2: KeyExtractor>(self, extractor: E2) -> RateLimitLayer<E2> {
+    pub fn key<E2: KeyExtractor>(self, extractor: E2) -> RateLimitLayer<E2, B>
+    where
+        B: Backend<E2::Key>,
+    {
         RateLimitLayer {
             policies: self.policies,
             extractor,
@@ -138,6 +151,37 @@ impl<E: KeyExtractor> RateLimitLayer<E> {
             clock: self.clock,
             max_keys: self.max_keys,
             on_full: self.on_full,
+            store: self.store,
+            state: Arc::default(),
+        }
+    }
+
+    /// Keeps the limits in `store` instead of memory: with a
+    /// `redis::RedisStore`, every instance of the service that uses the
+    /// same Redis, key prefix and policy names shares the limits. Nothing else changes: keys,
+    /// tiers, costs, headers and responses are the same.
+    ///
+    /// With Redis, decisions wait for one round trip (bounded by the store's timeout, after
+    /// which its `redis::FailMode` decides), and
+    /// [`max_keys`](Self::max_keys) / [`on_full`](Self::on_full) do not apply: Redis expires
+    /// idle keys itself.
+    pub fn store<B2: Backend<E::Key>>(self, store: B2) -> RateLimitLayer<E, B2> {
+        RateLimitLayer {
+            policies: self.policies,
+            extractor: self.extractor,
+            select: self.select,
+            cost: self.cost,
+            skip: self.skip,
+            skip_methods: self.skip_methods,
+            skip_paths: self.skip_paths,
+            on_missing: self.on_missing,
+            on_reject: self.on_reject,
+            headers: self.headers,
+            legacy_headers: self.legacy_headers,
+            clock: self.clock,
+            max_keys: self.max_keys,
+            on_full: self.on_full,
+            store,
             state: Arc::default(),
         }
     }
@@ -237,19 +281,20 @@ impl<E: KeyExtractor> RateLimitLayer<E> {
         self.changed()
     }
 
-    /// Decides with `clock` (e.g. [`Clock::tokio`] under a paused test clock).
+    /// Decides with `clock` (e.g. [`Clock::tokio`] under a paused test clock). With Redis, the
+    /// clock's time is sent to the server instead of its own `TIME` (for tests).
     pub fn clock(mut self, clock: Clock) -> Self {
         self.clock = Some(clock);
         self.changed()
     }
 
-    /// Bounds the number of keys tracked per tier (default 1 000 000).
+    /// Bounds the number of keys tracked per tier (default 1 000 000; memory store only).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self.changed()
     }
 
-    /// What to do with a new key when `max_keys` active keys are tracked.
+    /// What to do with a new key when `max_keys` active keys are tracked (memory store only).
     pub fn on_full(mut self, on_full: OnFull) -> Self {
         self.on_full = on_full;
         self.changed()
@@ -268,7 +313,7 @@ impl<E: KeyExtractor> RateLimitLayer<E> {
 
     /// The limiter of the tier named `name`, for inspection or for decisions outside HTTP that
     /// share the layer's state.
-    pub fn limiter(&self, name: &str) -> Result<Option<RateLimiter<E::Key>>, ConfigError>
+    pub fn limiter(&self, name: &str) -> Result<Option<B::Limiter>, ConfigError>
     where
         E: Clone,
     {
@@ -280,35 +325,36 @@ impl<E: KeyExtractor> RateLimitLayer<E> {
             .map(|t| t.limiter.clone()))
     }
 
-    fn shared(&self) -> Result<Arc<Shared<E>>, ConfigError>
+    fn shared(&self) -> Result<SharedState<E, B>, ConfigError>
     where
         E: Clone,
     {
         self.state.get_or_init(|| self.build()).clone()
     }
 
-    fn build(&self) -> Result<Arc<Shared<E>>, ConfigError>
+    fn build(&self) -> Result<SharedState<E, B>, ConfigError>
     where
         E: Clone,
     {
         let mut tiers = Vec::with_capacity(self.policies.len());
         for policy in &self.policies {
             policy.validate()?;
-            if tiers.iter().any(|t: &Tier<E::Key>| *t.name == *policy.name) {
+            if tiers
+                .iter()
+                .any(|t: &Tier<B::Limiter>| *t.name == *policy.name)
+            {
                 return Err(ConfigError::DuplicateTier(policy.name.to_string()));
             }
-            let mut builder = RateLimiter::<E::Key>::builder(policy.quotas[0].clone())
-                .max_keys(self.max_keys)
-                .on_full(self.on_full);
-            for q in &policy.quotas[1..] {
-                builder = builder.quota(q.clone());
-            }
-            if let Some(clock) = &self.clock {
-                builder = builder.clock(clock.clone());
-            }
+            let limiter = self.store.make_limiter(
+                &policy.name,
+                &policy.quotas,
+                self.clock.as_ref(),
+                self.max_keys,
+                self.on_full,
+            )?;
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
-                limiter: builder.try_build()?,
+                limiter,
                 headers: policy.headers(),
             });
         }
@@ -333,13 +379,30 @@ impl<E: KeyExtractor> RateLimitLayer<E> {
     }
 }
 
-impl<S, E: KeyExtractor + Clone> Layer<S> for RateLimitLayer<E> {
+impl<S, E: KeyExtractor + Clone> Layer<S> for RateLimitLayer<E, Memory> {
     type Service = RateLimit<S, E>;
 
     #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
         match self.shared() {
             Ok(shared) => RateLimit::from_shared(inner, shared),
+            Err(e) => panic!("tollgate: invalid RateLimitLayer: {e}"),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<S, E> Layer<S> for RateLimitLayer<E, crate::redis::RedisStore>
+where
+    E: KeyExtractor + Clone,
+    E::Key: crate::redis::RedisKey,
+{
+    type Service = super::redis::RedisRateLimit<S, E>;
+
+    #[track_caller]
+    fn layer(&self, inner: S) -> Self::Service {
+        match self.shared() {
+            Ok(shared) => super::redis::RedisRateLimit::from_shared(inner, shared),
             Err(e) => panic!("tollgate: invalid RateLimitLayer: {e}"),
         }
     }

@@ -26,9 +26,13 @@
 mod future;
 mod layer;
 mod policy;
+#[cfg(feature = "redis")]
+mod redis;
 mod service;
 
 pub use future::ResponseFuture;
 pub use layer::{MissingKey, RateLimitLayer};
 pub use policy::Policy;
+#[cfg(feature = "redis")]
+pub use redis::{RedisRateLimit, RedisResponseFuture};
 pub use service::RateLimit;

@@ -14,15 +14,17 @@ use crate::key::{KeyExtractor, RequestHead};
 use crate::limiter::RateLimiter;
 use crate::response::{self, OnReject, Rejection, RejectionKind};
 
-pub(crate) struct Tier<K> {
+/// One policy of a layer and its limiter (in memory, or on a remote store).
+pub(crate) struct Tier<L> {
     pub(crate) name: Box<str>,
-    pub(crate) limiter: RateLimiter<K>,
+    pub(crate) limiter: L,
     pub(crate) headers: PolicyHeaders,
 }
 
-pub(crate) struct Shared<E: KeyExtractor> {
+/// Everything a layer's services share; `L` is the limiter type of the layer's store.
+pub(crate) struct Shared<E: KeyExtractor, L> {
     pub(crate) extractor: E,
-    pub(crate) tiers: Box<[Tier<E::Key>]>,
+    pub(crate) tiers: Box<[Tier<L>]>,
     pub(crate) select: Option<Arc<SelectFn>>,
     pub(crate) cost: Option<Arc<CostFn>>,
     pub(crate) skip: Option<Arc<SkipFn>>,
@@ -34,29 +36,112 @@ pub(crate) struct Shared<E: KeyExtractor> {
     pub(crate) legacy_headers: bool,
 }
 
-impl<E: KeyExtractor> Shared<E> {
+/// What a request needs before the store is asked.
+pub(crate) enum Prepared<K, B> {
+    /// Not limited: call the inner service as it is.
+    Pass,
+    /// Answered without a decision (no key, and the layer rejects such requests).
+    Reject(Response<B>),
+    /// Decide `cost` for `key` on the tier at index `tier`.
+    Decide { tier: usize, key: K, cost: u32 },
+}
+
+impl<E: KeyExtractor, L> Shared<E, L> {
     fn skips(&self, head: &RequestHead<'_>) -> bool {
         self.skip_methods.contains(head.method)
             || self.skip_paths.iter().any(|p| p == head.uri.path())
             || self.skip.as_ref().is_some_and(|f| f(head))
     }
 
-    fn tier(&self, head: &RequestHead<'_>) -> &Tier<E::Key> {
+    fn tier(&self, head: &RequestHead<'_>) -> usize {
         let chosen = self
             .select
             .as_ref()
             .and_then(|f| f(head))
-            .and_then(|name| self.tiers.iter().find(|t| &*t.name == name));
-        chosen.unwrap_or(&self.tiers[0])
+            .and_then(|name| self.tiers.iter().position(|t| &*t.name == name));
+        chosen.unwrap_or(0)
     }
 
-    fn rate_headers(&self, tier: &Tier<E::Key>, d: &Decision) -> Option<RateHeaders> {
+    /// Skip rules, tier, key and cost of a request: everything before the decision.
+    #[inline]
+    pub(crate) fn prepare<B: From<Bytes>>(&self, head: &RequestHead<'_>) -> Prepared<E::Key, B> {
+        if self.skips(head) {
+            return Prepared::Pass;
+        }
+        let tier = self.tier(head);
+        let key = match self.extractor.extract(head) {
+            Ok(key) => key,
+            Err(_) => match &self.on_missing {
+                MissingKey::UseKey(key) => key.clone(),
+                MissingKey::Allow => return Prepared::Pass,
+                MissingKey::Reject(status) => {
+                    let r = Rejection {
+                        kind: RejectionKind::MissingKey,
+                        status: *status,
+                        retry_after: None,
+                        decision: None,
+                        policy: Some(&self.tiers[tier].name),
+                    };
+                    return Prepared::Reject(response::reject(self.on_reject.as_ref(), &r));
+                }
+            },
+        };
+        let cost = self.cost.as_ref().map_or(1, |f| f(head));
+        Prepared::Decide { tier, key, cost }
+    }
+
+    /// Everything after the decision: an admitted request gets the decision in its extensions
+    /// and the header fields for its response (`Ok`); a rejected one gets its response (`Err`).
+    #[inline]
+    pub(crate) fn finish<ReqBody, B: From<Bytes>>(
+        &self,
+        tier: usize,
+        decision: Decision,
+        req: &mut Request<ReqBody>,
+    ) -> Result<Option<RateHeaders>, Response<B>> {
+        let tier = &self.tiers[tier];
+        // A degraded decision knows nothing of the quotas: no fields that would say otherwise.
+        let headers = if decision.is_degraded() {
+            None
+        } else {
+            self.rate_headers(tier, &decision)
+        };
+        if decision.is_allowed() {
+            req.extensions_mut().insert(decision);
+            return Ok(headers);
+        }
+        let (kind, status) = match decision.outcome() {
+            _ if decision.is_degraded() => (
+                RejectionKind::StoreUnavailable,
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            Outcome::Exceeds => (
+                RejectionKind::CostExceedsBurst,
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+            _ => (RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS),
+        };
+        let r = Rejection {
+            kind,
+            status,
+            retry_after: decision.retry_after(),
+            decision: Some(&decision),
+            policy: Some(&tier.name),
+        };
+        let mut resp = response::reject(self.on_reject.as_ref(), &r);
+        if let Some(h) = headers {
+            h.apply(resp.headers_mut());
+        }
+        Err(resp)
+    }
+
+    fn rate_headers(&self, tier: &Tier<L>, d: &Decision) -> Option<RateHeaders> {
         (self.headers || self.legacy_headers).then(|| RateHeaders::new(self, tier, d))
     }
 }
 
 impl RateHeaders {
-    fn new<E: KeyExtractor>(shared: &Shared<E>, tier: &Tier<E::Key>, d: &Decision) -> Self {
+    fn new<E: KeyExtractor, L>(shared: &Shared<E, L>, tier: &Tier<L>, d: &Decision) -> Self {
         RateHeaders {
             ietf: shared
                 .headers
@@ -75,7 +160,7 @@ impl RateHeaders {
 /// The service made by [`RateLimitLayer`](super::RateLimitLayer).
 pub struct RateLimit<S, E: KeyExtractor> {
     inner: S,
-    shared: Arc<Shared<E>>,
+    shared: Arc<Shared<E, RateLimiter<E::Key>>>,
 }
 
 impl<S: Clone, E: KeyExtractor> Clone for RateLimit<S, E> {
@@ -96,7 +181,7 @@ impl<S: fmt::Debug, E: KeyExtractor> fmt::Debug for RateLimit<S, E> {
 }
 
 impl<S, E: KeyExtractor> RateLimit<S, E> {
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<E>>) -> Self {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<E, RateLimiter<E::Key>>>) -> Self {
         RateLimit { inner, shared }
     }
 
@@ -133,50 +218,15 @@ where
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
-        let head = RequestHead::new(&req);
-        if shared.skips(&head) {
-            return ResponseFuture::inner(self.inner.call(req), None);
-        }
-        let tier = shared.tier(&head);
-        let key = match shared.extractor.extract(&head) {
-            Ok(key) => key,
-            Err(_) => match &shared.on_missing {
-                MissingKey::UseKey(key) => key.clone(),
-                MissingKey::Allow => return ResponseFuture::inner(self.inner.call(req), None),
-                MissingKey::Reject(status) => {
-                    let r = Rejection {
-                        kind: RejectionKind::MissingKey,
-                        status: *status,
-                        retry_after: None,
-                        decision: None,
-                        policy: Some(&tier.name),
-                    };
-                    return ResponseFuture::ready(response::reject(shared.on_reject.as_ref(), &r));
-                }
-            },
+        let (tier, key, cost) = match shared.prepare(&RequestHead::new(&req)) {
+            Prepared::Pass => return ResponseFuture::inner(self.inner.call(req), None),
+            Prepared::Reject(resp) => return ResponseFuture::ready(resp),
+            Prepared::Decide { tier, key, cost } => (tier, key, cost),
         };
-        let cost = shared.cost.as_ref().map_or(1, |f| f(&head));
-        let decision = tier.limiter.check_n(&key, cost);
-        let headers = shared.rate_headers(tier, &decision);
-        if decision.is_allowed() {
-            req.extensions_mut().insert(decision);
-            return ResponseFuture::inner(self.inner.call(req), headers);
+        let decision = shared.tiers[tier].limiter.check_n(&key, cost);
+        match shared.finish(tier, decision, &mut req) {
+            Ok(headers) => ResponseFuture::inner(self.inner.call(req), headers),
+            Err(resp) => ResponseFuture::ready(resp),
         }
-        let kind = match decision.outcome() {
-            Outcome::Exceeds => RejectionKind::CostExceedsBurst,
-            _ => RejectionKind::RateLimited,
-        };
-        let r = Rejection {
-            kind,
-            status: StatusCode::TOO_MANY_REQUESTS,
-            retry_after: decision.retry_after(),
-            decision: Some(&decision),
-            policy: Some(&tier.name),
-        };
-        let mut resp = response::reject(shared.on_reject.as_ref(), &r);
-        if let Some(h) = headers {
-            h.apply(resp.headers_mut());
-        }
-        ResponseFuture::ready(resp)
     }
 }

@@ -41,6 +41,7 @@ impl<E: KeyExtractor> Shared<E> {
             outcome,
             retry_after: 0,
             len: 1,
+            degraded: false,
             quotas,
         };
         Some(ShapeHeaders {

@@ -1,2 +1,3 @@
 //! Shared test support.
+pub mod redis_server;
 pub mod spec;

@@ -1,0 +1,73 @@
+//! Two instances of a service sharing one limit through Redis.
+//!
+//! ```text
+//! redis-server --port 6379 --save "" --appendonly no &
+//! cargo run --example redis --features redis
+//! ```
+//!
+//! Two routers in one process stand for two instances of a service, each with its own
+//! connection to Redis: requests alternate between them, and together they get exactly the
+//! burst of the shared limit (5 per API key), then 429s. Then both serve, on `127.0.0.1:3001`
+//! and `127.0.0.1:3002`, so `curl -H 'x-api-key: k' localhost:3001/` and the same on 3002
+//! count against one limit. Redis is taken from `REDIS_URL` (default `redis://127.0.0.1:6379`).
+
+use axum::body::Body;
+use axum::{routing::get, Router};
+use http::Request;
+use tollgate::key::Header;
+use tollgate::redis::{FailMode, RedisStore};
+use tollgate::{Decision, Policy, Quota, RateLimitLayer};
+use tower::ServiceExt;
+
+async fn hello(decision: Decision) -> String {
+    format!("hello; {} more right now\n", decision.remaining())
+}
+
+/// One instance of the service: its own connection, the shared policy name.
+async fn instance(url: &str) -> Result<Router, redis::RedisError> {
+    let store = RedisStore::connect(url).await?.on_failure(FailMode::Open);
+    let limit = RateLimitLayer::new(Policy::new("api", Quota::per_minute(5)))
+        .key(Header::new("x-api-key"))
+        .store(store);
+    Ok(Router::new().route("/", get(hello)).layer(limit))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let (a, b) = match tokio::try_join!(instance(&url), instance(&url)) {
+        Ok(pair) => pair,
+        Err(e) => {
+            eprintln!("cannot connect to Redis at {url}: {e}");
+            eprintln!("start one with:   redis-server --port 6379 --save \"\" --appendonly no");
+            eprintln!("(install it with: apt-get install -y redis-server), or set REDIS_URL");
+            std::process::exit(1);
+        }
+    };
+
+    // A fresh key for this run, so that the demo starts from a full burst.
+    let key = format!("demo-{}", std::process::id());
+    println!("7 requests with x-api-key: {key}, alternating between instance A and B:");
+    for i in 0..7 {
+        let (name, app) = if i % 2 == 0 { ("A", &a) } else { ("B", &b) };
+        let req = Request::get("/")
+            .header("x-api-key", &key)
+            .body(Body::empty())?;
+        let resp = app.clone().oneshot(req).await?;
+        let ratelimit = resp
+            .headers()
+            .get("ratelimit")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned();
+        println!("  {name}: {}  RateLimit: {ratelimit}", resp.status());
+    }
+
+    let la = tokio::net::TcpListener::bind("127.0.0.1:3001").await?;
+    let lb = tokio::net::TcpListener::bind("127.0.0.1:3002").await?;
+    println!();
+    println!("instance A on http://127.0.0.1:3001, instance B on http://127.0.0.1:3002");
+    println!("  curl -i -H 'x-api-key: k' http://127.0.0.1:3001/   (5 per minute, shared)");
+    tokio::try_join!(axum::serve(la, a), axum::serve(lb, b))?;
+    Ok(())
+}

@@ -1,0 +1,82 @@
+-- GCRA for every quota of one key, all or nothing: the same decision as src/gcra.rs.
+--
+-- KEYS[1]  the key; its value is the quotas' theoretical arrival times (TAT), in microseconds,
+--          separated by spaces. Absent, or a TAT <= now, is an idle key.
+-- ARGV[1]  cost (0 only reports)
+-- ARGV[2]  now in microseconds, or "" to use the server's TIME (shared by every instance)
+-- ARGV[3]  number of quotas n, then ARGV[2+2i], ARGV[3+2i]: emission interval and tolerance
+--          of quota i, in microseconds
+--
+-- Returns {outcome, retry_after, remaining_1, reset_after_1, ..., remaining_n, reset_after_n}
+-- with outcome 0 = allowed, 1 = limited, 2 = never admissible; times in microseconds.
+-- Every number stays below 2^53, where Lua's doubles are exact integers.
+
+local cost = tonumber(ARGV[1])
+local now
+if ARGV[2] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[2])
+end
+local n = tonumber(ARGV[3])
+
+local tats = {}
+local raw = redis.call('GET', KEYS[1])
+if raw then
+  local i = 0
+  for word in string.gmatch(raw, '%d+') do
+    i = i + 1
+    tats[i] = tonumber(word)
+  end
+end
+
+local outcome = 0
+local retry = 0
+local new = {}
+for q = 1, n do
+  local interval = tonumber(ARGV[2 + 2 * q])
+  local tolerance = tonumber(ARGV[3 + 2 * q])
+  local tat = tats[q] or 0
+  local inc = cost * interval
+  if inc > tolerance then
+    outcome = 2
+  else
+    local base = tat
+    if now > base then base = now end
+    local ahead = base + inc - now
+    if ahead <= tolerance then
+      new[q] = base + inc
+    else
+      if outcome == 0 then outcome = 1 end
+      if ahead - tolerance > retry then retry = ahead - tolerance end
+    end
+  end
+end
+
+if outcome == 0 and cost > 0 then
+  local words = {}
+  local horizon = now
+  for q = 1, n do
+    tats[q] = new[q]
+    words[q] = string.format('%.0f', new[q])
+    if new[q] > horizon then horizon = new[q] end
+  end
+  -- The key is idle again at the latest TAT: let Redis forget it then (rounded up to 1 ms).
+  local ttl = math.ceil((horizon - now) / 1000)
+  if ttl < 1 then ttl = 1 end
+  redis.call('SET', KEYS[1], table.concat(words, ' '), 'PX', ttl)
+end
+
+local reply = {outcome, retry}
+for q = 1, n do
+  local interval = tonumber(ARGV[2 + 2 * q])
+  local tolerance = tonumber(ARGV[3 + 2 * q])
+  local ahead = (tats[q] or 0) - now
+  if ahead < 0 then ahead = 0 end
+  local remaining = 0
+  if tolerance > ahead then remaining = math.floor((tolerance - ahead) / interval) end
+  reply[1 + 2 * q] = remaining
+  reply[2 + 2 * q] = ahead
+end
+return reply

@@ -1,0 +1,409 @@
+//! [`RedisRateLimiter`]: the keyed GCRA limiter, with its state in Redis.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::deny::DenyCache;
+use super::key::RedisKey;
+use super::store::{Arg, FailMode, RedisStore, RETRY_WHEN_UNAVAILABLE};
+use crate::clock::Clock;
+use crate::error::ConfigError;
+use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
+use crate::limiter::InsufficientCapacity;
+use crate::quota::Quota;
+
+const MICRO: u64 = 1_000;
+
+/// A keyed GCRA rate limiter whose state lives in Redis, shared by every instance of a service
+/// that uses the same store prefix, policy name and key. The same methods and semantics as
+/// [`RateLimiter`](crate::RateLimiter), asynchronous.
+///
+/// Cheap to clone; clones share the connection and the local deny cache.
+///
+/// ```no_run
+/// use tollgate::redis::{RedisRateLimiter, RedisStore};
+/// use tollgate::Quota;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// let limiter = RedisRateLimiter::<u64>::builder(store, Quota::per_second(10))
+///     .quota(Quota::per_day(10_000))
+///     .name("api")
+///     .try_build()?;
+/// let d = limiter.check(&42).await;
+/// if d.is_allowed() {
+///     // serve user 42
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Time and precision
+/// Decisions use the Redis server's `TIME`, one clock for every instance. Times are kept in
+/// whole microseconds: an emission interval is rounded up to the microsecond (so the rate is
+/// never exceeded), and a rate finer than one request per microsecond is a configuration
+/// error. A limiter built with a test clock ([`Clock::manual`], [`Clock::tokio`]) sends its
+/// own time instead, so that tests are deterministic; Redis still expires idle keys on its own
+/// clock.
+///
+/// # Keys
+/// The Redis key of a limiter key is `<prefix><name length>:<name>:<key>` (see [`RedisKey`]),
+/// e.g. `tollgate:3:api:42`; it holds the times of all the policy's quotas, and expires when
+/// the key is back to its full burst.
+///
+/// # When Redis does not answer
+/// See [`FailMode`]: the decision is admitted or rejected as configured, and says
+/// [`is_degraded`](Decision::is_degraded).
+///
+/// # Round trips
+/// One `EVALSHA` per decision, except for rejections already known: once Redis has rejected a
+/// request of some cost for a key until a time, requests of that cost or more for that key are
+/// rejected locally until then (exact, since stored times only grow). See
+/// [`local_rejections`](Self::local_rejections).
+pub struct RedisRateLimiter<K> {
+    inner: Arc<Inner<K>>,
+}
+
+impl<K> Clone for RedisRateLimiter<K> {
+    fn clone(&self) -> Self {
+        RedisRateLimiter {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K> fmt::Debug for RedisRateLimiter<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisRateLimiter")
+            .field("name", &self.inner.name)
+            .field("quotas", &self.inner.quotas)
+            .field("store", &self.inner.store)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<K> {
+    name: Box<str>,
+    quotas: Box<[Quota]>,
+    /// The quotas rounded to whole microseconds, in nanoseconds.
+    gcras: Box<[Gcra]>,
+    store: RedisStore,
+    /// `<prefix><name length>:<name>:`.
+    key_prefix: Box<[u8]>,
+    clock: Clock,
+    /// Whether to send the clock's time to the script rather than use the server's `TIME`.
+    local_time: bool,
+    deny: Option<DenyCache<K>>,
+}
+
+/// Builds a [`RedisRateLimiter`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisRateLimiterBuilder {
+    store: RedisStore,
+    quotas: Vec<Quota>,
+    name: Cow<'static, str>,
+    clock: Option<Clock>,
+}
+
+impl RedisRateLimiterBuilder {
+    /// Adds a quota, decided together with the others (at most 4).
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.quotas.push(quota);
+        self
+    }
+
+    /// Names the policy (default `"default"`). The name is part of every Redis key: limiters
+    /// with different names never share state, limiters with the same name and store prefix
+    /// always do.
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Decides with `clock` and sends its time to Redis instead of using the server's `TIME`:
+    /// for tests with [`Clock::manual`] or [`Clock::tokio`]. With [`Clock::system`] the server's
+    /// time is used, as by default.
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Builds the limiter.
+    ///
+    /// # Panics
+    /// When the configuration is invalid; see [`try_build`](Self::try_build).
+    #[track_caller]
+    pub fn build<K: RedisKey + Hash + Eq + Clone + Send + Sync>(self) -> RedisRateLimiter<K> {
+        match self.try_build() {
+            Ok(l) => l,
+            Err(e) => panic!("tollgate: {e}"),
+        }
+    }
+
+    /// Builds the limiter, or says which setting is wrong.
+    pub fn try_build<K: RedisKey + Hash + Eq + Clone + Send + Sync>(
+        self,
+    ) -> Result<RedisRateLimiter<K>, ConfigError> {
+        if self.quotas.is_empty() {
+            return Err(ConfigError::NoQuota);
+        }
+        if self.quotas.len() > MAX_QUOTAS {
+            return Err(ConfigError::TooManyQuotas {
+                got: self.quotas.len(),
+                max: MAX_QUOTAS,
+            });
+        }
+        crate::headers::check_name(&self.name)?;
+        let gcras = self
+            .quotas
+            .iter()
+            .map(micros)
+            .collect::<Result<Box<[Gcra]>, _>>()?;
+        let mut key_prefix = self.store.prefix.to_vec();
+        RedisKey::write_key(&self.name.len(), &mut key_prefix);
+        key_prefix.push(b':');
+        key_prefix.extend_from_slice(self.name.as_bytes());
+        key_prefix.push(b':');
+        let clock = self.clock.unwrap_or_default();
+        let deny = (self.store.deny_cache > 0).then(|| DenyCache::new(self.store.deny_cache));
+        Ok(RedisRateLimiter {
+            inner: Arc::new(Inner {
+                name: self.name.as_ref().into(),
+                quotas: self.quotas.into_boxed_slice(),
+                gcras,
+                local_time: !clock.is_system(),
+                clock,
+                key_prefix: key_prefix.into_boxed_slice(),
+                store: self.store,
+                deny,
+            }),
+        })
+    }
+}
+
+/// A quota in whole microseconds (interval rounded up), expressed in nanoseconds.
+fn micros(q: &Quota) -> Result<Gcra, ConfigError> {
+    let g = q.gcra();
+    let too_fine = ConfigError::RateTooHighForStore {
+        count: q.count(),
+        period: q.period(),
+        resolution: Duration::from_micros(1),
+    };
+    let period = q.period().as_nanos();
+    if period < u128::from(q.count()) * u128::from(MICRO) {
+        return Err(too_fine);
+    }
+    let interval = g.interval.div_ceil(MICRO) * MICRO;
+    let tolerance = interval
+        .checked_mul(u64::from(q.burst_size()))
+        .filter(|t| *t <= u64::MAX / 4)
+        .ok_or(ConfigError::ToleranceTooLong)?;
+    Ok(Gcra::new(interval, tolerance))
+}
+
+impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
+    /// Starts a builder on `store` with a first quota.
+    pub fn builder(store: RedisStore, quota: Quota) -> RedisRateLimiterBuilder {
+        RedisRateLimiterBuilder {
+            store,
+            quotas: vec![quota],
+            name: Cow::Borrowed("default"),
+            clock: None,
+        }
+    }
+
+    /// Decides one request for `key`.
+    ///
+    /// # Cancellation safety
+    /// Dropping the future before it completes may or may not have consumed the request: the
+    /// script may already be running on the server.
+    pub async fn check(&self, key: &K) -> Decision {
+        self.check_n(key, 1).await
+    }
+
+    /// Decides a request costing `cost` units for `key`; a cost of 0 only reports.
+    ///
+    /// # Cancellation safety
+    /// As [`check`](Self::check).
+    pub async fn check_n(&self, key: &K, cost: u32) -> Decision {
+        let now = self.now();
+        match self.local(key, cost, now) {
+            Some(d) => d,
+            None => self.remote(key, cost, now).await,
+        }
+    }
+
+    /// Reports the state of `key` without consuming anything (`check_n(key, 0)`).
+    pub async fn peek(&self, key: &K) -> Decision {
+        self.check_n(key, 0).await
+    }
+
+    /// Waits until one request for `key` is admitted, then returns its decision.
+    ///
+    /// Waits with `tokio::time::sleep`, for the time Redis says (or one second while Redis is
+    /// unavailable and the store fails closed).
+    ///
+    /// # Cancellation safety
+    /// Dropping the future while it sleeps consumes nothing; dropping it while a decision is
+    /// on its way is as [`check`](Self::check).
+    pub async fn until_ready(&self, key: &K) -> Decision {
+        match self.until_ready_n(key, 1).await {
+            Ok(d) => d,
+            // A cost of 1 never exceeds a valid quota's burst (at least 1).
+            Err(_) => unreachable!("a burst is at least 1"),
+        }
+    }
+
+    /// Waits until a request of `cost` for `key` is admitted.
+    ///
+    /// Returns [`InsufficientCapacity`] at once when `cost` is larger than a quota's burst.
+    ///
+    /// # Cancellation safety
+    /// As [`until_ready`](Self::until_ready).
+    pub async fn until_ready_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> Result<Decision, InsufficientCapacity> {
+        loop {
+            let d = self.check_n(key, cost).await;
+            match d.outcome() {
+                Outcome::Allowed => return Ok(d),
+                Outcome::Exceeds => {
+                    return Err(InsufficientCapacity {
+                        cost,
+                        burst: self.inner.gcras.iter().map(Gcra::burst).min().unwrap_or(0),
+                    })
+                }
+                Outcome::Limited => {
+                    let wait = d.retry_after().unwrap_or(Duration::from_millis(1));
+                    if !self.inner.clock.follows_sleep() {
+                        // A manual clock never moves by itself; yield so the caller's test can.
+                        tokio::task::yield_now().await;
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    /// The quotas, in the order given.
+    pub fn quotas(&self) -> &[Quota] {
+        &self.inner.quotas
+    }
+
+    /// The policy name, part of every Redis key.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The store.
+    pub fn store(&self) -> &RedisStore {
+        &self.inner.store
+    }
+
+    /// How many requests were rejected locally by the deny cache, each a round trip to Redis
+    /// saved.
+    pub fn local_rejections(&self) -> u64 {
+        self.inner.deny.as_ref().map_or(0, DenyCache::saved)
+    }
+
+    /// The Redis key that holds the state of `key`.
+    pub fn redis_key(&self, key: &K) -> Vec<u8> {
+        let mut name = Vec::with_capacity(self.inner.key_prefix.len() + 32);
+        name.extend_from_slice(&self.inner.key_prefix);
+        key.write_key(&mut name);
+        name
+    }
+
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        self.inner.clock.now()
+    }
+
+    /// The decision the deny cache already knows, without a round trip.
+    #[inline]
+    pub(crate) fn local(&self, key: &K, cost: u32, now: u64) -> Option<Decision> {
+        if cost == 0 {
+            return None;
+        }
+        self.inner
+            .deny
+            .as_ref()?
+            .check(key, &self.inner.gcras, now, cost)
+    }
+
+    /// The decision of Redis, or of the failure policy.
+    pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
+        let inner = &*self.inner;
+        let mut args = [Arg::Int(0); 3 + 2 * MAX_QUOTAS];
+        args[0] = Arg::Int(u64::from(cost));
+        args[1] = if inner.local_time {
+            Arg::Int(now / MICRO)
+        } else {
+            Arg::Bytes(b"")
+        };
+        args[2] = Arg::Int(inner.gcras.len() as u64);
+        for (i, g) in inner.gcras.iter().enumerate() {
+            args[3 + 2 * i] = Arg::Int(g.interval / MICRO);
+            args[4 + 2 * i] = Arg::Int(g.tolerance / MICRO);
+        }
+        let n = 3 + 2 * inner.gcras.len();
+        let reply = inner.store.eval(&self.redis_key(key), &args[..n]).await;
+        let decision = reply.and_then(|r| {
+            let d = self.decision_of(&r);
+            if d.is_none() {
+                inner.store.bad_reply();
+            }
+            d
+        });
+        match decision {
+            Some(d) => {
+                if d.outcome() == Outcome::Limited {
+                    if let Some(deny) = &inner.deny {
+                        deny.remember(key, now, cost, &d);
+                    }
+                }
+                d
+            }
+            None => Decision::degraded(
+                &inner.gcras,
+                inner.store.on_failure == FailMode::Open,
+                RETRY_WHEN_UNAVAILABLE.as_nanos() as u64,
+            ),
+        }
+    }
+
+    /// Maps the script's reply onto a decision; `None` when it does not fit.
+    fn decision_of(&self, r: &[i64]) -> Option<Decision> {
+        let gcras = &self.inner.gcras;
+        if r.len() != 2 + 2 * gcras.len() {
+            return None;
+        }
+        let outcome = match r[0] {
+            0 => Outcome::Allowed,
+            1 => Outcome::Limited,
+            2 => Outcome::Exceeds,
+            _ => return None,
+        };
+        let ns = |v: i64| u64::try_from(v).ok()?.checked_mul(MICRO);
+        let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+        for (i, g) in gcras.iter().enumerate() {
+            quotas[i] = QuotaState {
+                limit: g.burst(),
+                remaining: u64::try_from(r[2 + 2 * i]).ok()?,
+                reset_after: ns(r[3 + 2 * i])?,
+            };
+        }
+        Some(Decision {
+            outcome,
+            retry_after: ns(r[1])?,
+            len: gcras.len() as u8,
+            degraded: false,
+            quotas,
+        })
+    }
+}

@@ -1,0 +1,299 @@
+//! [`RedisStore`]: the connection, its timeout and what happens when Redis does not answer.
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::ClusterClient;
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{Client, RedisError, Script};
+
+use super::outage::{Line, Outage, SUMMARY_INTERVAL};
+
+/// The default time allowed for one decision on Redis.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+/// The default prefix of every key the store writes.
+pub const DEFAULT_PREFIX: &str = "tollgate:";
+/// The default bound on the entries of each limiter's local deny cache.
+pub const DEFAULT_DENY_CACHE: usize = 65_536;
+
+/// The decision script, loaded once per server and called by its SHA1 (`EVALSHA`); reloaded
+/// by the `redis` crate when a server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+pub(crate) static SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("gcra.lua")));
+
+/// What a limiter does when Redis cannot decide in time (an error, a timeout, a refused
+/// connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailMode {
+    /// Admit the request. The decision says [`is_degraded`](crate::Decision::is_degraded), and
+    /// the HTTP layer lets the request through without `RateLimit` fields. Limits are not
+    /// enforced during the outage; the service stays up. The default.
+    #[default]
+    Open,
+    /// Reject the request. The decision is limited and degraded, with a retry after one second;
+    /// the HTTP layer answers `503 Service Unavailable` with `Retry-After: 1`
+    /// ([`RejectionKind::StoreUnavailable`](crate::response::RejectionKind::StoreUnavailable)).
+    Closed,
+}
+
+/// Retry time of a fail-closed decision.
+pub(crate) const RETRY_WHEN_UNAVAILABLE: Duration = Duration::from_secs(1);
+
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// Where Redis-backed limiters keep their state: a connection to one Redis server (or a Redis
+/// Cluster), with the settings every limiter built on it shares.
+///
+/// * **One connection, shared.** The connection is multiplexed: concurrent decisions are
+///   pipelined on it, and each decision is one `EVALSHA` round trip. Clones share it. It
+///   reconnects by itself after Redis restarts.
+/// * **Bounded waits.** Each decision waits at most [`timeout`](Self::timeout) (50 ms by
+///   default); then, and on any error, the [`FailMode`] decides. A request never hangs on
+///   Redis.
+/// * **Quiet outages.** The first error of an outage is logged (`tracing`, at `warn`), then at
+///   most one line every 10 s with the number of errors since, and one line (at `info`) when
+///   Redis answers again.
+///
+/// ```no_run
+/// use tollgate::redis::{FailMode, RedisStore};
+/// # async fn run() -> Result<(), redis::RedisError> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379")
+///     .await?
+///     .timeout(std::time::Duration::from_millis(20))
+///     .on_failure(FailMode::Closed);
+/// # let _ = store; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Connection,
+    pub(crate) prefix: Arc<[u8]>,
+    pub(crate) timeout: Duration,
+    pub(crate) on_failure: FailMode,
+    pub(crate) deny_cache: usize,
+    outage: Arc<Outage>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field(
+                "connection",
+                &match self.conn {
+                    Connection::Single(_) => "single",
+                    Connection::Cluster(_) => "cluster",
+                },
+            )
+            .field("prefix", &String::from_utf8_lossy(&self.prefix))
+            .field("timeout", &self.timeout)
+            .field("on_failure", &self.on_failure)
+            .field("deny_cache", &self.deny_cache)
+            .finish()
+    }
+}
+
+/// Reconnection settings: a few quick attempts, then a fresh round on the next decision, so
+/// that a restarted server is found again within a second or so.
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(20))
+        .set_max_delay(Duration::from_millis(500))
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+}
+
+impl RedisStore {
+    fn with(conn: Connection) -> Self {
+        RedisStore {
+            conn,
+            prefix: Arc::from(DEFAULT_PREFIX.as_bytes()),
+            timeout: DEFAULT_TIMEOUT,
+            on_failure: FailMode::default(),
+            deny_cache: DEFAULT_DENY_CACHE,
+            outage: Arc::default(),
+        }
+    }
+
+    /// A store on the server at `url` (e.g. `redis://127.0.0.1:6379`), connected lazily on the
+    /// first decision: an application can start while Redis is down (its failure policy
+    /// applies until Redis answers).
+    ///
+    /// Needs a tokio runtime. Fails only when `url` cannot be parsed.
+    pub fn open(url: &str) -> Result<Self, RedisError> {
+        let client = Client::open(url)?;
+        let manager = ConnectionManager::new_lazy_with_config(client, manager_config())?;
+        Ok(Self::with(Connection::Single(manager)))
+    }
+
+    /// A store on the server at `url`, connected now, with the decision script loaded.
+    pub async fn connect(url: &str) -> Result<Self, RedisError> {
+        let client = Client::open(url)?;
+        let mut manager = ConnectionManager::new_with_config(client, manager_config()).await?;
+        SCRIPT.prepare_invoke().load_async(&mut manager).await?;
+        Ok(Self::with(Connection::Single(manager)))
+    }
+
+    /// A store on a Redis Cluster reached through any of `nodes`, connected now.
+    ///
+    /// Each limiter key is one Redis key, so every decision goes to one node.
+    pub async fn connect_cluster<'a>(
+        nodes: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, RedisError> {
+        let client = ClusterClient::builder(nodes.into_iter().collect::<Vec<_>>())
+            .connection_timeout(Duration::from_secs(1))
+            .build()?;
+        let mut conn = client.get_async_connection().await?;
+        SCRIPT.prepare_invoke().load_async(&mut conn).await?;
+        Ok(Self::with(Connection::Cluster(conn)))
+    }
+
+    /// A store on a connection manager you configured yourself (TLS, credentials, …).
+    pub fn from_manager(manager: ConnectionManager) -> Self {
+        Self::with(Connection::Single(manager))
+    }
+
+    /// A store on a cluster connection you configured yourself.
+    pub fn from_cluster(conn: ClusterConnection) -> Self {
+        Self::with(Connection::Cluster(conn))
+    }
+
+    /// Prefixes every key with `prefix` (default `tollgate:`). Limiters that share a prefix,
+    /// a policy name and a key share one limit, whichever instance they run in.
+    #[must_use]
+    pub fn prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
+        self.prefix = Arc::from(prefix.as_ref());
+        self
+    }
+
+    /// How long a decision may wait for Redis before the [`FailMode`] decides (default 50 ms).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// What to do when Redis cannot decide in time (default: [`FailMode::Open`]).
+    #[must_use]
+    pub fn on_failure(mut self, mode: FailMode) -> Self {
+        self.on_failure = mode;
+        self
+    }
+
+    /// Bounds each limiter's local deny cache to `max_entries` keys (default 65 536); 0 turns
+    /// the cache off, so that every decision asks Redis.
+    #[must_use]
+    pub fn deny_cache(mut self, max_entries: usize) -> Self {
+        self.deny_cache = max_entries;
+        self
+    }
+
+    /// Runs the decision script on `key` with `args`; `None` when Redis did not answer in time
+    /// (the error is logged as an outage).
+    pub(crate) async fn eval(&self, key: &[u8], args: &[Arg<'_>]) -> Option<Vec<i64>> {
+        let mut call = SCRIPT.key(key);
+        for a in args {
+            match a {
+                Arg::Int(n) => call.arg(*n),
+                Arg::Bytes(b) => call.arg(*b),
+            };
+        }
+        let reply = async {
+            match &self.conn {
+                Connection::Single(c) => call.invoke_async::<Vec<i64>>(&mut c.clone()).await,
+                Connection::Cluster(c) => call.invoke_async::<Vec<i64>>(&mut c.clone()).await,
+            }
+        };
+        match tokio::time::timeout(self.timeout, reply).await {
+            Ok(Ok(reply)) => {
+                if let Some(line) = self.outage.success(Instant::now) {
+                    log(&line, None);
+                }
+                Some(reply)
+            }
+            Ok(Err(e)) => {
+                self.failed(&e);
+                None
+            }
+            Err(_) => {
+                self.failed(&format_args!("no answer within {:?}", self.timeout));
+                None
+            }
+        }
+    }
+
+    /// Reports a reply that does not fit the script: a failure like any other.
+    pub(crate) fn bad_reply(&self) {
+        self.failed(&"unexpected reply from the decision script");
+    }
+
+    fn failed(&self, error: &dyn fmt::Display) {
+        if let Some(line) = self.outage.error(Instant::now(), SUMMARY_INTERVAL) {
+            log(&line, Some((error, self.on_failure)));
+        }
+    }
+}
+
+/// One argument of the script.
+#[derive(Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Int(u64),
+    Bytes(&'a [u8]),
+}
+
+fn log(line: &Line, error: Option<(&dyn fmt::Display, FailMode)>) {
+    let mode = match error.map(|(_, m)| m) {
+        Some(FailMode::Closed) => "rejecting requests (fail closed)",
+        _ => "admitting requests (fail open)",
+    };
+    let error = error.map(|(e, _)| e.to_string()).unwrap_or_default();
+    match line {
+        Line::Down => {
+            tracing::warn!(target: "tollgate::redis", %error, "Redis unavailable, {mode}")
+        }
+        Line::StillDown { errors } => tracing::warn!(
+            target: "tollgate::redis",
+            errors,
+            %error,
+            "Redis still unavailable, {mode}: {errors} more failed decisions"
+        ),
+        Line::Back { lasted, errors } => tracing::info!(
+            target: "tollgate::redis",
+            errors,
+            "Redis available again after {lasted:?}"
+        ),
+    }
+}
+
+impl crate::store::sealed::Sealed for RedisStore {}
+
+impl<K> crate::store::Backend<K> for RedisStore
+where
+    K: super::RedisKey + std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    type Limiter = super::RedisRateLimiter<K>;
+
+    fn make_limiter(
+        &self,
+        name: &str,
+        quotas: &[crate::Quota],
+        clock: Option<&crate::Clock>,
+        _max_keys: usize,
+        _on_full: crate::store::OnFull,
+    ) -> Result<Self::Limiter, crate::ConfigError> {
+        let (first, rest) = quotas.split_first().ok_or(crate::ConfigError::NoQuota)?;
+        let mut builder = super::RedisRateLimiter::<K>::builder(self.clone(), first.clone())
+            .name(name.to_owned());
+        for q in rest {
+            builder = builder.quota(q.clone());
+        }
+        if let Some(clock) = clock {
+            builder = builder.clock(clock.clone());
+        }
+        builder.try_build()
+    }
+}
