@@ -27,6 +27,8 @@ pub(crate) struct Gcra {
     pub(crate) interval: u64,
     /// Tolerance `tau = burst * T`.
     pub(crate) tolerance: u64,
+    /// `tau / T`, kept so that no decision divides for it.
+    burst: u64,
 }
 
 /// What one quota says about one request.
@@ -42,15 +44,18 @@ pub(crate) enum Step {
 
 impl Gcra {
     pub(crate) const fn new(interval: u64, tolerance: u64) -> Self {
+        let interval = if interval == 0 { 1 } else { interval };
         Gcra {
             interval,
             tolerance,
+            burst: tolerance / interval,
         }
     }
 
     /// The burst, in requests.
+    #[inline]
     pub(crate) fn burst(&self) -> u64 {
-        self.tolerance / self.interval
+        self.burst
     }
 
     /// Decides a request of `cost` against stored `tat` at `now`.
@@ -77,19 +82,6 @@ impl Gcra {
             }
         }
     }
-
-    /// Whole requests of cost 1 still admissible at `now` with stored `tat`.
-    #[inline]
-    pub(crate) fn remaining(&self, tat: u64, now: u64) -> u64 {
-        let ahead = tat.saturating_sub(now);
-        self.tolerance.saturating_sub(ahead) / self.interval
-    }
-
-    /// Time until the key is back to its full burst.
-    #[inline]
-    pub(crate) fn reset_after(tat: u64, now: u64) -> u64 {
-        tat.saturating_sub(now)
-    }
 }
 
 /// Whether a request was admitted.
@@ -105,20 +97,78 @@ pub enum Outcome {
 }
 
 /// The state of one quota after a decision, as the `RateLimit` header field reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+///
+/// Holds the quota's numbers and how far the key is ahead of now; the figures are computed
+/// when asked, so a caller that only wants [`Decision::is_allowed`] pays for no division.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaState {
-    /// The burst of the quota (`q` in `RateLimit-Policy`).
-    pub limit: u64,
-    /// Whole requests (of cost 1) still admissible now (`r` in `RateLimit`).
-    pub remaining: u64,
-    /// Nanoseconds until this quota is back to its full burst.
-    pub(crate) reset_after: u64,
+    interval: u64,
+    tolerance: u64,
+    /// Nanoseconds the key's theoretical arrival time is ahead of now.
+    ahead: u64,
+}
+
+impl Default for QuotaState {
+    fn default() -> Self {
+        QuotaState {
+            interval: 1,
+            tolerance: 0,
+            ahead: 0,
+        }
+    }
 }
 
 impl QuotaState {
+    /// The state of quota `g` for a key whose stored time is `tat`, at `now`.
+    #[inline]
+    pub(crate) fn of(g: &Gcra, tat: u64, now: u64) -> Self {
+        QuotaState {
+            interval: g.interval,
+            tolerance: g.tolerance,
+            ahead: tat.saturating_sub(now),
+        }
+    }
+
+    /// The state of quota `g` for a key that may not send anything now: no request remaining,
+    /// and the whole burst period until it is back.
+    pub(crate) fn spent(g: &Gcra) -> Self {
+        QuotaState {
+            interval: g.interval,
+            tolerance: g.tolerance,
+            ahead: g.tolerance,
+        }
+    }
+
+    /// The state of quota `g` for a key `ahead` nanoseconds ahead of now.
+    pub(crate) fn ahead_by(g: &Gcra, ahead: u64) -> Self {
+        QuotaState {
+            interval: g.interval,
+            tolerance: g.tolerance,
+            ahead,
+        }
+    }
+
+    /// Nanoseconds until this quota is back to its full burst.
+    pub(crate) fn reset_after_nanos(&self) -> u64 {
+        self.ahead
+    }
+
+    /// The burst of the quota (`q` in `RateLimit-Policy`).
+    #[inline]
+    pub fn limit(&self) -> u64 {
+        self.tolerance / self.interval
+    }
+
+    /// Whole requests (of cost 1) still admissible now (`r` in `RateLimit`).
+    #[inline]
+    pub fn remaining(&self) -> u64 {
+        self.tolerance.saturating_sub(self.ahead) / self.interval
+    }
+
     /// Time until this quota is back to its full burst (`t` in `RateLimit`, rounded up).
+    #[inline]
     pub fn reset_after(&self) -> Duration {
-        Duration::from_nanos(self.reset_after)
+        Duration::from_nanos(self.ahead)
     }
 }
 
@@ -160,12 +210,12 @@ impl Decision {
 
     /// The burst of the quota with the fewest requests remaining.
     pub fn limit(&self) -> u64 {
-        self.binding().limit
+        self.binding().limit()
     }
 
     /// Whole requests still admissible now: the least over all quotas.
     pub fn remaining(&self) -> u64 {
-        self.binding().remaining
+        self.binding().remaining()
     }
 
     /// When [`Outcome::Limited`], how long until the same request would be admitted (the
@@ -180,15 +230,15 @@ impl Decision {
 
     /// Time until every quota is back to its full burst.
     pub fn reset_after(&self) -> Duration {
-        let max = self.states().iter().map(|s| s.reset_after).max();
+        let max = self.states().iter().map(|s| s.ahead).max();
         Duration::from_nanos(max.unwrap_or(0))
     }
 
     /// Whether this decision was made without the quotas: a remote store (Redis) could not be
     /// reached in time, and its failure policy admitted the request (fail open) or turned it
     /// away (fail closed). Such a decision knows nothing of the key's state: every quota reports
-    /// `remaining` 0 and `reset_after` 0, and the HTTP layer sends no `RateLimit` fields with
-    /// it. Always `false` for the memory store.
+    /// `remaining` 0 and its whole burst period as `reset_after`, and the HTTP layer sends no
+    /// `RateLimit` fields with it. Always `false` for the memory store.
     #[inline]
     pub fn is_degraded(&self) -> bool {
         self.degraded
@@ -205,7 +255,7 @@ impl Decision {
     pub(crate) fn degraded(gcras: &[Gcra], allowed: bool, retry_after: u64) -> Decision {
         let mut quotas = [QuotaState::default(); MAX_QUOTAS];
         for (q, g) in quotas.iter_mut().zip(gcras) {
-            q.limit = g.burst();
+            *q = QuotaState::spent(g);
         }
         Decision {
             outcome: if allowed {
@@ -224,7 +274,7 @@ impl Decision {
         self.states()
             .iter()
             .copied()
-            .min_by_key(|s| s.remaining)
+            .min_by_key(|s| s.remaining())
             .unwrap_or_default()
     }
 }
@@ -258,11 +308,7 @@ pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (
     }
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
     for (i, (g, &tat)) in gcras.iter().zip(tats.iter()).enumerate() {
-        quotas[i] = QuotaState {
-            limit: g.burst(),
-            remaining: g.remaining(tat, now),
-            reset_after: Gcra::reset_after(tat, now),
-        };
+        quotas[i] = QuotaState::of(g, tat, now);
     }
     let decision = Decision {
         outcome,
@@ -284,11 +330,7 @@ pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, 
     };
     let tat = stored.unwrap_or(tat);
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    quotas[0] = QuotaState {
-        limit: g.burst(),
-        remaining: g.remaining(tat, now),
-        reset_after: Gcra::reset_after(tat, now),
-    };
+    quotas[0] = QuotaState::of(g, tat, now);
     let decision = Decision {
         outcome,
         retry_after,

@@ -114,18 +114,26 @@ impl PolicyHeaders {
 
     /// The `RateLimit` value for `d`.
     pub(crate) fn ratelimit(&self, d: &Decision) -> HeaderValue {
+        self.ratelimit_items(d.states().iter().map(|s| (s.remaining(), s.reset_after())))
+    }
+
+    /// The `RateLimit` value for items of (remaining, time until reset), in policy order.
+    pub(crate) fn ratelimit_items(
+        &self,
+        items: impl Iterator<Item = (u64, Duration)>,
+    ) -> HeaderValue {
         let mut out = BytesMut::with_capacity(24 * self.names.len());
         let mut buf = itoa_buf();
-        for (i, (name, st)) in self.names.iter().zip(d.states()).enumerate() {
+        for (i, (name, (remaining, reset))) in self.names.iter().zip(items).enumerate() {
             if i > 0 {
                 out.put_slice(b", ");
             }
             out.put_u8(b'"');
             out.put_slice(name.as_bytes());
             out.put_slice(b"\";r=");
-            out.put_slice(fmt_u64(st.remaining, &mut buf).as_bytes());
+            out.put_slice(fmt_u64(remaining, &mut buf).as_bytes());
             out.put_slice(b";t=");
-            out.put_slice(fmt_u64(ceil_secs(st.reset_after()), &mut buf).as_bytes());
+            out.put_slice(fmt_u64(ceil_secs(reset), &mut buf).as_bytes());
         }
         HeaderValue::from_maybe_shared(out.freeze()).unwrap_or(HeaderValue::from_static(""))
     }

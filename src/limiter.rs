@@ -9,7 +9,7 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, Outcome, MAX_QUOTAS};
 use crate::quota::Quota;
-use crate::store::memory::{Many, MemoryStore, One};
+use crate::store::memory::{Many, MemoryStore, One, Slot};
 use crate::store::OnFull;
 
 /// The default bound on tracked keys.
@@ -70,6 +70,9 @@ struct Inner<K> {
 enum Store<K> {
     One(MemoryStore<K, One>),
     Many(MemoryStore<K, Many>),
+    /// A zero-sized key type has a single value (`()` above all): one slot, no map, no lock.
+    DirectOne(One),
+    DirectMany(Many),
 }
 
 /// Builds a [`RateLimiter`].
@@ -136,10 +139,12 @@ impl RateLimiterBuilder {
             return Err(ConfigError::ZeroMaxKeys);
         }
         let gcras: Box<[Gcra]> = self.quotas.iter().map(Quota::gcra).collect();
-        let store = if gcras.len() == 1 {
-            Store::One(MemoryStore::new(self.max_keys, self.on_full))
-        } else {
-            Store::Many(MemoryStore::new(self.max_keys, self.on_full))
+        let direct = std::mem::size_of::<K>() == 0;
+        let store = match (direct, gcras.len() == 1) {
+            (true, true) => Store::DirectOne(One::idle()),
+            (true, false) => Store::DirectMany(Many::idle()),
+            (false, true) => Store::One(MemoryStore::new(self.max_keys, self.on_full)),
+            (false, false) => Store::Many(MemoryStore::new(self.max_keys, self.on_full)),
         };
         Ok(RateLimiter {
             inner: Arc::new(Inner {
@@ -199,6 +204,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     #[inline]
     pub fn check_n(&self, key: &K, cost: u32) -> Decision {
         let now = self.inner.clock.now();
+        // The global limiter's whole state is one word: decide it here, inlined.
+        if let Store::DirectOne(slot) = &self.inner.store {
+            return slot.decide(&self.inner.gcras, now, cost);
+        }
         self.decide_at(key, now, cost)
     }
 
@@ -213,6 +222,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         match &self.inner.store {
             Store::One(s) => s.decide(key, gcras, now, cost),
             Store::Many(s) => s.decide(key, gcras, now, cost),
+            Store::DirectOne(slot) => slot.decide(gcras, now, cost),
+            Store::DirectMany(slot) => slot.decide(gcras, now, cost),
         }
     }
 
@@ -280,6 +291,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         match &self.inner.store {
             Store::One(s) => s.len(),
             Store::Many(s) => s.len(),
+            Store::DirectOne(slot) => usize::from(slot.horizon() > self.inner.clock.now()),
+            Store::DirectMany(slot) => usize::from(slot.horizon() > self.inner.clock.now()),
         }
     }
 
@@ -296,6 +309,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         match &self.inner.store {
             Store::One(s) => s.evict_idle(now),
             Store::Many(s) => s.evict_idle(now),
+            Store::DirectOne(slot) => usize::from(slot.horizon() > now),
+            Store::DirectMany(slot) => usize::from(slot.horizon() > now),
         }
     }
 }

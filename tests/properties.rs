@@ -132,7 +132,7 @@ proptest! {
             let got = Answer {
                 outcome: d.outcome(),
                 retry_after: d.retry_after().map(|r| r.as_nanos()),
-                remaining: d.states().iter().map(|s| u128::from(s.remaining)).collect(),
+                remaining: d.states().iter().map(|s| u128::from(s.remaining())).collect(),
                 reset_after: d.reset_after().as_nanos(),
             };
             prop_assert_eq!(got, want, "request {}", i);

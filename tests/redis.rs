@@ -108,7 +108,7 @@ async fn two_instances_with_their_own_connections_share_one_limit_exactly() {
     assert_eq!(admitted, 10);
     let d = b.peek(&"user-1".to_owned()).await;
     assert_eq!(d.remaining(), 0);
-    assert_eq!(d.states()[1].remaining, 40);
+    assert_eq!(d.states()[1].remaining(), 40);
     // The other instance sees the same state; another key is untouched.
     assert_eq!(a.check(&"user-2".to_owned()).await.remaining(), 9);
     let key = String::from_utf8(a.redis_key(&"user-1".to_owned())).unwrap();
@@ -152,7 +152,7 @@ async fn a_multi_quota_key_is_decided_through_a_cluster_connection() {
         // The per-second quota (burst 2) rejects the third at once; the hourly one keeps 1.
         assert_eq!(d.outcome(), Outcome::Limited);
         assert_eq!(
-            d.states().iter().map(|s| s.remaining).collect::<Vec<_>>(),
+            d.states().iter().map(|s| s.remaining()).collect::<Vec<_>>(),
             [1, 0]
         );
         let name = String::from_utf8(a.redis_key(&key)).unwrap();

@@ -93,7 +93,7 @@ impl<K: Hash + Eq + Clone> DenyCache<K> {
             tats: [0; MAX_QUOTAS],
         };
         for (t, s) in entry.tats.iter_mut().zip(d.states()) {
-            *t = sent_at.saturating_add(s.reset_after);
+            *t = sent_at.saturating_add(s.reset_after_nanos());
         }
         let hash = self.hasher.hash_one(key);
         let mut table = self.shard(hash).lock().unwrap_or_else(|e| e.into_inner());

@@ -392,11 +392,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let ns = |v: i64| u64::try_from(v).ok()?.checked_mul(MICRO);
         let mut quotas = [QuotaState::default(); MAX_QUOTAS];
         for (i, g) in gcras.iter().enumerate() {
-            quotas[i] = QuotaState {
-                limit: g.burst(),
-                remaining: u64::try_from(r[2 + 2 * i]).ok()?,
-                reset_after: ns(r[3 + 2 * i])?,
-            };
+            // The script's `remaining` follows from the time ahead; keep its consistency check.
+            let state = QuotaState::ahead_by(g, ns(r[3 + 2 * i])?);
+            if state.remaining() != u64::try_from(r[2 + 2 * i]).ok()? {
+                return None;
+            }
+            quotas[i] = state;
         }
         Some(Decision {
             outcome,

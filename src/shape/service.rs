@@ -8,11 +8,11 @@ use tower_service::Service;
 
 use super::future::{ResponseFuture, ShapeHeaders, State};
 use super::shaper::{Admission, Room, Shaper};
-use crate::gcra::{Decision, Outcome, QuotaState, MAX_QUOTAS};
 use crate::headers::PolicyHeaders;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::rate_limit::MissingKey;
 use crate::response::{self, OnReject, Rejection, RejectionKind};
+use std::time::Duration;
 
 pub(crate) struct Shared<E: KeyExtractor> {
     pub(crate) extractor: E,
@@ -28,25 +28,15 @@ pub(crate) struct Shared<E: KeyExtractor> {
 
 impl<E: KeyExtractor> Shared<E> {
     /// The header fields for a response, from the state of the key's queue.
-    fn headers(&self, room: &Room, outcome: Outcome) -> Option<ShapeHeaders> {
+    fn headers(&self, room: &Room) -> Option<ShapeHeaders> {
         let policy = self.policy.as_ref()?;
-        // The shared renderer speaks in decisions: one quota, whose burst is the capacity.
-        let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-        quotas[0] = QuotaState {
-            limit: self.capacity,
-            remaining: room.remaining.min(self.capacity),
-            reset_after: room.reset_after,
-        };
-        let decision = Decision {
-            outcome,
-            retry_after: 0,
-            len: 1,
-            degraded: false,
-            quotas,
-        };
+        let item = (
+            room.remaining.min(self.capacity),
+            Duration::from_nanos(room.reset_after),
+        );
         Some(ShapeHeaders {
             policy: policy.policy(),
-            ratelimit: policy.ratelimit(&decision),
+            ratelimit: policy.ratelimit_items(std::iter::once(item)),
         })
     }
 }
@@ -135,11 +125,11 @@ where
         };
         match shared.shaper.admit(&key) {
             Admission::Leave(room) => {
-                let headers = shared.headers(&room, Outcome::Allowed);
+                let headers = shared.headers(&room);
                 ResponseFuture::new(State::calling(self.inner.call(req)), headers)
             }
             Admission::Wait(slot, room) => {
-                let headers = shared.headers(&room, Outcome::Allowed);
+                let headers = shared.headers(&room);
                 // The service made ready for this request waits with it; the clone serves the
                 // next one.
                 let clone = self.inner.clone();
@@ -155,7 +145,7 @@ where
                     policy: Some(&shared.name),
                 };
                 let mut resp = response::reject(shared.on_reject.as_ref(), &r);
-                if let Some(h) = shared.headers(&room, Outcome::Limited) {
+                if let Some(h) = shared.headers(&room) {
                     h.apply(resp.headers_mut());
                 }
                 ResponseFuture::new(State::ready(resp), None)

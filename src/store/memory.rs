@@ -17,7 +17,7 @@ use std::sync::{Mutex, RwLock};
 
 use hashbrown::HashTable;
 
-use crate::gcra::{self, Decision, Gcra, MAX_QUOTAS};
+use crate::gcra::{self, Decision, Gcra, QuotaState, MAX_QUOTAS};
 
 /// What the memory store does with a new key when it already tracks `max_keys` keys that are
 /// all still active (idle keys are always evicted first, which changes no decision).
@@ -39,6 +39,8 @@ pub enum OnFull {
 /// Per-key state: the theoretical arrival time of each quota.
 pub(crate) trait Slot: Send + Sync + Sized {
     fn new(tats: &[u64]) -> Self;
+    /// Decides for a key that has no entry; returns the entry to insert when admitted.
+    fn decide_absent(gcras: &[Gcra], now: u64, cost: u32) -> (Decision, Option<Self>);
     /// Decides under shared access; must be atomic for the key.
     fn decide(&self, gcras: &[Gcra], now: u64, cost: u32) -> Decision;
     /// The latest time of any quota: the key is idle once `now` reaches it.
@@ -48,9 +50,21 @@ pub(crate) trait Slot: Send + Sync + Sized {
 /// One quota: the whole state is one word, updated by compare-and-swap.
 pub(crate) struct One(AtomicU64);
 
+impl One {
+    pub(crate) fn idle() -> Self {
+        One(AtomicU64::new(0))
+    }
+}
+
 impl Slot for One {
     fn new(tats: &[u64]) -> Self {
         One(AtomicU64::new(tats[0]))
+    }
+
+    #[inline]
+    fn decide_absent(gcras: &[Gcra], now: u64, cost: u32) -> (Decision, Option<Self>) {
+        let (d, store) = gcra::decide_one(&gcras[0], 0, now, cost);
+        (d, store.map(|t| One(AtomicU64::new(t))))
     }
 
     #[inline]
@@ -80,11 +94,23 @@ impl Slot for One {
 /// Several quotas: the times change together under the key's own lock.
 pub(crate) struct Many(Mutex<[u64; MAX_QUOTAS]>);
 
+impl Many {
+    pub(crate) fn idle() -> Self {
+        Many(Mutex::new([0; MAX_QUOTAS]))
+    }
+}
+
 impl Slot for Many {
     fn new(tats: &[u64]) -> Self {
         let mut all = [0; MAX_QUOTAS];
         all[..tats.len()].copy_from_slice(tats);
         Many(Mutex::new(all))
+    }
+
+    fn decide_absent(gcras: &[Gcra], now: u64, cost: u32) -> (Decision, Option<Self>) {
+        let mut tats = [0u64; MAX_QUOTAS];
+        let (d, changed) = gcra::decide(gcras, &mut tats[..gcras.len()], now, cost);
+        (d, changed.then(|| Many::new(&tats[..gcras.len()])))
     }
 
     fn decide(&self, gcras: &[Gcra], now: u64, cost: u32) -> Decision {
@@ -168,13 +194,26 @@ where
                 return slot.decide(gcras, now, cost);
             }
         }
-        // Absent: decide as an idle key; only an admitted request needs an entry.
-        let mut tats = [0u64; MAX_QUOTAS];
-        let tats = &mut tats[..gcras.len()];
-        let (decision, changed) = gcra::decide(gcras, tats, now, cost);
-        if !changed {
+        self.decide_absent(shard, hash, key, gcras, now, cost)
+    }
+
+    /// The path of a key without an entry: decided as an idle key; only an admitted request
+    /// needs an entry. Kept out of line so the lookup above stays small.
+    #[cold]
+    #[inline(never)]
+    fn decide_absent(
+        &self,
+        shard: &Shard<K, V>,
+        hash: u64,
+        key: &K,
+        gcras: &[Gcra],
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        let (decision, slot) = V::decide_absent(gcras, now, cost);
+        let Some(slot) = slot else {
             return decision;
-        }
+        };
         let mut table = shard.lock.write().unwrap_or_else(|e| e.into_inner());
         // Another thread may have inserted it meanwhile.
         if let Some((_, slot)) = table.entries.find(hash, |(k, _)| k == key) {
@@ -192,9 +231,7 @@ where
         let hasher = &self.hasher;
         table
             .entries
-            .insert_unique(hash, (key.clone(), V::new(tats)), |(k, _)| {
-                hasher.hash_one(k)
-            });
+            .insert_unique(hash, (key.clone(), slot), |(k, _)| hasher.hash_one(k));
         decision
     }
 
@@ -260,8 +297,8 @@ fn full_rejection(gcras: &[Gcra], now: u64) -> Decision {
     let (mut d, _) = gcra::decide(gcras, &mut tats[..gcras.len()], now, 0);
     d.outcome = gcra::Outcome::Limited;
     d.retry_after = interval;
-    for q in &mut d.quotas {
-        q.remaining = 0;
+    for (q, g) in d.quotas.iter_mut().zip(gcras) {
+        *q = QuotaState::spent(g);
     }
     d
 }

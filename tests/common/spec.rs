@@ -225,7 +225,7 @@ pub fn check(case: &Case, i: usize, d: &tollgate::Decision) -> Result<(), String
         return Err(format!("{}: outcome {:?}", ctx(), d.outcome()));
     }
     if let Some(r) = &e.remaining {
-        let got: Vec<u64> = d.states().iter().map(|q| q.remaining).collect();
+        let got: Vec<u64> = d.states().iter().map(|q| q.remaining()).collect();
         if &got != r {
             return Err(format!("{}: remaining {:?}", ctx(), got));
         }
