@@ -100,22 +100,12 @@ pub enum Outcome {
 ///
 /// Holds the quota's numbers and how far the key is ahead of now; the figures are computed
 /// when asked, so a caller that only wants [`Decision::is_allowed`] pays for no division.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QuotaState {
     interval: u64,
     tolerance: u64,
     /// Nanoseconds the key's theoretical arrival time is ahead of now.
     ahead: u64,
-}
-
-impl Default for QuotaState {
-    fn default() -> Self {
-        QuotaState {
-            interval: 1,
-            tolerance: 0,
-            ahead: 0,
-        }
-    }
 }
 
 impl QuotaState {
@@ -140,6 +130,7 @@ impl QuotaState {
     }
 
     /// The state of quota `g` for a key `ahead` nanoseconds ahead of now.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn ahead_by(g: &Gcra, ahead: u64) -> Self {
         QuotaState {
             interval: g.interval,
@@ -149,6 +140,7 @@ impl QuotaState {
     }
 
     /// Nanoseconds until this quota is back to its full burst.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn reset_after_nanos(&self) -> u64 {
         self.ahead
     }
@@ -156,13 +148,14 @@ impl QuotaState {
     /// The burst of the quota (`q` in `RateLimit-Policy`).
     #[inline]
     pub fn limit(&self) -> u64 {
-        self.tolerance / self.interval
+        self.tolerance.checked_div(self.interval).unwrap_or(0)
     }
 
     /// Whole requests (of cost 1) still admissible now (`r` in `RateLimit`).
     #[inline]
     pub fn remaining(&self) -> u64 {
-        self.tolerance.saturating_sub(self.ahead) / self.interval
+        let free = self.tolerance.saturating_sub(self.ahead);
+        free.checked_div(self.interval).unwrap_or(0)
     }
 
     /// Time until this quota is back to its full burst (`t` in `RateLimit`, rounded up).
