@@ -81,6 +81,13 @@ pub(crate) fn check_name(name: &str) -> Result<(), ConfigError> {
     }
 }
 
+/// A `RateLimit-Policy` item for a limit on concurrent requests:
+/// `"name";q=max;qu="concurrent-requests"` (no window: the quota is not spent over time).
+pub(crate) fn concurrency_policy(name: &str, max: usize) -> HeaderValue {
+    let s = format!("\"{name}\";q={max};qu=\"concurrent-requests\"");
+    HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static(""))
+}
+
 /// The static part of a policy's headers: names and the `RateLimit-Policy` value.
 #[derive(Debug, Clone)]
 pub(crate) struct PolicyHeaders {
@@ -149,6 +156,14 @@ mod tests {
         for n in [0u64, 7, 10, 99, 100, 12345, u64::MAX] {
             assert_eq!(integer_value(n), n.to_string().as_str());
         }
+    }
+
+    #[test]
+    fn concurrency_policy_item_has_quota_unit_and_no_window() {
+        assert_eq!(
+            concurrency_policy("workers", 8),
+            r#""workers";q=8;qu="concurrent-requests""#
+        );
     }
 
     #[test]

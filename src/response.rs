@@ -116,7 +116,9 @@ impl<'a> Rejection<'a> {
 /// # let _ = json;
 /// ```
 #[derive(Clone)]
-pub struct OnReject(Arc<dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync>);
+pub struct OnReject(Arc<RejectFn>);
+
+type RejectFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
 
 impl OnReject {
     /// Wraps a response-building function.

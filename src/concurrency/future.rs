@@ -1,0 +1,168 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::body::ResponseBody;
+use super::permit::Permit;
+use crate::headers::RATELIMIT_POLICY;
+
+/// Waiting in the queue: a permit, or the rejection to send when the wait is over.
+pub(crate) type Wait = Pin<Box<dyn Future<Output = Result<Permit, Response<Bytes>>> + Send>>;
+
+pin_project! {
+    /// The response future of [`ConcurrencyLimit`](super::ConcurrencyLimit).
+    ///
+    /// Resolves to the inner service's response, with a body that holds the request's permit
+    /// (see [`ResponseBody`]), or to a rejection. While the request waits in the queue, this
+    /// future holds the request and the inner service; dropping it leaves the queue at once.
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody>,
+        // `RateLimit-Policy` item to add to the response, if configured.
+        policy: Option<HeaderValue>,
+        release_on_headers: bool,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        Waiting {
+            wait: Wait,
+            service: Option<S>,
+            request: Option<Request<ReqBody>>,
+        },
+        Called {
+            #[pin]
+            future: S::Future,
+            permit: Option<Permit>,
+        },
+        Done {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(crate) fn called(
+        future: S::Future,
+        permit: Option<Permit>,
+        policy: Option<HeaderValue>,
+        release_on_headers: bool,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Called { future, permit },
+            policy,
+            release_on_headers,
+        }
+    }
+
+    pub(crate) fn waiting(
+        wait: Wait,
+        service: S,
+        request: Request<ReqBody>,
+        policy: Option<HeaderValue>,
+        release_on_headers: bool,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Waiting {
+                wait,
+                service: Some(service),
+                request: Some(request),
+            },
+            policy,
+            release_on_headers,
+        }
+    }
+
+    pub(crate) fn rejected(response: Response<Bytes>) -> Self {
+        ResponseFuture {
+            state: State::Done {
+                response: Some(response),
+            },
+            policy: None,
+            release_on_headers: false,
+        }
+    }
+}
+
+impl<S, ReqBody, B> Future for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>>,
+{
+    type Output = Result<Response<ResponseBody<B>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Waiting {
+                    wait,
+                    service,
+                    request,
+                } => match ready!(wait.as_mut().poll(cx)) {
+                    Ok(permit) => {
+                        let (Some(mut service), Some(request)) = (service.take(), request.take())
+                        else {
+                            panic!("ResponseFuture polled after completion");
+                        };
+                        let future = service.call(request);
+                        this.state.set(State::Called {
+                            future,
+                            permit: Some(permit),
+                        });
+                    }
+                    Err(rejection) => {
+                        this.state.set(State::Done { response: None });
+                        return Poll::Ready(Ok(rejection.map(ResponseBody::from)));
+                    }
+                },
+                StateProj::Called { future, permit } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    if let Some(policy) = this.policy.take() {
+                        response.headers_mut().append(&RATELIMIT_POLICY, policy);
+                    }
+                    // Given back now with `release_on_headers`, else when the body is done.
+                    let permit = permit.take().filter(|_| !*this.release_on_headers);
+                    return Poll::Ready(Ok(response.map(|b| ResponseBody::new(b, permit))));
+                }
+                StateProj::Done { response } => match response.take() {
+                    Some(r) => return Poll::Ready(Ok(r.map(ResponseBody::from))),
+                    // Polled after completion: a contract violation by the caller, not by a client.
+                    None => panic!("ResponseFuture polled after completion"),
+                },
+            }
+        }
+    }
+}
+
+impl<S, ReqBody> fmt::Debug for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Waiting { .. } => "waiting",
+            State::Called { .. } => "called",
+            State::Done { .. } => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
