@@ -42,6 +42,7 @@
 //!
 //! ```
 //! use std::convert::Infallible;
+//! use bytes::Bytes;
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
 //! use tollgate::ConcurrencyLimitLayer;
@@ -51,7 +52,7 @@
 //! # async fn main() {
 //! let limit = ConcurrencyLimitLayer::new(1);
 //! let svc = ServiceBuilder::new().layer(limit.clone()).service(service_fn(|_: Request<()>| async {
-//!     Ok::<_, Infallible>(Response::new(Full::from("hello")))
+//!     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("hello"))))
 //! }));
 //!
 //! let first = svc.clone().oneshot(Request::new(())).await.unwrap();
