@@ -40,6 +40,7 @@ pin_project! {
 }
 
 impl<B> ResponseBody<B> {
+    #[inline]
     pub(crate) fn new(body: B, permit: Option<Permit>) -> Self {
         ResponseBody {
             kind: Kind::Inner { body, permit },
@@ -76,6 +77,7 @@ where
     type Data = B::Data;
     type Error = B::Error;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -96,6 +98,7 @@ where
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body, .. } => body.is_end_stream(),
@@ -103,6 +106,7 @@ where
         }
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body, .. } => body.size_hint(),

@@ -1,6 +1,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
@@ -28,7 +29,7 @@ pin_project! {
         #[pin]
         state: State<S, ReqBody>,
         // `RateLimit-Policy` item to add to the response, if configured.
-        policy: Option<HeaderValue>,
+        policy: Option<Arc<HeaderValue>>,
         release_on_headers: bool,
     }
 }
@@ -40,9 +41,8 @@ pin_project! {
         S: Service<Request<ReqBody>>,
     {
         Waiting {
-            wait: Wait,
-            service: Option<S>,
-            request: Option<Request<ReqBody>>,
+            // Boxed: the request is large, and only waiting requests need to carry it.
+            queued: Box<Queued<S, ReqBody>>,
         },
         Called {
             #[pin]
@@ -55,14 +55,22 @@ pin_project! {
     }
 }
 
+/// A request waiting for a permit, with the service that will answer it.
+struct Queued<S, ReqBody> {
+    wait: Wait,
+    service: Option<S>,
+    request: Option<Request<ReqBody>>,
+}
+
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
+    #[inline]
     pub(crate) fn called(
         future: S::Future,
         permit: Option<Permit>,
-        policy: Option<HeaderValue>,
+        policy: Option<Arc<HeaderValue>>,
         release_on_headers: bool,
     ) -> Self {
         ResponseFuture {
@@ -76,14 +84,16 @@ where
         wait: Wait,
         service: S,
         request: Request<ReqBody>,
-        policy: Option<HeaderValue>,
+        policy: Option<Arc<HeaderValue>>,
         release_on_headers: bool,
     ) -> Self {
         ResponseFuture {
             state: State::Waiting {
-                wait,
-                service: Some(service),
-                request: Some(request),
+                queued: Box::new(Queued {
+                    wait,
+                    service: Some(service),
+                    request: Some(request),
+                }),
             },
             policy,
             release_on_headers,
@@ -107,17 +117,15 @@ where
 {
     type Output = Result<Response<ResponseBody<B>>, S::Error>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Waiting {
-                    wait,
-                    service,
-                    request,
-                } => match ready!(wait.as_mut().poll(cx)) {
+                StateProj::Waiting { queued } => match ready!(queued.wait.as_mut().poll(cx)) {
                     Ok(permit) => {
-                        let (Some(mut service), Some(request)) = (service.take(), request.take())
+                        let (Some(mut service), Some(request)) =
+                            (queued.service.take(), queued.request.take())
                         else {
                             panic!("ResponseFuture polled after completion");
                         };
@@ -135,6 +143,7 @@ where
                 StateProj::Called { future, permit } => {
                     let mut response = ready!(future.poll(cx))?;
                     if let Some(policy) = this.policy.take() {
+                        let policy = Arc::unwrap_or_clone(policy);
                         response.headers_mut().append(&RATELIMIT_POLICY, policy);
                     }
                     // Given back now with `release_on_headers`, else when the body is done.

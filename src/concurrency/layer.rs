@@ -249,7 +249,7 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         let policy = match &self.policy_name {
             Some(name) => {
                 headers::check_name(name)?;
-                Some(headers::concurrency_policy(name, self.max))
+                Some(Arc::new(headers::concurrency_policy(name, self.max)))
             }
             None => None,
         };

@@ -9,14 +9,14 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
-use super::permit::{Attempt, GlobalLimit, KeyedLimit, Limited};
+use super::permit::{Attempt, GlobalLimit, KeyedLimit, Waiter};
 use crate::headers::RATELIMIT_POLICY;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::rate_limit::MissingKey;
 use crate::response::{self, OnReject, Rejection, RejectionKind};
 
 pub(crate) enum Limit<K> {
-    Global(Arc<GlobalLimit>),
+    Global(GlobalLimit),
     Keyed(Arc<KeyedLimit<K>>),
 }
 
@@ -34,7 +34,7 @@ pub(crate) struct Shared<E: KeyExtractor> {
     pub(crate) release_on_headers: bool,
     pub(crate) policy_name: Option<Box<str>>,
     /// The `RateLimit-Policy` item, when configured.
-    pub(crate) policy: Option<HeaderValue>,
+    pub(crate) policy: Option<Arc<HeaderValue>>,
 }
 
 impl<E: KeyExtractor> Shared<E> {
@@ -53,7 +53,8 @@ impl<E: KeyExtractor> Shared<E> {
         };
         let mut resp: Response<Bytes> = response::reject(self.on_reject.as_ref(), &r);
         if let Some(policy) = &self.policy {
-            resp.headers_mut().append(&RATELIMIT_POLICY, policy.clone());
+            resp.headers_mut()
+                .append(&RATELIMIT_POLICY, HeaderValue::clone(policy));
         }
         resp
     }
@@ -120,83 +121,63 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
-        match &shared.limit {
-            Limit::Global(global) => {
-                let attempt = global.try_acquire(shared.max_waiting);
-                self.admit(attempt, req)
-            }
-            Limit::Keyed(keyed) => {
-                let key = match shared.extractor.extract(&RequestHead::new(&req)) {
-                    Ok(key) => key,
-                    Err(_) => match &shared.on_missing {
-                        MissingKey::UseKey(key) => key.clone(),
-                        MissingKey::Allow => {
-                            let future = self.inner.call(req);
-                            return ResponseFuture::called(
-                                future,
-                                None,
-                                shared.policy.clone(),
-                                shared.release_on_headers,
-                            );
-                        }
-                        MissingKey::Reject(_) => {
-                            return ResponseFuture::rejected(
-                                shared.reject(RejectionKind::MissingKey),
-                            );
-                        }
-                    },
-                };
-                let attempt = keyed.try_acquire(key, shared.max_waiting);
-                self.admit(attempt, req)
-            }
-        }
+        let attempt = match &shared.limit {
+            Limit::Global(global) => global.try_acquire(shared.max_waiting),
+            Limit::Keyed(keyed) => match shared.extractor.extract(&RequestHead::new(&req)) {
+                Ok(key) => keyed.try_acquire(key, shared.max_waiting),
+                Err(_) => match &shared.on_missing {
+                    MissingKey::UseKey(key) => keyed.try_acquire(key.clone(), shared.max_waiting),
+                    MissingKey::Allow => Attempt::Unlimited,
+                    MissingKey::Reject(_) => Attempt::MissingKey,
+                },
+            },
+        };
+        let permit = match attempt {
+            Attempt::Acquired(permit) => Some(permit),
+            Attempt::Unlimited => None,
+            Attempt::Wait(waiter) => return self.wait(waiter, req),
+            Attempt::Busy => return self.reject(RejectionKind::Concurrency),
+            Attempt::QueueFull => return self.reject(RejectionKind::QueueFull),
+            Attempt::MissingKey => return self.reject(RejectionKind::MissingKey),
+        };
+        ResponseFuture::called(
+            self.inner.call(req),
+            permit,
+            shared.policy.clone(),
+            shared.release_on_headers,
+        )
     }
 }
 
 impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
-    /// Calls the inner service with the permit, waits for one, or rejects.
-    #[inline]
-    fn admit<L, ReqBody, ResBody>(
-        &mut self,
-        attempt: Attempt<L>,
-        req: Request<ReqBody>,
-    ) -> ResponseFuture<S, ReqBody>
+    fn reject<ReqBody>(&self, kind: RejectionKind) -> ResponseFuture<S, ReqBody>
     where
-        L: Limited,
-        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+        S: Service<Request<ReqBody>>,
     {
-        let shared = &*self.shared;
-        match attempt {
-            Attempt::Acquired(permit) => ResponseFuture::called(
-                self.inner.call(req),
-                Some(permit),
-                shared.policy.clone(),
-                shared.release_on_headers,
-            ),
-            Attempt::Busy => ResponseFuture::rejected(shared.reject(RejectionKind::Concurrency)),
-            Attempt::QueueFull => ResponseFuture::rejected(shared.reject(RejectionKind::QueueFull)),
-            Attempt::Wait(waiter) => {
-                let owned = self.shared.clone();
-                let wait = Box::pin(async move {
-                    match waiter.acquire(owned.max_wait).await {
-                        Some(permit) => Ok(permit),
-                        None => Err(owned.reject(RejectionKind::Concurrency)),
-                    }
-                });
-                // The service that was driven to readiness goes with the request; this one
-                // must be driven again before the next call, as tower's contract says.
-                let ready = self.inner.clone();
-                let ready = std::mem::replace(&mut self.inner, ready);
-                ResponseFuture::waiting(
-                    wait,
-                    ready,
-                    req,
-                    shared.policy.clone(),
-                    shared.release_on_headers,
-                )
+        ResponseFuture::rejected(self.shared.reject(kind))
+    }
+
+    /// Waits in the queue for a permit, then calls the inner service; or rejects.
+    fn wait<ReqBody>(&mut self, waiter: Waiter, req: Request<ReqBody>) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>> + Clone,
+    {
+        let shared = self.shared.clone();
+        let policy = shared.policy.clone();
+        let release_on_headers = shared.release_on_headers;
+        let wait = Box::pin(async move {
+            match waiter.acquire(shared.max_wait).await {
+                Some(permit) => Ok(permit),
+                None => Err(shared.reject(RejectionKind::Concurrency)),
             }
-        }
+        });
+        // The service that was driven to readiness goes with the request; this one must be
+        // driven again before the next call, as tower's contract says.
+        let ready = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, ready);
+        ResponseFuture::waiting(wait, ready, req, policy, release_on_headers)
     }
 }
