@@ -10,6 +10,9 @@
 //! | `RateLimit` | `r` | whole requests still admissible now |
 //! | `RateLimit` | `t` | seconds until the quota is back to its full burst (rounded up) |
 //!
+//! A concurrency limit is one `RateLimit-Policy` item with `q` = the most requests in flight,
+//! `qu="concurrent-requests"` and no window.
+//!
 //! `Retry-After` is a whole number of seconds, rounded up and never `0` when the client must
 //! wait (RFC 9110 §10.2.3).
 
