@@ -43,7 +43,13 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 
 /// `Retry-After` for a wait of `d`: whole seconds rounded up, at least 1.
 pub fn retry_after_value(d: Duration) -> HeaderValue {
-    integer_value(ceil_secs(d).max(1))
+    // The usual short waits without an allocation: under a flood, rejections are the hot path.
+    const SHORT: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    let secs = ceil_secs(d).max(1);
+    match usize::try_from(secs).ok().and_then(|i| SHORT.get(i)) {
+        Some(s) => HeaderValue::from_static(s),
+        None => integer_value(secs),
+    }
 }
 
 pub(crate) fn integer_value(n: u64) -> HeaderValue {
@@ -151,6 +157,8 @@ mod tests {
         assert_eq!(retry_after_value(Duration::ZERO), "1");
         assert_eq!(retry_after_value(Duration::from_millis(1000)), "1");
         assert_eq!(retry_after_value(Duration::from_millis(1001)), "2");
+        assert_eq!(retry_after_value(Duration::from_secs(9)), "9");
+        assert_eq!(retry_after_value(Duration::from_millis(9001)), "10");
         assert_eq!(retry_after_value(Duration::from_secs(86_400)), "86400");
     }
 
