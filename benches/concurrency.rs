@@ -17,6 +17,9 @@
 //!   `poll_ready` and gives it back when the response future completes (it does not track the
 //!   body).
 //! * `global/none`: the bare service, for scale.
+//! * `rejecting/tollgate`: the same layer with its only place held, so every request is
+//!   answered `503` with `Retry-After` by the layer. `rejecting/plain_503`: a service that
+//!   answers the same response itself. Under a flood the rejection path is the hot path.
 //! * `keyed/one_key` and `keyed/10k_keys`: tollgate keyed by a request header, one key hammered
 //!   or 10 000 keys visited round-robin. Every request creates and drops its key's semaphore in
 //!   the second case, since no key has anything else in flight.
@@ -115,6 +118,45 @@ fn global(c: &mut Criterion) {
     g.finish();
 }
 
+fn busy(_: Request<()>) -> std::future::Ready<Result<Response<Full<Bytes>>, Infallible>> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(b"Service Unavailable\n")));
+    *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+    let headers = resp.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    std::future::ready(Ok(resp))
+}
+
+fn rejecting(c: &mut Criterion) {
+    let rt = runtime();
+    let mut g = c.benchmark_group("rejecting");
+    let plain = |_| black_box(Request::new(()));
+
+    let layer = ConcurrencyLimitLayer::new(1);
+    let mut ours = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn(hello));
+    // One response whose body is never read holds the only place.
+    let held = rt.block_on(async {
+        let svc = ours.ready().await.expect("ready");
+        svc.call(Request::new(())).await.expect("a response")
+    });
+    g.bench_function("tollgate", |b| {
+        b.iter_custom(|n| run(&rt, &mut ours, n, plain))
+    });
+    assert_eq!(layer.in_flight(), 1);
+    drop(held);
+
+    let mut direct = service_fn(busy);
+    g.bench_function("plain_503", |b| {
+        b.iter_custom(|n| run(&rt, &mut direct, n, plain))
+    });
+    g.finish();
+}
+
 fn keyed_requests(n: usize, prefix: &str) -> Vec<HeaderValue> {
     (0..n)
         .map(|i| HeaderValue::from_str(&format!("{prefix}{i}")).expect("a header value"))
@@ -191,6 +233,6 @@ fn keyed_2_threads(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(2));
-    targets = global, keyed, keyed_2_threads
+    targets = global, rejecting, keyed, keyed_2_threads
 }
 criterion_main!(benches);
