@@ -55,11 +55,35 @@ pin_project! {
     }
 }
 
+/// The inner service's future and the permit its request waited for.
+type Turn<F> = (F, Permit);
+
 /// A request waiting for a permit, with the service that will answer it.
 struct Queued<S, ReqBody> {
     wait: Wait,
     service: Option<S>,
     request: Option<Request<ReqBody>>,
+}
+
+impl<S, ReqBody> Queued<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    /// Waits for the permit, then calls the service; or gives the rejection.
+    ///
+    /// Out of line: the path of requests that did not wait stays small enough to inline.
+    #[inline(never)]
+    fn poll_turn(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Turn<S::Future>, Response<Bytes>>> {
+        let permit = ready!(self.wait.as_mut().poll(cx))?;
+        match (self.service.take(), self.request.take()) {
+            (Some(mut service), Some(request)) => Poll::Ready(Ok((service.call(request), permit))),
+            // Polled after completion: a contract violation by the caller, not by a client.
+            _ => panic!("ResponseFuture polled after completion"),
+        }
+    }
 }
 
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
@@ -117,38 +141,31 @@ where
 {
     type Output = Result<Response<ResponseBody<B>>, S::Error>;
 
-    #[inline]
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Waiting { queued } => match ready!(queued.wait.as_mut().poll(cx)) {
-                    Ok(permit) => {
-                        let (Some(mut service), Some(request)) =
-                            (queued.service.take(), queued.request.take())
-                        else {
-                            panic!("ResponseFuture polled after completion");
-                        };
-                        let future = service.call(request);
-                        this.state.set(State::Called {
-                            future,
-                            permit: Some(permit),
-                        });
-                    }
+                StateProj::Waiting { queued } => match ready!(queued.poll_turn(cx)) {
+                    Ok((future, permit)) => this.state.set(State::Called {
+                        future,
+                        permit: Some(permit),
+                    }),
                     Err(rejection) => {
                         this.state.set(State::Done { response: None });
                         return Poll::Ready(Ok(rejection.map(ResponseBody::from)));
                     }
                 },
                 StateProj::Called { future, permit } => {
-                    let mut response = ready!(future.poll(cx))?;
+                    let (mut parts, body) = ready!(future.poll(cx))?.into_parts();
                     if let Some(policy) = this.policy.take() {
                         let policy = Arc::unwrap_or_clone(policy);
-                        response.headers_mut().append(&RATELIMIT_POLICY, policy);
+                        parts.headers.append(&RATELIMIT_POLICY, policy);
                     }
                     // Given back now with `release_on_headers`, else when the body is done.
                     let permit = permit.take().filter(|_| !*this.release_on_headers);
-                    return Poll::Ready(Ok(response.map(|b| ResponseBody::new(b, permit))));
+                    let body = ResponseBody::new(body, permit);
+                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
                 }
                 StateProj::Done { response } => match response.take() {
                     Some(r) => return Poll::Ready(Ok(r.map(ResponseBody::from))),

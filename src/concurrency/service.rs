@@ -38,6 +38,22 @@ pub(crate) struct Shared<E: KeyExtractor> {
 }
 
 impl<E: KeyExtractor> Shared<E> {
+    /// Finds the request's key and tries to take a permit of it.
+    fn try_acquire_keyed(
+        &self,
+        keyed: &Arc<KeyedLimit<E::Key>>,
+        head: &RequestHead<'_>,
+    ) -> Attempt {
+        match self.extractor.extract(head) {
+            Ok(key) => keyed.try_acquire(key, self.max_waiting),
+            Err(_) => match &self.on_missing {
+                MissingKey::UseKey(key) => keyed.try_acquire(key.clone(), self.max_waiting),
+                MissingKey::Allow => Attempt::Unlimited,
+                MissingKey::Reject(_) => Attempt::MissingKey,
+            },
+        }
+    }
+
     /// The response for a request turned away.
     fn reject(&self, kind: RejectionKind) -> Response<Bytes> {
         let (status, retry_after) = match (&self.on_missing, kind) {
@@ -123,19 +139,12 @@ where
         self.inner.poll_ready(cx)
     }
 
-    #[inline]
+    #[inline(always)]
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
         let attempt = match &shared.limit {
             Limit::Global(global) => global.try_acquire(shared.max_waiting),
-            Limit::Keyed(keyed) => match shared.extractor.extract(&RequestHead::new(&req)) {
-                Ok(key) => keyed.try_acquire(key, shared.max_waiting),
-                Err(_) => match &shared.on_missing {
-                    MissingKey::UseKey(key) => keyed.try_acquire(key.clone(), shared.max_waiting),
-                    MissingKey::Allow => Attempt::Unlimited,
-                    MissingKey::Reject(_) => Attempt::MissingKey,
-                },
-            },
+            Limit::Keyed(keyed) => shared.try_acquire_keyed(keyed, &RequestHead::new(&req)),
         };
         let permit = match attempt {
             Attempt::Acquired(permit) => Some(permit),
@@ -155,6 +164,7 @@ where
 }
 
 impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
+    #[inline(never)]
     fn reject<ReqBody>(&self, kind: RejectionKind) -> ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
@@ -163,6 +173,7 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
     }
 
     /// Waits in the queue for a permit, then calls the inner service; or rejects.
+    #[inline(never)]
     fn wait<ReqBody>(&mut self, waiter: Waiter, req: Request<ReqBody>) -> ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>> + Clone,
