@@ -141,8 +141,9 @@ impl Drop for Exit {
     }
 }
 
-/// A body of one chunk that leaves the gauge when it is dropped.
-struct Gauged(Option<Bytes>, #[allow(dead_code)] Exit);
+/// A body of one chunk that leaves the gauge when it ends or is dropped: when the layer gives
+/// its permit back.
+struct Gauged(Option<Bytes>, Option<Exit>);
 
 impl Body for Gauged {
     type Data = Bytes;
@@ -152,7 +153,11 @@ impl Body for Gauged {
         mut self: Pin<&mut Self>,
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(self.0.take().map(|c| Ok(Frame::data(c))))
+        let chunk = self.0.take();
+        if chunk.is_none() {
+            self.1 = None;
+        }
+        Poll::Ready(chunk.map(|c| Ok(Frame::data(c))))
     }
 }
 
@@ -168,7 +173,10 @@ async fn five_hundred_clients(
         let exit = g.enter();
         async move {
             work().await;
-            Ok::<_, Infallible>(Response::new(Gauged(Some(Bytes::from_static(b"ok")), exit)))
+            Ok::<_, Infallible>(Response::new(Gauged(
+                Some(Bytes::from_static(b"ok")),
+                Some(exit),
+            )))
         }
     }));
     let clients: Vec<_> = (0..500)
@@ -635,7 +643,10 @@ async fn per_key_limits_hold_and_keys_are_forgotten_when_requests_race() {
         let exit = g[i].enter();
         async move {
             tokio::task::yield_now().await;
-            Ok::<_, Infallible>(Response::new(Gauged(Some(Bytes::from_static(b"ok")), exit)))
+            Ok::<_, Infallible>(Response::new(Gauged(
+                Some(Bytes::from_static(b"ok")),
+                Some(exit),
+            )))
         }
     }));
     let clients: Vec<_> = (0..2000)
