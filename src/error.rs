@@ -58,6 +58,8 @@ pub enum ConfigError {
     InvalidStatus(u16),
     /// A trusted-proxy entry could not be parsed as an address or CIDR range.
     InvalidProxy(String),
+    /// A concurrency limit was zero, or larger than a semaphore can count.
+    InvalidConcurrency(usize),
 }
 
 impl fmt::Display for ConfigError {
@@ -100,6 +102,11 @@ impl fmt::Display for ConfigError {
             ConfigError::InvalidProxy(s) => {
                 write!(f, "trusted proxy {s:?} is not an IP address or CIDR range")
             }
+            ConfigError::InvalidConcurrency(max) => write!(
+                f,
+                "concurrency limit {max} must be between 1 and {}",
+                tokio::sync::Semaphore::MAX_PERMITS
+            ),
         }
     }
 }

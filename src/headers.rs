@@ -10,6 +10,9 @@
 //! | `RateLimit` | `r` | whole requests still admissible now |
 //! | `RateLimit` | `t` | seconds until the quota is back to its full burst (rounded up) |
 //!
+//! A concurrency limit is one `RateLimit-Policy` item with `q` = the most requests in flight,
+//! `qu="concurrent-requests"` and no window.
+//!
 //! `Retry-After` is a whole number of seconds, rounded up and never `0` when the client must
 //! wait (RFC 9110 §10.2.3).
 
@@ -40,7 +43,13 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 
 /// `Retry-After` for a wait of `d`: whole seconds rounded up, at least 1.
 pub fn retry_after_value(d: Duration) -> HeaderValue {
-    integer_value(ceil_secs(d).max(1))
+    // The usual short waits without an allocation: under a flood, rejections are the hot path.
+    const SHORT: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    let secs = ceil_secs(d).max(1);
+    match usize::try_from(secs).ok().and_then(|i| SHORT.get(i)) {
+        Some(s) => HeaderValue::from_static(s),
+        None => integer_value(secs),
+    }
 }
 
 pub(crate) fn integer_value(n: u64) -> HeaderValue {
@@ -79,6 +88,13 @@ pub(crate) fn check_name(name: &str) -> Result<(), ConfigError> {
     } else {
         Err(ConfigError::InvalidName(name.to_owned()))
     }
+}
+
+/// A `RateLimit-Policy` item for a limit on concurrent requests:
+/// `"name";q=max;qu="concurrent-requests"` (no window: the quota is not spent over time).
+pub(crate) fn concurrency_policy(name: &str, max: usize) -> HeaderValue {
+    let s = format!("\"{name}\";q={max};qu=\"concurrent-requests\"");
+    HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static(""))
 }
 
 /// The static part of a policy's headers: names and the `RateLimit-Policy` value.
@@ -149,6 +165,8 @@ mod tests {
         assert_eq!(retry_after_value(Duration::ZERO), "1");
         assert_eq!(retry_after_value(Duration::from_millis(1000)), "1");
         assert_eq!(retry_after_value(Duration::from_millis(1001)), "2");
+        assert_eq!(retry_after_value(Duration::from_secs(9)), "9");
+        assert_eq!(retry_after_value(Duration::from_millis(9001)), "10");
         assert_eq!(retry_after_value(Duration::from_secs(86_400)), "86400");
     }
 
@@ -157,6 +175,14 @@ mod tests {
         for n in [0u64, 7, 10, 99, 100, 12345, u64::MAX] {
             assert_eq!(integer_value(n), n.to_string().as_str());
         }
+    }
+
+    #[test]
+    fn concurrency_policy_item_has_quota_unit_and_no_window() {
+        assert_eq!(
+            concurrency_policy("workers", 8),
+            r#""workers";q=8;qu="concurrent-requests""#
+        );
     }
 
     #[test]

@@ -64,6 +64,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
+pub mod concurrency;
 pub mod error;
 pub mod gcra;
 pub mod headers;
@@ -81,6 +82,7 @@ pub mod store;
 mod axum_support;
 
 pub use clock::{Clock, ManualClock};
+pub use concurrency::ConcurrencyLimitLayer;
 pub use error::ConfigError;
 pub use gcra::{Decision, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};

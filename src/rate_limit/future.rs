@@ -21,8 +21,9 @@ pub(crate) struct RateHeaders {
 impl RateHeaders {
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
         if let Some((policy, ratelimit)) = self.ietf {
-            headers.insert(RATELIMIT_POLICY.clone(), policy);
-            headers.insert(RATELIMIT.clone(), ratelimit);
+            // Both fields are lists: keep the items other layers (or the handler) put there.
+            headers.append(RATELIMIT_POLICY.clone(), policy);
+            headers.append(RATELIMIT.clone(), ratelimit);
         }
         if let Some(legacy) = self.legacy {
             let [limit, remaining, reset] = *legacy;

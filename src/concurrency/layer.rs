@@ -1,0 +1,289 @@
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use http::StatusCode;
+use tokio::sync::Semaphore;
+use tower_layer::Layer;
+
+use super::permit::{GlobalLimit, KeyedLimit};
+use super::service::{ConcurrencyLimit, Limit, Shared};
+use crate::error::ConfigError;
+use crate::headers;
+use crate::key::{Global, KeyExtractor};
+use crate::rate_limit::MissingKey;
+use crate::response::OnReject;
+
+/// The `Retry-After` hint of a rejection unless [`retry_after`](ConcurrencyLimitLayer::retry_after)
+/// says otherwise.
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Limits how many requests are in flight at once. See the [module docs](crate::concurrency).
+///
+/// One layer value is one shared state: clones, and every service it wraps (every route of a
+/// `Router::layer`), count against the same limit. Two layer values are two limits.
+#[must_use]
+pub struct ConcurrencyLimitLayer<E: KeyExtractor = Global> {
+    max: usize,
+    extractor: E,
+    keyed: bool,
+    on_missing: MissingKey<E::Key>,
+    on_reject: Option<OnReject>,
+    retry_after: Duration,
+    queue: Option<(usize, Duration)>,
+    release_on_headers: bool,
+    policy_name: Option<Cow<'static, str>>,
+    state: Arc<OnceLock<Result<Arc<Shared<E>>, ConfigError>>>,
+}
+
+impl<E: KeyExtractor + Clone> Clone for ConcurrencyLimitLayer<E> {
+    fn clone(&self) -> Self {
+        ConcurrencyLimitLayer {
+            max: self.max,
+            extractor: self.extractor.clone(),
+            keyed: self.keyed,
+            on_missing: self.on_missing.clone(),
+            on_reject: self.on_reject.clone(),
+            retry_after: self.retry_after,
+            queue: self.queue,
+            release_on_headers: self.release_on_headers,
+            policy_name: self.policy_name.clone(),
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl<E: KeyExtractor + fmt::Debug> fmt::Debug for ConcurrencyLimitLayer<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("ConcurrencyLimitLayer");
+        d.field("max", &self.max);
+        if self.keyed {
+            d.field("key", &self.extractor);
+        }
+        d.field("queue", &self.queue)
+            .field("release_on_headers", &self.release_on_headers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConcurrencyLimitLayer<Global> {
+    /// At most `max` requests in flight at once, across everything this layer wraps, until
+    /// [`key`](Self::key) makes it a limit per key.
+    ///
+    /// `max` must be at least 1; an invalid value is reported when the layer is applied (or by
+    /// [`validate`](Self::validate)).
+    pub fn new(max: usize) -> Self {
+        ConcurrencyLimitLayer {
+            max,
+            extractor: Global,
+            keyed: false,
+            on_missing: MissingKey::default(),
+            on_reject: None,
+            retry_after: DEFAULT_RETRY_AFTER,
+            queue: None,
+            release_on_headers: false,
+            policy_name: None,
+            state: Arc::default(),
+        }
+    }
+}
+
+impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
+    fn changed(mut self) -> Self {
+        // A setting changed before the layer was used: start from a fresh state.
+        self.state = Arc::default();
+        self
+    }
+
+    /// Applies the limit to each key separately, as `extractor` finds it (see [`crate::key`]):
+    /// at most `max` requests in flight *per key*, and, with [`queue`](Self::queue), a queue
+    /// per key. Over the limit, clients get `429 Too Many Requests` instead of `503`.
+    ///
+    /// A key's semaphore exists only while the key has requests in flight or waiting, so the
+    /// memory used is bounded by the number of such requests, however many keys clients
+    /// invent. For a global limit *and* a limit per key, stack two layers.
+    pub fn key<E2: KeyExtractor>(self, extractor: E2) -> ConcurrencyLimitLayer<E2> {
+        ConcurrencyLimitLayer {
+            max: self.max,
+            extractor,
+            keyed: true,
+            on_missing: MissingKey::default(),
+            on_reject: self.on_reject,
+            retry_after: self.retry_after,
+            queue: self.queue,
+            release_on_headers: self.release_on_headers,
+            policy_name: self.policy_name,
+            state: Arc::default(),
+        }
+    }
+
+    /// What to do when no key can be extracted (default: reject with 400). The same policy
+    /// type as [`RateLimitLayer::on_missing_key`](crate::RateLimitLayer::on_missing_key).
+    pub fn on_missing_key(mut self, policy: MissingKey<E::Key>) -> Self {
+        self.on_missing = policy;
+        self.changed()
+    }
+
+    /// Lets requests over the limit wait for a place instead of being rejected at once.
+    ///
+    /// At most `max_waiting` requests wait (per key, for a keyed limit), first in first out,
+    /// each for at most `max_wait`:
+    ///
+    /// * a request that finds the queue full is rejected at once, as
+    ///   [`RejectionKind::QueueFull`](crate::response::RejectionKind::QueueFull);
+    /// * a request still waiting after `max_wait` is rejected as
+    ///   [`RejectionKind::Concurrency`](crate::response::RejectionKind::Concurrency), like a
+    ///   request rejected at once without a queue.
+    ///
+    /// A waiting request whose future is dropped (the client went away) leaves the queue at
+    /// once. `max_waiting = 0` turns waiting off: every request over the limit is then
+    /// rejected as `QueueFull`.
+    pub fn queue(mut self, max_waiting: usize, max_wait: Duration) -> Self {
+        self.queue = Some((max_waiting, max_wait));
+        self.changed()
+    }
+
+    /// Gives a request's place back as soon as the response headers are ready, as tower's
+    /// `ConcurrencyLimit` does, instead of when the response body is finished or dropped.
+    ///
+    /// Suits services whose bodies are small and already in memory; a streaming body then no
+    /// longer counts against the limit.
+    pub fn release_on_headers(mut self) -> Self {
+        self.release_on_headers = true;
+        self.changed()
+    }
+
+    /// The `Retry-After` hint sent with rejections (default 1 s; whole seconds, rounded up,
+    /// at least 1).
+    pub fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = wait;
+        self.changed()
+    }
+
+    /// Builds rejection responses with `hook` instead of the default plain-text 503 or 429.
+    pub fn on_reject(mut self, hook: OnReject) -> Self {
+        self.on_reject = Some(hook);
+        self.changed()
+    }
+
+    /// Adds an item to `RateLimit-Policy` on every response of the layer (off by default):
+    /// `"name";q=max;qu="concurrent-requests"` (draft-ietf-httpapi-ratelimit-headers-10).
+    ///
+    /// The item is appended, so the fields of a rate limit on the same route are kept. The
+    /// name must be printable ASCII without `"` or `\`; an invalid name is reported when the
+    /// layer is applied.
+    pub fn policy_header(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.policy_name = Some(name.into());
+        self.changed()
+    }
+
+    /// Checks the configuration now, for layers built from values read at run time.
+    ///
+    /// `Layer::layer` panics with the same error otherwise, when the app is assembled.
+    pub fn validate(self) -> Result<Self, ConfigError>
+    where
+        E: Clone,
+    {
+        self.shared().map(|_| ())?;
+        Ok(self)
+    }
+
+    /// How many requests hold a place now (in flight, their bodies not yet finished).
+    ///
+    /// 0 before the layer has been applied. Sums over the keys for a keyed limit.
+    pub fn in_flight(&self) -> usize {
+        match self.built() {
+            Some(Limit::Global(g)) => g.in_flight(),
+            Some(Limit::Keyed(k)) => k.in_flight(),
+            None => 0,
+        }
+    }
+
+    /// How many requests wait in the queue now (summed over the keys for a keyed limit).
+    pub fn waiting(&self) -> usize {
+        match self.built() {
+            Some(Limit::Global(g)) => g.waiting(),
+            Some(Limit::Keyed(k)) => k.waiting(),
+            None => 0,
+        }
+    }
+
+    /// How many keys are tracked now: those with requests in flight or waiting. A key is
+    /// forgotten as soon as its last request is done, so this is never more than
+    /// [`in_flight`](Self::in_flight) + [`waiting`](Self::waiting). Always 0 for a global
+    /// limit.
+    pub fn tracked_keys(&self) -> usize {
+        match self.built() {
+            Some(Limit::Keyed(k)) => k.len(),
+            _ => 0,
+        }
+    }
+
+    fn built(&self) -> Option<&Limit<E::Key>> {
+        match self.state.get() {
+            Some(Ok(shared)) => Some(&shared.limit),
+            _ => None,
+        }
+    }
+
+    fn shared(&self) -> Result<Arc<Shared<E>>, ConfigError>
+    where
+        E: Clone,
+    {
+        self.state.get_or_init(|| self.build()).clone()
+    }
+
+    fn build(&self) -> Result<Arc<Shared<E>>, ConfigError>
+    where
+        E: Clone,
+    {
+        if !(1..=Semaphore::MAX_PERMITS).contains(&self.max) {
+            return Err(ConfigError::InvalidConcurrency(self.max));
+        }
+        if let MissingKey::Reject(status) = &self.on_missing {
+            if !(status.is_client_error() || status.is_server_error()) {
+                return Err(ConfigError::InvalidStatus(status.as_u16()));
+            }
+        }
+        let policy = match &self.policy_name {
+            Some(name) => {
+                headers::check_name(name)?;
+                Some(Arc::new(headers::concurrency_policy(name, self.max)))
+            }
+            None => None,
+        };
+        let (limit, status) = if self.keyed {
+            let limit = Limit::Keyed(KeyedLimit::new(self.max));
+            (limit, StatusCode::TOO_MANY_REQUESTS)
+        } else {
+            let limit = Limit::Global(GlobalLimit::new(self.max));
+            (limit, StatusCode::SERVICE_UNAVAILABLE)
+        };
+        Ok(Arc::new(Shared {
+            extractor: self.extractor.clone(),
+            limit,
+            status,
+            max_waiting: self.queue.map(|(n, _)| n),
+            max_wait: self.queue.map_or(Duration::ZERO, |(_, d)| d),
+            on_missing: self.on_missing.clone(),
+            on_reject: self.on_reject.clone(),
+            retry_after: self.retry_after,
+            release_on_headers: self.release_on_headers,
+            policy_name: self.policy_name.as_deref().map(Box::from),
+            policy,
+        }))
+    }
+}
+
+impl<S, E: KeyExtractor + Clone> Layer<S> for ConcurrencyLimitLayer<E> {
+    type Service = ConcurrencyLimit<S, E>;
+
+    #[track_caller]
+    fn layer(&self, inner: S) -> Self::Service {
+        match self.shared() {
+            Ok(shared) => ConcurrencyLimit::from_shared(inner, shared),
+            Err(e) => panic!("tollgate: invalid ConcurrencyLimitLayer: {e}"),
+        }
+    }
+}

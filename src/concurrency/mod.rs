@@ -1,0 +1,133 @@
+//! Concurrency limits for HTTP services: at most `max` requests in flight at once.
+//!
+//! [`ConcurrencyLimitLayer`] gives each request a permit before the inner service sees it, and
+//! the request keeps it **until its response body is finished or dropped**, not only until the
+//! headers are ready: a slow download or a long stream counts for as long as it runs.
+//! ([`release_on_headers`](ConcurrencyLimitLayer::release_on_headers) gives tower's behaviour.)
+//!
+//! * **Global** (`ConcurrencyLimitLayer::new(max)`): one limit across everything the layer value
+//!   wraps. Over it, clients get `503 Service Unavailable`: the server is busy, not the client
+//!   at fault.
+//! * **Per key** ([`key`](ConcurrencyLimitLayer::key)): at most `max` per key, e.g. per client
+//!   address or API key. Over it, clients get `429 Too Many Requests`. A key that cannot be
+//!   extracted is handled by [`MissingKey`](crate::MissingKey), as for rate limits.
+//! * **Rejections** carry `Retry-After` (1 s unless [`retry_after`] says otherwise) and are
+//!   built by the shared [`OnReject`](crate::response::OnReject) hook when one is set, with
+//!   [`RejectionKind::Concurrency`](crate::response::RejectionKind::Concurrency) or
+//!   [`QueueFull`](crate::response::RejectionKind::QueueFull).
+//! * **Waiting** ([`queue`](ConcurrencyLimitLayer::queue)): instead of rejecting at once, let a
+//!   bounded number of requests wait, first in first out, for a bounded time.
+//!
+//! [`retry_after`]: ConcurrencyLimitLayer::retry_after
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{routing::get, Router};
+//! use tollgate::{key, ConcurrencyLimitLayer};
+//!
+//! async fn report() -> &'static str { "a heavy report" }
+//! async fn items() -> &'static str { "[]" }
+//!
+//! let app: Router = Router::new()
+//!     // At most 8 reports are built at once; 32 more may wait up to 2 s for their turn.
+//!     .route("/report", get(report).layer(
+//!         ConcurrencyLimitLayer::new(8).queue(32, Duration::from_secs(2)),
+//!     ))
+//!     .route("/api/items", get(items))
+//!     // And no API key has more than 4 requests in flight, on any route.
+//!     .layer(ConcurrencyLimitLayer::new(4).key(key::Header::new("x-api-key")));
+//! ```
+//!
+//! What a client sees, driven by hand through `tower`:
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use tollgate::ConcurrencyLimitLayer;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let limit = ConcurrencyLimitLayer::new(1);
+//! let svc = ServiceBuilder::new().layer(limit.clone()).service(service_fn(|_: Request<()>| async {
+//!     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("hello"))))
+//! }));
+//!
+//! let first = svc.clone().oneshot(Request::new(())).await.unwrap();
+//! assert_eq!(limit.in_flight(), 1); // the body has not been sent yet
+//!
+//! let second = svc.clone().oneshot(Request::new(())).await.unwrap();
+//! assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+//! assert_eq!(second.headers()["retry-after"], "1");
+//!
+//! drop(first); // sent (or the client went away): the place is free again
+//! assert_eq!(limit.in_flight(), 0);
+//! # }
+//! ```
+//!
+//! # Waiting
+//!
+//! With [`queue(max_waiting, max_wait)`](ConcurrencyLimitLayer::queue), a request over the
+//! limit waits for a permit in a first-in-first-out queue (tokio's fair semaphore):
+//!
+//! * at most `max_waiting` requests wait at once (per key for a keyed limit); the bound is
+//!   exact, however many requests race for the last place. A request that finds the queue
+//!   full is rejected at once as `QueueFull`.
+//! * a request that waited `max_wait` without getting a permit is rejected as `Concurrency`,
+//!   the same as a request over the limit without a queue: it was the limit that turned it
+//!   away, not the queue.
+//! * the order is the order in which requests start waiting: the first poll of their response
+//!   future, which servers do right after `call`.
+//!
+//! **Cancellation safety.** Everything a request holds is released when it is dropped. A
+//! waiting request whose response future is dropped (the client disconnected, a timeout layer
+//! fired) leaves the queue at once, and a permit handed to it in that instant goes to the next
+//! waiter. A permit held by a response is given back when its body ends, fails or is dropped,
+//! whichever comes first. No permit can leak.
+//!
+//! # Keys
+//!
+//! A keyed limit keeps one semaphore per key, created with the key's first request and dropped
+//! as soon as the key has nothing in flight and nobody waiting, so memory is bounded by the
+//! requests in flight and waiting, however many distinct keys clients invent.
+//! [`tracked_keys`](ConcurrencyLimitLayer::tracked_keys) reports how many there are. Keys are
+//! hashed with a per-process random seed. For a global limit *and* one per key, stack two
+//! layers.
+//!
+//! # Stacking with a rate limit
+//!
+//! The response body type, [`ResponseBody`], converts from `Bytes`, so this layer and
+//! [`RateLimitLayer`](crate::RateLimitLayer) stack in either order, in a `Router` or a
+//! `tower::ServiceBuilder`. Usually the rate limit goes **outside** (applied last with
+//! `Router::layer`, first in a `ServiceBuilder`): a request the rate limit rejects then never
+//! takes, nor waits for, a place that an admitted request could use.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::{key, ConcurrencyLimitLayer, Quota, RateLimitLayer};
+//! use tower::ServiceBuilder;
+//!
+//! let stack = ServiceBuilder::new()
+//!     // Outside: 10 requests/s per API key; rejected requests stop here.
+//!     .layer(RateLimitLayer::new(Quota::per_second(10)).key(key::Header::new("x-api-key")))
+//!     // Inside: at most 64 in flight, 128 more may wait up to 1 s.
+//!     .layer(ConcurrencyLimitLayer::new(64).queue(128, Duration::from_secs(1)));
+//! # let _ = stack;
+//! ```
+//!
+//! With `policy_header`, responses also carry a `RateLimit-Policy` item
+//! `"name";q=max;qu="concurrent-requests"` (draft-ietf-httpapi-ratelimit-headers-10), appended
+//! to those of other layers.
+
+mod body;
+mod future;
+mod layer;
+mod permit;
+mod service;
+
+pub use body::ResponseBody;
+pub use future::ResponseFuture;
+pub use layer::{ConcurrencyLimitLayer, DEFAULT_RETRY_AFTER};
+pub use service::ConcurrencyLimit;

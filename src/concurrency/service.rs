@@ -1,0 +1,196 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use tower_service::Service;
+
+use super::body::ResponseBody;
+use super::future::ResponseFuture;
+use super::permit::{Attempt, GlobalLimit, KeyedLimit, Waiter};
+use crate::headers::RATELIMIT_POLICY;
+use crate::key::{KeyExtractor, RequestHead};
+use crate::rate_limit::MissingKey;
+use crate::response::{self, OnReject, Rejection, RejectionKind};
+
+pub(crate) enum Limit<K> {
+    Global(GlobalLimit),
+    Keyed(Arc<KeyedLimit<K>>),
+}
+
+pub(crate) struct Shared<E: KeyExtractor> {
+    pub(crate) extractor: E,
+    pub(crate) limit: Limit<E::Key>,
+    /// 503 for a global limit, 429 for a limit per key.
+    pub(crate) status: StatusCode,
+    /// How many may wait, if waiting is on.
+    pub(crate) max_waiting: Option<usize>,
+    pub(crate) max_wait: Duration,
+    pub(crate) on_missing: MissingKey<E::Key>,
+    pub(crate) on_reject: Option<OnReject>,
+    pub(crate) retry_after: Duration,
+    pub(crate) release_on_headers: bool,
+    pub(crate) policy_name: Option<Box<str>>,
+    /// The `RateLimit-Policy` item, when configured.
+    pub(crate) policy: Option<Arc<HeaderValue>>,
+}
+
+impl<E: KeyExtractor> Shared<E> {
+    /// Finds the request's key and tries to take a permit of it.
+    fn try_acquire_keyed(
+        &self,
+        keyed: &Arc<KeyedLimit<E::Key>>,
+        head: &RequestHead<'_>,
+    ) -> Attempt {
+        match self.extractor.extract(head) {
+            Ok(key) => keyed.try_acquire(key, self.max_waiting),
+            Err(_) => match &self.on_missing {
+                MissingKey::UseKey(key) => keyed.try_acquire(key.clone(), self.max_waiting),
+                MissingKey::Allow => Attempt::Unlimited,
+                MissingKey::Reject(_) => Attempt::MissingKey,
+            },
+        }
+    }
+
+    /// The response for a request turned away.
+    fn reject(&self, kind: RejectionKind) -> Response<Bytes> {
+        let (status, retry_after) = match (&self.on_missing, kind) {
+            (MissingKey::Reject(status), RejectionKind::MissingKey) => (*status, None),
+            _ => (self.status, Some(self.retry_after)),
+        };
+        let r = Rejection {
+            kind,
+            status,
+            retry_after,
+            decision: None,
+            policy: self.policy_name.as_deref(),
+        };
+        let mut resp: Response<Bytes> = response::reject(self.on_reject.as_ref(), &r);
+        if let Some(policy) = &self.policy {
+            resp.headers_mut()
+                .append(&RATELIMIT_POLICY, HeaderValue::clone(policy));
+        }
+        resp
+    }
+}
+
+/// The service made by [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer).
+///
+/// Its responses carry a [`ResponseBody`], which holds the request's place until the body is
+/// finished or dropped. `poll_ready` is the inner service's: the permit is taken in `call`,
+/// where the key is known. The inner service must be `Clone` (as axum's are): a request that
+/// waits in the queue takes the service that was driven to readiness with it.
+pub struct ConcurrencyLimit<S, E: KeyExtractor> {
+    inner: S,
+    shared: Arc<Shared<E>>,
+}
+
+impl<S: Clone, E: KeyExtractor> Clone for ConcurrencyLimit<S, E> {
+    fn clone(&self) -> Self {
+        ConcurrencyLimit {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, E: KeyExtractor> fmt::Debug for ConcurrencyLimit<S, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<E>>) -> Self {
+        ConcurrencyLimit { inner, shared }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for ConcurrencyLimit<S, E>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    E: KeyExtractor,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    #[inline(always)]
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let shared = &*self.shared;
+        let attempt = match &shared.limit {
+            Limit::Global(global) => global.try_acquire(shared.max_waiting),
+            Limit::Keyed(keyed) => shared.try_acquire_keyed(keyed, &RequestHead::new(&req)),
+        };
+        let permit = match attempt {
+            Attempt::Acquired(permit) => Some(permit),
+            Attempt::Unlimited => None,
+            Attempt::Wait(waiter) => return self.wait(waiter, req),
+            Attempt::Busy => return self.reject(RejectionKind::Concurrency),
+            Attempt::QueueFull => return self.reject(RejectionKind::QueueFull),
+            Attempt::MissingKey => return self.reject(RejectionKind::MissingKey),
+        };
+        ResponseFuture::called(
+            self.inner.call(req),
+            permit,
+            shared.policy.clone(),
+            shared.release_on_headers,
+        )
+    }
+}
+
+impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
+    #[inline(never)]
+    fn reject<ReqBody>(&self, kind: RejectionKind) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        ResponseFuture::rejected(self.shared.reject(kind))
+    }
+
+    /// Waits in the queue for a permit, then calls the inner service; or rejects.
+    #[inline(never)]
+    fn wait<ReqBody>(&mut self, waiter: Waiter, req: Request<ReqBody>) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>> + Clone,
+    {
+        let shared = self.shared.clone();
+        let policy = shared.policy.clone();
+        let release_on_headers = shared.release_on_headers;
+        let wait = Box::pin(async move {
+            match waiter.acquire(shared.max_wait).await {
+                Some(permit) => Ok(permit),
+                None => Err(shared.reject(RejectionKind::Concurrency)),
+            }
+        });
+        // The service that was driven to readiness goes with the request; this one must be
+        // driven again before the next call, as tower's contract says.
+        let ready = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, ready);
+        ResponseFuture::waiting(wait, ready, req, policy, release_on_headers)
+    }
+}
