@@ -11,8 +11,13 @@
 //! | `plain_429` | the app answering every request `429` itself (the floor of the 429 path) |
 //! | `tollgate` | + `RateLimitLayer` keyed by peer IP, limit never reached |
 //! | `tollgate_429` | + `RateLimitLayer` keyed by peer IP, every request rejected |
+//! | `tollgate_noheaders` | `tollgate` without the `RateLimit` header fields |
+//! | `tollgate_global` | `tollgate` with one key for all requests (`key::Global`) |
 //! | `governor` | + `tower_governor` keyed by peer IP, limit never reached |
 //! | `governor_429` | + `tower_governor` keyed by peer IP, every request rejected |
+//! | `conc_tollgate` | + `ConcurrencyLimitLayer` (permit held until the body ends), never full |
+//! | `conc_tower` | + tower's `GlobalConcurrencyLimitLayer`, never full |
+//! | `stacked` | + rate limit per IP, shaping per IP and a global concurrency limit, none reached |
 //!
 //! The server runs a one-thread tokio runtime, so pinning it to one core with `taskset`
 //! measures the cost per request on that core.
@@ -22,7 +27,9 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::{routing::get, Router};
-use tollgate::{key, Quota, RateLimitLayer};
+use tollgate::shape::ShapeLayer;
+use tollgate::{key, ConcurrencyLimitLayer, Quota, RateLimitLayer};
+use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::PeerIpKeyExtractor;
 use tower_governor::GovernorLayer;
@@ -43,6 +50,12 @@ fn app(config: &str) -> Option<Router> {
         ),
         "tollgate" => base.layer(RateLimitLayer::new(never()).key(key::PeerIp::new())),
         "tollgate_429" => base.layer(RateLimitLayer::new(always()).key(key::PeerIp::new())),
+        "tollgate_noheaders" => base.layer(
+            RateLimitLayer::new(never())
+                .key(key::PeerIp::new())
+                .ratelimit_headers(false),
+        ),
+        "tollgate_global" => base.layer(RateLimitLayer::new(never())),
         "governor" | "governor_429" => {
             let mut b = GovernorConfigBuilder::default().key_extractor(PeerIpKeyExtractor);
             if config == "governor" {
@@ -53,6 +66,16 @@ fn app(config: &str) -> Option<Router> {
             let conf = Arc::new(b.finish()?);
             base.layer(GovernorLayer::new(conf))
         }
+        "conc_tollgate" => base.layer(ConcurrencyLimitLayer::new(1024)),
+        "conc_tower" => base.layer(GlobalConcurrencyLimitLayer::new(1024)),
+        "stacked" => base
+            .layer(ConcurrencyLimitLayer::new(1024))
+            .layer(
+                ShapeLayer::new(Quota::per_second(100_000_000))
+                    .key(key::PeerIp::new())
+                    .max_queue(1024),
+            )
+            .layer(RateLimitLayer::new(never()).key(key::PeerIp::new())),
         _ => return None,
     })
 }

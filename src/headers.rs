@@ -18,6 +18,9 @@
 
 use std::time::Duration;
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use bytes::{BufMut, BytesMut};
 use http::HeaderValue;
 
@@ -54,7 +57,7 @@ pub fn retry_after_value(d: Duration) -> HeaderValue {
 
 pub(crate) fn integer_value(n: u64) -> HeaderValue {
     let mut buf = itoa_buf();
-    HeaderValue::from_str(fmt_u64(n, &mut buf)).unwrap_or(HeaderValue::from_static("0"))
+    HeaderValue::from_bytes(fmt_u64(n, &mut buf)).unwrap_or(HeaderValue::from_static("0"))
 }
 
 type ItoaBuf = [u8; 20];
@@ -63,7 +66,8 @@ fn itoa_buf() -> ItoaBuf {
     [0; 20]
 }
 
-fn fmt_u64(mut n: u64, buf: &mut ItoaBuf) -> &str {
+/// The decimal digits of `n`, written at the end of `buf`.
+fn fmt_u64(mut n: u64, buf: &mut ItoaBuf) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;
@@ -73,8 +77,7 @@ fn fmt_u64(mut n: u64, buf: &mut ItoaBuf) -> &str {
             break;
         }
     }
-    // Only ASCII digits were written.
-    std::str::from_utf8(&buf[i..]).unwrap_or("0")
+    &buf[i..]
 }
 
 /// Checks that a policy name can be written as a structured-field string without escapes.
@@ -97,10 +100,19 @@ pub(crate) fn concurrency_policy(name: &str, max: usize) -> HeaderValue {
     HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static(""))
 }
 
+thread_local! {
+    /// (policy id, remaining, seconds until reset, rendered value) of the last single-quota
+    /// `RateLimit` value this thread rendered.
+    static LAST_RATELIMIT: RefCell<Option<(u64, u64, u64, HeaderValue)>> = const { RefCell::new(None) };
+}
+
 /// The static part of a policy's headers: names and the `RateLimit-Policy` value.
 #[derive(Debug, Clone)]
 pub(crate) struct PolicyHeaders {
-    names: Box<[Box<str>]>,
+    /// Unique per policy, so a cached value is never taken for another policy's.
+    id: u64,
+    /// Per quota, `"name";r=` ready to copy.
+    prefixes: Box<[Box<[u8]>]>,
     policy: HeaderValue,
 }
 
@@ -117,8 +129,13 @@ impl PolicyHeaders {
                 s.push_str(extra);
             }
         }
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         PolicyHeaders {
-            names: items.iter().map(|(n, _, _)| n.as_str().into()).collect(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            prefixes: items
+                .iter()
+                .map(|(n, _, _)| format!("\"{n}\";r=").into_bytes().into())
+                .collect(),
             policy: HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static("")),
         }
     }
@@ -134,22 +151,44 @@ impl PolicyHeaders {
     }
 
     /// The `RateLimit` value for items of (remaining, time until reset), in policy order.
+    ///
+    /// Under a flood one key gets the same answer again and again (`r=0`, the same `t`), so
+    /// each thread keeps the last single-quota value it rendered and hands out a clone of it.
     pub(crate) fn ratelimit_items(
         &self,
-        items: impl Iterator<Item = (u64, Duration)>,
+        mut items: impl Iterator<Item = (u64, Duration)>,
     ) -> HeaderValue {
-        let mut out = BytesMut::with_capacity(24 * self.names.len());
+        if self.prefixes.len() == 1 {
+            let Some((remaining, reset)) = items.next() else {
+                return HeaderValue::from_static("");
+            };
+            let secs = ceil_secs(reset);
+            return LAST_RATELIMIT.with(|last| {
+                let mut last = last.borrow_mut();
+                if let Some((id, r, t, v)) = &*last {
+                    if (*id, *r, *t) == (self.id, remaining, secs) {
+                        return v.clone();
+                    }
+                }
+                let v = self.render(std::iter::once((remaining, reset)));
+                *last = Some((self.id, remaining, secs, v.clone()));
+                v
+            });
+        }
+        self.render(items)
+    }
+
+    fn render(&self, items: impl Iterator<Item = (u64, Duration)>) -> HeaderValue {
+        let mut out = BytesMut::with_capacity(40 * self.prefixes.len());
         let mut buf = itoa_buf();
-        for (i, (name, (remaining, reset))) in self.names.iter().zip(items).enumerate() {
+        for (i, (prefix, (remaining, reset))) in self.prefixes.iter().zip(items).enumerate() {
             if i > 0 {
                 out.put_slice(b", ");
             }
-            out.put_u8(b'"');
-            out.put_slice(name.as_bytes());
-            out.put_slice(b"\";r=");
-            out.put_slice(fmt_u64(remaining, &mut buf).as_bytes());
+            out.put_slice(prefix);
+            out.put_slice(fmt_u64(remaining, &mut buf));
             out.put_slice(b";t=");
-            out.put_slice(fmt_u64(ceil_secs(reset), &mut buf).as_bytes());
+            out.put_slice(fmt_u64(ceil_secs(reset), &mut buf));
         }
         HeaderValue::from_maybe_shared(out.freeze()).unwrap_or(HeaderValue::from_static(""))
     }
@@ -183,6 +222,28 @@ mod tests {
             concurrency_policy("workers", 8),
             r#""workers";q=8;qu="concurrent-requests""#
         );
+    }
+
+    #[test]
+    fn the_cached_ratelimit_value_never_crosses_policies_or_values() {
+        let one =
+            |name: &str| PolicyHeaders::new(&[(name.to_owned(), 5, Duration::from_secs(5))], None);
+        let (a, b) = (one("a"), one("b"));
+        let s = Duration::from_secs;
+        let item = |r, t| std::iter::once((r, t));
+        assert_eq!(a.ratelimit_items(item(0, s(5))), "\"a\";r=0;t=5");
+        assert_eq!(a.ratelimit_items(item(0, s(5))), "\"a\";r=0;t=5");
+        assert_eq!(b.ratelimit_items(item(0, s(5))), "\"b\";r=0;t=5");
+        assert_eq!(b.ratelimit_items(item(1, s(5))), "\"b\";r=1;t=5");
+        assert_eq!(
+            b.ratelimit_items(item(1, Duration::from_millis(4001))),
+            "\"b\";r=1;t=5"
+        );
+        assert_eq!(b.ratelimit_items(item(1, s(4))), "\"b\";r=1;t=4");
+        drop(a);
+        // A new policy, perhaps at the old one's address, renders its own name.
+        let c = one("c");
+        assert_eq!(c.ratelimit_items(item(0, s(5))), "\"c\";r=0;t=5");
     }
 
     #[test]
