@@ -108,6 +108,12 @@ impl ManualClock {
         self.now.fetch_add(saturating_nanos(by), Ordering::AcqRel);
     }
 
+    /// Sets the clock to `at` since its epoch, backwards too: for tests of a clock that steps
+    /// back (a Redis failover to a server whose clock is behind, say).
+    pub fn set(&self, at: Duration) {
+        self.now.store(saturating_nanos(at), Ordering::Release);
+    }
+
     /// Nanoseconds since the clock's epoch.
     pub fn now(&self) -> Duration {
         Duration::from_nanos(self.now.load(Ordering::Acquire))

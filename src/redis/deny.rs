@@ -114,6 +114,18 @@ impl<K: Hash + Eq + Clone> DenyCache<K> {
             .insert_unique(hash, (key.clone(), entry), |(k, _)| hasher.hash_one(k));
     }
 
+    /// Brings a cached entry up to date after Redis admitted a request for `key` sent at
+    /// `sent_at`, so that later local rejections report the times that follow from it.
+    pub(crate) fn admitted(&self, key: &K, sent_at: u64, d: &Decision) {
+        let hash = self.hasher.hash_one(key);
+        let mut table = self.shard(hash).lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, e)) = table.entries.find_mut(hash, |(k, _)| k == key) {
+            for (t, s) in e.tats.iter_mut().zip(d.states()) {
+                *t = sent_at.saturating_add(s.reset_after_nanos());
+            }
+        }
+    }
+
     /// Requests answered from the cache.
     pub(crate) fn saved(&self) -> u64 {
         self.saved.load(Ordering::Relaxed)

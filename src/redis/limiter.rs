@@ -362,9 +362,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         });
         match decision {
             Some(d) => {
-                if d.outcome() == Outcome::Limited {
-                    if let Some(deny) = &inner.deny {
-                        deny.remember(key, now, cost, &d);
+                if let Some(deny) = &inner.deny {
+                    match d.outcome() {
+                        Outcome::Limited => deny.remember(key, now, cost, &d),
+                        // The key moved on: a cached rejection must not report stale times.
+                        Outcome::Allowed if cost > 0 => deny.admitted(key, now, &d),
+                        _ => {}
                     }
                 }
                 d

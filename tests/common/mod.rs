@@ -1,3 +1,4 @@
 //! Shared test support.
+pub mod model;
 pub mod redis_server;
 pub mod spec;
