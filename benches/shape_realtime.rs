@@ -8,6 +8,9 @@
 //! Binds 127.0.0.1 only, sends a bounded number of requests (one new connection each, with
 //! `Connection: close`), and stops by itself after about 12 s. Reports the forwarded rate, the
 //! gaps between departures (as the handler sees them) and the answers the clients got.
+//!
+//! With `SHAPING_CSV=path`, also writes the offered and forwarded rates per half second
+//! (`t_seconds,offered_per_sec,forwarded_per_sec`), which `scripts/report.py` plots.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -79,6 +82,7 @@ async fn run() {
         "shape_realtime: ShapeLayer at {RATE}/s on {addr}, offered {offered}/s for {SECONDS} s ({total} requests)"
     );
     let start = tokio::time::Instant::now();
+    let start_std = Instant::now();
     let mut clients = Vec::with_capacity(total as usize);
     for i in 0..total {
         tokio::time::sleep_until(start + every * i as u32).await;
@@ -100,6 +104,43 @@ async fn run() {
 
     let times = lock(&departures).clone();
     report(&times, &answers);
+    if let Ok(path) = std::env::var("SHAPING_CSV") {
+        write_series(&path, start_std, every, total, &times);
+    }
+}
+
+/// Offered and forwarded requests per second, in half-second bins from the first request.
+fn write_series(path: &str, start: Instant, every: Duration, total: u64, times: &[Instant]) {
+    const BIN: f64 = 0.5;
+    let bins = ((SECONDS as f64 + 2.0) / BIN) as usize;
+    let mut offered = vec![0u32; bins];
+    let mut forwarded = vec![0u32; bins];
+    for i in 0..total {
+        let t = (every * i as u32).as_secs_f64();
+        if let Some(b) = offered.get_mut((t / BIN) as usize) {
+            *b += 1;
+        }
+    }
+    for t in times {
+        let t = t.saturating_duration_since(start).as_secs_f64();
+        if let Some(b) = forwarded.get_mut((t / BIN) as usize) {
+            *b += 1;
+        }
+    }
+    let mut csv = String::from("t_seconds,offered_per_sec,forwarded_per_sec\n");
+    for i in 0..bins {
+        let t = (i as f64 + 1.0) * BIN;
+        let per_sec = |n: u32| f64::from(n) / BIN;
+        csv.push_str(&format!(
+            "{t},{},{}\n",
+            per_sec(offered[i]),
+            per_sec(forwarded[i])
+        ));
+    }
+    match std::fs::write(path, csv) {
+        Ok(()) => println!("  series written to {path}"),
+        Err(e) => eprintln!("shape_realtime: cannot write {path}: {e}"),
+    }
 }
 
 /// One request on a fresh connection; the status code of the answer.

@@ -5,6 +5,9 @@ Inputs (any may be missing; their sections are then left out):
   target/loadtest/results.csv      round,config,requests_per_sec,non_2xx
   target/loadtest/memory.txt       output of examples/memory_per_key
   target/loadtest/shaping.csv      t_seconds,offered_per_sec,forwarded_per_sec
+  target/loadtest/shaping.txt      output of benches/shape_realtime.rs
+  target/loadtest/redis.txt        output of benches/redis.rs
+  docs/bench/notes.md              the analysis behind the figures, pasted as it is
   target/loadtest/extra.md         further sections, pasted as they are
 """
 import csv
@@ -77,6 +80,8 @@ def line_chart(path, title, xs, series, unit):
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="black"/>',
         f'<text x="{(width) / 2}" y="{height - 8}" text-anchor="middle">seconds</text>',
     ]
+    for k in range(0, int(xmax) + 1, 2):
+        out.append(f'<text x="{px(k):.1f}" y="{height - bottom + 16}" text-anchor="middle">{k}</text>')
     for k in range(5):
         y = ymax * k / 4
         out.append(f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:,.0f}</text>')
@@ -180,7 +185,35 @@ def main():
             ],
             "req/s",
         )
-        lines += ["## Shaping", "", "![shaped output](docs/bench/shaping.svg)", ""]
+        lines += [
+            "## Shaping precision",
+            "",
+            "A `ShapeLayer` at 200/s on loopback, driven at 400/s for 10 s with real time",
+            "(`SHAPING_CSV=target/loadtest/shaping.csv cargo bench --bench shape_realtime`).",
+            "",
+            "![shaped output](docs/bench/shaping.svg)",
+            "",
+        ]
+        txt = os.path.join(OUT, "shaping.txt")
+        if os.path.exists(txt):
+            lines += ["```text", open(txt).read().strip(), "```", ""]
+    rds = os.path.join(OUT, "redis.txt")
+    if os.path.exists(rds):
+        lines += [
+            "## Redis throughput",
+            "",
+            "Decisions per second through one multiplexed connection, beside `redis-benchmark`",
+            "running a trivial `EVALSHA` on the same server in the same run (the floor)",
+            "(`cargo bench --bench redis --features redis`).",
+            "",
+            "```text",
+            open(rds).read().strip(),
+            "```",
+            "",
+        ]
+    notes = os.path.join(PLOTS, "notes.md")
+    if os.path.exists(notes):
+        lines += [open(notes).read().strip(), ""]
     extra = os.path.join(OUT, "extra.md")
     if os.path.exists(extra):
         lines += [open(extra).read().strip(), ""]
