@@ -178,6 +178,41 @@ impl fmt::Display for InsufficientCapacity {
 
 impl std::error::Error for InsufficientCapacity {}
 
+/// Decides with `check` until it admits, sleeping for each `retry_after` in between; shared
+/// by every limiter's `until_ready_n`. Cancel-safe as long as `check` is: nothing is consumed
+/// until `check` admits.
+pub(crate) async fn wait_until_admitted<F, Fut>(
+    gcras: &[Gcra],
+    clock: &Clock,
+    cost: u32,
+    mut check: F,
+) -> Result<Decision, InsufficientCapacity>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Decision>,
+{
+    loop {
+        let d = check().await;
+        match d.outcome() {
+            Outcome::Allowed => return Ok(d),
+            Outcome::Exceeds => {
+                return Err(InsufficientCapacity {
+                    cost,
+                    burst: gcras.iter().map(Gcra::burst).min().unwrap_or(0),
+                })
+            }
+            Outcome::Limited => {
+                let wait = d.retry_after().unwrap_or(Duration::from_millis(1));
+                if !clock.follows_sleep() {
+                    // A manual clock never moves by itself; yield so the caller's test can.
+                    tokio::task::yield_now().await;
+                }
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
 impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// A limiter with one quota, the system clock and the default key bound.
     pub fn new(quota: Quota) -> Self {
@@ -254,26 +289,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         key: &K,
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
-        loop {
-            let d = self.check_n(key, cost);
-            match d.outcome() {
-                Outcome::Allowed => return Ok(d),
-                Outcome::Exceeds => {
-                    return Err(InsufficientCapacity {
-                        cost,
-                        burst: self.inner.gcras.iter().map(Gcra::burst).min().unwrap_or(0),
-                    })
-                }
-                Outcome::Limited => {
-                    let wait = d.retry_after().unwrap_or(Duration::from_millis(1));
-                    if !self.inner.clock.follows_sleep() {
-                        // A manual clock never moves by itself; yield so the caller's test can.
-                        tokio::task::yield_now().await;
-                    }
-                    tokio::time::sleep(wait).await;
-                }
-            }
-        }
+        let check = || std::future::ready(self.check_n(key, cost));
+        wait_until_admitted(&self.inner.gcras, &self.inner.clock, cost, check).await
     }
 
     /// The quotas, in the order given.

@@ -268,26 +268,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         key: &K,
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
-        loop {
-            let d = self.check_n(key, cost).await;
-            match d.outcome() {
-                Outcome::Allowed => return Ok(d),
-                Outcome::Exceeds => {
-                    return Err(InsufficientCapacity {
-                        cost,
-                        burst: self.inner.gcras.iter().map(Gcra::burst).min().unwrap_or(0),
-                    })
-                }
-                Outcome::Limited => {
-                    let wait = d.retry_after().unwrap_or(Duration::from_millis(1));
-                    if !self.inner.clock.follows_sleep() {
-                        // A manual clock never moves by itself; yield so the caller's test can.
-                        tokio::task::yield_now().await;
-                    }
-                    tokio::time::sleep(wait).await;
-                }
-            }
-        }
+        let check = || self.check_n(key, cost);
+        crate::limiter::wait_until_admitted(&self.inner.gcras, &self.inner.clock, cost, check).await
     }
 
     /// The quotas, in the order given.
