@@ -1,9 +1,9 @@
 //! tollgate's `ConcurrencyLimitLayer` against tower's `GlobalConcurrencyLimitLayer`.
 //!
 //! ```text
-//! CARGO_TARGET_DIR=/work/target-conc cargo bench --bench concurrency
+//! cargo bench --bench concurrency
 //! # shorter, while developing:
-//! CARGO_TARGET_DIR=/work/target-conc cargo bench --bench concurrency -- --warm-up-time 1 --measurement-time 3
+//! cargo bench --bench concurrency -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! Each request goes through a `tower::ServiceBuilder` stack around a trivial service that
