@@ -11,8 +11,8 @@ use super::permit::{GlobalLimit, KeyedLimit};
 use super::service::{ConcurrencyLimit, Limit, Shared};
 use crate::error::ConfigError;
 use crate::headers;
+use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor};
-use crate::rate_limit::MissingKey;
 use crate::response::OnReject;
 
 /// The `Retry-After` hint of a rejection unless [`retry_after`](ConcurrencyLimitLayer::retry_after)
@@ -241,11 +241,7 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         if !(1..=Semaphore::MAX_PERMITS).contains(&self.max) {
             return Err(ConfigError::InvalidConcurrency(self.max));
         }
-        if let MissingKey::Reject(status) = &self.on_missing {
-            if !(status.is_client_error() || status.is_server_error()) {
-                return Err(ConfigError::InvalidStatus(status.as_u16()));
-            }
-        }
+        self.on_missing.validate()?;
         let policy = match &self.policy_name {
             Some(name) => {
                 headers::check_name(name)?;

@@ -11,8 +11,9 @@ use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::permit::{Attempt, GlobalLimit, KeyedLimit, Waiter};
 use crate::headers::RATELIMIT_POLICY;
+use crate::key::missing::{self, Resolved};
+use crate::key::MissingKey;
 use crate::key::{KeyExtractor, RequestHead};
-use crate::rate_limit::MissingKey;
 use crate::response::{self, OnReject, Rejection, RejectionKind};
 
 pub(crate) enum Limit<K> {
@@ -44,30 +45,32 @@ impl<E: KeyExtractor> Shared<E> {
         keyed: &Arc<KeyedLimit<E::Key>>,
         head: &RequestHead<'_>,
     ) -> Attempt {
-        match self.extractor.extract(head) {
-            Ok(key) => keyed.try_acquire(key, self.max_waiting),
-            Err(_) => match &self.on_missing {
-                MissingKey::UseKey(key) => keyed.try_acquire(key.clone(), self.max_waiting),
-                MissingKey::Allow => Attempt::Unlimited,
-                MissingKey::Reject(_) => Attempt::MissingKey,
-            },
+        match self.on_missing.resolve(&self.extractor, head) {
+            Resolved::Key(key) => keyed.try_acquire(key, self.max_waiting),
+            Resolved::Pass => Attempt::Unlimited,
+            Resolved::Reject(_) => Attempt::MissingKey,
         }
     }
 
     /// The response for a request turned away.
     fn reject(&self, kind: RejectionKind) -> Response<Bytes> {
-        let (status, retry_after) = match (&self.on_missing, kind) {
-            (MissingKey::Reject(status), RejectionKind::MissingKey) => (*status, None),
-            _ => (self.status, Some(self.retry_after)),
+        let hook = self.on_reject.as_ref();
+        let policy = self.policy_name.as_deref();
+        let mut resp: Response<Bytes> = match (&self.on_missing, kind) {
+            (MissingKey::Reject(status), RejectionKind::MissingKey) => {
+                missing::rejection(hook, *status, policy)
+            }
+            _ => {
+                let r = Rejection {
+                    kind,
+                    status: self.status,
+                    retry_after: Some(self.retry_after),
+                    decision: None,
+                    policy,
+                };
+                response::reject(hook, &r)
+            }
         };
-        let r = Rejection {
-            kind,
-            status,
-            retry_after,
-            decision: None,
-            policy: self.policy_name.as_deref(),
-        };
-        let mut resp: Response<Bytes> = response::reject(self.on_reject.as_ref(), &r);
         if let Some(policy) = &self.policy {
             resp.headers_mut()
                 .append(&RATELIMIT_POLICY, HeaderValue::clone(policy));

@@ -22,8 +22,10 @@ use std::sync::Arc;
 use http::{Extensions, HeaderMap, HeaderName, Method, Request, Uri};
 
 mod ip;
+pub(crate) mod missing;
 
 pub use ip::{ClientIp, ForwardedHeader, IpKey, PeerIp};
+pub use missing::MissingKey;
 
 /// The parts of a request that extractors, cost functions and tier selectors look at.
 ///

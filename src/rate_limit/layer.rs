@@ -1,14 +1,14 @@
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use http::{Method, StatusCode};
+use http::Method;
 use tower_layer::Layer;
 
 use super::policy::Policy;
 use super::service::{RateLimit, Shared, Tier};
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::key::{Global, KeyExtractor, RequestHead};
+use crate::key::{Global, KeyExtractor, MissingKey, RequestHead};
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::response::OnReject;
 use crate::store::{Backend, Memory, OnFull};
@@ -16,25 +16,6 @@ use crate::store::{Backend, Memory, OnFull};
 pub(crate) type SelectFn = dyn Fn(&RequestHead<'_>) -> Option<&'static str> + Send + Sync;
 pub(crate) type CostFn = dyn Fn(&RequestHead<'_>) -> u32 + Send + Sync;
 pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
-
-/// What to do with a request whose key cannot be extracted (no such header, no peer address).
-///
-/// Never a 500, never a panic.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MissingKey<K> {
-    /// Answer with this status (400 by default; 401 suits a missing API key).
-    Reject(StatusCode),
-    /// Count such requests under this one shared key.
-    UseKey(K),
-    /// Let the request through unlimited.
-    Allow,
-}
-
-impl<K> Default for MissingKey<K> {
-    fn default() -> Self {
-        MissingKey::Reject(StatusCode::BAD_REQUEST)
-    }
-}
 
 /// Applies GCRA rate limiting to requests. See the [module docs](crate::rate_limit).
 ///
@@ -358,11 +339,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 headers: policy.headers(),
             });
         }
-        if let MissingKey::Reject(status) = &self.on_missing {
-            if !(status.is_client_error() || status.is_server_error()) {
-                return Err(ConfigError::InvalidStatus(status.as_u16()));
-            }
-        }
+        self.on_missing.validate()?;
         Ok(Arc::new(Shared {
             extractor: self.extractor.clone(),
             tiers: tiers.into_boxed_slice(),

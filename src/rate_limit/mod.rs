@@ -30,8 +30,9 @@ mod policy;
 mod redis;
 mod service;
 
+pub use crate::key::MissingKey;
 pub use future::ResponseFuture;
-pub use layer::{MissingKey, RateLimitLayer};
+pub use layer::RateLimitLayer;
 pub use policy::Policy;
 #[cfg(feature = "redis")]
 pub use redis::{RedisRateLimit, RedisResponseFuture};

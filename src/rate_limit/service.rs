@@ -7,9 +7,11 @@ use http::{Method, Request, Response, StatusCode};
 use tower_service::Service;
 
 use super::future::{RateHeaders, ResponseFuture};
-use super::layer::{CostFn, MissingKey, SelectFn, SkipFn};
+use super::layer::{CostFn, SelectFn, SkipFn};
 use crate::gcra::{Decision, Outcome};
 use crate::headers::PolicyHeaders;
+use crate::key::missing::{self, Resolved};
+use crate::key::MissingKey;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::limiter::RateLimiter;
 use crate::response::{self, OnReject, Rejection, RejectionKind};
@@ -69,22 +71,14 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             return Prepared::Pass;
         }
         let tier = self.tier(head);
-        let key = match self.extractor.extract(head) {
-            Ok(key) => key,
-            Err(_) => match &self.on_missing {
-                MissingKey::UseKey(key) => key.clone(),
-                MissingKey::Allow => return Prepared::Pass,
-                MissingKey::Reject(status) => {
-                    let r = Rejection {
-                        kind: RejectionKind::MissingKey,
-                        status: *status,
-                        retry_after: None,
-                        decision: None,
-                        policy: Some(&self.tiers[tier].name),
-                    };
-                    return Prepared::Reject(response::reject(self.on_reject.as_ref(), &r));
-                }
-            },
+        let key = match self.on_missing.resolve(&self.extractor, head) {
+            Resolved::Key(key) => key,
+            Resolved::Pass => return Prepared::Pass,
+            Resolved::Reject(status) => {
+                let policy = Some(&*self.tiers[tier].name);
+                let hook = self.on_reject.as_ref();
+                return Prepared::Reject(missing::rejection(hook, status, policy));
+            }
         };
         let cost = self.cost.as_ref().map_or(1, |f| f(head));
         Prepared::Decide { tier, key, cost }

@@ -9,10 +9,10 @@ use super::service::{Shape, Shared};
 use super::shaper::Shaper;
 use crate::error::ConfigError;
 use crate::headers::{self, PolicyHeaders};
+use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor};
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::quota::Quota;
-use crate::rate_limit::MissingKey;
 use crate::response::OnReject;
 
 /// The name shown in the `RateLimit` header fields unless the quota or the layer names it.
@@ -215,11 +215,7 @@ impl<E: KeyExtractor> ShapeLayer<E> {
             (None, None) => DEFAULT_NAME.into(),
         };
         headers::check_name(&name)?;
-        if let MissingKey::Reject(status) = &self.on_missing {
-            if !(status.is_client_error() || status.is_server_error()) {
-                return Err(ConfigError::InvalidStatus(status.as_u16()));
-            }
-        }
+        self.on_missing.validate()?;
         let mut builder = Shaper::<E::Key>::builder(self.quota.clone())
             .no_delay_burst(self.no_delay_burst)
             .max_keys(self.max_keys);

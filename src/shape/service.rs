@@ -9,8 +9,9 @@ use tower_service::Service;
 use super::future::{ResponseFuture, ShapeHeaders, State};
 use super::shaper::{Admission, Room, Shaper};
 use crate::headers::PolicyHeaders;
+use crate::key::missing::{self, Resolved};
+use crate::key::MissingKey;
 use crate::key::{KeyExtractor, RequestHead};
-use crate::rate_limit::MissingKey;
 use crate::response::{self, OnReject, Rejection, RejectionKind};
 use std::time::Duration;
 
@@ -103,25 +104,19 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
-        let key = match shared.extractor.extract(&RequestHead::new(&req)) {
-            Ok(key) => key,
-            Err(_) => match &shared.on_missing {
-                MissingKey::UseKey(key) => key.clone(),
-                MissingKey::Allow => {
-                    return ResponseFuture::new(State::calling(self.inner.call(req)), None)
-                }
-                MissingKey::Reject(status) => {
-                    let r = Rejection {
-                        kind: RejectionKind::MissingKey,
-                        status: *status,
-                        retry_after: None,
-                        decision: None,
-                        policy: Some(&shared.name),
-                    };
-                    let resp = response::reject(shared.on_reject.as_ref(), &r);
-                    return ResponseFuture::new(State::ready(resp), None);
-                }
-            },
+        let key = match shared
+            .on_missing
+            .resolve(&shared.extractor, &RequestHead::new(&req))
+        {
+            Resolved::Key(key) => key,
+            Resolved::Pass => {
+                return ResponseFuture::new(State::calling(self.inner.call(req)), None)
+            }
+            Resolved::Reject(status) => {
+                let hook = shared.on_reject.as_ref();
+                let resp = missing::rejection(hook, status, Some(&shared.name));
+                return ResponseFuture::new(State::ready(resp), None);
+            }
         };
         match shared.shaper.admit(&key) {
             Admission::Leave(room) => {
