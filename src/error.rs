@@ -54,6 +54,14 @@ pub enum ConfigError {
     ZeroMaxKeys,
     /// A name used in a header is not a valid structured-field string.
     InvalidName(String),
+    /// A name used in a header is longer than
+    /// [`MAX_NAME_LEN`](crate::headers::MAX_NAME_LEN) bytes.
+    NameTooLong {
+        /// The name's length in bytes.
+        len: usize,
+        /// The most allowed.
+        max: usize,
+    },
     /// A status code given for a rejection is not a client or server error.
     InvalidStatus(u16),
     /// A trusted-proxy entry could not be parsed as an address or CIDR range.
@@ -95,6 +103,10 @@ impl fmt::Display for ConfigError {
             ConfigError::InvalidName(name) => write!(
                 f,
                 "name {name:?} must be printable ASCII without '\"' or '\\\\' to appear in headers"
+            ),
+            ConfigError::NameTooLong { len, max } => write!(
+                f,
+                "a name of {len} bytes is too long to appear in headers (at most {max})"
             ),
             ConfigError::InvalidStatus(code) => {
                 write!(f, "rejection status {code} is not a 4xx or 5xx status")

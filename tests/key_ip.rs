@@ -70,7 +70,7 @@ fn extractors_compose() {
     }));
     assert_eq!(
         fallback.extract(&RequestHead::new(&no_peer)).unwrap(),
-        ip("0.0.0.0").into()
+        tollgate::key::Either::Second(ip("0.0.0.0").into())
     );
 }
 

@@ -5,9 +5,7 @@ use std::task::{ready, Context, Poll};
 use http::{HeaderMap, HeaderValue, Response};
 use pin_project_lite::pin_project;
 
-use crate::headers::{
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
+use crate::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
 
 /// The header fields a decision adds to its response.
 #[derive(Debug)]
@@ -15,7 +13,7 @@ pub(crate) struct RateHeaders {
     /// `RateLimit-Policy` and `RateLimit`.
     pub(crate) ietf: Option<(HeaderValue, HeaderValue)>,
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
-    pub(crate) legacy: Option<Box<[HeaderValue; 3]>>,
+    pub(crate) legacy: Option<Legacy>,
 }
 
 impl RateHeaders {
@@ -26,10 +24,7 @@ impl RateHeaders {
             headers.append(RATELIMIT.clone(), ratelimit);
         }
         if let Some(legacy) = self.legacy {
-            let [limit, remaining, reset] = *legacy;
-            headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
-            headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
-            headers.insert(X_RATELIMIT_RESET.clone(), reset);
+            legacy.apply(headers);
         }
     }
 }

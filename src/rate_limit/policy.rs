@@ -79,7 +79,7 @@ impl Policy {
                     None if many => format!("{}-{}", self.name, i + 1),
                     None => self.name.to_string(),
                 };
-                (name, u64::from(q.burst_size()), q.burst_period())
+                (name, u64::from(q.burst_size()), q.count(), q.period())
             })
             .collect();
         PolicyHeaders::new(&items, None)

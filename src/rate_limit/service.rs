@@ -101,7 +101,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             self.rate_headers(tier, &decision)
         };
         if decision.is_allowed() {
-            req.extensions_mut().insert(decision);
+            crate::gcra::record_admitted(req.extensions_mut(), decision);
             return Ok(headers);
         }
         let (kind, status) = match decision.outcome() {
@@ -140,13 +140,7 @@ impl RateHeaders {
             ietf: shared
                 .headers
                 .then(|| (tier.headers.policy(), tier.headers.ratelimit(d))),
-            legacy: shared.legacy_headers.then(|| {
-                Box::new([
-                    crate::headers::integer_value(d.limit()),
-                    crate::headers::integer_value(d.remaining()),
-                    crate::headers::integer_value(crate::headers::ceil_secs(d.reset_after())),
-                ])
-            }),
+            legacy: shared.legacy_headers.then(|| crate::headers::Legacy::of(d)),
         }
     }
 }
@@ -213,7 +207,10 @@ where
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
         let (tier, key, cost) = match shared.prepare(&RequestHead::new(&req)) {
-            Prepared::Pass => return ResponseFuture::inner(self.inner.call(req), None),
+            Prepared::Pass => {
+                crate::gcra::record_unlimited(req.extensions_mut());
+                return ResponseFuture::inner(self.inner.call(req), None);
+            }
             Prepared::Reject(resp) => return ResponseFuture::ready(resp),
             Prepared::Decide { tier, key, cost } => (tier, key, cost),
         };
