@@ -358,10 +358,54 @@ mod tests {
     }
 
     #[test]
-    fn integers_render_exactly() {
-        for n in [0u64, 7, 10, 99, 100, 12345, u64::MAX] {
+    fn integers_render_exactly_up_to_fifteen_digits() {
+        for n in [0u64, 7, 10, 99, 100, 12345, MAX_INTEGER] {
             assert_eq!(integer_value(n), n.to_string().as_str());
         }
+        for n in [MAX_INTEGER + 1, u64::MAX] {
+            assert_eq!(integer_value(n), "999999999999999");
+        }
+    }
+
+    #[test]
+    fn durations_at_max_saturate() {
+        assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+        assert_eq!(retry_after_value(Duration::MAX), "999999999999999");
+        assert_eq!(
+            retry_after_value(Duration::from_secs(MAX_INTEGER + 7)),
+            "999999999999999"
+        );
+    }
+
+    #[test]
+    fn a_legacy_triple_replaces_only_a_less_restrictive_one() {
+        let triple = |l, r, t| Legacy {
+            limit: l,
+            remaining: r,
+            reset: t,
+        };
+        let read = |h: &http::HeaderMap| {
+            [
+                &X_RATELIMIT_LIMIT,
+                &X_RATELIMIT_REMAINING,
+                &X_RATELIMIT_RESET,
+            ]
+            .map(|n| h.get(n).unwrap().to_str().unwrap().to_owned())
+        };
+        let mut h = http::HeaderMap::new();
+        triple(2, 0, 60).apply(&mut h);
+        triple(1000, 997, 1).apply(&mut h);
+        assert_eq!(read(&h), ["2", "0", "60"]);
+        // As few remaining and a longer reset: more restrictive.
+        triple(5, 0, 61).apply(&mut h);
+        assert_eq!(read(&h), ["5", "0", "61"]);
+        // A tie keeps the one already there (the inner layer's).
+        triple(9, 0, 61).apply(&mut h);
+        assert_eq!(read(&h), ["5", "0", "61"]);
+        // A triple the crate cannot read is replaced.
+        h.insert(&X_RATELIMIT_REMAINING, HeaderValue::from_static("junk"));
+        triple(1000, 997, 1).apply(&mut h);
+        assert_eq!(read(&h), ["1000", "997", "1"]);
     }
 
     #[test]
@@ -374,8 +418,9 @@ mod tests {
 
     #[test]
     fn the_cached_ratelimit_value_never_crosses_policies_or_values() {
-        let one =
-            |name: &str| PolicyHeaders::new(&[(name.to_owned(), 5, Duration::from_secs(5))], None);
+        let one = |name: &str| {
+            PolicyHeaders::new(&[(name.to_owned(), 5, 1, Duration::from_secs(1))], None)
+        };
         let (a, b) = (one("a"), one("b"));
         let s = Duration::from_secs;
         let item = |r, t| std::iter::once((r, t));
@@ -401,5 +446,13 @@ mod tests {
         assert!(check_name("a\"b").is_err());
         assert!(check_name("a\\b").is_err());
         assert!(check_name("é").is_err());
+        assert!(check_name(&"n".repeat(MAX_NAME_LEN)).is_ok());
+        assert_eq!(
+            check_name(&"n".repeat(10_000)),
+            Err(ConfigError::NameTooLong {
+                len: 10_000,
+                max: MAX_NAME_LEN
+            })
+        );
     }
 }
