@@ -62,6 +62,8 @@ pub enum ConfigError {
         /// The most allowed.
         max: usize,
     },
+    /// A header name given to a key extractor is not a valid header name.
+    InvalidHeaderName(String),
     /// A status code given for a rejection is not a client or server error.
     InvalidStatus(u16),
     /// A trusted-proxy entry could not be parsed as an address or CIDR range.
@@ -108,6 +110,9 @@ impl fmt::Display for ConfigError {
                 f,
                 "a name of {len} bytes is too long to appear in headers (at most {max})"
             ),
+            ConfigError::InvalidHeaderName(name) => {
+                write!(f, "{name:?} is not a valid header name")
+            }
             ConfigError::InvalidStatus(code) => {
                 write!(f, "rejection status {code} is not a 4xx or 5xx status")
             }

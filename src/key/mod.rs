@@ -222,12 +222,22 @@ impl Header {
     /// Keys requests by the header `name`.
     ///
     /// # Panics
-    /// When `name` is not a valid header name.
+    /// When `name` is not a valid header name; use [`Header::try_new`] for names read from
+    /// configuration.
     #[track_caller]
     pub fn new(name: &str) -> Self {
+        match Self::try_new(name) {
+            Ok(h) => h,
+            Err(e) => panic!("tollgate: {e}"),
+        }
+    }
+
+    /// Keys requests by the header `name`, or returns
+    /// [`ConfigError::InvalidHeaderName`](crate::ConfigError::InvalidHeaderName).
+    pub fn try_new(name: &str) -> Result<Self, crate::ConfigError> {
         match HeaderName::try_from(name) {
-            Ok(name) => Header { name },
-            Err(_) => panic!("tollgate: {name:?} is not a valid header name"),
+            Ok(name) => Ok(Header { name }),
+            Err(_) => Err(crate::ConfigError::InvalidHeaderName(name.to_owned())),
         }
     }
 
@@ -359,6 +369,28 @@ mod tests {
             first.extract(&head_of(&req)).unwrap(),
             Either::First(b"abc"[..].into())
         );
+    }
+
+    #[test]
+    fn header_names_from_configuration_are_checked_without_panics() {
+        assert!(Header::try_new("x-api-key").is_ok());
+        assert_eq!(
+            Header::try_new("x api key").err(),
+            Some(crate::ConfigError::InvalidHeaderName("x api key".into()))
+        );
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn either_sides_write_different_redis_keys() {
+        use crate::redis::RedisKey;
+        let bytes = |k: Either<&str, &str>| {
+            let mut out = Vec::new();
+            k.write_key(&mut out);
+            out
+        };
+        assert_eq!(bytes(Either::First("1.2.3.4")), b"1:1.2.3.4");
+        assert_eq!(bytes(Either::Second("1.2.3.4")), b"2:1.2.3.4");
     }
 
     #[test]
