@@ -338,12 +338,13 @@ struct Stack(Vec<Decision>);
 /// let handler = service_fn(|req: http::Request<()>| async move {
 ///     let all = Decisions::from_extensions(req.extensions());
 ///     let limits: Vec<u64> = all.iter().map(|d| d.limit()).collect();
-///     Ok::<_, std::convert::Infallible>(http::Response::new(format!("{limits:?}")))
+///     let body = bytes::Bytes::from(format!("{limits:?}"));
+///     Ok::<_, std::convert::Infallible>(http::Response::new(body))
 /// });
 /// let inner = RateLimitLayer::new(Quota::per_second(5)).layer(handler);
 /// let outer = RateLimitLayer::new(Quota::per_second(100)).layer(inner);
 /// let resp = outer.oneshot(http::Request::new(())).await.unwrap();
-/// assert_eq!(resp.body(), "[100, 5]");
+/// assert_eq!(resp.body(), "[100, 5]".as_bytes());
 /// # });
 /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
 /// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
