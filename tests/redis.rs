@@ -560,3 +560,25 @@ async fn rates_finer_than_a_microsecond_are_a_configuration_error() {
             .is_ok()
     );
 }
+
+#[tokio::test]
+async fn memory_bounds_on_a_redis_layer_are_an_error_in_either_order() {
+    use tollgate::{store::OnFull, ConfigError, RateLimitLayer};
+    let store = RedisStore::open("redis://127.0.0.1:1").unwrap();
+    let before = RateLimitLayer::new(Quota::per_second(1))
+        .max_keys(10)
+        .store(store.clone());
+    assert_eq!(
+        before.validate().unwrap_err(),
+        ConfigError::MemoryOnly("max_keys")
+    );
+    let after = RateLimitLayer::new(Quota::per_second(1))
+        .store(store.clone())
+        .on_full(OnFull::default());
+    assert_eq!(
+        after.validate().unwrap_err(),
+        ConfigError::MemoryOnly("on_full")
+    );
+    let plain = RateLimitLayer::new(Quota::per_second(1)).store(store);
+    assert!(plain.validate().is_ok());
+}

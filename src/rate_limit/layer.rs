@@ -1,21 +1,19 @@
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use http::Method;
 use tower_layer::Layer;
 
 use super::policy::Policy;
-use super::service::{RateLimit, Shared, Tier};
+use super::service::RateLimit;
+use super::shared::{CostFn, SelectFn, Shared, SkipFn, Tier};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor, MissingKey, RequestHead};
-use crate::limiter::DEFAULT_MAX_KEYS;
+use crate::layer::common::{Common, Lazy};
 use crate::response::OnReject;
 use crate::store::{Backend, Memory, OnFull};
-
-pub(crate) type SelectFn = dyn Fn(&RequestHead<'_>) -> Option<&'static str> + Send + Sync;
-pub(crate) type CostFn = dyn Fn(&RequestHead<'_>) -> u32 + Send + Sync;
-pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 
 /// Applies GCRA rate limiting to requests. See the [module docs](crate::rate_limit).
 ///
@@ -26,56 +24,32 @@ pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 /// `B` is where the state lives: [`Memory`] (the default; decisions are synchronous and cost
 /// no I/O) or, with the `redis` feature, a `redis::RedisStore`.
 #[must_use]
+#[derive(Clone)]
 pub struct RateLimitLayer<E: KeyExtractor = Global, B: Backend<E::Key> = Memory> {
     policies: Vec<Policy>,
-    extractor: E,
+    common: Common<E>,
     select: Option<Arc<SelectFn>>,
     cost: Option<Arc<CostFn>>,
     skip: Option<Arc<SkipFn>>,
     skip_methods: Vec<Method>,
     skip_paths: Vec<String>,
-    on_missing: MissingKey<E::Key>,
-    on_reject: Option<OnReject>,
     headers: bool,
     legacy_headers: bool,
     clock: Option<Clock>,
-    max_keys: usize,
-    on_full: OnFull,
+    max_keys: Option<usize>,
+    on_full: Option<OnFull>,
     store: B,
-    state: Arc<OnceLock<Result<SharedState<E, B>, ConfigError>>>,
+    state: Lazy<SharedState<E, B>>,
 }
 
 /// The state of a layer, built once, shared by every service it makes.
-type SharedState<E, B> = Arc<Shared<E, <B as Backend<<E as KeyExtractor>::Key>>::Limiter>>;
-
-impl<E: KeyExtractor + Clone, B: Backend<E::Key>> Clone for RateLimitLayer<E, B> {
-    fn clone(&self) -> Self {
-        RateLimitLayer {
-            policies: self.policies.clone(),
-            extractor: self.extractor.clone(),
-            select: self.select.clone(),
-            cost: self.cost.clone(),
-            skip: self.skip.clone(),
-            skip_methods: self.skip_methods.clone(),
-            skip_paths: self.skip_paths.clone(),
-            on_missing: self.on_missing.clone(),
-            on_reject: self.on_reject.clone(),
-            headers: self.headers,
-            legacy_headers: self.legacy_headers,
-            clock: self.clock.clone(),
-            max_keys: self.max_keys,
-            on_full: self.on_full,
-            store: self.store.clone(),
-            state: self.state.clone(),
-        }
-    }
-}
+type SharedState<E, B> = Shared<E, <B as Backend<<E as KeyExtractor>::Key>>::Limiter>;
 
 impl<E: KeyExtractor + fmt::Debug, B: Backend<E::Key>> fmt::Debug for RateLimitLayer<E, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("policies", &self.policies)
-            .field("extractor", &self.extractor)
+            .field("extractor", &self.common.extractor)
             .finish_non_exhaustive()
     }
 }
@@ -83,24 +57,26 @@ impl<E: KeyExtractor + fmt::Debug, B: Backend<E::Key>> fmt::Debug for RateLimitL
 impl RateLimitLayer<Global> {
     /// Limits requests by `policy` (a [`Quota`](crate::Quota) or a [`Policy`]), with one key for
     /// all of them until [`key`](Self::key) says otherwise.
+    #[track_caller]
     pub fn new(policy: impl Into<Policy>) -> Self {
+        let policy = policy.into();
+        let mut common = Common::new(Global);
+        common.note_added("policy", policy.validate());
         RateLimitLayer {
-            policies: vec![policy.into()],
-            extractor: Global,
+            policies: vec![policy],
+            common,
             select: None,
             cost: None,
             skip: None,
             skip_methods: Vec::new(),
             skip_paths: Vec::new(),
-            on_missing: MissingKey::default(),
-            on_reject: None,
             headers: true,
             legacy_headers: false,
             clock: None,
-            max_keys: DEFAULT_MAX_KEYS,
-            on_full: OnFull::default(),
+            max_keys: None,
+            on_full: None,
             store: Memory,
-            state: Arc::default(),
+            state: Lazy::default(),
         }
     }
 }
@@ -108,32 +84,34 @@ impl RateLimitLayer<Global> {
 impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     fn changed(mut self) -> Self {
         // A setting changed before the layer was used: start from a fresh state.
-        self.state = Arc::default();
+        self.state = Lazy::default();
         self
     }
 
     /// Counts requests per key, as `extractor` finds it (see [`crate::key`]).
+    ///
+    /// Every other setting is kept, whatever the order of the calls; a
+    /// `MissingKey::UseKey` set before `key` cannot follow the new key type and is reported
+    /// by [`validate`](Self::validate) (and when the layer is applied).
     pub fn key<E2: KeyExtractor>(self, extractor: E2) -> RateLimitLayer<E2, B>
     where
         B: Backend<E2::Key>,
     {
         RateLimitLayer {
             policies: self.policies,
-            extractor,
+            common: self.common.rekey(extractor),
             select: self.select,
             cost: self.cost,
             skip: self.skip,
             skip_methods: self.skip_methods,
             skip_paths: self.skip_paths,
-            on_missing: MissingKey::default(),
-            on_reject: self.on_reject,
             headers: self.headers,
             legacy_headers: self.legacy_headers,
             clock: self.clock,
             max_keys: self.max_keys,
             on_full: self.on_full,
             store: self.store,
-            state: Arc::default(),
+            state: Lazy::default(),
         }
     }
 
@@ -143,39 +121,43 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     /// tiers, costs, headers and responses are the same.
     ///
     /// With Redis, decisions wait for one round trip (bounded by the store's timeout, after
-    /// which its `redis::FailMode` decides), and
-    /// [`max_keys`](Self::max_keys) / [`on_full`](Self::on_full) do not apply: Redis expires
-    /// idle keys itself.
+    /// which its `redis::FailMode` decides). [`max_keys`](Self::max_keys) and
+    /// [`on_full`](Self::on_full) are settings of the memory store: Redis expires idle keys
+    /// itself, so a layer on Redis that sets either (before or after `store`) is an error,
+    /// reported by [`validate`](Self::validate) and when the layer is applied.
     pub fn store<B2: Backend<E::Key>>(self, store: B2) -> RateLimitLayer<E, B2> {
         RateLimitLayer {
             policies: self.policies,
-            extractor: self.extractor,
+            common: self.common,
             select: self.select,
             cost: self.cost,
             skip: self.skip,
             skip_methods: self.skip_methods,
             skip_paths: self.skip_paths,
-            on_missing: self.on_missing,
-            on_reject: self.on_reject,
             headers: self.headers,
             legacy_headers: self.legacy_headers,
             clock: self.clock,
             max_keys: self.max_keys,
             on_full: self.on_full,
             store,
-            state: Arc::default(),
+            state: Lazy::default(),
         }
     }
 
-    /// Adds a quota to the default policy; all its quotas are decided together.
+    /// Adds a quota to the default policy; all its quotas are decided together (at most 4).
+    #[track_caller]
     pub fn quota(mut self, quota: crate::Quota) -> Self {
         self.policies[0].quotas.push(quota);
+        self.common.note("quota", self.policies[0].validate());
         self.changed()
     }
 
-    /// Renames the default policy (the name shown in the `RateLimit` header fields).
+    /// Renames the default policy (the name shown in the `RateLimit` header fields, and part
+    /// of the Redis keys). See [`Policy`] for how its quotas are named.
+    #[track_caller]
     pub fn name(mut self, name: impl Into<std::borrow::Cow<'static, str>>) -> Self {
-        self.policies[0].name = name.into();
+        self.policies[0] = self.policies[0].clone().renamed(name.into());
+        self.common.note("name", self.policies[0].validate());
         self.changed()
     }
 
@@ -193,18 +175,49 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     ///     });
     /// # let _ = layer;
     /// ```
+    #[track_caller]
     pub fn tier(mut self, policy: Policy) -> Self {
+        let mut valid = policy.validate();
+        if self.policies.iter().any(|p| p.name == policy.name) {
+            valid = Err(ConfigError::DuplicateTier(policy.name.to_string()));
+        }
+        self.common.note_added("tier", valid);
         self.policies.push(policy);
         self.changed()
     }
 
-    /// Chooses the tier of each request by name; `None`, or an unknown name, means the default
-    /// policy (the one given to [`new`](RateLimitLayer::new)).
-    pub fn select_tier<F>(mut self, f: F) -> Self
+    /// Chooses the tier of each request by name; `None` means the default policy (the one
+    /// given to [`new`](RateLimitLayer::new)).
+    ///
+    /// The name may be anything that reads as a `&str` (`&'static str`, `String`,
+    /// `Arc<str>`), e.g. a plan looked up in a map read from configuration. A name that is
+    /// not a tier of the layer is a configuration mistake: the request gets the default
+    /// policy, and the first such name is logged as an error (through `tracing`).
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use tollgate::{key, Policy, Quota, RateLimitLayer};
+    ///
+    /// // Plans per API key, as read at start-up.
+    /// let plans: HashMap<String, String> = HashMap::from([("k1".into(), "vip".into())]);
+    /// let layer = RateLimitLayer::new(Policy::new("free", Quota::per_second(10)))
+    ///     .tier(Policy::new("vip", Quota::per_second(100)))
+    ///     .key(key::Header::new("x-api-key"))
+    ///     .select_tier(move |req| {
+    ///         let api_key = req.headers.get("x-api-key")?.to_str().ok()?;
+    ///         plans.get(api_key).cloned()
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    pub fn select_tier<F, N>(mut self, f: F) -> Self
     where
-        F: Fn(&RequestHead<'_>) -> Option<&'static str> + Send + Sync + 'static,
+        F: Fn(&RequestHead<'_>) -> Option<N> + Send + Sync + 'static,
+        N: AsRef<str>,
     {
-        self.select = Some(Arc::new(f));
+        let select = move |head: &RequestHead<'_>, find: &dyn Fn(&str) -> Option<usize>| {
+            f(head).and_then(|name| find(name.as_ref()))
+        };
+        self.select = Some(Arc::new(select));
         self.changed()
     }
 
@@ -239,14 +252,15 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     }
 
     /// What to do when no key can be extracted (default: reject with 400).
+    #[track_caller]
     pub fn on_missing_key(mut self, policy: MissingKey<E::Key>) -> Self {
-        self.on_missing = policy;
+        self.common.set_on_missing(policy);
         self.changed()
     }
 
     /// Builds rejection responses with `hook` instead of the default plain-text 429.
     pub fn on_reject(mut self, hook: OnReject) -> Self {
-        self.on_reject = Some(hook);
+        self.common.on_reject = Some(hook);
         self.changed()
     }
 
@@ -269,15 +283,26 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
-    /// Bounds the number of keys tracked per tier (default 1 000 000; memory store only).
+    /// Bounds the number of keys tracked per tier (default 1 000 000; `0` is invalid).
+    ///
+    /// Memory store only: on Redis (see [`store`](Self::store)) the setting is an error.
+    #[track_caller]
     pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.max_keys = max_keys;
+        let valid = if max_keys == 0 {
+            Err(ConfigError::ZeroMaxKeys)
+        } else {
+            Ok(())
+        };
+        self.common.note("max_keys", valid);
+        self.max_keys = Some(max_keys);
         self.changed()
     }
 
-    /// What to do with a new key when `max_keys` active keys are tracked (memory store only).
+    /// What to do with a new key when `max_keys` active keys are tracked.
+    ///
+    /// Memory store only: on Redis (see [`store`](Self::store)) the setting is an error.
     pub fn on_full(mut self, on_full: OnFull) -> Self {
-        self.on_full = on_full;
+        self.on_full = Some(on_full);
         self.changed()
     }
 
@@ -306,17 +331,18 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             .map(|t| t.limiter.clone()))
     }
 
-    fn shared(&self) -> Result<SharedState<E, B>, ConfigError>
+    fn shared(&self) -> Result<Arc<SharedState<E, B>>, ConfigError>
     where
         E: Clone,
     {
-        self.state.get_or_init(|| self.build()).clone()
+        self.state.get_or_build(|| self.build())
     }
 
     fn build(&self) -> Result<SharedState<E, B>, ConfigError>
     where
         E: Clone,
     {
+        let core = self.common.core()?;
         let mut tiers = Vec::with_capacity(self.policies.len());
         for policy in &self.policies {
             policy.validate()?;
@@ -339,20 +365,18 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 headers: policy.headers(),
             });
         }
-        self.on_missing.validate()?;
-        Ok(Arc::new(Shared {
-            extractor: self.extractor.clone(),
+        Ok(Shared {
+            core,
             tiers: tiers.into_boxed_slice(),
             select: self.select.clone(),
             cost: self.cost.clone(),
             skip: self.skip.clone(),
             skip_methods: self.skip_methods.clone().into_boxed_slice(),
             skip_paths: self.skip_paths.clone().into_boxed_slice(),
-            on_missing: self.on_missing.clone(),
-            on_reject: self.on_reject.clone(),
             headers: self.headers,
             legacy_headers: self.legacy_headers,
-        }))
+            unknown_tier_logged: AtomicBool::new(false),
+        })
     }
 }
 
@@ -363,7 +387,7 @@ impl<S, E: KeyExtractor + Clone> Layer<S> for RateLimitLayer<E, Memory> {
     fn layer(&self, inner: S) -> Self::Service {
         match self.shared() {
             Ok(shared) => RateLimit::from_shared(inner, shared),
-            Err(e) => panic!("tollgate: invalid RateLimitLayer: {e}"),
+            Err(e) => self.common.invalid("RateLimitLayer", e),
         }
     }
 }
@@ -380,7 +404,7 @@ where
     fn layer(&self, inner: S) -> Self::Service {
         match self.shared() {
             Ok(shared) => super::redis::RedisRateLimit::from_shared(inner, shared),
-            Err(e) => panic!("tollgate: invalid RateLimitLayer: {e}"),
+            Err(e) => self.common.invalid("RateLimitLayer", e),
         }
     }
 }

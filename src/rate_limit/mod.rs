@@ -25,10 +25,11 @@
 
 mod future;
 mod layer;
-mod policy;
+pub(crate) mod policy;
 #[cfg(feature = "redis")]
 mod redis;
 mod service;
+mod shared;
 
 pub use crate::key::MissingKey;
 pub use future::ResponseFuture;

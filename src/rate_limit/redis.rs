@@ -5,7 +5,6 @@
 //! future, so the inner service that was made ready is moved into that future and a clone takes
 //! its place.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,8 +16,9 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::future::RateHeaders;
-use super::service::{Prepared, Shared};
+use super::shared::{Prepared, Shared};
 use crate::key::{KeyExtractor, RequestHead};
+use crate::layer::common::service_shell;
 use crate::redis::{RedisKey, RedisRateLimiter};
 
 type SharedState<E> = Arc<Shared<E, RedisRateLimiter<<E as KeyExtractor>::Key>>>;
@@ -30,43 +30,7 @@ pub struct RedisRateLimit<S, E: KeyExtractor> {
     shared: SharedState<E>,
 }
 
-impl<S: Clone, E: KeyExtractor> Clone for RedisRateLimit<S, E> {
-    fn clone(&self) -> Self {
-        RedisRateLimit {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, E: KeyExtractor> fmt::Debug for RedisRateLimit<S, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisRateLimit")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, E: KeyExtractor> RedisRateLimit<S, E> {
-    pub(crate) fn from_shared(inner: S, shared: SharedState<E>) -> Self {
-        RedisRateLimit { inner, shared }
-    }
-
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The wrapped service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
+service_shell!(RedisRateLimit<S, E: KeyExtractor> => Shared<E, RedisRateLimiter<E::Key>>);
 
 /// The decision in flight: the request to pass on with its header fields, or the rejection.
 type Pending<ReqBody, ResBody> = Pin<

@@ -282,9 +282,16 @@ where
         name: &str,
         quotas: &[crate::Quota],
         clock: Option<&crate::Clock>,
-        _max_keys: usize,
-        _on_full: crate::store::OnFull,
+        max_keys: Option<usize>,
+        on_full: Option<crate::store::OnFull>,
     ) -> Result<Self::Limiter, crate::ConfigError> {
+        // Redis expires idle keys itself: a bound meant for memory must not pass unnoticed.
+        if max_keys.is_some() {
+            return Err(crate::ConfigError::MemoryOnly("max_keys"));
+        }
+        if on_full.is_some() {
+            return Err(crate::ConfigError::MemoryOnly("on_full"));
+        }
         let (first, rest) = quotas.split_first().ok_or(crate::ConfigError::NoQuota)?;
         let mut builder = super::RedisRateLimiter::<K>::builder(self.clone(), first.clone())
             .name(name.to_owned());

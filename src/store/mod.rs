@@ -9,7 +9,7 @@ use std::hash::Hash;
 
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::limiter::RateLimiter;
+use crate::limiter::{RateLimiter, DEFAULT_MAX_KEYS};
 use crate::quota::Quota;
 
 pub(crate) mod memory;
@@ -31,8 +31,8 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
         name: &str,
         quotas: &[Quota],
         clock: Option<&Clock>,
-        max_keys: usize,
-        on_full: OnFull,
+        max_keys: Option<usize>,
+        on_full: Option<OnFull>,
     ) -> Result<Self::Limiter, ConfigError>;
 }
 
@@ -54,13 +54,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
         _name: &str,
         quotas: &[Quota],
         clock: Option<&Clock>,
-        max_keys: usize,
-        on_full: OnFull,
+        max_keys: Option<usize>,
+        on_full: Option<OnFull>,
     ) -> Result<RateLimiter<K>, ConfigError> {
         let (first, rest) = quotas.split_first().ok_or(ConfigError::NoQuota)?;
         let mut builder = RateLimiter::<K>::builder(first.clone())
-            .max_keys(max_keys)
-            .on_full(on_full);
+            .max_keys(max_keys.unwrap_or(DEFAULT_MAX_KEYS))
+            .on_full(on_full.unwrap_or_default());
         for q in rest {
             builder = builder.quota(q.clone());
         }
