@@ -3,8 +3,10 @@
 //! A rejection is always a *response*, never an error that reaches the server: the wrapped
 //! service's error type is left as it is. The default response is a short plain-text body with
 //! the status, `Retry-After` when the client can come back, and the `RateLimit` fields of the
-//! layer. Replace it with the layer's `on_reject` hook; the standard headers are added to the
-//! hook's response unless it set them itself.
+//! layer. Replace it with the layer's `on_reject` hook. To the hook's response the layer adds
+//! `Retry-After` when the client can come back, unless the hook set it, and then appends the
+//! layer's `RateLimit-Policy` and `RateLimit` items whatever the hook did (they are lists, so
+//! the items of other layers are kept): a hook that sets those fields itself sends them twice.
 
 use std::fmt;
 use std::sync::Arc;

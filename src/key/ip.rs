@@ -95,7 +95,6 @@ pub(crate) fn peer_addr(req: &RequestHead<'_>) -> Option<SocketAddr> {
     req.extensions.get::<SocketAddr>().copied()
 }
 
-/// The key of `ip`: IPv4-mapped IPv6 becomes IPv4, other IPv6 is cut to `v6_prefix` bits.
 /// The key of the IP extractors: an address in 16 bytes (IPv4 stored IPv4-mapped), so that a
 /// tracked key with its state takes 24 bytes instead of the 32 an `IpAddr` would need.
 ///
@@ -149,6 +148,7 @@ impl std::fmt::Display for IpKey {
     }
 }
 
+/// The key of `ip`: IPv4-mapped IPv6 becomes IPv4, other IPv6 is cut to `v6_prefix` bits.
 fn group(ip: IpAddr, v6_prefix: u8) -> IpAddr {
     match ip.to_canonical() {
         IpAddr::V4(v4) => IpAddr::V4(v4),

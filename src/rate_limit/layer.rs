@@ -19,7 +19,8 @@ use crate::store::{Backend, Memory, OnFull};
 ///
 /// One layer value is one shared state: clones, and every service it wraps (every route of a
 /// `Router::layer`), count against the same limits. Two layer values are two limits (with the
-/// memory store; in Redis, limits are shared by name, see [`store`](Self::store)).
+/// memory store; in Redis, limits are shared by name, see [`store`](Self::store)). tower's
+/// `RateLimitLayer` gives each wrapped service its own state instead.
 ///
 /// `B` is where the state lives: [`Memory`] (the default; decisions are synchronous and cost
 /// no I/O) or, with the `redis` feature, a `redis::RedisStore`.

@@ -1,9 +1,10 @@
 //! Where theoretical arrival times live.
 //!
-//! The memory store is the default; it needs no server. Every store offers the same thing: for
-//! one key, read the stored times, decide with [`crate::gcra`], and replace them atomically.
-//! With the `redis` feature, `redis::RedisStore` keeps them in Redis,
-//! shared by every instance of a service.
+//! The memory store is the default; it needs no server: for one key it reads the stored times,
+//! decides with [`crate::gcra`] and replaces them atomically. With the `redis` feature,
+//! `redis::RedisStore` keeps them in Redis, shared by every instance of a service; there the
+//! same rule runs as a Lua script on the server, on the server's clock, and the result is
+//! read back into the same [`Decision`](crate::Decision).
 
 use std::hash::Hash;
 
