@@ -148,9 +148,29 @@ impl fmt::Debug for OnReject {
     }
 }
 
+/// The response to a request turned away: `hook`'s, or the default one. The one place a
+/// [`Rejection`] is assembled.
+pub(crate) fn respond<B: From<Bytes>>(
+    hook: Option<&OnReject>,
+    kind: RejectionKind,
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    decision: Option<&Decision>,
+    policy: Option<&str>,
+) -> Response<B> {
+    let r = Rejection {
+        kind,
+        status,
+        retry_after,
+        decision,
+        policy,
+    };
+    reject(hook, &r)
+}
+
 /// Builds the response for `r`: the hook's or the default, with `Retry-After` ensured, in the
 /// service's body type.
-pub(crate) fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>) -> Response<B> {
+fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>) -> Response<B> {
     let resp = match hook {
         Some(h) => {
             let mut resp = h.call(r);

@@ -19,7 +19,7 @@ use crate::error::ConfigError;
 use crate::gcra::Decision;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, MissingKey, RequestHead};
-use crate::response::{self, OnReject, Rejection, RejectionKind};
+use crate::response::{self, OnReject, RejectionKind};
 
 /// The builder settings every layer has: who a request counts against, what happens to a
 /// request without a key, and how rejections are answered.
@@ -180,14 +180,14 @@ impl<E: KeyExtractor> Core<E> {
         decision: Option<&Decision>,
         policy: Option<&str>,
     ) -> Response<B> {
-        let r = Rejection {
+        response::respond(
+            self.on_reject.as_ref(),
             kind,
             status,
             retry_after,
             decision,
             policy,
-        };
-        response::reject(self.on_reject.as_ref(), &r)
+        )
     }
 
     /// The response to a request without a key, when the policy rejects it.

@@ -7,13 +7,14 @@ use tower_layer::Layer;
 
 use super::policy::Policy;
 use super::service::RateLimit;
-use super::shared::{CostFn, SelectFn, Shared, SkipFn, Tier};
+use super::shared::{Answers, CostFn, SelectFn, Shared, SkipFn, Tier};
+use super::store::{Backend, Memory};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor, MissingKey, RequestHead};
 use crate::layer::common::{Common, Lazy};
 use crate::response::OnReject;
-use crate::store::{Backend, Memory, OnFull};
+use crate::store::OnFull;
 
 /// Applies GCRA rate limiting to requests. See the [module docs](crate::rate_limit).
 ///
@@ -325,11 +326,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         E: Clone,
     {
         let shared = self.shared()?;
-        Ok(shared
-            .tiers
-            .iter()
-            .find(|t| &*t.name == name)
-            .map(|t| t.limiter.clone()))
+        let found = shared.answers.tiers.iter().position(|t| &*t.name == name);
+        Ok(found.map(|i| shared.limiters[i].clone()))
     }
 
     fn shared(&self) -> Result<Arc<SharedState<E, B>>, ConfigError>
@@ -344,67 +342,51 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         E: Clone,
     {
         let core = self.common.core()?;
-        let mut tiers = Vec::with_capacity(self.policies.len());
+        let mut tiers: Vec<Tier> = Vec::with_capacity(self.policies.len());
+        let mut limiters = Vec::with_capacity(self.policies.len());
         for policy in &self.policies {
             policy.validate()?;
-            if tiers
-                .iter()
-                .any(|t: &Tier<B::Limiter>| *t.name == *policy.name)
-            {
+            if tiers.iter().any(|t| *t.name == *policy.name) {
                 return Err(ConfigError::DuplicateTier(policy.name.to_string()));
             }
-            let limiter = self.store.make_limiter(
+            limiters.push(self.store.make_limiter(
                 &policy.name,
                 &policy.quotas,
                 self.clock.as_ref(),
                 self.max_keys,
                 self.on_full,
-            )?;
+            )?);
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
-                limiter,
                 headers: policy.headers(),
             });
         }
         Ok(Shared {
             core,
-            tiers: tiers.into_boxed_slice(),
+            limiters: limiters.into_boxed_slice(),
+            answers: Arc::new(Answers {
+                tiers: tiers.into_boxed_slice(),
+                on_reject: self.common.on_reject.clone(),
+                headers: self.headers,
+                legacy_headers: self.legacy_headers,
+            }),
             select: self.select.clone(),
             cost: self.cost.clone(),
             skip: self.skip.clone(),
             skip_methods: self.skip_methods.clone().into_boxed_slice(),
             skip_paths: self.skip_paths.clone().into_boxed_slice(),
-            headers: self.headers,
-            legacy_headers: self.legacy_headers,
             unknown_tier_logged: AtomicBool::new(false),
         })
     }
 }
 
-impl<S, E: KeyExtractor + Clone> Layer<S> for RateLimitLayer<E, Memory> {
-    type Service = RateLimit<S, E>;
+impl<S, E: KeyExtractor + Clone, B: Backend<E::Key>> Layer<S> for RateLimitLayer<E, B> {
+    type Service = RateLimit<S, E, B>;
 
     #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
         match self.shared() {
             Ok(shared) => RateLimit::from_shared(inner, shared),
-            Err(e) => self.common.invalid("RateLimitLayer", e),
-        }
-    }
-}
-
-#[cfg(feature = "redis")]
-impl<S, E> Layer<S> for RateLimitLayer<E, crate::redis::RedisStore>
-where
-    E: KeyExtractor + Clone,
-    E::Key: crate::redis::RedisKey,
-{
-    type Service = super::redis::RedisRateLimit<S, E>;
-
-    #[track_caller]
-    fn layer(&self, inner: S) -> Self::Service {
-        match self.shared() {
-            Ok(shared) => super::redis::RedisRateLimit::from_shared(inner, shared),
             Err(e) => self.common.invalid("RateLimitLayer", e),
         }
     }

@@ -45,15 +45,13 @@
 mod future;
 mod layer;
 pub(crate) mod policy;
-#[cfg(feature = "redis")]
-mod redis;
 mod service;
 mod shared;
+pub(crate) mod store;
 
 pub use crate::key::MissingKey;
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use policy::Policy;
-#[cfg(feature = "redis")]
-pub use redis::{RedisRateLimit, RedisResponseFuture};
 pub use service::RateLimit;
+pub use store::{Answer, Backend, Handover, Memory, Never};

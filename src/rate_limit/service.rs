@@ -6,27 +6,33 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::shared::{Prepared, Shared};
+use super::store::{Answer, Backend, Handover, Memory};
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::service_shell;
-use crate::limiter::RateLimiter;
 
-/// The service made by [`RateLimitLayer`](super::RateLimitLayer).
-pub struct RateLimit<S, E: KeyExtractor> {
+/// The service made by [`RateLimitLayer`](super::RateLimitLayer), on the store `B`.
+///
+/// With the memory store every decision is made in `call`. With Redis, a decision that its
+/// cache of known rejections cannot make waits for a round trip in the response future: the
+/// inner service that was made ready goes into that future (so the inner service must be
+/// `Clone` on Redis, as axum's are) and a clone takes its place.
+pub struct RateLimit<S, E: KeyExtractor, B: Backend<E::Key> = Memory> {
     inner: S,
-    shared: std::sync::Arc<Shared<E, RateLimiter<E::Key>>>,
+    shared: std::sync::Arc<Shared<E, B::Limiter>>,
 }
 
-service_shell!(RateLimit<S, E: KeyExtractor> => Shared<E, RateLimiter<E::Key>>);
+service_shell!(RateLimit<S, E: KeyExtractor, B: Backend<E::Key>> => Shared<E, B::Limiter>);
 
-impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, E>
+impl<S, E, B, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, E, B>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     E: KeyExtractor,
+    B: Handover<E::Key, S>,
     ResBody: From<Bytes>,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody>;
+    type Future = ResponseFuture<S, ReqBody, <B as Backend<E::Key>>::Later>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -40,10 +46,17 @@ where
             Prepared::Reject(resp) => return ResponseFuture::ready(resp),
             Prepared::Decide { tier, key, cost } => (tier, key, cost),
         };
-        let decision = shared.tiers[tier].limiter.check_n(&key, cost);
-        match shared.finish(tier, decision, &mut req) {
-            Ok(headers) => ResponseFuture::inner(self.inner.call(req), headers),
-            Err(resp) => ResponseFuture::ready(resp),
+        match B::decide(&shared.limiters[tier], key, cost) {
+            Answer::Now(decision) => match shared.answers.finish(tier, decision, &mut req) {
+                Ok(headers) => ResponseFuture::inner(self.inner.call(req), headers),
+                Err(resp) => ResponseFuture::ready(resp),
+            },
+            Answer::Later(later) => {
+                // The service that was polled ready is the one that will be called.
+                let (service, later) = B::hand_over(&mut self.inner, later);
+                let answers = shared.answers.clone();
+                ResponseFuture::later(later, answers, tier, req, service)
+            }
         }
     }
 }

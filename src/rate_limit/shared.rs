@@ -13,7 +13,7 @@ use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::Core;
-use crate::response::RejectionKind;
+use crate::response::{self, OnReject, RejectionKind};
 
 /// Chooses a request's tier: given the request and a lookup of tier names, the tier's index.
 pub(crate) type SelectFn =
@@ -23,26 +23,34 @@ pub(crate) type CostFn = dyn Fn(&RequestHead<'_>) -> u32 + Send + Sync;
 /// Whether a request goes through uncounted.
 pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 
-/// One policy of a layer and its limiter (in memory, or on a remote store).
-pub(crate) struct Tier<L> {
+/// How one policy of a layer answers: its name and its header fields.
+pub(crate) struct Tier {
     pub(crate) name: Box<str>,
-    pub(crate) limiter: L,
     pub(crate) headers: PolicyHeaders,
 }
 
 /// Everything a layer's services share; `L` is the limiter type of the layer's store.
 pub(crate) struct Shared<E: KeyExtractor, L> {
     pub(crate) core: Core<E>,
-    pub(crate) tiers: Box<[Tier<L>]>,
+    /// One limiter per tier, in the order of `answers.tiers`.
+    pub(crate) limiters: Box<[L]>,
+    pub(crate) answers: Arc<Answers>,
     pub(crate) select: Option<Arc<SelectFn>>,
     pub(crate) cost: Option<Arc<CostFn>>,
     pub(crate) skip: Option<Arc<SkipFn>>,
     pub(crate) skip_methods: Box<[Method]>,
     pub(crate) skip_paths: Box<[String]>,
-    pub(crate) headers: bool,
-    pub(crate) legacy_headers: bool,
     /// Whether an unknown tier name from the selector has been logged.
     pub(crate) unknown_tier_logged: AtomicBool,
+}
+
+/// What turns a decision into a response, whatever the store and the key: shared with the
+/// futures of decisions that come later.
+pub(crate) struct Answers {
+    pub(crate) tiers: Box<[Tier]>,
+    pub(crate) on_reject: Option<OnReject>,
+    pub(crate) headers: bool,
+    pub(crate) legacy_headers: bool,
 }
 
 /// What a request needs before the store is asked.
@@ -67,7 +75,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             return 0;
         };
         let find = |name: &str| {
-            let found = self.tiers.iter().position(|t| &*t.name == name);
+            let found = self.answers.tiers.iter().position(|t| &*t.name == name);
             if found.is_none() {
                 self.unknown_tier(name);
             }
@@ -81,7 +89,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     #[cold]
     fn unknown_tier(&self, name: &str) {
         if !self.unknown_tier_logged.swap(true, Ordering::Relaxed) {
-            let known: Vec<&str> = self.tiers.iter().map(|t| &*t.name).collect();
+            let known: Vec<&str> = self.answers.tiers.iter().map(|t| &*t.name).collect();
             tracing::error!(
                 tier = name,
                 ?known,
@@ -102,14 +110,16 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             Resolved::Key(key) => key,
             Resolved::Pass => return Prepared::Pass,
             Resolved::Reject(status) => {
-                let policy = Some(&*self.tiers[tier].name);
+                let policy = Some(&*self.answers.tiers[tier].name);
                 return Prepared::Reject(self.core.reject_missing(status, policy));
             }
         };
         let cost = self.cost.as_ref().map_or(1, |f| f(head));
         Prepared::Decide { tier, key, cost }
     }
+}
 
+impl Answers {
     /// Everything after the decision: an admitted request gets the decision in its extensions
     /// and the header fields for its response (`Ok`); a rejected one gets its response (`Err`).
     #[inline]
@@ -141,7 +151,8 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             ),
             _ => (RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS),
         };
-        let mut resp = self.core.reject(
+        let mut resp = response::respond(
+            self.on_reject.as_ref(),
             kind,
             status,
             decision.retry_after(),
@@ -154,13 +165,13 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         Err(resp)
     }
 
-    fn rate_headers(&self, tier: &Tier<L>, d: &Decision) -> Option<RateHeaders> {
+    fn rate_headers(&self, tier: &Tier, d: &Decision) -> Option<RateHeaders> {
         (self.headers || self.legacy_headers).then(|| RateHeaders::new(self, tier, d))
     }
 }
 
 impl RateHeaders {
-    fn new<E: KeyExtractor, L>(shared: &Shared<E, L>, tier: &Tier<L>, d: &Decision) -> Self {
+    fn new(shared: &Answers, tier: &Tier, d: &Decision) -> Self {
         RateHeaders {
             ietf: shared
                 .headers
