@@ -384,12 +384,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             }
             quotas[i] = state;
         }
-        Some(Decision {
+        Some(Decision::from_store(
             outcome,
-            retry_after: ns(r[1])?,
-            len: gcras.len() as u8,
-            degraded: false,
-            quotas,
-        })
+            ns(r[1])?,
+            &quotas[..gcras.len().min(MAX_QUOTAS)],
+        ))
     }
 }
