@@ -546,7 +546,7 @@ async fn rates_finer_than_a_microsecond_are_a_configuration_error() {
         store.clone(),
         Quota::new(2_000, Duration::from_millis(1)),
     )
-    .try_build::<u64>()
+    .try_build()
     .unwrap_err();
     assert!(
         matches!(err, tollgate::ConfigError::RateTooHighForStore { .. }),
@@ -556,7 +556,7 @@ async fn rates_finer_than_a_microsecond_are_a_configuration_error() {
     assert!(
         RedisRateLimiter::<u64>::builder(store, Quota::per_second(1_000_000))
             .quota(Quota::per_second(3))
-            .try_build::<u64>()
+            .try_build()
             .is_ok()
     );
 }

@@ -217,7 +217,7 @@ impl<E: KeyExtractor> ShapeLayer<E> {
         if let Some(d) = self.max_delay {
             builder = builder.max_delay(d);
         }
-        let shaper = builder.try_build::<E::Key>()?;
+        let shaper = builder.try_build()?;
         // `q`: how many requests an idle client may send at once without being refused;
         // `w`: how long the shaper takes to forward them, so that q/w is the rate.
         let capacity = shaper.capacity().unwrap_or(u64::MAX);
