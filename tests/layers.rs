@@ -246,3 +246,28 @@ async fn an_unknown_tier_name_falls_back_to_the_default_policy() {
     }
     tokio::time::sleep(Duration::from_secs(60)).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_concurrency_limit_keyed_by_global_stays_one_global_limit_with_503() {
+    let layer = ConcurrencyLimitLayer::new(1).key(tollgate::key::Global);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let rx = std::sync::Arc::new(tokio::sync::Mutex::new(Some(rx)));
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service_fn(move |_req: Request<Body>| {
+            let rx = rx.clone();
+            async move {
+                if let Some(rx) = rx.lock().await.take() {
+                    let _ = rx.await;
+                }
+                Ok::<_, Infallible>(Response::new(Body::empty()))
+            }
+        });
+    let first = tokio::spawn(svc.clone().oneshot(bare()));
+    tokio::task::yield_now().await;
+    let second = svc.clone().oneshot(bare()).await.unwrap();
+    assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(layer.tracked_keys(), 0);
+    tx.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+}

@@ -30,7 +30,6 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 pub struct ConcurrencyLimitLayer<E: KeyExtractor = Global> {
     max: usize,
     common: Common<E>,
-    keyed: bool,
     retry_after: Duration,
     queue: Option<(usize, Duration)>,
     release_on_headers: bool,
@@ -42,7 +41,7 @@ impl<E: KeyExtractor + fmt::Debug> fmt::Debug for ConcurrencyLimitLayer<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("ConcurrencyLimitLayer");
         d.field("max", &self.max);
-        if self.keyed {
+        if is_keyed::<E::Key>() {
             d.field("key", &self.common.extractor);
         }
         d.field("queue", &self.queue)
@@ -65,7 +64,6 @@ impl ConcurrencyLimitLayer<Global> {
         ConcurrencyLimitLayer {
             max,
             common,
-            keyed: false,
             retry_after: DEFAULT_RETRY_AFTER,
             queue: None,
             release_on_headers: false,
@@ -86,6 +84,9 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
     /// at most `max` requests in flight *per key*, and, with [`queue`](Self::queue), a queue
     /// per key.
     ///
+    /// A key type without values to tell apart (`.key(key::Global)`, whose key is `()`)
+    /// keeps the limit global.
+    ///
     /// **This changes the rejection status:** over a limit per key, clients get
     /// `429 Too Many Requests` (the client is sending too much), where a global limit answers
     /// `503 Service Unavailable` (the server is busy). A hook set with
@@ -103,7 +104,6 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         ConcurrencyLimitLayer {
             max: self.max,
             common: self.common.rekey(extractor),
-            keyed: true,
             retry_after: self.retry_after,
             queue: self.queue,
             release_on_headers: self.release_on_headers,
@@ -239,7 +239,7 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             .policy_name
             .as_ref()
             .map(|name| Arc::new(headers::concurrency_policy(name, self.max)));
-        let (limit, status) = if self.keyed {
+        let (limit, status) = if is_keyed::<E::Key>() {
             let limit = Limit::Keyed(KeyedLimit::new(self.max));
             (limit, StatusCode::TOO_MANY_REQUESTS)
         } else {
@@ -258,6 +258,12 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             policy,
         })
     }
+}
+
+/// Whether a key type tells requests apart: a zero-sized key (`()` of [`Global`]) has a
+/// single value, so the limit is one for everything, as everywhere in the crate.
+fn is_keyed<K>() -> bool {
+    std::mem::size_of::<K>() != 0
 }
 
 /// A concurrency limit must be at least 1 and fit a semaphore.

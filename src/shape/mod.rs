@@ -129,6 +129,6 @@ mod shaper;
 
 pub use future::{PoliteFuture, ResponseFuture};
 pub use layer::ShapeLayer;
-pub use polite::{CallKey, Polite, PoliteLayer, Unkeyed};
+pub use polite::{CallKey, Polite, PoliteLayer};
 pub use service::Shape;
 pub use shaper::{QueueFull, Shaper, ShaperBuilder, Slot};
