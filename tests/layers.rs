@@ -167,6 +167,8 @@ fn invalid_values_are_still_reported_by_validate_for_configuration() {
         .name("a\"b")
         .name("ok");
     assert!(fixed.validate().is_ok());
+    let renamed = RateLimitLayer::new(Policy::new("a\"b", Quota::per_second(1))).name("ok");
+    assert!(renamed.validate().is_ok());
     let dup = RateLimitLayer::new(Policy::new("a", Quota::per_second(1)))
         .tier(Policy::new("b", Quota::per_second(2)))
         .tier(Policy::new("a", Quota::per_second(3)));

@@ -63,7 +63,7 @@ impl RateLimitLayer<Global> {
     pub fn new(policy: impl Into<Policy>) -> Self {
         let policy = policy.into();
         let mut common = Common::new(Global);
-        common.note_added("policy", policy.validate());
+        common.note("policy", policy.validate());
         RateLimitLayer {
             policies: vec![policy],
             common,
@@ -150,7 +150,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     #[track_caller]
     pub fn quota(mut self, quota: crate::Quota) -> Self {
         self.policies[0].quotas.push(quota);
-        self.common.note("quota", self.policies[0].validate());
+        self.common.note("policy", self.policies[0].validate());
         self.changed()
     }
 
@@ -159,7 +159,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     #[track_caller]
     pub fn name(mut self, name: impl Into<std::borrow::Cow<'static, str>>) -> Self {
         self.policies[0] = self.policies[0].clone().renamed(name.into());
-        self.common.note("name", self.policies[0].validate());
+        self.common.note("policy", self.policies[0].validate());
         self.changed()
     }
 
