@@ -28,8 +28,17 @@ use crate::store::OnFull;
 #[must_use]
 #[derive(Clone)]
 pub struct RateLimitLayer<E: KeyExtractor = Global, B: Backend<E::Key> = Memory> {
-    policies: Vec<Policy>,
+    settings: Settings,
     common: Common<E>,
+    store: B,
+    state: Lazy<SharedState<E, B>>,
+}
+
+/// The settings of a rate-limit layer that depend on neither its key type nor its store, so
+/// that `.key(..)` and `.store(..)` carry them over whole.
+#[derive(Clone)]
+struct Settings {
+    policies: Vec<Policy>,
     select: Option<Arc<SelectFn>>,
     cost: Option<Arc<CostFn>>,
     skip: Option<Arc<SkipFn>>,
@@ -40,8 +49,6 @@ pub struct RateLimitLayer<E: KeyExtractor = Global, B: Backend<E::Key> = Memory>
     clock: Option<Clock>,
     max_keys: Option<usize>,
     on_full: Option<OnFull>,
-    store: B,
-    state: Lazy<SharedState<E, B>>,
 }
 
 /// The state of a layer, built once, shared by every service it makes.
@@ -50,7 +57,7 @@ type SharedState<E, B> = Shared<E, <B as Backend<<E as KeyExtractor>::Key>>::Lim
 impl<E: KeyExtractor + fmt::Debug, B: Backend<E::Key>> fmt::Debug for RateLimitLayer<E, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("policies", &self.policies)
+            .field("policies", &self.settings.policies)
             .field("extractor", &self.common.extractor)
             .finish_non_exhaustive()
     }
@@ -65,18 +72,20 @@ impl RateLimitLayer<Global> {
         let mut common = Common::new(Global);
         common.note("policy", policy.validate());
         RateLimitLayer {
-            policies: vec![policy],
+            settings: Settings {
+                policies: vec![policy],
+                select: None,
+                cost: None,
+                skip: None,
+                skip_methods: Vec::new(),
+                skip_paths: Vec::new(),
+                headers: true,
+                legacy_headers: false,
+                clock: None,
+                max_keys: None,
+                on_full: None,
+            },
             common,
-            select: None,
-            cost: None,
-            skip: None,
-            skip_methods: Vec::new(),
-            skip_paths: Vec::new(),
-            headers: true,
-            legacy_headers: false,
-            clock: None,
-            max_keys: None,
-            on_full: None,
             store: Memory,
             state: Lazy::default(),
         }
@@ -100,18 +109,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         B: Backend<E2::Key>,
     {
         RateLimitLayer {
-            policies: self.policies,
+            settings: self.settings,
             common: self.common.rekey(extractor),
-            select: self.select,
-            cost: self.cost,
-            skip: self.skip,
-            skip_methods: self.skip_methods,
-            skip_paths: self.skip_paths,
-            headers: self.headers,
-            legacy_headers: self.legacy_headers,
-            clock: self.clock,
-            max_keys: self.max_keys,
-            on_full: self.on_full,
             store: self.store,
             state: Lazy::default(),
         }
@@ -129,18 +128,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     /// reported by [`validate`](Self::validate) and when the layer is applied.
     pub fn store<B2: Backend<E::Key>>(self, store: B2) -> RateLimitLayer<E, B2> {
         RateLimitLayer {
-            policies: self.policies,
+            settings: self.settings,
             common: self.common,
-            select: self.select,
-            cost: self.cost,
-            skip: self.skip,
-            skip_methods: self.skip_methods,
-            skip_paths: self.skip_paths,
-            headers: self.headers,
-            legacy_headers: self.legacy_headers,
-            clock: self.clock,
-            max_keys: self.max_keys,
-            on_full: self.on_full,
             store,
             state: Lazy::default(),
         }
@@ -149,8 +138,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     /// Adds a quota to the default policy; all its quotas are decided together (at most 4).
     #[track_caller]
     pub fn quota(mut self, quota: crate::Quota) -> Self {
-        self.policies[0].quotas.push(quota);
-        self.common.note("policy", self.policies[0].validate());
+        self.settings.policies[0].quotas.push(quota);
+        self.common.note("policy", self.settings.policies[0].validate());
         self.changed()
     }
 
@@ -158,8 +147,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     /// of the Redis keys). See [`Policy`] for how its quotas are named.
     #[track_caller]
     pub fn name(mut self, name: impl Into<std::borrow::Cow<'static, str>>) -> Self {
-        self.policies[0] = self.policies[0].clone().renamed(name.into());
-        self.common.note("policy", self.policies[0].validate());
+        self.settings.policies[0] = self.settings.policies[0].clone().renamed(name.into());
+        self.common.note("policy", self.settings.policies[0].validate());
         self.changed()
     }
 
@@ -180,11 +169,11 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     #[track_caller]
     pub fn tier(mut self, policy: Policy) -> Self {
         let mut valid = policy.validate();
-        if self.policies.iter().any(|p| p.name == policy.name) {
+        if self.settings.policies.iter().any(|p| p.name == policy.name) {
             valid = Err(ConfigError::DuplicateTier(policy.name.to_string()));
         }
         self.common.note_added("tier", valid);
-        self.policies.push(policy);
+        self.settings.policies.push(policy);
         self.changed()
     }
 
@@ -219,7 +208,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         let select = move |head: &RequestHead<'_>, find: &dyn Fn(&str) -> Option<usize>| {
             f(head).and_then(|name| find(name.as_ref()))
         };
-        self.select = Some(Arc::new(select));
+        self.settings.select = Some(Arc::new(select));
         self.changed()
     }
 
@@ -228,7 +217,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     where
         F: Fn(&RequestHead<'_>) -> u32 + Send + Sync + 'static,
     {
-        self.cost = Some(Arc::new(f));
+        self.settings.cost = Some(Arc::new(f));
         self.changed()
     }
 
@@ -237,19 +226,19 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     where
         F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
     {
-        self.skip = Some(Arc::new(f));
+        self.settings.skip = Some(Arc::new(f));
         self.changed()
     }
 
     /// Lets requests with this method through without counting them (e.g. `OPTIONS`).
     pub fn skip_method(mut self, method: Method) -> Self {
-        self.skip_methods.push(method);
+        self.settings.skip_methods.push(method);
         self.changed()
     }
 
     /// Lets requests for exactly this path through without counting them (e.g. `/health`).
     pub fn skip_path(mut self, path: impl Into<String>) -> Self {
-        self.skip_paths.push(path.into());
+        self.settings.skip_paths.push(path.into());
         self.changed()
     }
 
@@ -268,20 +257,20 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
 
     /// Whether to add `RateLimit-Policy` and `RateLimit` to responses (default: yes).
     pub fn ratelimit_headers(mut self, on: bool) -> Self {
-        self.headers = on;
+        self.settings.headers = on;
         self.changed()
     }
 
     /// Whether to add the legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset` (default: no).
     pub fn legacy_headers(mut self, on: bool) -> Self {
-        self.legacy_headers = on;
+        self.settings.legacy_headers = on;
         self.changed()
     }
 
     /// Decides with `clock` (e.g. [`Clock::tokio`] under a paused test clock). With Redis, the
     /// clock's time is sent to the server instead of its own `TIME` (for tests).
     pub fn clock(mut self, clock: Clock) -> Self {
-        self.clock = Some(clock);
+        self.settings.clock = Some(clock);
         self.changed()
     }
 
@@ -296,7 +285,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             Ok(())
         };
         self.common.note("max_keys", valid);
-        self.max_keys = Some(max_keys);
+        self.settings.max_keys = Some(max_keys);
         self.changed()
     }
 
@@ -304,7 +293,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     ///
     /// Memory store only: on Redis (see [`store`](Self::store)) the setting is an error.
     pub fn on_full(mut self, on_full: OnFull) -> Self {
-        self.on_full = Some(on_full);
+        self.settings.on_full = Some(on_full);
         self.changed()
     }
 
@@ -342,9 +331,9 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         E: Clone,
     {
         let core = self.common.core()?;
-        let mut tiers: Vec<Tier> = Vec::with_capacity(self.policies.len());
-        let mut limiters = Vec::with_capacity(self.policies.len());
-        for policy in &self.policies {
+        let mut tiers: Vec<Tier> = Vec::with_capacity(self.settings.policies.len());
+        let mut limiters = Vec::with_capacity(self.settings.policies.len());
+        for policy in &self.settings.policies {
             policy.validate()?;
             if tiers.iter().any(|t| *t.name == *policy.name) {
                 return Err(ConfigError::DuplicateTier(policy.name.to_string()));
@@ -352,9 +341,9 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             limiters.push(self.store.make_limiter(
                 &policy.name,
                 &policy.quotas,
-                self.clock.as_ref(),
-                self.max_keys,
-                self.on_full,
+                self.settings.clock.as_ref(),
+                self.settings.max_keys,
+                self.settings.on_full,
             )?);
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
@@ -367,14 +356,14 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             answers: Arc::new(Answers {
                 tiers: tiers.into_boxed_slice(),
                 on_reject: self.common.on_reject.clone(),
-                headers: self.headers,
-                legacy_headers: self.legacy_headers,
+                headers: self.settings.headers,
+                legacy_headers: self.settings.legacy_headers,
             }),
-            select: self.select.clone(),
-            cost: self.cost.clone(),
-            skip: self.skip.clone(),
-            skip_methods: self.skip_methods.clone().into_boxed_slice(),
-            skip_paths: self.skip_paths.clone().into_boxed_slice(),
+            select: self.settings.select.clone(),
+            cost: self.settings.cost.clone(),
+            skip: self.settings.skip.clone(),
+            skip_methods: self.settings.skip_methods.clone().into_boxed_slice(),
+            skip_paths: self.settings.skip_paths.clone().into_boxed_slice(),
             unknown_tier_logged: AtomicBool::new(false),
         })
     }
