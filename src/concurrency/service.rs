@@ -58,7 +58,7 @@ impl<E: KeyExtractor> Shared<E> {
             }
             _ => {
                 let wait = Some(self.retry_after);
-                self.core.reject(kind, self.status, wait, None, policy)
+                self.core.reject(kind, self.status, wait, policy)
             }
         };
         if let Some(policy) = &self.policy {

@@ -16,7 +16,6 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 
 use crate::error::ConfigError;
-use crate::gcra::Decision;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, MissingKey, RequestHead};
 use crate::response::{self, OnReject, RejectionKind};
@@ -169,34 +168,27 @@ impl<E: KeyExtractor> Core<E> {
         }
     }
 
-    /// The response to a request turned away: the hook's, or the default one.
-    ///
-    /// A request without a key gets no `Retry-After` (waiting does not give it one).
+    /// The response to a request turned away without a rate-limit decision (no key, a full
+    /// queue, a concurrency limit): the hook's, or the default one.
     pub(crate) fn reject<B: From<Bytes>>(
         &self,
         kind: RejectionKind,
         status: StatusCode,
         retry_after: Option<Duration>,
-        decision: Option<&Decision>,
         policy: Option<&str>,
     ) -> Response<B> {
-        response::respond(
-            self.on_reject.as_ref(),
-            kind,
-            status,
-            retry_after,
-            decision,
-            policy,
-        )
+        let hook = self.on_reject.as_ref();
+        response::respond(hook, kind, status, retry_after, None, policy)
     }
 
-    /// The response to a request without a key, when the policy rejects it.
+    /// The response to a request without a key, when the policy rejects it: no
+    /// `Retry-After`, since waiting does not give it one.
     pub(crate) fn reject_missing<B: From<Bytes>>(
         &self,
         status: StatusCode,
         policy: Option<&str>,
     ) -> Response<B> {
-        self.reject(RejectionKind::MissingKey, status, None, None, policy)
+        self.reject(RejectionKind::MissingKey, status, None, policy)
     }
 }
 

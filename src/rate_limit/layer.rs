@@ -139,7 +139,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     #[track_caller]
     pub fn quota(mut self, quota: crate::Quota) -> Self {
         self.settings.policies[0].quotas.push(quota);
-        self.common.note("policy", self.settings.policies[0].validate());
+        self.common
+            .note("policy", self.settings.policies[0].validate());
         self.changed()
     }
 
@@ -148,7 +149,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     #[track_caller]
     pub fn name(mut self, name: impl Into<std::borrow::Cow<'static, str>>) -> Self {
         self.settings.policies[0] = self.settings.policies[0].clone().renamed(name.into());
-        self.common.note("policy", self.settings.policies[0].validate());
+        self.common
+            .note("policy", self.settings.policies[0].validate());
         self.changed()
     }
 

@@ -92,7 +92,6 @@ where
                     RejectionKind::QueueFull,
                     StatusCode::TOO_MANY_REQUESTS,
                     Some(full.retry_after()),
-                    None,
                     Some(&shared.name),
                 );
                 if let Some(h) = shared.headers(&room) {
