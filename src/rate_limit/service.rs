@@ -39,6 +39,7 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
         let (tier, key, cost) = match shared.prepare(&RequestHead::new(&req)) {
@@ -51,12 +52,27 @@ where
                 Ok(headers) => ResponseFuture::inner(self.inner.call(req), headers),
                 Err(resp) => ResponseFuture::ready(resp),
             },
-            Answer::Later(later) => {
-                // The service that was polled ready is the one that will be called.
-                let (service, later) = B::hand_over(&mut self.inner, later);
-                let answers = shared.answers.clone();
-                ResponseFuture::later(later, answers, tier, req, service)
-            }
+            Answer::Later(later) => self.later(later, tier, req),
         }
+    }
+}
+
+impl<S, E: KeyExtractor, B: Backend<E::Key>> RateLimit<S, E, B> {
+    /// A decision that waits for the store: the service that was polled ready goes with the
+    /// request, to be called once the decision admits it.
+    #[inline(never)]
+    fn later<ReqBody>(
+        &mut self,
+        later: B::Later,
+        tier: usize,
+        req: Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody, B::Later>
+    where
+        S: Service<Request<ReqBody>>,
+        B: Handover<E::Key, S>,
+    {
+        let (service, later) = B::hand_over(&mut self.inner, later);
+        let answers = self.shared.answers.clone();
+        ResponseFuture::later(later, answers, tier, req, service)
     }
 }
