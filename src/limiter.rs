@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,14 +79,15 @@ enum Store<K> {
 /// Builds a [`RateLimiter`].
 #[derive(Debug, Clone)]
 #[must_use]
-pub struct RateLimiterBuilder {
+pub struct RateLimiterBuilder<K> {
+    key: PhantomData<fn() -> K>,
     quotas: Vec<Quota>,
     clock: Option<Clock>,
     max_keys: usize,
     on_full: OnFull,
 }
 
-impl RateLimiterBuilder {
+impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
     /// Adds a quota, decided together with the others (at most 4).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);
@@ -115,7 +117,7 @@ impl RateLimiterBuilder {
     /// # Panics
     /// When the configuration is invalid; see [`try_build`](Self::try_build).
     #[track_caller]
-    pub fn build<K: Hash + Eq + Clone + Send + Sync>(self) -> RateLimiter<K> {
+    pub fn build(self) -> RateLimiter<K> {
         match self.try_build() {
             Ok(l) => l,
             Err(e) => panic!("tollgate: {e}"),
@@ -123,9 +125,7 @@ impl RateLimiterBuilder {
     }
 
     /// Builds the limiter, or says which setting is wrong.
-    pub fn try_build<K: Hash + Eq + Clone + Send + Sync>(
-        self,
-    ) -> Result<RateLimiter<K>, ConfigError> {
+    pub fn try_build(self) -> Result<RateLimiter<K>, ConfigError> {
         if self.quotas.is_empty() {
             return Err(ConfigError::NoQuota);
         }
@@ -220,8 +220,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     }
 
     /// Starts a builder with a first quota.
-    pub fn builder(quota: Quota) -> RateLimiterBuilder {
+    pub fn builder(quota: Quota) -> RateLimiterBuilder<K> {
         RateLimiterBuilder {
+            key: PhantomData,
             quotas: vec![quota],
             clock: None,
             max_keys: DEFAULT_MAX_KEYS,

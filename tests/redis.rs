@@ -546,7 +546,7 @@ async fn rates_finer_than_a_microsecond_are_a_configuration_error() {
         store.clone(),
         Quota::new(2_000, Duration::from_millis(1)),
     )
-    .try_build::<u64>()
+    .try_build()
     .unwrap_err();
     assert!(
         matches!(err, tollgate::ConfigError::RateTooHighForStore { .. }),
@@ -556,7 +556,29 @@ async fn rates_finer_than_a_microsecond_are_a_configuration_error() {
     assert!(
         RedisRateLimiter::<u64>::builder(store, Quota::per_second(1_000_000))
             .quota(Quota::per_second(3))
-            .try_build::<u64>()
+            .try_build()
             .is_ok()
     );
+}
+
+#[tokio::test]
+async fn memory_bounds_on_a_redis_layer_are_an_error_in_either_order() {
+    use tollgate::{store::OnFull, ConfigError, RateLimitLayer};
+    let store = RedisStore::open("redis://127.0.0.1:1").unwrap();
+    let before = RateLimitLayer::new(Quota::per_second(1))
+        .max_keys(10)
+        .store(store.clone());
+    assert_eq!(
+        before.validate().unwrap_err(),
+        ConfigError::MemoryOnly("max_keys")
+    );
+    let after = RateLimitLayer::new(Quota::per_second(1))
+        .store(store.clone())
+        .on_full(OnFull::default());
+    assert_eq!(
+        after.validate().unwrap_err(),
+        ConfigError::MemoryOnly("on_full")
+    );
+    let plain = RateLimitLayer::new(Quota::per_second(1)).store(store);
+    assert!(plain.validate().is_ok());
 }

@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -101,14 +102,15 @@ struct Inner<K> {
 /// Builds a [`RedisRateLimiter`].
 #[derive(Debug, Clone)]
 #[must_use]
-pub struct RedisRateLimiterBuilder {
+pub struct RedisRateLimiterBuilder<K> {
+    key: PhantomData<fn() -> K>,
     store: RedisStore,
     quotas: Vec<Quota>,
     name: Cow<'static, str>,
     clock: Option<Clock>,
 }
 
-impl RedisRateLimiterBuilder {
+impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     /// Adds a quota, decided together with the others (at most 4).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);
@@ -136,7 +138,7 @@ impl RedisRateLimiterBuilder {
     /// # Panics
     /// When the configuration is invalid; see [`try_build`](Self::try_build).
     #[track_caller]
-    pub fn build<K: RedisKey + Hash + Eq + Clone + Send + Sync>(self) -> RedisRateLimiter<K> {
+    pub fn build(self) -> RedisRateLimiter<K> {
         match self.try_build() {
             Ok(l) => l,
             Err(e) => panic!("tollgate: {e}"),
@@ -144,9 +146,7 @@ impl RedisRateLimiterBuilder {
     }
 
     /// Builds the limiter, or says which setting is wrong.
-    pub fn try_build<K: RedisKey + Hash + Eq + Clone + Send + Sync>(
-        self,
-    ) -> Result<RedisRateLimiter<K>, ConfigError> {
+    pub fn try_build(self) -> Result<RedisRateLimiter<K>, ConfigError> {
         if self.quotas.is_empty() {
             return Err(ConfigError::NoQuota);
         }
@@ -206,8 +206,9 @@ fn micros(q: &Quota) -> Result<Gcra, ConfigError> {
 
 impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// Starts a builder on `store` with a first quota.
-    pub fn builder(store: RedisStore, quota: Quota) -> RedisRateLimiterBuilder {
+    pub fn builder(store: RedisStore, quota: Quota) -> RedisRateLimiterBuilder<K> {
         RedisRateLimiterBuilder {
+            key: PhantomData,
             store,
             quotas: vec![quota],
             name: Cow::Borrowed("default"),
@@ -384,12 +385,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             }
             quotas[i] = state;
         }
-        Some(Decision {
+        Some(Decision::from_store(
             outcome,
-            retry_after: ns(r[1])?,
-            len: gcras.len() as u8,
-            degraded: false,
-            quotas,
-        })
+            ns(r[1])?,
+            &quotas[..gcras.len().min(MAX_QUOTAS)],
+        ))
     }
 }

@@ -269,22 +269,46 @@ fn log(line: &Line, error: Option<(&dyn fmt::Display, FailMode)>) {
     }
 }
 
-impl crate::store::sealed::Sealed for RedisStore {}
+impl crate::rate_limit::store::sealed::Sealed for RedisStore {}
 
-impl<K> crate::store::Backend<K> for RedisStore
+/// A decision waiting for Redis.
+type Later = std::pin::Pin<Box<dyn std::future::Future<Output = crate::Decision> + Send>>;
+
+impl<K> crate::rate_limit::Backend<K> for RedisStore
 where
     K: super::RedisKey + std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     type Limiter = super::RedisRateLimiter<K>;
+    type Later = Later;
+
+    /// Now when the cache of known rejections already knows (no round trip, no clone of the
+    /// inner service); later, after the round trip, otherwise.
+    fn decide(limiter: &Self::Limiter, key: K, cost: u32) -> crate::rate_limit::Answer<Later> {
+        let now = limiter.now();
+        if let Some(decision) = limiter.local(&key, cost, now) {
+            return crate::rate_limit::Answer::Now(decision);
+        }
+        let limiter = limiter.clone();
+        crate::rate_limit::Answer::Later(Box::pin(
+            async move { limiter.remote(&key, cost, now).await },
+        ))
+    }
 
     fn make_limiter(
         &self,
         name: &str,
         quotas: &[crate::Quota],
         clock: Option<&crate::Clock>,
-        _max_keys: usize,
-        _on_full: crate::store::OnFull,
+        max_keys: Option<usize>,
+        on_full: Option<crate::store::OnFull>,
     ) -> Result<Self::Limiter, crate::ConfigError> {
+        // Redis expires idle keys itself: a bound meant for memory must not pass unnoticed.
+        if max_keys.is_some() {
+            return Err(crate::ConfigError::MemoryOnly("max_keys"));
+        }
+        if on_full.is_some() {
+            return Err(crate::ConfigError::MemoryOnly("on_full"));
+        }
         let (first, rest) = quotas.split_first().ok_or(crate::ConfigError::NoQuota)?;
         let mut builder = super::RedisRateLimiter::<K>::builder(self.clone(), first.clone())
             .name(name.to_owned());
@@ -295,5 +319,16 @@ where
             builder = builder.clock(clock.clone());
         }
         builder.try_build()
+    }
+}
+
+impl<K, S> crate::rate_limit::Handover<K, S> for RedisStore
+where
+    K: super::RedisKey + std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    S: Clone,
+{
+    fn hand_over(inner: &mut S, later: Later) -> (S, Later) {
+        let clone = inner.clone();
+        (std::mem::replace(inner, clone), later)
     }
 }
