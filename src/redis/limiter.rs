@@ -60,7 +60,11 @@ const MICRO: u64 = 1_000;
 /// # Round trips
 /// One `EVALSHA` per decision, except for rejections already known: once Redis has rejected a
 /// request of some cost for a key until a time, requests of that cost or more for that key are
-/// rejected locally until then (exact, since stored times only grow). See
+/// rejected locally until then, or for at most the store's
+/// [`deny_cache_max_age`](RedisStore::deny_cache_max_age) (1 s by default) if that comes first.
+/// While Redis keeps the key this is exact (its stored times only grow); after Redis lost the
+/// key's state (restart without persistence, `FLUSHALL`, eviction, failover), a limiter may
+/// still reject for up to that age what Redis would admit, never longer. See
 /// [`local_rejections`](Self::local_rejections).
 pub struct RedisRateLimiter<K> {
     inner: Arc<Inner<K>>,
@@ -168,7 +172,9 @@ impl RedisRateLimiterBuilder {
         key_prefix.extend_from_slice(self.name.as_bytes());
         key_prefix.push(b':');
         let clock = self.clock.unwrap_or_default();
-        let deny = (self.store.deny_cache > 0).then(|| DenyCache::new(self.store.deny_cache));
+        let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
+        let deny = (self.store.deny_cache > 0 && max_age > 0)
+            .then(|| DenyCache::new(self.store.deny_cache, max_age));
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 name: self.name.as_ref().into(),

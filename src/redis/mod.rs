@@ -54,4 +54,7 @@ mod store;
 
 pub use key::RedisKey;
 pub use limiter::{RedisRateLimiter, RedisRateLimiterBuilder};
-pub use store::{FailMode, RedisStore, DEFAULT_DENY_CACHE, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
+pub use store::{
+    FailMode, RedisStore, DEFAULT_DENY_CACHE, DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_PREFIX,
+    DEFAULT_TIMEOUT,
+};
