@@ -166,6 +166,67 @@ async fn a_multi_quota_key_is_decided_through_a_cluster_connection() {
     assert!(used_nodes.len() > 1, "keys spread over the masters");
 }
 
+/// CRC16/XMODEM of `bytes`, modulo 16384: the slot Redis Cluster gives a name without a tag.
+fn slot_of_whole_name(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+#[tokio::test]
+async fn client_bytes_never_choose_the_cluster_slot() {
+    // The reference value of the Redis Cluster specification.
+    assert_eq!(slot_of_whole_name(b"123456789"), 0x31C3);
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let store = RedisStore::connect_cluster(urls.iter().map(String::as_str))
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2));
+    let limiter = RedisRateLimiter::<String>::builder(store, Quota::per_hour(3))
+        .quota(Quota::per_second(10).burst(2))
+        .name("api")
+        .build();
+    let keyslot = |name: &str| -> u16 {
+        let out = cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", name]).unwrap();
+        out.trim().parse().unwrap()
+    };
+    let hot = keyslot("hot");
+    let mut slots = std::collections::BTreeSet::new();
+    let mut nodes = std::collections::BTreeSet::new();
+    // A client sends keys that would all be tagged `{hot}`.
+    for i in 0..30 {
+        let key = format!("{{hot}}{i}");
+        let d = limiter.check_n(&key, 2).await;
+        assert!(d.is_allowed() && !d.is_degraded(), "{d:?}");
+        // Both quotas live in the one Redis key: one slot for all of them.
+        assert_eq!(d.states().len(), 2);
+        let name = String::from_utf8(limiter.redis_key(&key)).unwrap();
+        assert_eq!(name, format!("tollgate:3:api:{{}}{{hot}}{i}"));
+        // Redis hashes the whole name, as the specification says for an empty first tag.
+        let slot = keyslot(&name);
+        assert_eq!(slot, slot_of_whole_name(name.as_bytes()), "{name}");
+        slots.insert(slot);
+        let node = cluster
+            .nodes
+            .iter()
+            .position(|n| n.cli(&["EXISTS", &name]).is_some_and(|o| o.trim() == "1"));
+        nodes.insert(node.expect("the key is on one node"));
+    }
+    assert!(!slots.contains(&hot));
+    assert_eq!(slots.len(), 30);
+    assert_eq!(nodes.len(), 3);
+}
+
 #[tokio::test]
 async fn the_deny_cache_answers_known_rejections_without_a_round_trip() {
     let server = RedisServer::start();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::deny::DenyCache;
-use super::key::RedisKey;
+use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
 use super::store::{Arg, FailMode, RedisStore, RETRY_WHEN_UNAVAILABLE};
 use crate::clock::Clock;
 use crate::error::ConfigError;
@@ -50,8 +50,10 @@ const MICRO: u64 = 1_000;
 ///
 /// # Keys
 /// The Redis key of a limiter key is `<prefix><name length>:<name>:<key>` (see [`RedisKey`]),
-/// e.g. `tollgate:3:api:42`; it holds the times of all the policy's quotas, and expires when
-/// the key is back to its full burst.
+/// e.g. `tollgate:3:api:42`; it holds the times of all the policy's quotas (so they share one
+/// Cluster slot), and expires when the key is back to its full burst. The bytes of a key never
+/// form a Cluster hash tag: a key with a `{` is written after `{}`, so Redis hashes the whole
+/// name ([`RedisKey`] says more).
 ///
 /// # When Redis does not answer
 /// See [`FailMode`]: the decision is admitted or rejected as configured, and says
@@ -94,8 +96,10 @@ struct Inner<K> {
     /// The quotas rounded to whole microseconds, in nanoseconds.
     gcras: Box<[Gcra]>,
     store: RedisStore,
-    /// `<prefix><name length>:<name>:`.
+    /// `<prefix><name length>:<name>:`, with an unclosed `{` closed.
     key_prefix: Box<[u8]>,
+    /// How keys are kept from forming a Redis Cluster hash tag.
+    tag_guard: TagGuard,
     clock: Clock,
     /// Whether to send the clock's time to the script rather than use the server's `TIME`.
     local_time: bool,
@@ -171,6 +175,7 @@ impl RedisRateLimiterBuilder {
         key_prefix.push(b':');
         key_prefix.extend_from_slice(self.name.as_bytes());
         key_prefix.push(b':');
+        let tag_guard = guard_fixed_part(&mut key_prefix);
         let clock = self.clock.unwrap_or_default();
         let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
         let deny = (self.store.deny_cache > 0 && max_age > 0)
@@ -183,6 +188,7 @@ impl RedisRateLimiterBuilder {
                 local_time: !clock.is_system(),
                 clock,
                 key_prefix: key_prefix.into_boxed_slice(),
+                tag_guard,
                 store: self.store,
                 deny,
             }),
@@ -299,11 +305,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         self.inner.deny.as_ref().map_or(0, DenyCache::saved)
     }
 
-    /// The Redis key that holds the state of `key`.
+    /// The Redis key that holds the state of `key`: `<prefix><name length>:<name>:<key>`,
+    /// with `{}` before the key's bytes when they have a `{` (see [`RedisKey`] on hash tags).
     pub fn redis_key(&self, key: &K) -> Vec<u8> {
         let mut name = Vec::with_capacity(self.inner.key_prefix.len() + 32);
         name.extend_from_slice(&self.inner.key_prefix);
-        key.write_key(&mut name);
+        write_guarded(&mut name, key, self.inner.tag_guard);
         name
     }
 

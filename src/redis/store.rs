@@ -169,6 +169,9 @@ impl RedisStore {
 
     /// Prefixes every key with `prefix` (default `tollgate:`). Limiters that share a prefix,
     /// a policy name and a key share one limit, whichever instance they run in.
+    ///
+    /// With Redis Cluster, a hash tag in the prefix (`app{1}:`) puts every key in one slot,
+    /// on one node; without one, keys spread over the slots by their whole name.
     #[must_use]
     pub fn prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
         self.prefix = Arc::from(prefix.as_ref());
