@@ -78,6 +78,8 @@ pub mod response;
 pub mod shape;
 pub mod store;
 
+mod wait;
+
 #[cfg(feature = "axum")]
 mod axum_support;
 

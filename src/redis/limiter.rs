@@ -14,6 +14,7 @@ use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
 use crate::limiter::InsufficientCapacity;
 use crate::quota::Quota;
+use crate::wait::Lines;
 
 const MICRO: u64 = 1_000;
 
@@ -104,6 +105,8 @@ struct Inner<K> {
     /// Whether to send the clock's time to the script rather than use the server's `TIME`.
     local_time: bool,
     deny: Option<DenyCache<K>>,
+    /// The tasks of this process waiting in `until_ready_n`, in one line per key.
+    waiters: Lines<K>,
 }
 
 /// Builds a [`RedisRateLimiter`].
@@ -191,6 +194,7 @@ impl RedisRateLimiterBuilder {
                 tag_guard,
                 store: self.store,
                 deny,
+                waiters: Lines::default(),
             }),
         })
     }
@@ -258,6 +262,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// Waits with `tokio::time::sleep`, for the time Redis says (or one second while Redis is
     /// unavailable and the store fails closed).
     ///
+    /// # Fairness
+    /// As for [`RateLimiter::until_ready`](crate::RateLimiter::until_ready): the tasks of this
+    /// process waiting on one key stand in line, first come first served, and only the first
+    /// one asks Redis, so an admission costs one wake and a few round trips however many tasks
+    /// wait. Other instances and other callers take what Redis gives them.
+    ///
     /// # Cancellation safety
     /// Dropping the future while it sleeps consumes nothing; dropping it while a decision is
     /// on its way is as [`check`](Self::check).
@@ -272,6 +282,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// Waits until a request of `cost` for `key` is admitted.
     ///
     /// Returns [`InsufficientCapacity`] at once when `cost` is larger than a quota's burst.
+    /// Waits in the same line as [`until_ready`](Self::until_ready): a large cost at the head
+    /// is served before the smaller ones behind it.
     ///
     /// # Cancellation safety
     /// As [`until_ready`](Self::until_ready).
@@ -280,8 +292,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         key: &K,
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
+        let inner = &*self.inner;
         let check = || self.check_n(key, cost);
-        crate::limiter::wait_until_admitted(&self.inner.gcras, &self.inner.clock, cost, check).await
+        crate::wait::until_admitted(&inner.waiters, key, &inner.gcras, &inner.clock, cost, check)
+            .await
     }
 
     /// The quotas, in the order given.
