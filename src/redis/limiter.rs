@@ -263,14 +263,16 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// unavailable and the store fails closed).
     ///
     /// # Fairness
-    /// As for [`RateLimiter::until_ready`](crate::RateLimiter::until_ready): the tasks of this
-    /// process waiting on one key stand in line, first come first served, and only the first
-    /// one asks Redis, so an admission costs one wake and a few round trips however many tasks
-    /// wait. Other instances and other callers take what Redis gives them.
+    /// As for [`RateLimiter::until_ready`](crate::RateLimiter::until_ready): the tasks waiting
+    /// on one key through this limiter (or its clones) stand in line, first come first served,
+    /// and only the first one asks Redis, so an admission costs one wake and two round trips
+    /// however many tasks wait. Other instances and other callers are not in that line: they
+    /// take what Redis gives them.
     ///
     /// # Cancellation safety
-    /// Dropping the future while it sleeps consumes nothing; dropping it while a decision is
-    /// on its way is as [`check`](Self::check).
+    /// Dropping the future while it waits in line or sleeps consumes nothing, and the next task
+    /// in line moves up; dropping it while a decision is on its way is as
+    /// [`check`](Self::check).
     pub async fn until_ready(&self, key: &K) -> Decision {
         match self.until_ready_n(key, 1).await {
             Ok(d) => d,
