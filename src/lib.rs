@@ -90,6 +90,8 @@ pub mod response;
 pub mod shape;
 pub mod store;
 
+mod wait;
+
 #[cfg(feature = "axum")]
 mod axum_support;
 
