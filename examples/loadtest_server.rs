@@ -34,10 +34,10 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::{routing::get, Router};
+use axum_governor::nz;
 use tollgate::shape::ShapeLayer;
 use tollgate::{key, ConcurrencyLimitLayer, Quota, RateLimitLayer};
 use tower::limit::GlobalConcurrencyLimitLayer;
-use axum_governor::nz;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::PeerIpKeyExtractor;
 use tower_governor::GovernorLayer;
