@@ -6,10 +6,13 @@
 Inputs (any may be missing; their sections are then left out):
   target/loadtest/results.csv      round,config,requests_per_sec,non_2xx,requests,
                                    cpu_seconds,cpu_us_per_request
+  target/loadtest/callgrind.csv    config,instructions,requests,instructions_per_request
+                                   (scripts/callgrind_http)
   target/loadtest/memory.txt       output of examples/memory_per_key
   target/loadtest/shaping.csv      t_seconds,offered_per_sec,forwarded_per_sec
   target/loadtest/shaping.txt      output of benches/shape_realtime.rs
   target/loadtest/redis.txt        output of benches/redis.rs
+  target/loadtest/preface.md       a note on the run, pasted under the machine description
   docs/bench/notes.md              the analysis behind the figures, pasted as it is
   target/loadtest/extra.md         further sections, pasted as they are
 """
@@ -185,7 +188,10 @@ def main():
     lines = ["# Benchmarks", ""]
     lines += [
         "Written by `scripts/benchmarks` (do not edit by hand). Every figure below was measured",
-        "in one run on the machine described here; compare ratios, not absolute numbers.",
+        ("on the machine described here (see the note on the run below)"
+         if os.path.exists(os.path.join(OUT, "preface.md")) else
+         "in one run on the machine described here") +
+        "; compare ratios, not absolute numbers.",
         "",
         f"- Machine: {sh('nproc')} cores, {sh('uname -m')}, "
         f"{cpu}",
@@ -193,6 +199,9 @@ def main():
         f"- Load tool: {sh('wrk -v 2>&1 | head -n1') or 'wrk'}",
         "",
     ]
+    preface = os.path.join(OUT, "preface.md")
+    if os.path.exists(preface):
+        lines += [open(preface).read().strip(), ""]
     res = os.path.join(OUT, "results.csv")
     if os.path.exists(res):
         table, items, rounds = http_table(res)
@@ -217,6 +226,31 @@ def main():
             "ns",
         )
         lines += ["", "![server CPU per request](docs/bench/http.svg)", ""]
+    cg = os.path.join(OUT, "callgrind.csv")
+    if os.path.exists(cg):
+        per = {r["config"]: int(r["instructions_per_request"]) for r in csv.DictReader(open(cg))}
+
+        def base(c):
+            return "plain_429" if c.endswith("_429") and c != "plain_429" else "bare"
+
+        lines += [
+            "## Instructions per request",
+            "",
+            "The same server under `valgrind --tool=callgrind`, counters zeroed after a warm-up",
+            "and dumped after a `wrk -c1` run: instructions divided by the requests served.",
+            "They move by about 1% from run to run (every request pays one wake-up of the server;",
+            "the periodic work of the runtime is shared among fewer requests when the machine is busy).",
+            "Command: `scripts/callgrind_http` (profiles in `target/callgrind/`).",
+            "",
+            "| configuration | instructions per request | ratio |",
+            "|---|---:|---:|",
+        ]
+        order = [c for c in LABELS if c in per] + [c for c in per if c not in LABELS]
+        for c in order:
+            b = base(c)
+            ratio = f"{per[c] / per[b]:.3f} x {'429' if b == 'plain_429' else 'bare'}" if b in per else "-"
+            lines.append(f"| {LABELS.get(c, c)} (`{c}`) | {per[c]:,} | {ratio} |")
+        lines.append("")
     mem = os.path.join(OUT, "memory.txt")
     if os.path.exists(mem):
         lines += [
@@ -232,29 +266,30 @@ def main():
             "",
         ]
     shp = os.path.join(OUT, "shaping.csv")
-    if os.path.exists(shp):
-        rows = list(csv.DictReader(open(shp)))
-        xs = [float(r["t_seconds"]) for r in rows]
-        line_chart(
-            os.path.join(PLOTS, "shaping.svg"),
-            "Shaped output against its input",
-            xs,
-            [
-                ("offered", [float(r["offered_per_sec"]) for r in rows], "#999999"),
-                ("forwarded", [float(r["forwarded_per_sec"]) for r in rows], "#337ab7"),
-            ],
-            "req/s",
-        )
+    txt = os.path.join(OUT, "shaping.txt")
+    if os.path.exists(shp) or os.path.exists(txt):
+        if os.path.exists(shp):
+            rows = list(csv.DictReader(open(shp)))
+            xs = [float(r["t_seconds"]) for r in rows]
+            line_chart(
+                os.path.join(PLOTS, "shaping.svg"),
+                "Shaped output against its input",
+                xs,
+                [
+                    ("offered", [float(r["offered_per_sec"]) for r in rows], "#999999"),
+                    ("forwarded", [float(r["forwarded_per_sec"]) for r in rows], "#337ab7"),
+                ],
+                "req/s",
+            )
         lines += [
             "## Shaping precision",
             "",
             "A `ShapeLayer` at 200/s on loopback, driven at 400/s for 10 s with real time",
             "(`SHAPING_CSV=target/loadtest/shaping.csv cargo bench --bench shape_realtime`).",
             "",
-            "![shaped output](docs/bench/shaping.svg)",
-            "",
         ]
-        txt = os.path.join(OUT, "shaping.txt")
+        if os.path.exists(os.path.join(PLOTS, "shaping.svg")):
+            lines += ["![shaped output](docs/bench/shaping.svg)", ""]
         if os.path.exists(txt):
             lines += ["```text", open(txt).read().strip(), "```", ""]
     rds = os.path.join(OUT, "redis.txt")
