@@ -101,7 +101,7 @@ async fn an_api_key_that_reads_like_an_address_never_spends_that_address_bucket(
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
-        assert_eq!(header(&resp, "ratelimit"), Some(r#""default";r=2;t=1200"#));
+        assert_eq!(header(&resp, "ratelimit"), Some(r#""3-per-1h";r=2;t=1200"#));
     }
     attack(plain).await;
     attack(mapped).await;
@@ -350,7 +350,7 @@ async fn header_integers_never_exceed_fifteen_digits() {
     assert_sf_integers(&resp);
     assert_eq!(
         header(&resp, "ratelimit-policy"),
-        Some(r#""shape";q=10;w=1"#)
+        Some(r#""shape-10-per-1s";q=10;w=1"#)
     );
 
     // A concurrency limit of 2^60: q is clamped.
@@ -589,9 +589,9 @@ fn policy_window_states_the_enforced_rate() {
 #[tokio::test(start_paused = true)]
 async fn the_policy_field_of_rounded_intervals_states_the_rate() {
     for (quota, expected) in [
-        (Quota::per_second(3), r#""default";q=3;w=1"#),
-        (Quota::per_minute(7), r#""default";q=7;w=60"#),
-        (Quota::per_second(100).burst(1), r#""default";q=100;w=1"#),
+        (Quota::per_second(3), r#""3-per-1s";q=3;w=1"#),
+        (Quota::per_minute(7), r#""7-per-1m";q=7;w=60"#),
+        (Quota::per_second(100).burst(1), r#""100-per-1s";q=100;w=1"#),
     ] {
         let svc = ServiceBuilder::new()
             .layer(RateLimitLayer::new(quota).clock(Clock::tokio()))
