@@ -103,9 +103,15 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
-    /// Moves the clock forward by `by`.
+    /// Moves the clock forward by `by`, stopping at the end of its range (`u64::MAX`
+    /// nanoseconds, about 584 years) instead of wrapping round to the past.
     pub fn advance(&self, by: Duration) {
-        self.now.fetch_add(saturating_nanos(by), Ordering::AcqRel);
+        let by = saturating_nanos(by);
+        let _ = self
+            .now
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                Some(now.saturating_add(by))
+            });
     }
 
     /// Sets the clock to `at` since its epoch, backwards too: for tests of a clock that steps

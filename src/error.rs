@@ -54,6 +54,16 @@ pub enum ConfigError {
     ZeroMaxKeys,
     /// A name used in a header is not a valid structured-field string.
     InvalidName(String),
+    /// A name used in a header is longer than
+    /// [`MAX_NAME_LEN`](crate::headers::MAX_NAME_LEN) bytes.
+    NameTooLong {
+        /// The name's length in bytes.
+        len: usize,
+        /// The most allowed.
+        max: usize,
+    },
+    /// A header name given to a key extractor is not a valid header name.
+    InvalidHeaderName(String),
     /// A status code given for a rejection is not a client or server error.
     InvalidStatus(u16),
     /// A trusted-proxy entry could not be parsed as an address or CIDR range.
@@ -102,6 +112,13 @@ impl fmt::Display for ConfigError {
                 f,
                 "name {name:?} must be printable ASCII without '\"' or '\\\\' to appear in headers"
             ),
+            ConfigError::NameTooLong { len, max } => write!(
+                f,
+                "a name of {len} bytes is too long to appear in headers (at most {max})"
+            ),
+            ConfigError::InvalidHeaderName(name) => {
+                write!(f, "{name:?} is not a valid header name")
+            }
             ConfigError::InvalidStatus(code) => {
                 write!(f, "rejection status {code} is not a 4xx or 5xx status")
             }

@@ -201,14 +201,65 @@ impl Decision {
         self.outcome
     }
 
-    /// The burst of the quota with the fewest requests remaining.
+    /// The burst of the [most restrictive](Self::most_restrictive) quota; `u64::MAX` for an
+    /// [unlimited](Self::is_unlimited) request.
     pub fn limit(&self) -> u64 {
-        self.binding().limit()
+        match self.most_restrictive() {
+            Some(s) => s.limit(),
+            None => u64::MAX,
+        }
     }
 
-    /// Whole requests still admissible now: the least over all quotas.
+    /// Whole requests still admissible now: the least over all quotas; `u64::MAX` for an
+    /// [unlimited](Self::is_unlimited) request.
     pub fn remaining(&self) -> u64 {
-        self.binding().remaining()
+        match self.most_restrictive() {
+            Some(s) => s.remaining(),
+            None => u64::MAX,
+        }
+    }
+
+    /// The quota that binds the key most: the one with the fewest requests remaining, and among
+    /// those the one that takes longest to be back to its full burst (then the first listed).
+    /// This is the quota the legacy `X-RateLimit-*` fields describe. `None` for an
+    /// [unlimited](Self::is_unlimited) request.
+    pub fn most_restrictive(&self) -> Option<QuotaState> {
+        let mut best: Option<QuotaState> = None;
+        for s in self.states() {
+            let tighter = match &best {
+                None => true,
+                Some(b) => {
+                    (s.remaining(), std::cmp::Reverse(s.ahead))
+                        < (b.remaining(), std::cmp::Reverse(b.ahead))
+                }
+            };
+            if tighter {
+                best = Some(*s);
+            }
+        }
+        best
+    }
+
+    /// Whether the request passed a [`RateLimitLayer`](crate::RateLimitLayer) without being
+    /// decided: a skip rule (`skip_method`, `skip_path`, `skip_if`) or
+    /// [`MissingKey::Allow`](crate::MissingKey::Allow) let it through uncounted. Such a
+    /// decision is allowed, has no quota [`states`](Self::states), reports `u64::MAX` for
+    /// [`limit`](Self::limit) and [`remaining`](Self::remaining) and zero for
+    /// [`reset_after`](Self::reset_after).
+    #[inline]
+    pub fn is_unlimited(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The decision recorded for a request that a layer let through without deciding.
+    pub(crate) fn unlimited() -> Decision {
+        Decision {
+            outcome: Outcome::Allowed,
+            retry_after: 0,
+            len: 0,
+            degraded: false,
+            quotas: [QuotaState::default(); MAX_QUOTAS],
+        }
     }
 
     /// When [`Outcome::Limited`], how long until the same request would be admitted (the
@@ -221,7 +272,7 @@ impl Decision {
         }
     }
 
-    /// Time until every quota is back to its full burst.
+    /// Time until every quota is back to its full burst (the longest over the quotas).
     pub fn reset_after(&self) -> Duration {
         let max = self.states().iter().map(|s| s.ahead).max();
         Duration::from_nanos(max.unwrap_or(0))
@@ -299,13 +350,108 @@ impl Decision {
             quotas,
         }
     }
+}
 
-    fn binding(&self) -> QuotaState {
-        self.states()
-            .iter()
-            .copied()
-            .min_by_key(|s| s.remaining())
-            .unwrap_or_default()
+/// The decisions after the first, for a request admitted by several stacked layers.
+#[derive(Debug, Clone)]
+struct Stack(Vec<Decision>);
+
+/// Every decision that admitted a request, outermost layer first.
+///
+/// Each [`RateLimitLayer`](crate::RateLimitLayer) that admits a request records its
+/// [`Decision`] in the request's extensions; with layers stacked (a global limit outside a
+/// per-route one, say) the request carries one per layer. `Decision` alone is the innermost
+/// (the last made); `Decisions` is all of them, in the order they were made. A layer that let
+/// the request through without deciding (a skip rule, `MissingKey::Allow`) adds nothing here.
+///
+/// With the `axum` feature, a handler takes it as an extractor; otherwise read it from the
+/// request with [`Decisions::from_extensions`].
+///
+/// ```
+/// use tollgate::{Decisions, Quota, RateLimitLayer};
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # tokio_test_block_on(async {
+/// let handler = service_fn(|req: http::Request<()>| async move {
+///     let all = Decisions::from_extensions(req.extensions());
+///     let limits: Vec<u64> = all.iter().map(|d| d.limit()).collect();
+///     let body = bytes::Bytes::from(format!("{limits:?}"));
+///     Ok::<_, std::convert::Infallible>(http::Response::new(body))
+/// });
+/// let inner = RateLimitLayer::new(Quota::per_second(5)).layer(handler);
+/// let outer = RateLimitLayer::new(Quota::per_second(100)).layer(inner);
+/// let resp = outer.oneshot(http::Request::new(())).await.unwrap();
+/// assert_eq!(resp.body(), "[100, 5]".as_bytes());
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decisions(Vec<Decision>);
+
+impl Decisions {
+    /// The decisions recorded in `ext` (a request's extensions), outermost first; empty when
+    /// no layer decided the request.
+    pub fn from_extensions(ext: &http::Extensions) -> Self {
+        if let Some(stack) = ext.get::<Stack>() {
+            return Decisions(stack.0.clone());
+        }
+        match ext.get::<Decision>() {
+            Some(d) if !d.is_unlimited() => Decisions(vec![*d]),
+            _ => Decisions(Vec::new()),
+        }
+    }
+
+    /// The decisions, outermost first.
+    pub fn as_slice(&self) -> &[Decision] {
+        &self.0
+    }
+
+    /// The decisions, outermost first.
+    pub fn iter(&self) -> std::slice::Iter<'_, Decision> {
+        self.0.iter()
+    }
+
+    /// How many layers decided the request.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no layer decided the request.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<'a> IntoIterator for &'a Decisions {
+    type Item = &'a Decision;
+    type IntoIter = std::slice::Iter<'a, Decision>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+/// Records in `ext` that a layer admitted the request with `d`: `d` becomes the request's
+/// [`Decision`], and joins the [`Decisions`] of the layers outside.
+pub(crate) fn record_admitted(ext: &mut http::Extensions, d: Decision) {
+    let Some(prev) = ext.insert(d) else { return };
+    if prev.is_unlimited() {
+        return;
+    }
+    match ext.get_mut::<Stack>() {
+        Some(stack) => stack.0.push(d),
+        None => {
+            ext.insert(Stack(vec![prev, d]));
+        }
+    }
+}
+
+/// Records in `ext` that a layer let the request through without deciding, unless a layer
+/// outside already decided it (whose decision then stands).
+pub(crate) fn record_unlimited(ext: &mut http::Extensions) {
+    if ext.get::<Decision>().is_none() {
+        ext.insert(Decision::unlimited());
     }
 }
 

@@ -5,10 +5,34 @@
 //!
 //! | field | parameter | value |
 //! |---|---|---|
-//! | `RateLimit-Policy` | `q` | the burst: requests an idle client may send at once |
-//! | `RateLimit-Policy` | `w` | seconds to earn the whole burst back (`burst × T`, rounded up), so `q/w` is the rate |
+//! | `RateLimit-Policy` | `q`, `w` | `q` requests per `w` seconds: the quota's rate, exactly (see below) |
 //! | `RateLimit` | `r` | whole requests still admissible now |
 //! | `RateLimit` | `t` | seconds until the quota is back to its full burst (rounded up) |
+//!
+//! `q` and `w` are chosen so that `q / w` is the rate the quota enforces, `count / period`,
+//! wherever a whole number of seconds allows it ([`policy_window`]):
+//!
+//! 1. **Burst form.** When the burst period `burst × period / count` is a whole number of
+//!    seconds, `q` = the burst and `w` = the burst period: an idle client may send `q` at once,
+//!    and `q / w` is the rate (`per_second(10)`: `q=10;w=1`; `per_second(10).burst(20)`:
+//!    `q=20;w=2`; `per_minute(7)`: `q=7;w=60`).
+//! 2. **Rate form.** Otherwise, the smallest whole `w` for which `w × count / period` is whole,
+//!    with `q` = that number (`per_second(100).burst(1)`: `q=100;w=1`; 7 per 1.5 s: `q=14;w=3`).
+//!    `q / w` is still the rate, but `q` is not the burst: the client learns the rate, not how
+//!    many it may send at once.
+//! 3. **Approximation.** When no whole `w` up to 1000 periods gives a whole `q` (periods that are
+//!    not a whole number of milliseconds, say), `w` = the period rounded up to whole seconds
+//!    and `q` = the requests the quota admits in `w`, rounded down: the advertised rate is
+//!    never above the enforced one, and short of it by less than one request per `w`.
+//!
+//! The emission interval `T` is rounded up to the nanosecond, so the rate a quota enforces is
+//! never above `count / period` and short of it by at most 1 ns per request.
+//!
+//! Every integer is at most 15 digits, the most a structured-field integer may have (RFC 8941
+//! §3.3.1): larger values are clamped to 999 999 999 999 999 ([`MAX_INTEGER`]), which only
+//! ever understates a limit (a concurrency limit of 2^60, a shaping queue of `usize::MAX`) or a
+//! wait (a `Retry-After` of more than 31 million years). Clamped policy items switch to the
+//! rate form so that `q / w` stays the rate.
 //!
 //! A concurrency limit is one `RateLimit-Policy` item with `q` = the most requests in flight,
 //! `qu="concurrent-requests"` and no window.
@@ -39,16 +63,25 @@ pub static X_RATELIMIT_REMAINING: http::HeaderName =
 /// `X-RateLimit-Reset` (legacy, on request).
 pub static X_RATELIMIT_RESET: http::HeaderName = http::HeaderName::from_static("x-ratelimit-reset");
 
-/// Whole seconds, rounded up.
+/// The largest integer a structured field may carry (RFC 8941 §3.3.1: at most 15 digits).
+/// Every integer this crate writes into a header is clamped to it.
+pub const MAX_INTEGER: u64 = 999_999_999_999_999;
+
+/// The most bytes a name written into a header may have: quota, policy, tier and shaping
+/// names. Four quotas with names this long still fit well within the 4-8 KiB header buffers
+/// of common proxies.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// Whole seconds, rounded up, saturating at `u64::MAX`.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// `Retry-After` for a wait of `d`: whole seconds rounded up, at least 1.
 pub fn retry_after_value(d: Duration) -> HeaderValue {
     // The usual short waits without an allocation: under a flood, rejections are the hot path.
     const SHORT: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
-    let secs = ceil_secs(d).max(1);
+    let secs = ceil_secs(d).clamp(1, MAX_INTEGER);
     if let Some(s) = usize::try_from(secs).ok().and_then(|i| SHORT.get(i)) {
         return HeaderValue::from_static(s);
     }
@@ -67,6 +100,7 @@ pub fn retry_after_value(d: Duration) -> HeaderValue {
     })
 }
 
+/// The header value of the integer `n`, clamped to [`MAX_INTEGER`].
 pub(crate) fn integer_value(n: u64) -> HeaderValue {
     let mut buf = itoa_buf();
     HeaderValue::from_bytes(fmt_u64(n, &mut buf)).unwrap_or(HeaderValue::from_static("0"))
@@ -78,8 +112,9 @@ fn itoa_buf() -> ItoaBuf {
     [0; 20]
 }
 
-/// The decimal digits of `n`, written at the end of `buf`.
-fn fmt_u64(mut n: u64, buf: &mut ItoaBuf) -> &[u8] {
+/// The decimal digits of `n` clamped to [`MAX_INTEGER`], written at the end of `buf`.
+fn fmt_u64(n: u64, buf: &mut ItoaBuf) -> &[u8] {
+    let mut n = n.min(MAX_INTEGER);
     let mut i = buf.len();
     loop {
         i -= 1;
@@ -92,8 +127,15 @@ fn fmt_u64(mut n: u64, buf: &mut ItoaBuf) -> &[u8] {
     &buf[i..]
 }
 
-/// Checks that a policy name can be written as a structured-field string without escapes.
+/// Checks that a name can be written as a structured-field string without escapes, in at
+/// most [`MAX_NAME_LEN`] bytes.
 pub(crate) fn check_name(name: &str) -> Result<(), ConfigError> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(ConfigError::NameTooLong {
+            len: name.len(),
+            max: MAX_NAME_LEN,
+        });
+    }
     let ok = !name.is_empty()
         && name
             .bytes()
@@ -107,9 +149,114 @@ pub(crate) fn check_name(name: &str) -> Result<(), ConfigError> {
 
 /// A `RateLimit-Policy` item for a limit on concurrent requests:
 /// `"name";q=max;qu="concurrent-requests"` (no window: the quota is not spent over time).
+///
+/// `q` is clamped to [`MAX_INTEGER`].
 pub(crate) fn concurrency_policy(name: &str, max: usize) -> HeaderValue {
-    let s = format!("\"{name}\";q={max};qu=\"concurrent-requests\"");
+    let q = u64::try_from(max).unwrap_or(u64::MAX).min(MAX_INTEGER);
+    let s = format!("\"{name}\";q={q};qu=\"concurrent-requests\"");
     HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static(""))
+}
+
+/// `(q, w)` of a `RateLimit-Policy` item for `burst` requests at once and a rate of `count`
+/// per `period`, chosen so that `q / w` is the rate (see the [module docs](self) for the
+/// three forms). Both are at least 1 and at most [`MAX_INTEGER`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::headers::policy_window;
+///
+/// let s = Duration::from_secs;
+/// assert_eq!(policy_window(3, 3, s(1)), (3, 1));
+/// assert_eq!(policy_window(7, 7, s(60)), (7, 60));
+/// assert_eq!(policy_window(1, 100, s(1)), (100, 1));
+/// ```
+pub fn policy_window(burst: u64, count: u32, period: Duration) -> (u64, u64) {
+    const NS: u128 = 1_000_000_000;
+    let max = u128::from(MAX_INTEGER);
+    let p = period.as_nanos().max(1);
+    let c = u128::from(count.max(1));
+    let b = u128::from(burst.max(1));
+    let per_sec = c * NS; // count × 1 s, so that `x s × count / period` = `x × per_sec / p`
+                          // 1. The burst form: the burst period is whole seconds.
+    if let Some(bp) = b.checked_mul(p) {
+        if bp % per_sec == 0 {
+            let w = bp / per_sec;
+            if (1..=max).contains(&w) && b <= max {
+                return (b as u64, w as u64);
+            }
+        }
+    }
+    // 2. The rate form: the smallest whole `w` with a whole `q = w × count / period`.
+    let g = gcd(p, per_sec);
+    let (w, q) = (p / g, per_sec / g);
+    let period_secs = p.div_ceil(NS);
+    if w <= period_secs.saturating_mul(1000) && w <= max && q <= max {
+        return (q as u64, w as u64);
+    }
+    // 3. An approximation that never overstates the rate.
+    let w = period_secs.clamp(1, max);
+    let q = (w.saturating_mul(per_sec) / p).clamp(1, max);
+    (q as u64, w as u64)
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// The legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset` fields of one decision: the
+/// burst, the requests remaining and the seconds until reset of its
+/// [most restrictive](Decision::most_restrictive) quota, so the three numbers always describe
+/// the same quota.
+///
+/// The legacy fields hold one value each, so stacked layers cannot all write theirs: a layer
+/// replaces the triple already on a response only when its own is more restrictive (fewer
+/// requests remaining, or as few and a longer reset). A response therefore describes the quota,
+/// across every layer, that will turn the client away first, whichever layer made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Legacy {
+    limit: u64,
+    remaining: u64,
+    reset: u64,
+}
+
+impl Legacy {
+    /// The triple of `d`.
+    pub(crate) fn of(d: &Decision) -> Self {
+        let (limit, remaining, reset) = match d.most_restrictive() {
+            Some(s) => (s.limit(), s.remaining(), ceil_secs(s.reset_after())),
+            None => (d.limit(), d.remaining(), 0),
+        };
+        Legacy {
+            limit: limit.min(MAX_INTEGER),
+            remaining: remaining.min(MAX_INTEGER),
+            reset: reset.min(MAX_INTEGER),
+        }
+    }
+
+    /// Writes the triple into `headers`, unless the triple already there is as restrictive.
+    pub(crate) fn apply(self, headers: &mut http::HeaderMap) {
+        let read = |name: &http::HeaderName| -> Option<u64> {
+            std::str::from_utf8(headers.get(name)?.as_bytes())
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        if let (Some(remaining), Some(reset)) =
+            (read(&X_RATELIMIT_REMAINING), read(&X_RATELIMIT_RESET))
+        {
+            let theirs = (remaining, std::cmp::Reverse(reset));
+            if theirs <= (self.remaining, std::cmp::Reverse(self.reset)) {
+                return;
+            }
+        }
+        headers.insert(X_RATELIMIT_LIMIT.clone(), integer_value(self.limit));
+        headers.insert(X_RATELIMIT_REMAINING.clone(), integer_value(self.remaining));
+        headers.insert(X_RATELIMIT_RESET.clone(), integer_value(self.reset));
+    }
 }
 
 /// Slots of each thread's cache of rendered `RateLimit` values. A policy always uses the slot
@@ -148,14 +295,15 @@ pub(crate) struct PolicyHeaders {
 }
 
 impl PolicyHeaders {
-    /// `items` holds, per quota, its name, burst and burst period.
-    pub(crate) fn new(items: &[(String, u64, Duration)], extra: Option<&str>) -> Self {
+    /// `items` holds, per quota, its name, burst, count and period (see [`policy_window`]).
+    pub(crate) fn new(items: &[(String, u64, u32, Duration)], extra: Option<&str>) -> Self {
         let mut s = String::new();
-        for (i, (name, q, w)) in items.iter().enumerate() {
+        for (i, (name, burst, count, period)) in items.iter().enumerate() {
             if i > 0 {
                 s.push_str(", ");
             }
-            s.push_str(&format!("\"{name}\";q={q};w={}", ceil_secs(*w).max(1)));
+            let (q, w) = policy_window(*burst, *count, *period);
+            s.push_str(&format!("\"{name}\";q={q};w={w}"));
             if let Some(extra) = extra {
                 s.push_str(extra);
             }
@@ -165,7 +313,7 @@ impl PolicyHeaders {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             prefixes: items
                 .iter()
-                .map(|(n, _, _)| format!("\"{n}\";r=").into_bytes().into())
+                .map(|(n, _, _, _)| format!("\"{n}\";r=").into_bytes().into())
                 .collect(),
             policy: HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static("")),
         }
@@ -203,7 +351,11 @@ impl PolicyHeaders {
             .iter_mut()
             .zip(items.by_ref())
         {
-            *slot = (remaining, ceil_secs(reset));
+            // Clamped as rendered, so values past the largest integer share one entry.
+            *slot = (
+                remaining.min(MAX_INTEGER),
+                ceil_secs(reset).min(MAX_INTEGER),
+            );
             key.len += 1;
         }
         LAST_RATELIMIT.with(|cache| {
@@ -258,10 +410,54 @@ mod tests {
     }
 
     #[test]
-    fn integers_render_exactly() {
-        for n in [0u64, 7, 10, 99, 100, 12345, u64::MAX] {
+    fn integers_render_exactly_up_to_fifteen_digits() {
+        for n in [0u64, 7, 10, 99, 100, 12345, MAX_INTEGER] {
             assert_eq!(integer_value(n), n.to_string().as_str());
         }
+        for n in [MAX_INTEGER + 1, u64::MAX] {
+            assert_eq!(integer_value(n), "999999999999999");
+        }
+    }
+
+    #[test]
+    fn durations_at_max_saturate() {
+        assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+        assert_eq!(retry_after_value(Duration::MAX), "999999999999999");
+        assert_eq!(
+            retry_after_value(Duration::from_secs(MAX_INTEGER + 7)),
+            "999999999999999"
+        );
+    }
+
+    #[test]
+    fn a_legacy_triple_replaces_only_a_less_restrictive_one() {
+        let triple = |l, r, t| Legacy {
+            limit: l,
+            remaining: r,
+            reset: t,
+        };
+        let read = |h: &http::HeaderMap| {
+            [
+                &X_RATELIMIT_LIMIT,
+                &X_RATELIMIT_REMAINING,
+                &X_RATELIMIT_RESET,
+            ]
+            .map(|n| h.get(n).unwrap().to_str().unwrap().to_owned())
+        };
+        let mut h = http::HeaderMap::new();
+        triple(2, 0, 60).apply(&mut h);
+        triple(1000, 997, 1).apply(&mut h);
+        assert_eq!(read(&h), ["2", "0", "60"]);
+        // As few remaining and a longer reset: more restrictive.
+        triple(5, 0, 61).apply(&mut h);
+        assert_eq!(read(&h), ["5", "0", "61"]);
+        // A tie keeps the one already there (the inner layer's).
+        triple(9, 0, 61).apply(&mut h);
+        assert_eq!(read(&h), ["5", "0", "61"]);
+        // A triple the crate cannot read is replaced.
+        h.insert(&X_RATELIMIT_REMAINING, HeaderValue::from_static("junk"));
+        triple(1000, 997, 1).apply(&mut h);
+        assert_eq!(read(&h), ["1000", "997", "1"]);
     }
 
     #[test]
@@ -274,8 +470,9 @@ mod tests {
 
     #[test]
     fn the_cached_ratelimit_value_never_crosses_policies_or_values() {
-        let one =
-            |name: &str| PolicyHeaders::new(&[(name.to_owned(), 5, Duration::from_secs(5))], None);
+        let one = |name: &str| {
+            PolicyHeaders::new(&[(name.to_owned(), 5, 1, Duration::from_secs(1))], None)
+        };
         let (a, b) = (one("a"), one("b"));
         let s = Duration::from_secs;
         let item = |r, t| std::iter::once((r, t));
@@ -297,7 +494,7 @@ mod tests {
     fn policy(quotas: &[(&str, u64)]) -> PolicyHeaders {
         let items: Vec<_> = quotas
             .iter()
-            .map(|(n, q)| ((*n).to_owned(), *q, Duration::from_secs(*q)))
+            .map(|(n, q)| ((*n).to_owned(), *q, 1, Duration::from_secs(1)))
             .collect();
         PolicyHeaders::new(&items, None)
     }
@@ -392,10 +589,12 @@ mod tests {
             p.ratelimit_items(item(0, Duration::from_nanos(1))),
             "\"p\";r=0;t=1"
         );
-        assert_eq!(
-            p.ratelimit_items(item(u64::MAX, Duration::from_secs(u64::MAX))),
-            format!("\"p\";r={};t={}", u64::MAX, u64::MAX).as_str()
-        );
+        // Clamped to fifteen digits, and cached as clamped: every value past the largest
+        // integer is the one rendered value.
+        let max = p.ratelimit_items(item(u64::MAX, Duration::MAX));
+        assert_eq!(max, "\"p\";r=999999999999999;t=999999999999999");
+        let past = p.ratelimit_items(item(MAX_INTEGER + 1, Duration::from_secs(MAX_INTEGER + 1)));
+        assert!(same_bytes(&max, &past));
         assert_eq!(p.ratelimit_items(item(0, Duration::ZERO)), "\"p\";r=0;t=0");
         assert_eq!(p.ratelimit_items(std::iter::empty()), "");
     }
@@ -419,5 +618,13 @@ mod tests {
         assert!(check_name("a\"b").is_err());
         assert!(check_name("a\\b").is_err());
         assert!(check_name("é").is_err());
+        assert!(check_name(&"n".repeat(MAX_NAME_LEN)).is_ok());
+        assert_eq!(
+            check_name(&"n".repeat(10_000)),
+            Err(ConfigError::NameTooLong {
+                len: 10_000,
+                max: MAX_NAME_LEN
+            })
+        );
     }
 }

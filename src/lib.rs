@@ -98,7 +98,7 @@ mod axum_support;
 pub use clock::{Clock, ManualClock};
 pub use concurrency::ConcurrencyLimitLayer;
 pub use error::ConfigError;
-pub use gcra::{Decision, Outcome, QuotaState};
+pub use gcra::{Decision, Decisions, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
 pub use quota::Quota;
 pub use rate_limit::{MissingKey, Policy, RateLimitLayer};

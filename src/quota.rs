@@ -129,16 +129,34 @@ impl Quota {
     /// when the policy has several quotas).
     ///
     /// # Panics
-    /// When the name is not printable ASCII or contains `"` or `\`.
+    /// When the name is empty, longer than [`MAX_NAME_LEN`](crate::headers::MAX_NAME_LEN)
+    /// bytes, not printable ASCII, or contains `"` or `\`; use [`Quota::try_named`] for names
+    /// that come from configuration.
     #[track_caller]
     #[must_use]
-    pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        let name = name.into();
-        if let Err(e) = crate::headers::check_name(&name) {
-            panic!("tollgate: {e}");
+    pub fn named(self, name: impl Into<Cow<'static, str>>) -> Self {
+        match self.try_named(name) {
+            Ok(q) => q,
+            Err(e) => panic!("tollgate: {e}"),
         }
+    }
+
+    /// Names this quota, or returns why the name cannot appear in a header
+    /// ([`ConfigError::InvalidName`], [`ConfigError::NameTooLong`]).
+    ///
+    /// ```
+    /// use tollgate::{ConfigError, Quota};
+    /// assert!(Quota::per_second(5).try_named("per-ip").is_ok());
+    /// assert_eq!(
+    ///     Quota::per_second(5).try_named("x".repeat(65)),
+    ///     Err(ConfigError::NameTooLong { len: 65, max: 64 })
+    /// );
+    /// ```
+    pub fn try_named(mut self, name: impl Into<Cow<'static, str>>) -> Result<Self, ConfigError> {
+        let name = name.into();
+        crate::headers::check_name(&name)?;
         self.name = Some(name);
-        self
+        Ok(self)
     }
 
     /// The number of requests per period.

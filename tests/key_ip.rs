@@ -66,11 +66,11 @@ fn extractors_compose() {
         .extract(&RequestHead::new(&no_peer))
         .is_err());
     let fallback = ClientIp::new().or(tollgate::key::from_fn(|_: &RequestHead<'_>| {
-        Some(IpAddr::from([0, 0, 0, 0]).into())
+        Some(tollgate::key::IpKey::from(IpAddr::from([0, 0, 0, 0])))
     }));
     assert_eq!(
         fallback.extract(&RequestHead::new(&no_peer)).unwrap(),
-        ip("0.0.0.0").into()
+        tollgate::key::Either::Second(ip("0.0.0.0").into())
     );
 }
 

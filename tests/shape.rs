@@ -600,7 +600,8 @@ async fn stacks_with_the_rate_limit_layer_in_a_service_builder() {
         .iter()
         .map(|v| v.to_str().unwrap())
         .collect();
-    assert_eq!(policies, ["\"limit\";q=2;w=1", "\"smooth\";q=4;w=1"]);
+    // Bursts of 2 and 4 take 0.4 s: not whole seconds, so both state their rate per second.
+    assert_eq!(policies, ["\"limit\";q=5;w=1", "\"smooth\";q=10;w=1"]);
     // The shaper's own refusal says when a place frees up.
     assert_eq!(header(&resps[4], "retry-after"), Some("1"));
 }

@@ -13,7 +13,7 @@
 //! | [`Route`] | `Arc<str>` | the matched route (axum `MatchedPath`), else the path |
 //! | [`from_fn`] | any | a closure over the request head |
 //! | `(A, B)`, `(A, B, C)` | tuple | every part must be present |
-//! | [`KeyExtractorExt::or`] | same key | the first extractor that succeeds |
+//! | [`KeyExtractorExt::or`] | [`Either`] | the first extractor that succeeds, tagged with which one |
 
 use std::fmt;
 use std::hash::Hash;
@@ -101,16 +101,23 @@ impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
 
 /// Combinators on key extractors.
 pub trait KeyExtractorExt: KeyExtractor + Sized {
-    /// Uses `self`, or `other` when `self` finds no key. Both must produce the same key type.
+    /// Uses `self`, or `other` when `self` finds no key.
+    ///
+    /// The key says which extractor found it ([`Either::First`] or [`Either::Second`]), so the
+    /// two never share a bucket: a client cannot send another client's address as its API key
+    /// and spend that client's limit. The two key types need not be the same.
     ///
     /// ```
-    /// use tollgate::key::{Header, KeyExtractorExt, PeerIp};
+    /// use tollgate::key::{Either, Header, KeyExtractorExt, PeerIp};
     /// // Requests with an API key are counted per key; the others per client address.
-    /// let by_key_or_ip = Header::new("x-api-key").map(|k| k.to_vec())
-    ///     .or(PeerIp::new().map(|ip| ip.to_string().into_bytes()));
+    /// let by_key_or_ip = Header::new("x-api-key").or(PeerIp::new());
     /// # let _ = by_key_or_ip;
     /// ```
-    fn or<O: KeyExtractor<Key = Self::Key>>(self, other: O) -> Or<Self, O> {
+    ///
+    /// Mapping both sides to one type (`.map(|k| k.to_vec())` and
+    /// `.map(|ip| ip.to_string().into_bytes())`) would not help: the tag is still there, so an
+    /// API key that reads `198.51.100.7` stays apart from the client at 198.51.100.7.
+    fn or<O: KeyExtractor>(self, other: O) -> Or<Self, O> {
         Or(self, other)
     }
 
@@ -130,14 +137,42 @@ impl<E: KeyExtractor> KeyExtractorExt for E {}
 #[derive(Debug, Clone)]
 pub struct Or<A, B>(A, B);
 
-impl<A, B> KeyExtractor for Or<A, B>
-where
-    A: KeyExtractor,
-    B: KeyExtractor<Key = A::Key>,
-{
-    type Key = A::Key;
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
+    type Key = Either<A::Key, B::Key>;
     fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
-        self.0.extract(req).or_else(|_| self.1.extract(req))
+        match self.0.extract(req) {
+            Ok(k) => Ok(Either::First(k)),
+            Err(_) => self.1.extract(req).map(Either::Second),
+        }
+    }
+}
+
+/// The key of [`Or`]: which of the two extractors found it, and its key.
+///
+/// Keys of the two sides are never equal, even when their values are: `First(x)` and
+/// `Second(x)` are counted in different buckets (and, in Redis, written as `1:<x>` and
+/// `2:<x>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Either<A, B> {
+    /// Found by the first extractor.
+    First(A),
+    /// Found by the second extractor, the first having found none.
+    Second(B),
+}
+
+#[cfg(feature = "redis")]
+impl<A: crate::redis::RedisKey, B: crate::redis::RedisKey> crate::redis::RedisKey for Either<A, B> {
+    fn write_key(&self, out: &mut Vec<u8>) {
+        match self {
+            Either::First(k) => {
+                out.extend_from_slice(b"1:");
+                k.write_key(out);
+            }
+            Either::Second(k) => {
+                out.extend_from_slice(b"2:");
+                k.write_key(out);
+            }
+        }
     }
 }
 
@@ -187,12 +222,22 @@ impl Header {
     /// Keys requests by the header `name`.
     ///
     /// # Panics
-    /// When `name` is not a valid header name.
+    /// When `name` is not a valid header name; use [`Header::try_new`] for names read from
+    /// configuration.
     #[track_caller]
     pub fn new(name: &str) -> Self {
+        match Self::try_new(name) {
+            Ok(h) => h,
+            Err(e) => panic!("tollgate: {e}"),
+        }
+    }
+
+    /// Keys requests by the header `name`, or returns
+    /// [`ConfigError::InvalidHeaderName`](crate::ConfigError::InvalidHeaderName).
+    pub fn try_new(name: &str) -> Result<Self, crate::ConfigError> {
         match HeaderName::try_from(name) {
-            Ok(name) => Header { name },
-            Err(_) => panic!("tollgate: {name:?} is not a valid header name"),
+            Ok(name) => Ok(Header { name }),
+            Err(_) => Err(crate::ConfigError::InvalidHeaderName(name.to_owned())),
         }
     }
 
@@ -315,7 +360,37 @@ mod tests {
         let missing = (Header::new("x-other"), Route);
         assert!(missing.extract(&head_of(&req)).is_err());
         let either = Header::new("x-other").or(Header::new("x-api-key"));
-        assert_eq!(&*either.extract(&head_of(&req)).unwrap(), b"abc");
+        assert_eq!(
+            either.extract(&head_of(&req)).unwrap(),
+            Either::Second(b"abc"[..].into())
+        );
+        let first = Header::new("x-api-key").or(Header::new("x-other"));
+        assert_eq!(
+            first.extract(&head_of(&req)).unwrap(),
+            Either::First(b"abc"[..].into())
+        );
+    }
+
+    #[test]
+    fn header_names_from_configuration_are_checked_without_panics() {
+        assert!(Header::try_new("x-api-key").is_ok());
+        assert_eq!(
+            Header::try_new("x api key").err(),
+            Some(crate::ConfigError::InvalidHeaderName("x api key".into()))
+        );
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn either_sides_write_different_redis_keys() {
+        use crate::redis::RedisKey;
+        let bytes = |k: Either<&str, &str>| {
+            let mut out = Vec::new();
+            k.write_key(&mut out);
+            out
+        };
+        assert_eq!(bytes(Either::First("1.2.3.4")), b"1:1.2.3.4");
+        assert_eq!(bytes(Either::Second("1.2.3.4")), b"2:1.2.3.4");
     }
 
     #[test]

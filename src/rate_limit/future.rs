@@ -11,9 +11,7 @@ use tower_service::Service;
 use super::shared::Answers;
 use crate::gcra::Decision;
 
-use crate::headers::{
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
+use crate::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
 
 /// The header fields a decision adds to its response.
 #[derive(Debug)]
@@ -21,7 +19,7 @@ pub(crate) struct RateHeaders {
     /// `RateLimit-Policy` and `RateLimit`.
     pub(crate) ietf: Option<(HeaderValue, HeaderValue)>,
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
-    pub(crate) legacy: Option<Box<[HeaderValue; 3]>>,
+    pub(crate) legacy: Option<Legacy>,
 }
 
 impl RateHeaders {
@@ -32,10 +30,7 @@ impl RateHeaders {
             headers.append(RATELIMIT.clone(), ratelimit);
         }
         if let Some(legacy) = self.legacy {
-            let [limit, remaining, reset] = *legacy;
-            headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
-            headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
-            headers.insert(X_RATELIMIT_RESET.clone(), reset);
+            legacy.apply(headers);
         }
     }
 }

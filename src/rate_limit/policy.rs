@@ -120,7 +120,7 @@ impl Policy {
             .item_names()
             .into_iter()
             .zip(&self.quotas)
-            .map(|(name, q)| (name, u64::from(q.burst_size()), q.burst_period()))
+            .map(|(name, q)| (name, u64::from(q.burst_size()), q.count(), q.period()))
             .collect();
         PolicyHeaders::new(&items, None)
     }

@@ -43,7 +43,10 @@ where
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
         let (tier, key, cost) = match shared.prepare(&RequestHead::new(&req)) {
-            Prepared::Pass => return ResponseFuture::inner(self.inner.call(req), None),
+            Prepared::Pass => {
+                crate::gcra::record_unlimited(req.extensions_mut());
+                return ResponseFuture::inner(self.inner.call(req), None);
+            }
             Prepared::Reject(resp) => return ResponseFuture::ready(resp),
             Prepared::Decide { tier, key, cost } => (tier, key, cost),
         };

@@ -137,7 +137,7 @@ impl Answers {
             self.rate_headers(tier, &decision)
         };
         if decision.is_allowed() {
-            req.extensions_mut().insert(decision);
+            crate::gcra::record_admitted(req.extensions_mut(), decision);
             return Ok(headers);
         }
         let (kind, status) = match decision.outcome() {
@@ -176,13 +176,7 @@ impl RateHeaders {
             ietf: shared
                 .headers
                 .then(|| (tier.headers.policy(), tier.headers.ratelimit(d))),
-            legacy: shared.legacy_headers.then(|| {
-                Box::new([
-                    crate::headers::integer_value(d.limit()),
-                    crate::headers::integer_value(d.remaining()),
-                    crate::headers::integer_value(crate::headers::ceil_secs(d.reset_after())),
-                ])
-            }),
+            legacy: shared.legacy_headers.then(|| crate::headers::Legacy::of(d)),
         }
     }
 }

@@ -218,14 +218,11 @@ impl<E: KeyExtractor> ShapeLayer<E> {
             builder = builder.max_delay(d);
         }
         let shaper = builder.try_build()?;
-        // `q`: how many requests an idle client may send at once without being refused;
-        // `w`: how long the shaper takes to forward them, so that q/w is the rate.
+        // `q`: how many requests an idle client may send at once without being refused, at
+        // the quota's rate (see `headers::policy_window`).
         let capacity = shaper.capacity().unwrap_or(u64::MAX);
-        let interval = self.quota.emission_interval();
-        let window = Duration::from_nanos(
-            capacity.saturating_mul(u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX)),
-        );
-        let policy = PolicyHeaders::new(&[(name.to_string(), capacity, window)], None);
+        let (count, period) = (self.quota.count(), self.quota.period());
+        let policy = PolicyHeaders::new(&[(name.to_string(), capacity, count, period)], None);
         Ok(Shared {
             core,
             shaper,

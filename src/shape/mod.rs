@@ -108,7 +108,9 @@
 //! Like every layer of the crate, the responses carry the IETF fields (see
 //! [`headers`](crate::headers)): `RateLimit-Policy: "NAME";q=C;w=W`, where `q` is how many
 //! requests an idle client may send at once without being refused (one leaves, the others
-//! wait) and `w` the seconds it takes to forward them, so `q/w` is the rate; and
+//! wait) and `w` the seconds it takes to forward them, so `q/w` is the rate (when that is not a
+//! whole number of seconds, `q/w` states the rate alone, as for a rate limit: see
+//! [`headers`](crate::headers)); and
 //! `RateLimit: "NAME";r=R;t=S`, with `R` the requests that would still be accepted now and `S`
 //! the seconds until the key's queue is empty and idle. The fields are appended, so that those
 //! of other layers on the same response are kept. `NAME` is the layer's name, else the
