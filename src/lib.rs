@@ -67,6 +67,7 @@ pub mod clock;
 pub mod concurrency;
 pub mod error;
 pub mod gcra;
+pub mod grpc;
 pub mod headers;
 pub mod key;
 pub mod limiter;

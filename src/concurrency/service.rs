@@ -14,7 +14,7 @@ use crate::headers::RATELIMIT_POLICY;
 use crate::key::missing::{self, Resolved};
 use crate::key::MissingKey;
 use crate::key::{KeyExtractor, RequestHead};
-use crate::response::{self, OnReject, Rejection, RejectionKind};
+use crate::response::{self, OnReject, Protocol, Rejection, RejectionKind};
 
 pub(crate) enum Limit<K> {
     Global(GlobalLimit),
@@ -53,12 +53,12 @@ impl<E: KeyExtractor> Shared<E> {
     }
 
     /// The response for a request turned away.
-    fn reject(&self, kind: RejectionKind) -> Response<Bytes> {
+    fn reject(&self, kind: RejectionKind, protocol: Protocol) -> Response<Bytes> {
         let hook = self.on_reject.as_ref();
         let policy = self.policy_name.as_deref();
         let mut resp: Response<Bytes> = match (&self.on_missing, kind) {
             (MissingKey::Reject(status), RejectionKind::MissingKey) => {
-                missing::rejection(hook, *status, policy)
+                missing::rejection(hook, *status, policy, protocol)
             }
             _ => {
                 let r = Rejection {
@@ -67,6 +67,7 @@ impl<E: KeyExtractor> Shared<E> {
                     retry_after: Some(self.retry_after),
                     decision: None,
                     policy,
+                    protocol,
                 };
                 response::reject(hook, &r)
             }
@@ -153,9 +154,9 @@ where
             Attempt::Acquired(permit) => Some(permit),
             Attempt::Unlimited => None,
             Attempt::Wait(waiter) => return self.wait(waiter, req),
-            Attempt::Busy => return self.reject(RejectionKind::Concurrency),
-            Attempt::QueueFull => return self.reject(RejectionKind::QueueFull),
-            Attempt::MissingKey => return self.reject(RejectionKind::MissingKey),
+            Attempt::Busy => return self.reject(RejectionKind::Concurrency, &req),
+            Attempt::QueueFull => return self.reject(RejectionKind::QueueFull, &req),
+            Attempt::MissingKey => return self.reject(RejectionKind::MissingKey, &req),
         };
         ResponseFuture::called(
             self.inner.call(req),
@@ -168,11 +169,16 @@ where
 
 impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
     #[inline(never)]
-    fn reject<ReqBody>(&self, kind: RejectionKind) -> ResponseFuture<S, ReqBody>
+    fn reject<ReqBody>(
+        &self,
+        kind: RejectionKind,
+        req: &Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
     {
-        ResponseFuture::rejected(self.shared.reject(kind))
+        let protocol = Protocol::of(&RequestHead::new(req));
+        ResponseFuture::rejected(self.shared.reject(kind, protocol))
     }
 
     /// Waits in the queue for a permit, then calls the inner service; or rejects.
@@ -184,10 +190,11 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
         let shared = self.shared.clone();
         let policy = shared.policy.clone();
         let release_on_headers = shared.release_on_headers;
+        let protocol = Protocol::of(&RequestHead::new(&req));
         let wait = Box::pin(async move {
             match waiter.acquire(shared.max_wait).await {
                 Some(permit) => Ok(permit),
-                None => Err(shared.reject(RejectionKind::Concurrency)),
+                None => Err(shared.reject(RejectionKind::Concurrency, protocol)),
             }
         });
         // The service that was driven to readiness goes with the request; this one must be

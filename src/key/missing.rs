@@ -5,7 +5,7 @@ use http::{Response, StatusCode};
 
 use super::{KeyExtractor, RequestHead};
 use crate::error::ConfigError;
-use crate::response::{self, OnReject, Rejection, RejectionKind};
+use crate::response::{self, OnReject, Protocol, Rejection, RejectionKind};
 
 /// What to do with a request whose key cannot be extracted (no such header, no peer address).
 ///
@@ -72,6 +72,7 @@ pub(crate) fn rejection<B: From<Bytes>>(
     hook: Option<&OnReject>,
     status: StatusCode,
     policy: Option<&str>,
+    protocol: Protocol,
 ) -> Response<B> {
     let r = Rejection {
         kind: RejectionKind::MissingKey,
@@ -79,6 +80,7 @@ pub(crate) fn rejection<B: From<Bytes>>(
         retry_after: None,
         decision: None,
         policy,
+        protocol,
     };
     response::reject(hook, &r)
 }

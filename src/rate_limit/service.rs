@@ -14,7 +14,7 @@ use crate::key::missing::{self, Resolved};
 use crate::key::MissingKey;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::limiter::RateLimiter;
-use crate::response::{self, OnReject, Rejection, RejectionKind};
+use crate::response::{self, OnReject, Protocol, Rejection, RejectionKind};
 
 /// One policy of a layer and its limiter (in memory, or on a remote store).
 pub(crate) struct Tier<L> {
@@ -77,7 +77,12 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             Resolved::Reject(status) => {
                 let policy = Some(&*self.tiers[tier].name);
                 let hook = self.on_reject.as_ref();
-                return Prepared::Reject(missing::rejection(hook, status, policy));
+                return Prepared::Reject(missing::rejection(
+                    hook,
+                    status,
+                    policy,
+                    Protocol::of(head),
+                ));
             }
         };
         let cost = self.cost.as_ref().map_or(1, |f| f(head));
@@ -121,6 +126,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             retry_after: decision.retry_after(),
             decision: Some(&decision),
             policy: Some(&tier.name),
+            protocol: Protocol::of(&RequestHead::new(req)),
         };
         let mut resp = response::reject(self.on_reject.as_ref(), &r);
         if let Some(h) = headers {

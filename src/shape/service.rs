@@ -12,7 +12,7 @@ use crate::headers::PolicyHeaders;
 use crate::key::missing::{self, Resolved};
 use crate::key::MissingKey;
 use crate::key::{KeyExtractor, RequestHead};
-use crate::response::{self, OnReject, Rejection, RejectionKind};
+use crate::response::{self, OnReject, Protocol, Rejection, RejectionKind};
 use std::time::Duration;
 
 pub(crate) struct Shared<E: KeyExtractor> {
@@ -114,7 +114,12 @@ where
             }
             Resolved::Reject(status) => {
                 let hook = shared.on_reject.as_ref();
-                let resp = missing::rejection(hook, status, Some(&shared.name));
+                let resp = missing::rejection(
+                    hook,
+                    status,
+                    Some(&shared.name),
+                    Protocol::of(&RequestHead::new(&req)),
+                );
                 return ResponseFuture::new(State::ready(resp), None);
             }
         };
@@ -138,6 +143,7 @@ where
                     retry_after: Some(full.retry_after()),
                     decision: None,
                     policy: Some(&shared.name),
+                    protocol: Protocol::of(&RequestHead::new(&req)),
                 };
                 let mut resp = response::reject(shared.on_reject.as_ref(), &r);
                 if let Some(h) = shared.headers(&room) {
