@@ -372,6 +372,65 @@ mod tests {
         }
     }
 
+    fn rejection(kind: RejectionKind, status: StatusCode) -> Rejection<'static> {
+        Rejection {
+            kind,
+            status,
+            retry_after: Some(std::time::Duration::from_millis(250)),
+            decision: None,
+            policy: None,
+            protocol: crate::response::Protocol::Grpc,
+        }
+    }
+
+    #[test]
+    fn every_rejection_kind_maps_to_its_grpc_status() {
+        use RejectionKind::*;
+        let cases = [
+            (RateLimited, StatusCode::TOO_MANY_REQUESTS, 8),
+            (CostExceedsBurst, StatusCode::TOO_MANY_REQUESTS, 8),
+            (QueueFull, StatusCode::TOO_MANY_REQUESTS, 8),
+            (Concurrency, StatusCode::TOO_MANY_REQUESTS, 8),
+            (Concurrency, StatusCode::SERVICE_UNAVAILABLE, 14),
+            (QueueFull, StatusCode::SERVICE_UNAVAILABLE, 14),
+            (StoreUnavailable, StatusCode::SERVICE_UNAVAILABLE, 14),
+            (MissingKey, StatusCode::BAD_REQUEST, 3),
+            (MissingKey, StatusCode::UNAUTHORIZED, 16),
+            (MissingKey, StatusCode::FORBIDDEN, 7),
+            (MissingKey, StatusCode::IM_A_TEAPOT, 2),
+        ];
+        for (kind, status, want) in cases {
+            assert_eq!(code(&rejection(kind, status)), want, "{kind:?} {status}");
+        }
+    }
+
+    #[test]
+    fn store_down_fail_closed_is_a_trailers_only_unavailable_with_pushback() {
+        let r = rejection(
+            RejectionKind::StoreUnavailable,
+            StatusCode::SERVICE_UNAVAILABLE,
+        );
+        let resp = r.default_response();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.body().is_empty());
+        let h = resp.headers();
+        assert_eq!(h[CONTENT_TYPE], "application/grpc");
+        assert_eq!(h[GRPC_STATUS], "14");
+        assert_eq!(h[GRPC_MESSAGE], "rate limit store unavailable");
+        assert_eq!(h[GRPC_RETRY_PUSHBACK_MS], "250");
+        assert_eq!(h[RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn http_protocol_keeps_the_plain_http_response() {
+        let mut r = rejection(RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS);
+        r.protocol = crate::response::Protocol::Http;
+        let resp = r.default_response();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(!resp.headers().contains_key(GRPC_STATUS));
+        assert_eq!(resp.body(), "Too Many Requests\n");
+    }
+
     #[test]
     fn pushback_rounds_up_to_the_millisecond() {
         use std::time::Duration;
