@@ -78,6 +78,8 @@ pub mod redis;
 pub mod response;
 pub mod shape;
 pub mod store;
+#[cfg(feature = "stream")]
+pub mod stream;
 
 #[cfg(feature = "axum")]
 mod axum_support;
