@@ -60,6 +60,9 @@
 //!   `tokio`, and serves any Tower stack.
 //! * `redis`: limits shared by many instances, kept in Redis or Redis Cluster
 //!   (module `redis`): `RateLimitLayer::store(RedisStore)` and `RedisRateLimiter`.
+//! * `tonic`: [`key::PeerIp`] reads tonic's `TcpConnectInfo`. gRPC rejections ([`grpc`])
+//!   need no feature.
+//! * `stream`: adapters that rate-limit or shape any `futures::Stream` (module `stream`).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
