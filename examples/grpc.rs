@@ -69,7 +69,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if let Some(ms) = pushback.and_then(|v| v.to_str().ok()?.parse().ok()) {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                     let again = client.check(HealthCheckRequest::default()).await;
-                    println!("after the pushback: {:?}", again.map(|r| r.get_ref().status()));
+                    println!(
+                        "after the pushback: {:?}",
+                        again.map(|r| r.get_ref().status())
+                    );
                 }
             }
         }
