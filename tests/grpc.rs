@@ -198,8 +198,8 @@ async fn rate_limited_call_is_resource_exhausted_with_pushback_and_ratelimit_met
     assert_eq!(&ok.get_ref()[..], b"hi");
     // Admitted calls carry the fields as initial metadata.
     let md = ok.metadata();
-    assert_eq!(md.get("ratelimit").unwrap(), "\"default\";r=1;t=1");
-    assert_eq!(md.get("ratelimit-policy").unwrap(), "\"default\";q=2;w=2");
+    assert_eq!(md.get("ratelimit").unwrap(), "\"1-per-1s\";r=1;t=1");
+    assert_eq!(md.get("ratelimit-policy").unwrap(), "\"1-per-1s\";q=2;w=2");
     say(&ch, "hi", None).await.unwrap();
 
     let err = say(&ch, "hi", None).await.unwrap_err();
@@ -207,8 +207,8 @@ async fn rate_limited_call_is_resource_exhausted_with_pushback_and_ratelimit_met
     assert_eq!(err.message(), "rate limit exceeded");
     assert_eq!(meta(&err, "grpc-retry-pushback-ms"), "1000");
     assert_eq!(meta(&err, "retry-after"), "1");
-    assert_eq!(meta(&err, "ratelimit"), "\"default\";r=0;t=2");
-    assert_eq!(meta(&err, "ratelimit-policy"), "\"default\";q=2;w=2");
+    assert_eq!(meta(&err, "ratelimit"), "\"1-per-1s\";r=0;t=2");
+    assert_eq!(meta(&err, "ratelimit-policy"), "\"1-per-1s\";q=2;w=2");
 }
 
 #[tokio::test]
