@@ -71,6 +71,9 @@
 //!   `tokio`, and serves any Tower stack.
 //! * `redis`: limits shared by many instances, kept in Redis or Redis Cluster
 //!   (module `redis`): `RateLimitLayer::store(RedisStore)` and `RedisRateLimiter`.
+//! * `tonic`: [`key::PeerIp`] reads tonic's `TcpConnectInfo`. gRPC rejections ([`grpc`])
+//!   need no feature.
+//! * `stream`: adapters that rate-limit or shape any `futures::Stream` (module `stream`).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -78,6 +81,7 @@ pub mod clock;
 pub mod concurrency;
 pub mod error;
 pub mod gcra;
+pub mod grpc;
 pub mod headers;
 pub mod key;
 mod layer;
@@ -89,6 +93,8 @@ pub mod redis;
 pub mod response;
 pub mod shape;
 pub mod store;
+#[cfg(feature = "stream")]
+pub mod stream;
 
 mod wait;
 

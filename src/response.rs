@@ -7,6 +7,12 @@
 //! `Retry-After` when the client can come back, unless the hook set it, and then appends the
 //! layer's `RateLimit-Policy` and `RateLimit` items whatever the hook did (they are lists, so
 //! the items of other layers are kept): a hook that sets those fields itself sends them twice.
+//!
+//! A gRPC call (`content-type: application/grpc…`) is answered the gRPC way instead: HTTP 200
+//! with an empty body and the status in `grpc-status`, `grpc-message` and
+//! `grpc-retry-pushback-ms` (a trailers-only response); see [`crate::grpc`]. The protocol is
+//! read from the request head ([`Protocol::of`]) and can be forced with
+//! [`OnReject::grpc`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,7 +23,44 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::gcra::Decision;
+use crate::grpc::GrpcMode;
 use crate::headers;
+use crate::key::RequestHead;
+
+/// How a rejection is answered: a plain HTTP response or a gRPC status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Protocol {
+    /// An HTTP status with a short text body.
+    #[default]
+    Http,
+    /// A gRPC trailers-only response: HTTP 200, `grpc-status`, `grpc-message`, no body.
+    Grpc,
+}
+
+impl Protocol {
+    /// The protocol of a request: gRPC when its `content-type` is `application/grpc`,
+    /// `application/grpc+proto` (or any `+` subtype) or has parameters after `;`. gRPC-Web
+    /// (`application/grpc-web`) counts as HTTP: its proxy translates plain HTTP errors.
+    ///
+    /// ```
+    /// use tollgate::key::RequestHead;
+    /// use tollgate::response::Protocol;
+    ///
+    /// let req = http::Request::builder().header("content-type", "application/grpc+proto").body(())?;
+    /// assert_eq!(Protocol::of(&RequestHead::new(&req)), Protocol::Grpc);
+    /// let req = http::Request::builder().header("content-type", "application/json").body(())?;
+    /// assert_eq!(Protocol::of(&RequestHead::new(&req)), Protocol::Http);
+    /// # Ok::<(), http::Error>(())
+    /// ```
+    #[inline]
+    pub fn of(head: &RequestHead<'_>) -> Protocol {
+        match head.headers.get(CONTENT_TYPE) {
+            Some(ct) if crate::grpc::is_grpc_content_type(ct.as_bytes()) => Protocol::Grpc,
+            _ => Protocol::Http,
+        }
+    }
+}
 
 /// Why a request was turned away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +89,7 @@ pub struct Rejection<'a> {
     pub(crate) retry_after: Option<Duration>,
     pub(crate) decision: Option<&'a Decision>,
     pub(crate) policy: Option<&'a str>,
+    pub(crate) protocol: Protocol,
 }
 
 impl<'a> Rejection<'a> {
@@ -74,8 +118,38 @@ impl<'a> Rejection<'a> {
         self.policy
     }
 
-    /// The default response: the status, a one-line text body, and `Retry-After`.
+    /// Whether the request was a gRPC call, which the default response answers with a gRPC
+    /// status ([`Protocol::of`]).
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
+    /// The gRPC status code the default gRPC response carries: `RESOURCE_EXHAUSTED` (8) for
+    /// rate limits, queues and limits per key, `UNAVAILABLE` (14) for a full global
+    /// concurrency limit or an unreachable store; see [`crate::grpc`].
+    pub fn grpc_code(&self) -> i32 {
+        crate::grpc::code(self)
+    }
+
+    /// The default response in the request's protocol: for HTTP the status, a one-line text
+    /// body and `Retry-After`; for gRPC see [`grpc_response`](Self::grpc_response).
     pub fn default_response(&self) -> Response<Bytes> {
+        match self.protocol {
+            Protocol::Http => self.http_response(),
+            Protocol::Grpc => self.grpc_response(),
+        }
+    }
+
+    /// The gRPC response whatever the request: HTTP 200, `content-type: application/grpc`,
+    /// `grpc-status`, `grpc-message`, `grpc-retry-pushback-ms` and `Retry-After` when
+    /// retrying helps, and an empty body.
+    pub fn grpc_response(&self) -> Response<Bytes> {
+        crate::grpc::response(self)
+    }
+
+    /// The plain HTTP response whatever the request: the status, a one-line text body and
+    /// `Retry-After`.
+    pub fn http_response(&self) -> Response<Bytes> {
         let body: &'static str = match self.kind {
             RejectionKind::RateLimited => "Too Many Requests\n",
             RejectionKind::CostExceedsBurst => "Request exceeds the rate limit\n",
@@ -124,21 +198,50 @@ impl<'a> Rejection<'a> {
 /// # let _ = json;
 /// ```
 #[derive(Clone)]
-pub struct OnReject(Arc<RejectFn>);
+pub struct OnReject(Hook);
+
+#[derive(Clone)]
+enum Hook {
+    Custom(Arc<RejectFn>),
+    Default(GrpcMode),
+}
 
 type RejectFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
 
 impl OnReject {
-    /// Wraps a response-building function.
+    /// Wraps a response-building function. It answers gRPC calls too: look at
+    /// [`Rejection::protocol`], or call [`Rejection::default_response`].
     pub fn new<F>(f: F) -> Self
     where
         F: Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync + 'static,
     {
-        OnReject(Arc::new(f))
+        OnReject(Hook::Custom(Arc::new(f)))
+    }
+
+    /// The default responses, with gRPC chosen by `mode`: [`GrpcMode::Auto`] (what a layer
+    /// without a hook does) reads the request's `content-type`, [`GrpcMode::Always`] answers
+    /// every rejection as gRPC (a server that only speaks gRPC, whatever its clients send),
+    /// [`GrpcMode::Never`] always as plain HTTP.
+    ///
+    /// ```
+    /// use tollgate::grpc::GrpcMode;
+    /// use tollgate::response::OnReject;
+    /// use tollgate::{Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new(Quota::per_second(10)).on_reject(OnReject::grpc(GrpcMode::Always));
+    /// # let _ = layer;
+    /// ```
+    pub fn grpc(mode: GrpcMode) -> Self {
+        OnReject(Hook::Default(mode))
     }
 
     pub(crate) fn call(&self, r: &Rejection<'_>) -> Response<Bytes> {
-        (self.0)(r)
+        match &self.0 {
+            Hook::Custom(f) => f(r),
+            Hook::Default(GrpcMode::Auto) => r.default_response(),
+            Hook::Default(GrpcMode::Always) => r.grpc_response(),
+            Hook::Default(GrpcMode::Never) => r.http_response(),
+        }
     }
 }
 
@@ -157,6 +260,7 @@ pub(crate) fn respond<B: From<Bytes>>(
     retry_after: Option<Duration>,
     decision: Option<&Decision>,
     policy: Option<&str>,
+    protocol: Protocol,
 ) -> Response<B> {
     let r = Rejection {
         kind,
@@ -164,6 +268,7 @@ pub(crate) fn respond<B: From<Bytes>>(
         retry_after,
         decision,
         policy,
+        protocol,
     };
     reject(hook, &r)
 }

@@ -13,7 +13,7 @@ use crate::headers::RATELIMIT_POLICY;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::{service_shell, Core};
-use crate::response::RejectionKind;
+use crate::response::{Protocol, RejectionKind};
 
 pub(crate) enum Limit<K> {
     Global(GlobalLimit),
@@ -50,15 +50,16 @@ impl<E: KeyExtractor> Shared<E> {
     }
 
     /// The response for a request turned away.
-    fn reject(&self, kind: RejectionKind) -> Response<Bytes> {
+    fn reject(&self, kind: RejectionKind, protocol: Protocol) -> Response<Bytes> {
         let policy = self.policy_name.as_deref();
         let mut resp: Response<Bytes> = match kind {
             RejectionKind::MissingKey => {
-                self.core.reject_missing(self.core.missing_status(), policy)
+                let status = self.core.missing_status();
+                self.core.reject_missing(status, policy, protocol)
             }
             _ => {
                 let wait = Some(self.retry_after);
-                self.core.reject(kind, self.status, wait, policy)
+                self.core.reject(kind, self.status, wait, policy, protocol)
             }
         };
         if let Some(policy) = &self.policy {
@@ -107,9 +108,9 @@ where
             Attempt::Acquired(permit) => Some(permit),
             Attempt::Unlimited => None,
             Attempt::Wait(waiter) => return self.wait(waiter, req),
-            Attempt::Busy => return self.reject(RejectionKind::Concurrency),
-            Attempt::QueueFull => return self.reject(RejectionKind::QueueFull),
-            Attempt::MissingKey => return self.reject(RejectionKind::MissingKey),
+            Attempt::Busy => return self.reject(RejectionKind::Concurrency, &req),
+            Attempt::QueueFull => return self.reject(RejectionKind::QueueFull, &req),
+            Attempt::MissingKey => return self.reject(RejectionKind::MissingKey, &req),
         };
         ResponseFuture::called(
             self.inner.call(req),
@@ -122,11 +123,16 @@ where
 
 impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
     #[inline(never)]
-    fn reject<ReqBody>(&self, kind: RejectionKind) -> ResponseFuture<S, ReqBody>
+    fn reject<ReqBody>(
+        &self,
+        kind: RejectionKind,
+        req: &Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
     {
-        ResponseFuture::rejected(self.shared.reject(kind))
+        let protocol = Protocol::of(&RequestHead::new(req));
+        ResponseFuture::rejected(self.shared.reject(kind, protocol))
     }
 
     /// Waits in the queue for a permit, then calls the inner service; or rejects.
@@ -138,10 +144,11 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
         let shared = self.shared.clone();
         let policy = shared.policy.clone();
         let release_on_headers = shared.release_on_headers;
+        let protocol = Protocol::of(&RequestHead::new(&req));
         let wait = Box::pin(async move {
             match waiter.acquire(shared.max_wait).await {
                 Some(permit) => Ok(permit),
-                None => Err(shared.reject(RejectionKind::Concurrency)),
+                None => Err(shared.reject(RejectionKind::Concurrency, protocol)),
             }
         });
         // The service that was driven to readiness goes with the request; this one must be

@@ -11,6 +11,8 @@
 //! | [`ClientIp`] | [`IpKey`] | `X-Forwarded-For` / `Forwarded` / `X-Real-IP`, trusted only from configured proxies |
 //! | [`Header`] | `Box<[u8]>` | a header's value, e.g. an API key |
 //! | [`Route`] | `Arc<str>` | the matched route (axum `MatchedPath`), else the path |
+//! | [`GrpcMethod`] | `Arc<str>` | a gRPC call's `/package.Service/Method` |
+//! | [`Metadata`] | `Box<str>` | an ASCII gRPC metadata entry |
 //! | [`from_fn`] | any | a closure over the request head |
 //! | `(A, B)`, `(A, B, C)` | tuple | every part must be present |
 //! | [`KeyExtractorExt::or`] | [`Either`] | the first extractor that succeeds, tagged with which one |
@@ -21,9 +23,11 @@ use std::sync::Arc;
 
 use http::{Extensions, HeaderMap, HeaderName, Method, Request, Uri};
 
+mod grpc;
 mod ip;
 pub(crate) mod missing;
 
+pub use grpc::{GrpcMethod, Metadata};
 pub use ip::{ClientIp, ForwardedHeader, IpKey, PeerIp};
 pub use missing::MissingKey;
 

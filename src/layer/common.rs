@@ -18,7 +18,7 @@ use http::{Response, StatusCode};
 use crate::error::ConfigError;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, MissingKey, RequestHead};
-use crate::response::{self, OnReject, RejectionKind};
+use crate::response::{self, OnReject, Protocol, RejectionKind};
 
 /// The builder settings every layer has: who a request counts against, what happens to a
 /// request without a key, and how rejections are answered.
@@ -169,16 +169,18 @@ impl<E: KeyExtractor> Core<E> {
     }
 
     /// The response to a request turned away without a rate-limit decision (no key, a full
-    /// queue, a concurrency limit): the hook's, or the default one.
+    /// queue, a concurrency limit): the hook's, or the default one, in the request's
+    /// `protocol` (read once from its head with [`Protocol::of`]).
     pub(crate) fn reject<B: From<Bytes>>(
         &self,
         kind: RejectionKind,
         status: StatusCode,
         retry_after: Option<Duration>,
         policy: Option<&str>,
+        protocol: Protocol,
     ) -> Response<B> {
         let hook = self.on_reject.as_ref();
-        response::respond(hook, kind, status, retry_after, None, policy)
+        response::respond(hook, kind, status, retry_after, None, policy, protocol)
     }
 
     /// The response to a request without a key, when the policy rejects it: no
@@ -187,8 +189,9 @@ impl<E: KeyExtractor> Core<E> {
         &self,
         status: StatusCode,
         policy: Option<&str>,
+        protocol: Protocol,
     ) -> Response<B> {
-        self.reject(RejectionKind::MissingKey, status, None, policy)
+        self.reject(RejectionKind::MissingKey, status, None, policy, protocol)
     }
 }
 

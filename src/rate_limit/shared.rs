@@ -13,7 +13,7 @@ use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::Core;
-use crate::response::{self, OnReject, RejectionKind};
+use crate::response::{self, OnReject, Protocol, RejectionKind};
 
 /// Chooses a request's tier: given the request and a lookup of tier names, the tier's index.
 pub(crate) type SelectFn =
@@ -111,7 +111,8 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             Resolved::Pass => return Prepared::Pass,
             Resolved::Reject(status) => {
                 let policy = Some(&*self.answers.tiers[tier].name);
-                return Prepared::Reject(self.core.reject_missing(status, policy));
+                let protocol = Protocol::of(head);
+                return Prepared::Reject(self.core.reject_missing(status, policy, protocol));
             }
         };
         let cost = self.cost.as_ref().map_or(1, |f| f(head));
@@ -158,6 +159,7 @@ impl Answers {
             decision.retry_after(),
             Some(&decision),
             Some(&tier.name),
+            Protocol::of(&RequestHead::new(req)),
         );
         if let Some(h) = headers {
             h.apply(resp.headers_mut());

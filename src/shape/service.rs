@@ -11,7 +11,7 @@ use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::{service_shell, Core};
-use crate::response::RejectionKind;
+use crate::response::{Protocol, RejectionKind};
 use std::time::Duration;
 
 pub(crate) struct Shared<E: KeyExtractor> {
@@ -70,7 +70,10 @@ where
                 return ResponseFuture::new(State::calling(self.inner.call(req)), None)
             }
             Resolved::Reject(status) => {
-                let resp = shared.core.reject_missing(status, Some(&shared.name));
+                let protocol = Protocol::of(&RequestHead::new(&req));
+                let resp = shared
+                    .core
+                    .reject_missing(status, Some(&shared.name), protocol);
                 return ResponseFuture::new(State::ready(resp), None);
             }
         };
@@ -93,6 +96,7 @@ where
                     StatusCode::TOO_MANY_REQUESTS,
                     Some(full.retry_after()),
                     Some(&shared.name),
+                    Protocol::of(&RequestHead::new(&req)),
                 );
                 if let Some(h) = shared.headers(&room) {
                     h.apply(resp.headers_mut());

@@ -38,8 +38,8 @@ mod forwarded;
 use cidr::mask128;
 pub use client::{ClientIp, ForwardedHeader};
 
-/// The address of the TCP peer (axum's `ConnectInfo<SocketAddr>`, or a `SocketAddr` in the
-/// request extensions).
+/// The address of the TCP peer (axum's `ConnectInfo<SocketAddr>`, tonic's `TcpConnectInfo`
+/// with the `tonic` feature, or a `SocketAddr` in the request extensions).
 ///
 /// IPv6 addresses are grouped by their /64 prefix by default (one host usually owns a whole
 /// /64, so counting single addresses would let it rotate through 2^64 keys); see
@@ -93,6 +93,13 @@ pub(crate) fn peer_addr(req: &RequestHead<'_>) -> Option<SocketAddr> {
         .get::<axum::extract::ConnectInfo<SocketAddr>>()
     {
         return Some(ci.0);
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(ci) = req
+        .extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+    {
+        return ci.remote_addr();
     }
     req.extensions.get::<SocketAddr>().copied()
 }

@@ -1,0 +1,344 @@
+//! Stream adapters: rate-limit or shape any [`futures_core::Stream`], e.g. the messages of a
+//! queue consumer.
+//!
+//! Items are never dropped: each one waits for its slot and is then yielded, in order. While an
+//! item waits, the stream underneath is not polled, so a consumer that reads with
+//! back-pressure (a Redis Stream read with `COUNT`, a Kafka consumer) fetches no more than it
+//! can pass on.
+//!
+//! * [`LimitStreamExt::rate_limit`]: a [`RateLimiter`] decides, keyed by a closure on the item;
+//!   [`RateLimited::cost`] charges an item more than one unit. A key with its burst left lets
+//!   items through at once.
+//! * [`LimitStreamExt::shape`]: a [`Shaper`] spaces items out, one per emission interval per
+//!   key; [`Shaped::cost`] makes an item take several slots.
+//!
+//! ```
+//! use std::time::Duration;
+//! use futures_util::StreamExt;
+//! use tollgate::stream::LimitStreamExt;
+//! use tollgate::{Clock, Quota, RateLimiter};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! // 2 messages per second per tenant, bursts of 2.
+//! let limiter = RateLimiter::<&str>::builder(Quota::per_second(2)).clock(Clock::tokio()).build();
+//! let messages = futures_util::stream::iter([("acme", 1), ("acme", 2), ("acme", 3), ("zeta", 4)]);
+//! let start = tokio::time::Instant::now();
+//! let out: Vec<_> = messages
+//!     .rate_limit(limiter, |m: &(&str, i32)| m.0)
+//!     .map(|m| (m.1, start.elapsed()))
+//!     .collect()
+//!     .await;
+//! assert_eq!(out[2], (3, Duration::from_millis(500)));
+//! # }
+//! ```
+//!
+//! # Clocks
+//! Waiting is on tokio's timer, so the limiter must read tokio's time or the system's (the
+//! default, or [`Clock::tokio`](crate::Clock::tokio) in tests with a paused clock).
+
+use std::fmt;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_core::Stream;
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+
+use crate::gcra::Outcome;
+use crate::limiter::RateLimiter;
+use crate::shape::{Shaper, Slot};
+
+/// The cost of an item when none is set: 1.
+fn unit_cost<T>(_: &T) -> u32 {
+    1
+}
+
+/// Rate limiting and shaping for every [`Stream`].
+pub trait LimitStreamExt: Stream + Sized {
+    /// Yields each item once `limiter` admits it for the key `key` gives, waiting as long as
+    /// it takes. Items cost 1 unless [`RateLimited::cost`] says otherwise.
+    fn rate_limit<K, KF>(self, limiter: RateLimiter<K>, key: KF) -> RateLimited<Self, K, KF>
+    where
+        K: Hash + Eq + Clone + Send + Sync,
+        KF: FnMut(&Self::Item) -> K,
+    {
+        let chunk = limiter
+            .quotas()
+            .iter()
+            .map(|q| q.burst_size())
+            .min()
+            .unwrap_or(1)
+            .max(1);
+        RateLimited {
+            stream: self,
+            limiter,
+            key,
+            cost: unit_cost::<Self::Item>,
+            chunk,
+            pending: None,
+            sleep: None,
+        }
+    }
+
+    /// Yields each item when its slot in `shaper`'s queue for the key `key` gives has come:
+    /// one item per emission interval per key. Items take one slot unless [`Shaped::cost`]
+    /// says otherwise.
+    fn shape<K, KF>(self, shaper: Shaper<K>, key: KF) -> Shaped<Self, K, KF>
+    where
+        K: Hash + Eq + Clone + Send + Sync,
+        KF: FnMut(&Self::Item) -> K,
+    {
+        Shaped {
+            stream: self,
+            shaper,
+            key,
+            cost: unit_cost::<Self::Item>,
+            pending: None,
+        }
+    }
+}
+
+impl<S: Stream> LimitStreamExt for S {}
+
+/// The item being admitted and what it still has to pay.
+struct Pending<T, K> {
+    item: T,
+    key: K,
+    /// Units (or slots) still to take.
+    owed: u32,
+}
+
+pin_project! {
+    /// A stream whose items pass a [`RateLimiter`]. Made by [`LimitStreamExt::rate_limit`].
+    ///
+    /// # Semantics
+    /// * An item is yielded once its cost has been admitted for its key; until then the stream
+    ///   underneath is not polled.
+    /// * A cost of 0 passes at once and consumes nothing.
+    /// * A cost above the smallest burst of the limiter's quotas could never be admitted in
+    ///   one decision: it is paid in parts of that burst, one after the other, so the item
+    ///   waits for its whole cost and the rate holds.
+    /// * Dropping the stream while an item waits drops the item; the parts of its cost already
+    ///   paid stay consumed.
+    #[must_use = "streams do nothing unless polled"]
+    pub struct RateLimited<S: Stream, K, KF, CF = fn(&<S as Stream>::Item) -> u32> {
+        #[pin]
+        stream: S,
+        limiter: RateLimiter<K>,
+        key: KF,
+        cost: CF,
+        chunk: u32,
+        pending: Option<Pending<S::Item, K>>,
+        sleep: Option<Pin<Box<Sleep>>>,
+    }
+}
+
+impl<S: Stream, K, KF, CF> RateLimited<S, K, KF, CF> {
+    /// Charges each item `cost(&item)` units instead of 1.
+    pub fn cost<CF2>(self, cost: CF2) -> RateLimited<S, K, KF, CF2>
+    where
+        CF2: FnMut(&S::Item) -> u32,
+    {
+        RateLimited {
+            stream: self.stream,
+            limiter: self.limiter,
+            key: self.key,
+            cost,
+            chunk: self.chunk,
+            pending: self.pending,
+            sleep: self.sleep,
+        }
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &RateLimiter<K> {
+        &self.limiter
+    }
+
+    /// The stream underneath.
+    pub fn into_inner(self) -> S {
+        self.stream
+    }
+}
+
+impl<S: Stream + fmt::Debug, K, KF, CF> fmt::Debug for RateLimited<S, K, KF, CF> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimited")
+            .field("stream", &self.stream)
+            .field("waiting", &self.pending.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, KF, CF> Stream for RateLimited<S, K, KF, CF>
+where
+    S: Stream,
+    K: Hash + Eq + Clone + Send + Sync,
+    KF: FnMut(&S::Item) -> K,
+    CF: FnMut(&S::Item) -> u32,
+{
+    type Item = S::Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        let mut this = self.project();
+        loop {
+            let Some(p) = this.pending.as_mut() else {
+                match this.stream.as_mut().poll_next(cx) {
+                    Poll::Ready(Some(item)) => {
+                        let key = (this.key)(&item);
+                        let owed = (this.cost)(&item);
+                        *this.pending = Some(Pending { item, key, owed });
+                        continue;
+                    }
+                    Poll::Ready(None) => return Poll::Ready(None),
+                    Poll::Pending => return Poll::Pending,
+                }
+            };
+            if p.owed == 0 {
+                *this.sleep = None;
+                return Poll::Ready(this.pending.take().map(|p| p.item));
+            }
+            let part = p.owed.min(*this.chunk);
+            let d = this.limiter.check_n(&p.key, part);
+            match d.outcome() {
+                Outcome::Allowed => p.owed -= part,
+                // Parts never exceed the smallest burst; should one anyway (a quota changed
+                // under us), pay unit by unit rather than stall.
+                Outcome::Exceeds => *this.chunk = 1,
+                Outcome::Limited => {
+                    let wait = d.retry_after().unwrap_or(Duration::from_millis(1));
+                    let deadline = tokio::time::Instant::now() + wait;
+                    let sleep = match this.sleep.as_mut() {
+                        Some(s) => {
+                            s.as_mut().reset(deadline);
+                            s
+                        }
+                        None => this
+                            .sleep
+                            .insert(Box::pin(tokio::time::sleep_until(deadline))),
+                    };
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                }
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let extra = usize::from(self.pending.is_some());
+        let (lo, hi) = self.stream.size_hint();
+        (
+            lo.saturating_add(extra),
+            hi.and_then(|h| h.checked_add(extra)),
+        )
+    }
+}
+
+pin_project! {
+    /// A stream whose items are spaced out by a [`Shaper`]. Made by [`LimitStreamExt::shape`].
+    ///
+    /// # Semantics
+    /// * An item takes its first place in its key's queue when the stream underneath yields
+    ///   it, and is yielded when its last slot has come; until then the stream underneath is
+    ///   not polled.
+    /// * A cost of `n` takes `n` slots one after the other (other users of the shaper may be
+    ///   served in between); a cost of 0 passes at once.
+    /// * Dropping the stream while an item waits drops the item and gives its place back.
+    #[must_use = "streams do nothing unless polled"]
+    pub struct Shaped<S: Stream, K, KF, CF = fn(&<S as Stream>::Item) -> u32> {
+        #[pin]
+        stream: S,
+        shaper: Shaper<K>,
+        key: KF,
+        cost: CF,
+        pending: Option<(Pending<S::Item, K>, Option<Slot>)>,
+    }
+}
+
+impl<S: Stream, K, KF, CF> Shaped<S, K, KF, CF> {
+    /// Makes each item take `cost(&item)` slots instead of 1.
+    pub fn cost<CF2>(self, cost: CF2) -> Shaped<S, K, KF, CF2>
+    where
+        CF2: FnMut(&S::Item) -> u32,
+    {
+        Shaped {
+            stream: self.stream,
+            shaper: self.shaper,
+            key: self.key,
+            cost,
+            pending: self.pending,
+        }
+    }
+
+    /// The shaper.
+    pub fn shaper(&self) -> &Shaper<K> {
+        &self.shaper
+    }
+
+    /// The stream underneath.
+    pub fn into_inner(self) -> S {
+        self.stream
+    }
+}
+
+impl<S: Stream + fmt::Debug, K, KF, CF> fmt::Debug for Shaped<S, K, KF, CF> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shaped")
+            .field("stream", &self.stream)
+            .field("waiting", &self.pending.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, KF, CF> Stream for Shaped<S, K, KF, CF>
+where
+    S: Stream,
+    K: Hash + Eq + Clone + Send + Sync,
+    KF: FnMut(&S::Item) -> K,
+    CF: FnMut(&S::Item) -> u32,
+{
+    type Item = S::Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        let mut this = self.project();
+        loop {
+            let Some((p, slot)) = this.pending.as_mut() else {
+                match this.stream.as_mut().poll_next(cx) {
+                    Poll::Ready(Some(item)) => {
+                        let key = (this.key)(&item);
+                        let owed = (this.cost)(&item);
+                        *this.pending = Some((Pending { item, key, owed }, None));
+                        continue;
+                    }
+                    Poll::Ready(None) => return Poll::Ready(None),
+                    Poll::Pending => return Poll::Pending,
+                }
+            };
+            if let Some(s) = slot {
+                if Pin::new(s).poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                *slot = None;
+                p.owed -= 1;
+            }
+            if p.owed == 0 {
+                return Poll::Ready(this.pending.take().map(|(p, _)| p.item));
+            }
+            *slot = Some(this.shaper.until_slot(&p.key));
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let extra = usize::from(self.pending.is_some());
+        let (lo, hi) = self.stream.size_hint();
+        (
+            lo.saturating_add(extra),
+            hi.and_then(|h| h.checked_add(extra)),
+        )
+    }
+}
