@@ -9,6 +9,7 @@ use crate::gcra::Decision;
 /// A handler behind a [`RateLimitLayer`](crate::RateLimitLayer) can take the decision that
 /// admitted its request. Outside such a layer the extraction fails with a 500 that says so;
 /// take `Option<Decision>` where the layer is optional.
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> FromRequestParts<S> for Decision {
     type Rejection = (StatusCode, &'static str);
 
@@ -20,6 +21,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Decision {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> OptionalFromRequestParts<S> for Decision {
     type Rejection = std::convert::Infallible;
 
