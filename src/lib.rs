@@ -32,7 +32,7 @@
 //! # }
 //! ```
 //!
-//! **Serve with `ConnectInfo`.** [`key::PeerIp`] (and [`key::ClientIp`], which starts from the
+//! **Serve with `ConnectInfo`.** [`key::PeerIp`](struct@key::PeerIp) (and [`key::ClientIp`], which starts from the
 //! peer) reads the client address axum provides only when the app is served with
 //! `into_make_service_with_connect_info::<SocketAddr>()`. Served with a plain
 //! `axum::serve(listener, app)`, no request has an address and every one gets the missing-key

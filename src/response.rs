@@ -157,7 +157,10 @@ impl<'a> Rejection<'a> {
 
     /// `"<phrase or code>: <detail>"`, for the pairs the static table does not hold.
     fn composed(&self) -> String {
-        let phrase = self.status.canonical_reason().unwrap_or(self.status.as_str());
+        let phrase = self
+            .status
+            .canonical_reason()
+            .unwrap_or(self.status.as_str());
         match self.kind.detail() {
             Some(detail) => format!("{phrase}: {detail}"),
             None => phrase.to_owned(),
@@ -202,10 +205,8 @@ impl<'a> Rejection<'a> {
         *resp.status_mut() = self.status;
         // Room for the type, Retry-After and the RateLimit fields without growing.
         resp.headers_mut().reserve(6);
-        resp.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static(content_type),
-        );
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         if let Some(wait) = self.retry_after {
             resp.headers_mut()
                 .insert(RETRY_AFTER, headers::retry_after_value(wait));
@@ -325,13 +326,37 @@ mod tests {
                 429,
                 "Too Many Requests: the request costs more than the limit allows\n",
             ),
-            (K::MissingKey, 400, "Bad Request: could not identify the client\n"),
-            (K::MissingKey, 401, "Unauthorized: could not identify the client\n"),
-            (K::MissingKey, 403, "Forbidden: could not identify the client\n"),
-            (K::Concurrency, 429, "Too Many Requests: too many requests in progress\n"),
-            (K::Concurrency, 503, "Service Unavailable: too many requests in progress\n"),
+            (
+                K::MissingKey,
+                400,
+                "Bad Request: could not identify the client\n",
+            ),
+            (
+                K::MissingKey,
+                401,
+                "Unauthorized: could not identify the client\n",
+            ),
+            (
+                K::MissingKey,
+                403,
+                "Forbidden: could not identify the client\n",
+            ),
+            (
+                K::Concurrency,
+                429,
+                "Too Many Requests: too many requests in progress\n",
+            ),
+            (
+                K::Concurrency,
+                503,
+                "Service Unavailable: too many requests in progress\n",
+            ),
             (K::QueueFull, 429, "Too Many Requests: the queue is full\n"),
-            (K::QueueFull, 503, "Service Unavailable: the queue is full\n"),
+            (
+                K::QueueFull,
+                503,
+                "Service Unavailable: the queue is full\n",
+            ),
             (K::StoreUnavailable, 503, "Service Unavailable\n"),
         ];
         for (kind, code, expected) in produced {
@@ -363,7 +388,10 @@ mod tests {
                 assert_eq!(body(&resp), format!("{}\n", r.message()));
                 assert!(!r.message().contains('\n'));
                 if status != StatusCode::TOO_MANY_REQUESTS {
-                    assert!(!body(&resp).contains("Too Many Requests"), "{kind:?} {code}");
+                    assert!(
+                        !body(&resp).contains("Too Many Requests"),
+                        "{kind:?} {code}"
+                    );
                 }
             }
         }
@@ -410,7 +438,12 @@ mod tests {
     #[test]
     fn retry_after_secs_rounds_up_and_is_never_zero() {
         let mut r = rejection(RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS);
-        for (wait, secs) in [(1, Some(1)), (999, Some(1)), (1000, Some(1)), (1001, Some(2))] {
+        for (wait, secs) in [
+            (1, Some(1)),
+            (999, Some(1)),
+            (1000, Some(1)),
+            (1001, Some(2)),
+        ] {
             r.retry_after = Some(Duration::from_millis(wait));
             assert_eq!(r.retry_after_secs(), secs, "{wait} ms");
         }

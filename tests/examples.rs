@@ -66,12 +66,7 @@ fn curl(method: Method, path: &str, headers: &[(&str, &str)]) -> Request<Body> {
 }
 
 /// The same request from another client address.
-fn curl_from(
-    method: Method,
-    path: &str,
-    headers: &[(&str, &str)],
-    peer: [u8; 4],
-) -> Request<Body> {
+fn curl_from(method: Method, path: &str, headers: &[(&str, &str)], peer: [u8; 4]) -> Request<Body> {
     let mut req = Request::builder().method(method).uri(path);
     for (name, value) in headers {
         req = req.header(*name, *value);
@@ -151,7 +146,9 @@ fn readme_curl_output() -> (Vec<String>, Vec<String>) {
         + "```text\n".len();
     let block = &readme[start..];
     let block = &block[..block.find("```").expect("the block ends")];
-    let (first, last) = block.split_once("...\n").expect("the block elides with ...");
+    let (first, last) = block
+        .split_once("...\n")
+        .expect("the block elides with ...");
     let lines = |s: &str| s.lines().map(str::to_owned).collect::<Vec<_>>();
     (lines(first), lines(last))
 }
@@ -257,7 +254,11 @@ async fn per_route_api_needs_a_key_and_counts_per_key() {
     let app = per_route::app(clock);
 
     // curl -i localhost:3000/api/items -H 'x-api-key: k1'
-    let a = send(&app, curl(Method::GET, "/api/items", &[("x-api-key", "k1")])).await;
+    let a = send(
+        &app,
+        curl(Method::GET, "/api/items", &[("x-api-key", "k1")]),
+    )
+    .await;
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(a.body, "[]\n");
     assert_eq!(
@@ -481,7 +482,10 @@ async fn stacked_three_per_route_then_429_other_route_unaffected() {
     let mut reqs: Vec<_> = (0..5).map(|_| get("/api/users")).collect();
     reqs.push(get("/api/orders"));
     let answers = all_at_once(&app, reqs).await;
-    let users: Vec<u16> = answers[..5].iter().map(|(a, _)| a.status.as_u16()).collect();
+    let users: Vec<u16> = answers[..5]
+        .iter()
+        .map(|(a, _)| a.status.as_u16())
+        .collect();
     assert_eq!(users.iter().filter(|s| **s == 200).count(), 3, "{users:?}");
     assert_eq!(users.iter().filter(|s| **s == 429).count(), 2, "{users:?}");
     assert_eq!(answers[5].0.status, StatusCode::OK);
@@ -495,7 +499,10 @@ async fn stacked_twelve_in_a_row_ten_then_429() {
     for _ in 0..12 {
         statuses.push(send(&app, get("/")).await.status.as_u16());
     }
-    assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 429, 429]);
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 429, 429]
+    );
     assert_eq!(send(&app, get("/nope")).await.status, StatusCode::NOT_FOUND);
 }
 
@@ -524,7 +531,11 @@ async fn redis_two_instances_share_five_per_minute_and_say_degraded_when_redis_i
         .map(|i| {
             if i < 5 {
                 let left = 4 - i;
-                (200, format!("r={left}"), format!("hello; {left} more right now\n"))
+                (
+                    200,
+                    format!("r={left}"),
+                    format!("hello; {left} more right now\n"),
+                )
             } else {
                 (429, "r=0".to_owned(), "Too Many Requests\n".to_owned())
             }
@@ -540,5 +551,40 @@ async fn redis_two_instances_share_five_per_minute_and_say_degraded_when_redis_i
     assert_eq!(
         ans.body,
         "hello; degraded: Redis did not answer, admitted without counting\n"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// polite_client
+
+#[path = "../examples/polite_client.rs"]
+#[allow(dead_code)]
+mod polite_client;
+
+#[tokio::test(start_paused = true)]
+async fn polite_client_calls_go_out_100_ms_apart_then_the_jobs() {
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = log.clone();
+    let answers = polite_client::demo(move |at, what| {
+        sink.lock().unwrap().push((at, what));
+    })
+    .await;
+    assert_eq!(answers, 25);
+
+    let log = log.lock().unwrap().clone();
+    let times: Vec<u64> = log.iter().map(|(at, _)| at.as_millis() as u64).collect();
+    let expected: Vec<u64> = (0..28).map(|i| i * 100).collect();
+    assert_eq!(times, expected);
+    assert!(log[..25]
+        .iter()
+        .all(|(_, what)| what.starts_with("GET /orders/")));
+    let jobs: Vec<&str> = log[25..].iter().map(|(_, what)| what.as_str()).collect();
+    assert_eq!(
+        jobs,
+        [
+            "job 0 may call the partner",
+            "job 1 may call the partner",
+            "job 2 may call the partner"
+        ]
     );
 }

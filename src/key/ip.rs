@@ -1,4 +1,4 @@
-//! IP-address keys: the TCP peer ([`PeerIp`]), and the client behind trusted proxies
+//! IP-address keys: the TCP peer ([`PeerIp`](struct@PeerIp)), and the client behind trusted proxies
 //! ([`ClientIp`]).
 //!
 //! Threat model: every header is written by whoever opened the connection, so a client can
@@ -325,7 +325,7 @@ const MAX_HOPS: usize = 32;
 /// # Rules
 ///
 /// - **No trusted proxies** ([`ClientIp::new`] alone): the key is the peer address, exactly
-///   as with [`PeerIp`].
+///   as with [`PeerIp`](struct@PeerIp).
 /// - **Peer not trusted**: the headers are ignored entirely; the key is the peer address.
 ///   Sending forged headers directly changes nothing.
 /// - **Peer trusted**: the first header of the [configured list](ClientIp::headers)
@@ -340,7 +340,7 @@ const MAX_HOPS: usize = 32;
 ///   - At most 32 list elements are looked at; a longer chain of trusted proxies ends the
 ///     walk at the 32nd, as if it were the client.
 ///   - No configured header present: the key is the peer address.
-/// - The key is grouped as with [`PeerIp`]: IPv4-mapped IPv6 as IPv4, IPv6 by /64 unless set
+/// - The key is grouped as with [`PeerIp`](struct@PeerIp): IPv4-mapped IPv6 as IPv4, IPv6 by /64 unless set
 ///   with [`ipv6_prefix`](ClientIp::ipv6_prefix). Trust is decided on full addresses.
 /// - No peer address at all: [`KeyError`].
 ///
@@ -382,7 +382,7 @@ impl Default for ClientIp {
 }
 
 impl ClientIp {
-    /// Trusts no proxy (the key is the peer address, as with [`PeerIp`]) until proxies are
+    /// Trusts no proxy (the key is the peer address, as with [`PeerIp`](struct@PeerIp)) until proxies are
     /// added with [`trust_proxy`](ClientIp::trust_proxy) and friends. Reads `X-Forwarded-For`,
     /// then `Forwarded`; IPv6 grouped by /64.
     #[must_use]

@@ -12,7 +12,7 @@ use crate::response::{self, OnReject, Rejection, RejectionKind};
 /// The same policy for every layer of the crate. Never a 500, never a panic.
 ///
 /// `MissingKey::reject(401)` is `MissingKey::Reject(StatusCode::UNAUTHORIZED)`. With
-/// [`PeerIp`](crate::key::PeerIp) or [`ClientIp`](crate::key::ClientIp), a server that is not
+/// [`PeerIp`](struct@crate::key::PeerIp) or [`ClientIp`](crate::key::ClientIp), a server that is not
 /// served with `into_make_service_with_connect_info::<SocketAddr>()` has no peer address for
 /// any request, so every request gets this answer: the default `400` then means "fix the
 /// server", not "the client is wrong".
