@@ -110,3 +110,32 @@ pub(crate) fn rejection<B: From<Bytes>>(
     };
     response::reject(hook, &r)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reject_takes_the_status_as_a_number() {
+        assert_eq!(
+            MissingKey::<()>::reject(401),
+            MissingKey::Reject(StatusCode::UNAUTHORIZED)
+        );
+        assert_eq!(
+            MissingKey::<()>::reject(599),
+            MissingKey::Reject(StatusCode::from_u16(599).unwrap_or(StatusCode::BAD_REQUEST))
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "rejection status 200 is not a 4xx or 5xx status")]
+    fn reject_refuses_a_success_status() {
+        let _ = MissingKey::<()>::reject(200);
+    }
+
+    #[test]
+    #[should_panic(expected = "rejection status 1000 is not a 4xx or 5xx status")]
+    fn reject_refuses_a_number_that_is_no_status() {
+        let _ = MissingKey::<()>::reject(1000);
+    }
+}
