@@ -11,13 +11,12 @@
 //! and `127.0.0.1:3002`, so `curl -H 'x-api-key: k' localhost:3001/` and the same on 3002
 //! count against one limit. Redis is taken from `REDIS_URL` (default `redis://127.0.0.1:6379`).
 //!
-//! The seven requests print five `200 OK`s (`RateLimit: "api";r=4;t=12` down to `r=0`), then
+//! The seven requests print five `200 OK`s (`RateLimit: "api";r=4;...` down to `r=0`), then
 //! two `429 Too Many Requests`. The handler answers `hello; N more right now`, or
 //! `hello; degraded: Redis did not answer, admitted without counting` when the store failed
 //! and the layer failed open. Outages are logged through `tracing` (set up here with
-//! `tracing-subscriber`): stop the redis-server while
-//! the example serves and the log says so, once, then once per 10 s, then once when Redis is
-//! back.
+//! `tracing-subscriber`): stop the redis-server while the example serves and the log says so,
+//! once, then once per 10 s, then once when Redis is back.
 
 use axum::body::Body;
 use axum::{routing::get, Router};
