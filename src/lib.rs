@@ -42,10 +42,16 @@
 //!
 //! An admitted request gets its response with
 //! `RateLimit-Policy: "per-ip";q=5;w=5` and `RateLimit: "per-ip";r=4;t=1`
-//! (draft-ietf-httpapi-ratelimit-headers-10; see [`headers`] for the mapping). A rejected one gets
-//! `429 Too Many Requests` at once, with `Retry-After` in whole seconds (rounded up, never 0)
-//! and the same fields; the inner service never sees it. The body of every rejection starts
-//! with its status's reason phrase; [`response::OnReject`] replaces it.
+//! (draft-ietf-httpapi-ratelimit-headers-10; see [`headers`] for the mapping; a layer without
+//! a name is named after its quota, `"1-per-1s"`, see [`Policy`]). A rejected one gets
+//! `429 Too Many Requests` at once and the same fields; the inner service never sees it. When
+//! waiting helps, the rejection carries `Retry-After` in whole seconds (rounded up, never 0);
+//! a request that costs more than a quota's burst can never pass and gets none. The body of
+//! every rejection starts with its status's reason phrase; [`response::OnReject`] replaces it.
+//!
+//! One layer value is one shared state: its clones and every service it wraps (every route of
+//! a `Router::layer`) count against the same limits. tower's `RateLimitLayer` and
+//! `ConcurrencyLimitLayer` give each wrapped service its own state instead.
 //!
 //! # Where a layer goes, and stacking
 //!
@@ -54,6 +60,11 @@
 //! stack: the one added last runs first. Put a rate limit outside a concurrency limit, so a
 //! rejected request never takes a permit. Several quotas on one key are best given to one layer
 //! ([`Policy::quota`]): they are then decided all or nothing.
+//!
+//! Two layers on one handler go in one `.layer((outer, inner))` (a tuple) or a
+//! `ServiceBuilder`: `post(h).layer(a).layer(b)` does not compile with axum (E0283, "cannot
+//! infer type ... `NewError`"), for any pair of Tower middlewares that keep the inner error
+//! type. See [`rate_limit`] for an example.
 //!
 //! ```
 //! use std::time::Duration;
@@ -155,6 +166,7 @@ pub mod error;
 pub mod gcra;
 pub mod headers;
 pub mod key;
+mod layer;
 pub mod limiter;
 pub mod quota;
 pub mod rate_limit;
@@ -164,6 +176,8 @@ pub mod redis;
 pub mod response;
 pub mod shape;
 pub mod store;
+
+mod wait;
 
 #[cfg(feature = "axum")]
 mod axum_support;
