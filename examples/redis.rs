@@ -10,6 +10,13 @@
 //! burst of the shared limit (5 per API key), then 429s. Then both serve, on `127.0.0.1:3001`
 //! and `127.0.0.1:3002`, so `curl -H 'x-api-key: k' localhost:3001/` and the same on 3002
 //! count against one limit. Redis is taken from `REDIS_URL` (default `redis://127.0.0.1:6379`).
+//!
+//! The seven requests print five `200 OK`s (`RateLimit: "api";r=4;...` down to `r=0`), then
+//! two `429 Too Many Requests`. The handler answers `hello; N more right now`, or
+//! `hello; degraded: Redis did not answer, admitted without counting` when the store failed
+//! and the layer failed open. Outages are logged through `tracing` (set up here with
+//! `tracing-subscriber`): stop the redis-server while the example serves and the log says so,
+//! once, then once per 10 s, then once when Redis is back.
 
 use axum::body::Body;
 use axum::{routing::get, Router};
@@ -20,20 +27,30 @@ use tollgate::{Decision, Policy, Quota, RateLimitLayer};
 use tower::ServiceExt;
 
 async fn hello(decision: Decision) -> String {
-    format!("hello; {} more right now\n", decision.remaining())
+    if decision.is_degraded() {
+        // Fail-open admitted the request without Redis: there is no count to report.
+        "hello; degraded: Redis did not answer, admitted without counting\n".to_owned()
+    } else {
+        format!("hello; {} more right now\n", decision.remaining())
+    }
 }
 
 /// One instance of the service: its own connection, the shared policy name.
-async fn instance(url: &str) -> Result<Router, redis::RedisError> {
+pub async fn instance(url: &str) -> Result<Router, redis::RedisError> {
     let store = RedisStore::connect(url).await?.on_failure(FailMode::Open);
     let limit = RateLimitLayer::new(Policy::new("api", Quota::per_minute(5)))
         .key(Header::new("x-api-key"))
         .store(store);
-    Ok(Router::new().route("/", get(hello)).layer(limit))
+    // `route_layer`: unknown paths stay 404 and cost no Redis round trip.
+    Ok(Router::new().route("/", get(hello)).route_layer(limit))
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Without a subscriber the outage logs go nowhere.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .init();
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     let (a, b) = match tokio::try_join!(instance(&url), instance(&url)) {
         Ok(pair) => pair,

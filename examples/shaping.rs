@@ -7,9 +7,18 @@
 //!
 //! Serves on `127.0.0.1:3000`, or on the address in `ADDR`, and prints `curl` lines to try:
 //!
-//! * `GET /` — everyone shares one queue, 2 requests per second, at most 4 waiting.
-//! * `GET /per-ip` — one queue per client IP, 5 per second; the first 3 after idle go at once
-//!   (nginx `limit_req burst=8 delay=2`).
+//! * `GET /` — everyone shares one queue, 2 requests per second, at most 4 waiting. Eight at
+//!   once: one is served at once, four are served 0.5 s apart (at +0.5, +1.0, +1.5 and
+//!   +2.0 s), three are refused at once with `429` and `retry-after`.
+//! * `GET /per-ip` — one queue per client IP, 5 per second; the first 3 after idle go at once,
+//!   then one every 0.2 s, at most 6 waiting and never longer than 1.5 s (nginx
+//!   `limit_req burst=8 delay=2`). Ten at once from one client: 3 at once, 6 spaced 0.2 s
+//!   apart, one refused with `429`.
+//!
+//! Each shaper is a layer of its own route, so unknown paths stay `404`. The per-IP
+//! queue keys by `key::PeerIp`, which needs the server to be served with
+//! `into_make_service_with_connect_info::<SocketAddr>()`; without it every request to
+//! `/per-ip` gets `400 Bad Request` (no client address, the default missing-key answer).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -18,9 +27,9 @@ use axum::{routing::get, Router};
 use tokio::time::Instant;
 use tollgate::{key, Quota, ShapeLayer};
 
-#[tokio::main]
-async fn main() -> std::io::Result<()> {
-    let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+/// The app. Shaping waits on tokio's timer and reads tokio's clock, so the tests run it under
+/// a paused clock.
+pub fn app() -> Router {
     let started = Instant::now();
     let served_at =
         move || async move { format!("served at +{:.3}s\n", started.elapsed().as_secs_f64()) };
@@ -36,13 +45,17 @@ async fn main() -> std::io::Result<()> {
         .no_delay_burst(2)
         .max_queue(6)
         .max_delay(Duration::from_millis(1500))
-        .key(key::PeerIp::new())
+        .key(key::PeerIp)
         .name("per-ip");
 
-    let app = Router::new()
+    Router::new()
         .route("/", get(served_at).layer(shared))
-        .route("/per-ip", get(served_at).layer(per_ip));
+        .route("/per-ip", get(served_at).layer(per_ip))
+}
 
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     let local = listener.local_addr()?;
     println!("tollgate shaping example listening on http://{local}");
@@ -59,9 +72,10 @@ async fn main() -> std::io::Result<()> {
     println!(
         "  for i in $(seq 10); do curl -s -w '%{{http_code}} ' http://{local}/per-ip & done; wait"
     );
+    // PeerIp needs the peer address: serve with ConnectInfo.
     axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
+        app().into_make_service_with_connect_info::<SocketAddr>(),
     )
     .await
 }

@@ -15,6 +15,7 @@ use crate::gcra::{Decision, Decisions};
 /// [`is_unlimited`](Decision::is_unlimited). Only a handler that no `RateLimitLayer` wraps at
 /// all fails to extract it, with a 500 that says so: a mistake in how the app is assembled,
 /// which no request can cause or avoid. Take `Option<Decision>` where the layer is optional.
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> FromRequestParts<S> for Decision {
     type Rejection = (StatusCode, &'static str);
 
@@ -27,6 +28,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Decision {
 }
 
 /// `None` when no [`RateLimitLayer`](crate::RateLimitLayer) wraps the handler.
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> OptionalFromRequestParts<S> for Decision {
     type Rejection = std::convert::Infallible;
 

@@ -9,18 +9,22 @@
 //! * [`key`]: who a request counts against — peer IP, client IP behind trusted proxies, a
 //!   header, the route, a closure, or a tuple of them.
 //!
+//! * [`ConcurrencyLimitLayer`]: at most `n` requests in flight, globally or per key; reject at
+//!   once or wait in a bounded FIFO queue (see [`concurrency`]).
+//! * [`MissingKey`]: what every layer does with a request that has no key.
+//!
 //! # Quick start
 //!
 //! ```
 //! use std::net::SocketAddr;
 //! use axum::{routing::get, Router};
-//! use tollgate::{key, Quota, RateLimitLayer};
+//! use tollgate::{key, Policy, Quota, RateLimitLayer};
 //!
 //! # async fn run() -> std::io::Result<()> {
 //! // Per client IP: 1 request per second, bursts of 5.
-//! let app = Router::new()
-//!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(Quota::per_second(1).burst(5)).key(key::PeerIp::new()));
+//! let per_ip = RateLimitLayer::new(Policy::new("per-ip", Quota::per_second(1).burst(5)))
+//!     .key(key::PeerIp);
+//! let app = Router::new().route("/", get(|| async { "hello" }).layer(per_ip));
 //!
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! // PeerIp needs the peer address: serve with ConnectInfo.
@@ -28,24 +32,105 @@
 //! # }
 //! ```
 //!
+//! **Serve with `ConnectInfo`.** [`key::PeerIp`](struct@key::PeerIp) (and [`key::ClientIp`], which starts from the
+//! peer) reads the client address axum provides only when the app is served with
+//! `into_make_service_with_connect_info::<SocketAddr>()`. Served with a plain
+//! `axum::serve(listener, app)`, no request has an address and every one gets the missing-key
+//! answer: `400 Bad Request` unless [`MissingKey`] says otherwise.
+//!
 //! # What clients see
 //!
 //! An admitted request gets its response with
-//! `RateLimit-Policy: "1-per-1s";q=5;w=5` and `RateLimit: "1-per-1s";r=4;t=1`
+//! `RateLimit-Policy: "per-ip";q=5;w=5` and `RateLimit: "per-ip";r=4;t=1`
 //! (draft-ietf-httpapi-ratelimit-headers-10; see [`headers`] for the mapping; a layer without
-//! a name is named after its quota, see [`Policy`]). A rejected one gets
+//! a name is named after its quota, `"1-per-1s"`, see [`Policy`]). A rejected one gets
 //! `429 Too Many Requests` at once and the same fields; the inner service never sees it. When
 //! waiting helps, the rejection carries `Retry-After` in whole seconds (rounded up, never 0);
-//! a request that costs more than a quota's burst can never pass and gets none.
+//! a request that costs more than a quota's burst can never pass and gets none. The body of
+//! every rejection starts with its status's reason phrase; [`response::OnReject`] replaces it.
 //!
 //! One layer value is one shared state: its clones and every service it wraps (every route of
 //! a `Router::layer`) count against the same limits. tower's `RateLimitLayer` and
 //! `ConcurrencyLimitLayer` give each wrapped service its own state instead.
 //!
+//! # Where a layer goes, and stacking
+//!
+//! `MethodRouter::layer` covers one route, `Router::route_layer` the routes added before it
+//! (an unknown path stays `404`), `Router::layer` every request, unknown paths too. Layers
+//! stack: the one added last runs first. Put a rate limit outside a concurrency limit, so a
+//! rejected request never takes a permit. Several quotas on one key are best given to one layer
+//! ([`Policy::quota`]): they are then decided all or nothing.
+//!
 //! Two layers on one handler go in one `.layer((outer, inner))` (a tuple) or a
 //! `ServiceBuilder`: `post(h).layer(a).layer(b)` does not compile with axum (E0283, "cannot
 //! infer type ... `NewError`"), for any pair of Tower middlewares that keep the inner error
 //! type. See [`rate_limit`] for an example.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{body::Body, routing::get, Router};
+//! use http::{Request, StatusCode};
+//! use tollgate::{key, ConcurrencyLimitLayer, MissingKey, Quota, RateLimitLayer};
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let api = Router::new()
+//!     // At most 4 reports built at once; 8 more may wait up to 2 s, then 503.
+//!     .route("/report", get(|| async { "report" })
+//!         .layer(ConcurrencyLimitLayer::new(4).queue(8, Duration::from_secs(2))))
+//!     .route("/items", get(|| async { "[]" }))
+//!     // Outermost, for the routes above only: 10 per second per API key, 401 without one.
+//!     .route_layer(RateLimitLayer::new(Quota::per_second(10))
+//!         .key(key::Header::new("x-api-key"))
+//!         .on_missing_key(MissingKey::reject(401)));
+//!
+//! let with_key = Request::get("/items").header("x-api-key", "k1").body(Body::empty()).unwrap();
+//! assert_eq!(api.clone().oneshot(with_key).await.unwrap().status(), StatusCode::OK);
+//! let without = Request::get("/items").body(Body::empty()).unwrap();
+//! assert_eq!(api.clone().oneshot(without).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+//! let unknown = Request::get("/nope").body(Body::empty()).unwrap();
+//! assert_eq!(api.oneshot(unknown).await.unwrap().status(), StatusCode::NOT_FOUND);
+//! # }
+//! ```
+//!
+//! # Missing keys
+//!
+//! A request whose key cannot be extracted (no such header, no peer address) is never a panic
+//! or a 500: [`MissingKey`] decides. `MissingKey::reject(401)` answers that status (the
+//! default is `400`), `MissingKey::UseKey(k)` counts all such requests under one key,
+//! `MissingKey::Allow` lets them through unlimited.
+//!
+//! # Tiers
+//!
+//! One layer can hold several [`Policy`]s, chosen per request: VIP API keys get more.
+//!
+//! ```
+//! use axum::{body::Body, routing::get, Router};
+//! use tollgate::{key, Clock, Decision, Policy, Quota, RateLimitLayer};
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let (clock, _time) = Clock::manual();
+//! let limit = RateLimitLayer::new(Policy::new("free", Quota::per_second(10)))
+//!     .tier(Policy::new("vip", Quota::per_second(100)))
+//!     .key(key::Header::new("x-api-key"))
+//!     .select_tier(|req| {
+//!         let api_key = req.headers.get("x-api-key")?;
+//!         api_key.as_bytes().starts_with(b"vip_").then_some("vip")
+//!     })
+//!     .clock(clock);
+//! let app = Router::new()
+//!     .route("/", get(|d: Decision| async move { d.limit().to_string() }))
+//!     .route_layer(limit);
+//!
+//! for (api_key, limit) in [("vip_ada", "100"), ("bob", "10")] {
+//!     let req = http::Request::get("/").header("x-api-key", api_key).body(Body::empty()).unwrap();
+//!     let body = app.clone().oneshot(req).await.unwrap().into_body();
+//!     let bytes = axum::body::to_bytes(body, 64).await.unwrap();
+//!     assert_eq!(bytes, limit);
+//! }
+//! # }
+//! ```
 //!
 //! # Semantics
 //!
@@ -75,6 +160,7 @@
 //!   need no feature.
 //! * `stream`: adapters that rate-limit or shape any `futures::Stream` (module `stream`).
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 pub mod clock;
@@ -89,6 +175,7 @@ pub mod limiter;
 pub mod quota;
 pub mod rate_limit;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 pub mod response;
 pub mod shape;

@@ -14,6 +14,7 @@
 //! read from the request head ([`Protocol::of`]) and can be forced with
 //! [`OnReject::grpc`].
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,6 +80,31 @@ pub enum RejectionKind {
     /// The limit's store (Redis) could not be reached in time and the layer is set to fail
     /// closed: `503 Service Unavailable`.
     StoreUnavailable,
+}
+
+impl RejectionKind {
+    /// The short machine-readable code of this kind (see [`Rejection::reason`]).
+    pub fn code(self) -> &'static str {
+        match self {
+            RejectionKind::RateLimited => "rate_limited",
+            RejectionKind::CostExceedsBurst => "cost_exceeds_burst",
+            RejectionKind::MissingKey => "missing_key",
+            RejectionKind::Concurrency => "concurrency_limited",
+            RejectionKind::QueueFull => "queue_full",
+            RejectionKind::StoreUnavailable => "store_unavailable",
+        }
+    }
+
+    /// What happened, for kinds the status's reason phrase does not say by itself.
+    fn detail(self) -> Option<&'static str> {
+        match self {
+            RejectionKind::RateLimited | RejectionKind::StoreUnavailable => None,
+            RejectionKind::CostExceedsBurst => Some("the request costs more than the limit allows"),
+            RejectionKind::MissingKey => Some("could not identify the client"),
+            RejectionKind::Concurrency => Some("too many requests in progress"),
+            RejectionKind::QueueFull => Some("the queue is full"),
+        }
+    }
 }
 
 /// What a rejection hook is told about the request it answers.
@@ -147,31 +173,115 @@ impl<'a> Rejection<'a> {
         crate::grpc::response(self)
     }
 
-    /// The plain HTTP response whatever the request: the status, a one-line text body and
-    /// `Retry-After`.
-    pub fn http_response(&self) -> Response<Bytes> {
-        let body: &'static str = match self.kind {
-            RejectionKind::RateLimited => "Too Many Requests\n",
-            RejectionKind::CostExceedsBurst => "Request exceeds the rate limit\n",
-            RejectionKind::MissingKey => "Could not identify the client\n",
-            RejectionKind::Concurrency => {
-                if self.status == StatusCode::SERVICE_UNAVAILABLE {
-                    "Service Unavailable\n"
-                } else {
-                    "Too Many Concurrent Requests\n"
-                }
+    /// A short machine-readable code for [`kind`](Self::kind), stable across releases:
+    /// `"rate_limited"`, `"cost_exceeds_burst"`, `"missing_key"`, `"concurrency_limited"`,
+    /// `"queue_full"` or `"store_unavailable"`. Put it in a JSON body, a log line or a metric.
+    pub fn reason(&self) -> &'static str {
+        self.kind.code()
+    }
+
+    /// [`retry_after`](Self::retry_after) in whole seconds as `Retry-After` carries it
+    /// (rounded up, at least 1), or `None` when waiting does not help.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after
+            .map(|d| headers::ceil_secs(d).clamp(1, headers::MAX_INTEGER))
+    }
+
+    /// The one-line text of the default response, without the line break: the status's
+    /// reason phrase, then what happened when the phrase does not say it
+    /// (`"Service Unavailable: too many requests in progress"`). It never contradicts the
+    /// status: it always starts with the status's reason phrase (its code when it has none).
+    pub fn message(&self) -> Cow<'static, str> {
+        match self.static_line() {
+            Some(line) => Cow::Borrowed(line.trim_end_matches('\n')),
+            None => Cow::Owned(self.composed()),
+        }
+    }
+
+    /// The body line of the pairs the crate produces, with its line break, without an
+    /// allocation (rejections are the hot path under a flood).
+    fn static_line(&self) -> Option<&'static str> {
+        use RejectionKind as K;
+        Some(match (self.kind, self.status) {
+            (K::RateLimited, StatusCode::TOO_MANY_REQUESTS) => "Too Many Requests\n",
+            (K::CostExceedsBurst, StatusCode::TOO_MANY_REQUESTS) => {
+                "Too Many Requests: the request costs more than the limit allows\n"
             }
-            RejectionKind::QueueFull => "Too Many Requests\n",
-            RejectionKind::StoreUnavailable => "Service Unavailable\n",
+            (K::MissingKey, StatusCode::BAD_REQUEST) => {
+                "Bad Request: could not identify the client\n"
+            }
+            (K::MissingKey, StatusCode::UNAUTHORIZED) => {
+                "Unauthorized: could not identify the client\n"
+            }
+            (K::Concurrency, StatusCode::TOO_MANY_REQUESTS) => {
+                "Too Many Requests: too many requests in progress\n"
+            }
+            (K::Concurrency, StatusCode::SERVICE_UNAVAILABLE) => {
+                "Service Unavailable: too many requests in progress\n"
+            }
+            (K::QueueFull, StatusCode::TOO_MANY_REQUESTS) => {
+                "Too Many Requests: the queue is full\n"
+            }
+            (K::QueueFull, StatusCode::SERVICE_UNAVAILABLE) => {
+                "Service Unavailable: the queue is full\n"
+            }
+            (K::StoreUnavailable, StatusCode::SERVICE_UNAVAILABLE) => "Service Unavailable\n",
+            _ => return None,
+        })
+    }
+
+    /// `"<phrase or code>: <detail>"`, for the pairs the static table does not hold.
+    fn composed(&self) -> String {
+        let phrase = self
+            .status
+            .canonical_reason()
+            .unwrap_or(self.status.as_str());
+        match self.kind.detail() {
+            Some(detail) => format!("{phrase}: {detail}"),
+            None => phrase.to_owned(),
+        }
+    }
+
+    /// A JSON response in the status of the default one, with `Retry-After`:
+    /// `{"error":"<reason>","message":"<message>","retry_after":<seconds or null>}`.
+    /// The ready-made body for [`OnReject`] hooks of JSON APIs.
+    ///
+    /// ```
+    /// use tollgate::response::{OnReject, Rejection};
+    /// let json = OnReject::new(|r: &Rejection<'_>| r.json_response());
+    /// # let _ = json;
+    /// ```
+    pub fn json_response(&self) -> Response<Bytes> {
+        let retry_after = match self.retry_after_secs() {
+            Some(secs) => secs.to_string(),
+            None => "null".to_owned(),
         };
-        let mut resp = Response::new(Bytes::from_static(body.as_bytes()));
+        // The reason and the message are ASCII without quotes or backslashes: no escaping.
+        let body = format!(
+            "{{\"error\":\"{}\",\"message\":\"{}\",\"retry_after\":{retry_after}}}\n",
+            self.reason(),
+            self.message()
+        );
+        self.response(Bytes::from(body), "application/json")
+    }
+
+    /// The plain HTTP response whatever the request: the status, the one-line
+    /// [`message`](Self::message) as a plain-text body, and `Retry-After` when waiting helps.
+    pub fn http_response(&self) -> Response<Bytes> {
+        let body = match self.static_line() {
+            Some(line) => Bytes::from_static(line.as_bytes()),
+            None => Bytes::from(self.composed() + "\n"),
+        };
+        self.response(body, "text/plain; charset=utf-8")
+    }
+
+    fn response(&self, body: Bytes, content_type: &'static str) -> Response<Bytes> {
+        let mut resp = Response::new(body);
         *resp.status_mut() = self.status;
         // No `reserve`: the first insertion makes room for six fields (the type, Retry-After
         // and the RateLimit fields fit), and costs less than reserving the same room ahead.
-        resp.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         if let Some(wait) = self.retry_after {
             resp.headers_mut()
                 .insert(RETRY_AFTER, headers::retry_after_value(wait));
@@ -182,17 +292,29 @@ impl<'a> Rejection<'a> {
 
 /// A function that builds the response for a rejected request.
 ///
+/// The hook answers every kind of rejection the layer produces: a rate limit (`429`), a
+/// missing key (`400` or the configured status), a full queue or a busy server (`503` for a
+/// global concurrency limit), a store outage (`503`). Keep the rejection's
+/// [`status`](Rejection::status) and say what happened with its [`reason`](Rejection::reason)
+/// code, so that the body never contradicts the status. [`Rejection::json_response`] is the
+/// ready-made JSON answer.
+///
 /// ```
 /// use bytes::Bytes;
-/// use http::{Response, StatusCode};
+/// use http::Response;
 /// use tollgate::response::{OnReject, Rejection};
 ///
+/// // {"error":"rate_limited","retry_after":1} with 429, {"error":"missing_key","retry_after":null}
+/// // with 400, {"error":"queue_full",...} with 503, ...
 /// let json: OnReject = OnReject::new(|r: &Rejection<'_>| {
-///     let secs = r.retry_after().map_or(0, |d| d.as_secs_f64().ceil() as u64);
+///     let retry_after = r.retry_after_secs().map_or("null".to_owned(), |s| s.to_string());
 ///     Response::builder()
 ///         .status(r.status())
 ///         .header("content-type", "application/json")
-///         .body(Bytes::from(format!(r#"{{"error":"rate_limited","retry_after":{secs}}}"#)))
+///         .body(Bytes::from(format!(
+///             r#"{{"error":"{}","retry_after":{retry_after}}}"#,
+///             r.reason()
+///         )))
 ///         .unwrap_or_else(|_| r.default_response())
 /// });
 /// # let _ = json;
@@ -290,4 +412,171 @@ fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>) -> Respons
         None => r.default_response(),
     };
     resp.map(B::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KINDS: [RejectionKind; 6] = [
+        RejectionKind::RateLimited,
+        RejectionKind::CostExceedsBurst,
+        RejectionKind::MissingKey,
+        RejectionKind::Concurrency,
+        RejectionKind::QueueFull,
+        RejectionKind::StoreUnavailable,
+    ];
+
+    fn rejection(kind: RejectionKind, status: StatusCode) -> Rejection<'static> {
+        Rejection {
+            kind,
+            status,
+            retry_after: Some(Duration::from_millis(1500)),
+            decision: None,
+            policy: None,
+            protocol: Protocol::Http,
+        }
+    }
+
+    fn body(resp: &Response<Bytes>) -> &str {
+        std::str::from_utf8(resp.body()).unwrap_or("<not utf-8>")
+    }
+
+    /// The bodies of the (kind, status) pairs the layers produce, exactly.
+    #[test]
+    fn the_default_body_of_every_produced_rejection_starts_with_its_status() {
+        use RejectionKind as K;
+        let produced = [
+            (K::RateLimited, 429, "Too Many Requests\n"),
+            (
+                K::CostExceedsBurst,
+                429,
+                "Too Many Requests: the request costs more than the limit allows\n",
+            ),
+            (
+                K::MissingKey,
+                400,
+                "Bad Request: could not identify the client\n",
+            ),
+            (
+                K::MissingKey,
+                401,
+                "Unauthorized: could not identify the client\n",
+            ),
+            (
+                K::MissingKey,
+                403,
+                "Forbidden: could not identify the client\n",
+            ),
+            (
+                K::Concurrency,
+                429,
+                "Too Many Requests: too many requests in progress\n",
+            ),
+            (
+                K::Concurrency,
+                503,
+                "Service Unavailable: too many requests in progress\n",
+            ),
+            (K::QueueFull, 429, "Too Many Requests: the queue is full\n"),
+            (
+                K::QueueFull,
+                503,
+                "Service Unavailable: the queue is full\n",
+            ),
+            (K::StoreUnavailable, 503, "Service Unavailable\n"),
+        ];
+        for (kind, code, expected) in produced {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::IM_A_TEAPOT);
+            let resp = rejection(kind, status).default_response();
+            assert_eq!(resp.status(), status);
+            assert_eq!(body(&resp), expected, "{kind:?} {code}");
+            assert_eq!(resp.headers()[RETRY_AFTER], "2");
+        }
+    }
+
+    /// Any kind under any error status (a hook or `MissingKey::Reject` can pick any): the body
+    /// starts with that status's reason phrase, or its code when it has none.
+    #[test]
+    fn no_body_contradicts_its_status() {
+        for kind in KINDS {
+            for code in 400..=599u16 {
+                let Ok(status) = StatusCode::from_u16(code) else {
+                    continue;
+                };
+                let r = rejection(kind, status);
+                let resp = r.default_response();
+                let phrase = status.canonical_reason().unwrap_or(status.as_str());
+                assert!(
+                    body(&resp).starts_with(phrase),
+                    "{kind:?} {code}: {:?}",
+                    body(&resp)
+                );
+                assert_eq!(body(&resp), format!("{}\n", r.message()));
+                assert!(!r.message().contains('\n'));
+                if status != StatusCode::TOO_MANY_REQUESTS {
+                    assert!(
+                        !body(&resp).contains("Too Many Requests"),
+                        "{kind:?} {code}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_kind_has_its_own_reason_code() {
+        let codes: Vec<&str> = KINDS.iter().map(|k| k.code()).collect();
+        assert_eq!(
+            codes,
+            [
+                "rate_limited",
+                "cost_exceeds_burst",
+                "missing_key",
+                "concurrency_limited",
+                "queue_full",
+                "store_unavailable"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_json_response_keeps_the_status_and_names_the_kind() {
+        let r = rejection(RejectionKind::QueueFull, StatusCode::SERVICE_UNAVAILABLE);
+        let resp = r.json_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[CONTENT_TYPE], "application/json");
+        assert_eq!(resp.headers()[RETRY_AFTER], "2");
+        assert_eq!(
+            body(&resp),
+            "{\"error\":\"queue_full\",\"message\":\"Service Unavailable: the queue is full\",\"retry_after\":2}\n"
+        );
+
+        let r = Rejection {
+            retry_after: None,
+            ..rejection(RejectionKind::MissingKey, StatusCode::BAD_REQUEST)
+        };
+        assert_eq!(
+            body(&r.json_response()),
+            "{\"error\":\"missing_key\",\"message\":\"Bad Request: could not identify the client\",\"retry_after\":null}\n"
+        );
+    }
+
+    #[test]
+    fn retry_after_secs_rounds_up_and_is_never_zero() {
+        let mut r = rejection(RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS);
+        for (wait, secs) in [
+            (1, Some(1)),
+            (999, Some(1)),
+            (1000, Some(1)),
+            (1001, Some(2)),
+        ] {
+            r.retry_after = Some(Duration::from_millis(wait));
+            assert_eq!(r.retry_after_secs(), secs, "{wait} ms");
+        }
+        r.retry_after = Some(Duration::ZERO);
+        assert_eq!(r.retry_after_secs(), Some(1));
+        r.retry_after = None;
+        assert_eq!(r.retry_after_secs(), None);
+    }
 }

@@ -240,7 +240,10 @@ async fn over_a_global_limit_is_503_with_retry_after() {
     let resp = send(&svc, request(None)).await;
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(resp.headers()["retry-after"], "1");
-    assert_eq!(text(resp).await, "Service Unavailable\n");
+    assert_eq!(
+        text(resp).await,
+        "Service Unavailable: too many requests in progress\n"
+    );
 }
 
 #[tokio::test]
@@ -582,7 +585,10 @@ async fn per_key_limits_are_independent_and_answer_429() {
     let resp = send(&svc, request(Some("a"))).await;
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(resp.headers()["retry-after"], "1");
-    assert_eq!(text(resp).await, "Too Many Concurrent Requests\n");
+    assert_eq!(
+        text(resp).await,
+        "Too Many Requests: too many requests in progress\n"
+    );
 }
 
 #[tokio::test(start_paused = true)]

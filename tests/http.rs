@@ -391,7 +391,10 @@ async fn cost_above_burst_is_429_without_a_lying_retry_after() {
     assert_eq!(resp.status(), 429);
     assert_eq!(header(&resp, "retry-after"), None);
     let body = resp.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(&body[..], b"Request exceeds the rate limit\n");
+    assert_eq!(
+        &body[..],
+        b"Too Many Requests: the request costs more than the limit allows\n"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,7 +7,7 @@
 //! | extractor | key | notes |
 //! |---|---|---|
 //! | [`Global`] | `()` | one bucket for everything |
-//! | [`PeerIp`] | [`IpKey`] | the TCP peer (axum `ConnectInfo`); IPv6 grouped by /64 |
+//! | [`PeerIp`](struct@PeerIp) | [`IpKey`] | the TCP peer (axum `ConnectInfo`: serve with `into_make_service_with_connect_info::<SocketAddr>()`, else no request has a key); IPv6 grouped by /64 |
 //! | [`ClientIp`] | [`IpKey`] | `X-Forwarded-For` / `Forwarded` / `X-Real-IP`, trusted only from configured proxies |
 //! | [`Header`] | `Box<[u8]>` | a header's value, e.g. an API key |
 //! | [`Route`] | `Arc<str>` | the matched route (axum `MatchedPath`), else the path |

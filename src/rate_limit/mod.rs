@@ -31,16 +31,29 @@
 //!
 //! ```
 //! use axum::{routing::{get, post}, Router};
-//! use tollgate::{key, Quota, RateLimitLayer};
+//! use tollgate::{key, MissingKey, Quota, RateLimitLayer};
 //!
 //! async fn login() -> &'static str { "welcome" }
 //! async fn items() -> &'static str { "[]" }
 //!
+//! let api = Router::new()
+//!     .route("/items", get(items))
+//!     // The API's routes only: unknown paths stay 404, /login is not under it.
+//!     .route_layer(
+//!         RateLimitLayer::new(Quota::per_second(100).burst(200))
+//!             .key(key::Header::new("x-api-key"))
+//!             .on_missing_key(MissingKey::reject(401)),
+//!     );
 //! let app: Router = Router::new()
-//!     .route("/login", post(login).layer(RateLimitLayer::new(Quota::per_minute(5)).key(key::PeerIp::new())))
-//!     .route("/api/items", get(items))
-//!     .layer(RateLimitLayer::new(Quota::per_second(100).burst(200)).key(key::Header::new("x-api-key")));
+//!     // PeerIp: serve with `into_make_service_with_connect_info::<SocketAddr>()`, or every
+//!     // request gets the missing-key answer (400).
+//!     .route("/login", post(login).layer(RateLimitLayer::new(Quota::per_minute(5)).key(key::PeerIp)))
+//!     .nest("/api", api);
 //! ```
+//!
+//! Where the layer goes decides what it covers: `MethodRouter::layer` one route,
+//! `Router::route_layer` the routes added before it (unknown paths stay `404`),
+//! `Router::layer` every request, unknown paths too.
 
 mod future;
 mod layer;

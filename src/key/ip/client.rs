@@ -55,7 +55,7 @@ pub(super) const MAX_HOPS: usize = 32;
 /// # Rules
 ///
 /// - **No trusted proxies** ([`ClientIp::new`] alone): the key is the peer address, exactly
-///   as with [`PeerIp`].
+///   as with [`PeerIp`](struct@PeerIp).
 /// - **Peer not trusted**: the headers are ignored entirely; the key is the peer address.
 ///   Sending forged headers directly changes nothing.
 /// - **Peer trusted**: the first header of the [configured list](ClientIp::headers)
@@ -70,7 +70,7 @@ pub(super) const MAX_HOPS: usize = 32;
 ///   - At most 32 list elements are looked at; a longer chain of trusted proxies ends the
 ///     walk at the 32nd, as if it were the client.
 ///   - No configured header present: the key is the peer address.
-/// - The key is grouped as with [`PeerIp`]: IPv4-mapped IPv6 as IPv4, IPv6 by /64 unless set
+/// - The key is grouped as with [`PeerIp`](struct@PeerIp): IPv4-mapped IPv6 as IPv4, IPv6 by /64 unless set
 ///   with [`ipv6_prefix`](ClientIp::ipv6_prefix). Trust is decided on full addresses.
 /// - No peer address at all: [`KeyError`].
 ///
@@ -112,7 +112,7 @@ impl Default for ClientIp {
 }
 
 impl ClientIp {
-    /// Trusts no proxy (the key is the peer address, as with [`PeerIp`]) until proxies are
+    /// Trusts no proxy (the key is the peer address, as with [`PeerIp`](struct@PeerIp)) until proxies are
     /// added with [`trust_proxy`](ClientIp::trust_proxy) and friends. Reads `X-Forwarded-For`,
     /// then `Forwarded`; IPv6 grouped by /64.
     #[must_use]

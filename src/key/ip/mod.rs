@@ -1,4 +1,4 @@
-//! IP-address keys: the TCP peer ([`PeerIp`]), and the client behind trusted proxies
+//! IP-address keys: the TCP peer ([`PeerIp`](struct@PeerIp)), and the client behind trusted proxies
 //! ([`ClientIp`]).
 //!
 //! Threat model: every header is written by whoever opened the connection, so a client can
@@ -47,6 +47,17 @@ pub use client::{ClientIp, ForwardedHeader};
 /// on dual-stack sockets) are keyed as the IPv4 address. A request without a peer address has
 /// no key ([`KeyError`]).
 ///
+/// **Serve with `ConnectInfo`.** axum puts the peer address in the request only when the app
+/// is served with `into_make_service_with_connect_info::<SocketAddr>()`:
+/// `axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())`. Served
+/// with a plain `axum::serve(listener, app)`, no request has a peer address, so every request
+/// gets the layer's missing-key answer ([`MissingKey`](crate::MissingKey): `400 Bad Request`
+/// by default) — a server bug, not a client one. With other servers, insert the peer's
+/// `SocketAddr` into the request extensions.
+///
+/// Spelled like the unit extractors: `key::PeerIp` (a constant of this type, with the
+/// defaults) is the same as `key::PeerIp::new()`, and `key::PeerIp.ipv6_prefix(48)` works too.
+///
 /// ```
 /// use std::net::{IpAddr, SocketAddr};
 /// use tollgate::key::{KeyExtractor, PeerIp, RequestHead};
@@ -63,17 +74,23 @@ pub struct PeerIp {
     v6_prefix: u8,
 }
 
+/// [`PeerIp`](struct@PeerIp) with its defaults (IPv6 grouped by /64): `.key(key::PeerIp)`,
+/// spelled like `key::Route` and `key::Global`. The same as `PeerIp::new()`.
+#[allow(non_upper_case_globals)]
+pub const PeerIp: PeerIp = PeerIp { v6_prefix: 64 };
+
 impl Default for PeerIp {
     fn default() -> Self {
-        PeerIp { v6_prefix: 64 }
+        PeerIp
     }
 }
 
 impl PeerIp {
-    /// Keys requests by the peer address, IPv6 grouped by /64.
+    /// Keys requests by the peer address, IPv6 grouped by /64 (the same as the constant
+    /// `key::PeerIp`).
     #[must_use]
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        PeerIp
     }
 
     /// Groups IPv6 addresses by their first `bits` bits: `128` keys every address on its own,

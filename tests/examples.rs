@@ -1,0 +1,590 @@
+//! Every example's documented commands, replayed against the example's own app, with what its
+//! doc comment (and the README) says they print. The examples are compiled in as modules, so
+//! the app under test is the one `cargo run --example` serves.
+//!
+//! Each scenario starts a fresh app, as a freshly started example would be. Requests carry the
+//! peer address axum's `ConnectInfo` would give them; the quickstart also runs over loopback
+//! through a real `axum::serve`, byte for byte as `curl -si` sees it.
+
+#![cfg(feature = "axum")]
+
+mod common;
+
+#[path = "../examples/custom_key.rs"]
+#[allow(dead_code)]
+mod custom_key;
+#[path = "../examples/per_route.rs"]
+#[allow(dead_code)]
+mod per_route;
+#[path = "../examples/quickstart.rs"]
+#[allow(dead_code)]
+mod quickstart;
+#[cfg(feature = "redis")]
+#[path = "../examples/redis.rs"]
+#[allow(dead_code)]
+mod redis_example;
+#[path = "../examples/shaping.rs"]
+#[allow(dead_code)]
+mod shaping;
+#[path = "../examples/stacked.rs"]
+#[allow(dead_code)]
+mod stacked;
+#[path = "../examples/tiers.rs"]
+#[allow(dead_code)]
+mod tiers;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::Router;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+use tollgate::Clock;
+use tower::ServiceExt;
+
+/// What `curl -i` shows of a response.
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// `curl -X <method> localhost:3000<path> [-H name: value]...` from `127.0.0.1`.
+fn curl(method: Method, path: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    curl_from(method, path, headers, [127, 0, 0, 1])
+}
+
+/// The same request from another client address.
+fn curl_from(method: Method, path: &str, headers: &[(&str, &str)], peer: [u8; 4]) -> Request<Body> {
+    let mut req = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let mut req = req.body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from((peer, 50_000))));
+    req
+}
+
+fn get(path: &str) -> Request<Body> {
+    curl(Method::GET, path, &[])
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Answer {
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    Answer {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+/// Sends `reqs` all at once (each in its own task) and gives each answer with the time it
+/// came back, in the order of `reqs`.
+async fn all_at_once(app: &Router, reqs: Vec<Request<Body>>) -> Vec<(Answer, Duration)> {
+    let start = Instant::now();
+    let tasks: Vec<_> = reqs
+        .into_iter()
+        .map(|req| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let answer = send(&app, req).await;
+                (answer, start.elapsed())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// quickstart and the README's "Try it"
+
+/// `curl -si URL | grep -iE '^(HTTP|retry-after|ratelimit)'` over a real connection.
+async fn curl_si_grep(addr: SocketAddr) -> (Vec<String>, String) {
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let lines = head
+        .split("\r\n")
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            l.starts_with("http") || l.starts_with("retry-after") || l.starts_with("ratelimit")
+        })
+        .map(str::to_owned)
+        .collect();
+    (lines, body.to_owned())
+}
+
+/// The README's output block of the curl loop: the lines before `...` and the lines after.
+fn readme_curl_output() -> (Vec<String>, Vec<String>) {
+    let readme = include_str!("../README.md");
+    let start = readme
+        .find("```text\nHTTP/1.1 200 OK")
+        .expect("the README shows the curl loop's output")
+        + "```text\n".len();
+    let block = &readme[start..];
+    let block = &block[..block.find("```").expect("the block ends")];
+    let (first, last) = block
+        .split_once("...\n")
+        .expect("the block elides with ...");
+    let lines = |s: &str| s.lines().map(str::to_owned).collect::<Vec<_>>();
+    (lines(first), lines(last))
+}
+
+#[tokio::test]
+async fn quickstart_curl_loop_prints_what_the_readme_shows() {
+    let (clock, _time) = Clock::manual();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = quickstart::app(clock);
+    let server = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
+
+    // for i in $(seq 7); do curl -si localhost:3000/ | grep -iE '^(HTTP|retry-after|ratelimit)'; done
+    let mut output = Vec::new();
+    let mut bodies = Vec::new();
+    for _ in 0..7 {
+        let (lines, body) = curl_si_grep(addr).await;
+        output.push(lines);
+        bodies.push(body);
+    }
+    server.abort();
+
+    let status_lines: Vec<&str> = output.iter().map(|l| l[0].as_str()).collect();
+    assert_eq!(
+        status_lines,
+        [
+            "HTTP/1.1 200 OK",
+            "HTTP/1.1 200 OK",
+            "HTTP/1.1 200 OK",
+            "HTTP/1.1 200 OK",
+            "HTTP/1.1 200 OK",
+            "HTTP/1.1 429 Too Many Requests",
+            "HTTP/1.1 429 Too Many Requests",
+        ]
+    );
+    for (i, body) in bodies[..5].iter().enumerate() {
+        let n = 4 - i;
+        assert_eq!(
+            body,
+            &format!("Hello! You may send {n} more request(s) right now.\n")
+        );
+    }
+    assert_eq!(bodies[5], "Too Many Requests\n");
+
+    let (first, last) = readme_curl_output();
+    assert_eq!(output[0], first, "the README's first answer");
+    assert_eq!(output[5], last, "the README's first 429");
+    assert_eq!(output[6], last, "the seventh answer is the sixth again");
+    assert_eq!(
+        last,
+        [
+            "HTTP/1.1 429 Too Many Requests",
+            "retry-after: 1",
+            "ratelimit-policy: \"per-ip\";q=5;w=5",
+            "ratelimit: \"per-ip\";r=0;t=5",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn quickstart_served_without_connect_info_answers_400() {
+    let (clock, _time) = Clock::manual();
+    let app = quickstart::app(clock);
+    let req = Request::get("/").body(Body::empty()).unwrap();
+    let answer = send(&app, req).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert_eq!(answer.body, "Bad Request: could not identify the client\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// per_route
+
+#[tokio::test]
+async fn per_route_login_is_5_per_minute_per_ip_without_an_api_key() {
+    let (clock, _time) = Clock::manual();
+    let app = per_route::app(clock);
+
+    // curl -i -X POST localhost:3000/login
+    for _ in 0..5 {
+        let a = send(&app, curl(Method::POST, "/login", &[])).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.body, "logged in\n");
+        assert_eq!(a.header("ratelimit-policy"), Some("\"login\";q=5;w=60"));
+    }
+    let sixth = send(&app, curl(Method::POST, "/login", &[])).await;
+    assert_eq!(sixth.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(sixth.header("retry-after"), Some("12"));
+
+    // Another client address has its own five.
+    let other = send(&app, curl_from(Method::POST, "/login", &[], [192, 0, 2, 7])).await;
+    assert_eq!(other.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn per_route_api_needs_a_key_and_counts_per_key() {
+    let (clock, _time) = Clock::manual();
+    let app = per_route::app(clock);
+
+    // curl -i localhost:3000/api/items -H 'x-api-key: k1'
+    let a = send(
+        &app,
+        curl(Method::GET, "/api/items", &[("x-api-key", "k1")]),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.body, "[]\n");
+    assert_eq!(
+        a.header("ratelimit-policy"),
+        Some("\"api\";q=200;w=2, \"api-daily\";q=100000;w=86400")
+    );
+
+    // curl -i localhost:3000/api/items
+    let a = send(&app, get("/api/items")).await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(a.body, "Unauthorized: could not identify the client\n");
+}
+
+#[tokio::test]
+async fn per_route_health_is_unlimited_and_unknown_paths_are_404() {
+    let (clock, _time) = Clock::manual();
+    let app = per_route::app(clock);
+
+    // curl -i localhost:3000/health
+    for _ in 0..300 {
+        let a = send(&app, get("/health")).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.body, "ok\n");
+        assert_eq!(a.header("ratelimit-policy"), None);
+    }
+
+    // curl -i localhost:3000/nope
+    for path in ["/nope", "/api/nope"] {
+        let a = send(&app, get(path)).await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(a.header("ratelimit-policy"), None, "{path}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tiers
+
+#[tokio::test]
+async fn tiers_vip_keys_get_100_others_10_no_key_401() {
+    let (clock, _time) = Clock::manual();
+    let app = tiers::app(clock);
+
+    // curl -i localhost:3000/ -H 'x-api-key: vip_alice'
+    let a = send(&app, curl(Method::GET, "/", &[("x-api-key", "vip_alice")])).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.body, "99 of 100 left\n");
+    assert_eq!(a.header("ratelimit-policy"), Some("\"vip\";q=100;w=1"));
+
+    // curl -i localhost:3000/ -H 'x-api-key: bob'
+    let a = send(&app, curl(Method::GET, "/", &[("x-api-key", "bob")])).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.body, "9 of 10 left\n");
+    assert_eq!(a.header("ratelimit-policy"), Some("\"free\";q=10;w=1"));
+
+    // curl -i localhost:3000/
+    let a = send(&app, get("/")).await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+
+    let a = send(&app, curl(Method::GET, "/nope", &[("x-api-key", "bob")])).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+}
+
+// ---------------------------------------------------------------------------------------------
+// custom_key
+
+#[tokio::test]
+async fn custom_key_counts_per_tenant_and_client_and_rejects_in_json() {
+    let (clock, _time) = Clock::manual();
+    let app = custom_key::app(clock);
+
+    // for i in $(seq 5); do curl -s localhost:3000/acme/orders; done
+    let mut bodies = Vec::new();
+    let mut last = None;
+    for _ in 0..5 {
+        let a = send(&app, get("/acme/orders")).await;
+        bodies.push(a.body.clone());
+        last = Some(a);
+    }
+    assert_eq!(
+        bodies,
+        [
+            "orders\n",
+            "orders\n",
+            "orders\n",
+            "orders\n",
+            "{\"error\":\"rate_limited\",\"message\":\"Too Many Requests\",\"retry_after\":1}\n"
+        ]
+    );
+    let last = last.unwrap();
+    assert_eq!(last.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(last.header("content-type"), Some("application/json"));
+    assert_eq!(last.header("retry-after"), Some("1"));
+
+    // curl -s localhost:3000/globex/orders
+    assert_eq!(send(&app, get("/globex/orders")).await.body, "orders\n");
+
+    // curl -s localhost:3000/acme/orders -H 'x-forwarded-for: 203.0.113.7'
+    let req = curl(
+        Method::GET,
+        "/acme/orders",
+        &[("x-forwarded-for", "203.0.113.7")],
+    );
+    assert_eq!(send(&app, req).await.body, "orders\n");
+
+    // curl -i localhost:3000/
+    let a = send(&app, get("/")).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.body, "");
+}
+
+#[tokio::test]
+async fn custom_key_without_connect_info_says_missing_key_with_its_400() {
+    let (clock, _time) = Clock::manual();
+    let app = custom_key::app(clock);
+    let req = Request::get("/acme/orders").body(Body::empty()).unwrap();
+    let a = send(&app, req).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        a.body,
+        "{\"error\":\"missing_key\",\"message\":\"Bad Request: could not identify the client\",\"retry_after\":null}\n"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// shaping
+
+#[tokio::test(start_paused = true)]
+async fn shaping_eight_at_once_one_now_four_spaced_three_refused() {
+    let app = shaping::app();
+    let answers = all_at_once(&app, (0..8).map(|_| get("/")).collect()).await;
+    let mut served: Vec<Duration> = Vec::new();
+    let mut refused = 0;
+    for (a, at) in &answers {
+        match a.status {
+            StatusCode::OK => served.push(*at),
+            StatusCode::TOO_MANY_REQUESTS => {
+                refused += 1;
+                assert_eq!(*at, Duration::ZERO, "refused at once");
+                assert!(a.header("retry-after").is_some());
+                assert!(a.header("ratelimit-policy").is_some());
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    served.sort();
+    assert_eq!(
+        served,
+        [0, 500, 1000, 1500, 2000].map(Duration::from_millis)
+    );
+    assert_eq!(refused, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shaping_per_ip_three_at_once_then_spaced() {
+    let app = shaping::app();
+    let answers = all_at_once(&app, (0..10).map(|_| get("/per-ip")).collect()).await;
+    let mut served: Vec<Duration> = Vec::new();
+    let mut refused = 0;
+    for (a, at) in &answers {
+        match a.status {
+            StatusCode::OK => served.push(*at),
+            StatusCode::TOO_MANY_REQUESTS => {
+                refused += 1;
+                assert_eq!(*at, Duration::ZERO, "refused at once");
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    served.sort();
+    assert_eq!(
+        served,
+        [0, 0, 0, 200, 400, 600, 800, 1000, 1200].map(Duration::from_millis)
+    );
+    assert_eq!(refused, 1);
+
+    // Another client has its own queue.
+    let other = send(&app, curl_from(Method::GET, "/per-ip", &[], [192, 0, 2, 7])).await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert_eq!(send(&app, get("/nope")).await.status, StatusCode::NOT_FOUND);
+}
+
+// ---------------------------------------------------------------------------------------------
+// stacked
+
+#[tokio::test(start_paused = true)]
+async fn stacked_eight_reports_two_built_two_waited_two_timed_out_two_refused() {
+    let app = stacked::app(Clock::tokio());
+    let answers = all_at_once(&app, (0..8).map(|_| get("/report")).collect()).await;
+    let mut got: Vec<(u16, Duration)> = answers
+        .iter()
+        .map(|(a, at)| (a.status.as_u16(), *at))
+        .collect();
+    got.sort();
+    let s = Duration::from_secs;
+    assert_eq!(
+        got,
+        [
+            (200, s(2)),
+            (200, s(2)),
+            (200, s(4)),
+            (200, s(4)),
+            (503, s(0)),
+            (503, s(0)),
+            (503, s(3)),
+            (503, s(3)),
+        ]
+    );
+    for (a, _) in &answers {
+        if a.status == StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(a.header("retry-after"), Some("1"));
+            assert!(a.body.starts_with("Service Unavailable"), "{}", a.body);
+        } else {
+            assert_eq!(a.body, "Here is your report.\n");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn stacked_three_per_route_then_429_other_route_unaffected() {
+    let app = stacked::app(Clock::tokio());
+    let mut reqs: Vec<_> = (0..5).map(|_| get("/api/users")).collect();
+    reqs.push(get("/api/orders"));
+    let answers = all_at_once(&app, reqs).await;
+    let users: Vec<u16> = answers[..5]
+        .iter()
+        .map(|(a, _)| a.status.as_u16())
+        .collect();
+    assert_eq!(users.iter().filter(|s| **s == 200).count(), 3, "{users:?}");
+    assert_eq!(users.iter().filter(|s| **s == 429).count(), 2, "{users:?}");
+    assert_eq!(answers[5].0.status, StatusCode::OK);
+    assert_eq!(answers[5].0.body, "[]\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn stacked_twelve_in_a_row_ten_then_429() {
+    let app = stacked::app(Clock::tokio());
+    let mut statuses = Vec::new();
+    for _ in 0..12 {
+        statuses.push(send(&app, get("/")).await.status.as_u16());
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 429, 429]
+    );
+    assert_eq!(send(&app, get("/nope")).await.status, StatusCode::NOT_FOUND);
+}
+
+// ---------------------------------------------------------------------------------------------
+// redis
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_two_instances_share_five_per_minute_and_say_degraded_when_redis_is_gone() {
+    let mut server = common::redis_server::RedisServer::start();
+    let a = redis_example::instance(&server.url()).await.unwrap();
+    let b = redis_example::instance(&server.url()).await.unwrap();
+
+    let mut seen = Vec::new();
+    for i in 0..7 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let ans = send(app, curl(Method::GET, "/", &[("x-api-key", "demo")])).await;
+        let r = ans
+            .header("ratelimit")
+            .and_then(|v| v.split(';').nth(1))
+            .unwrap_or("-")
+            .to_owned();
+        seen.push((ans.status.as_u16(), r, ans.body));
+    }
+    let expected: Vec<(u16, String, String)> = (0..7)
+        .map(|i| {
+            if i < 5 {
+                let left = 4 - i;
+                (
+                    200,
+                    format!("r={left}"),
+                    format!("hello; {left} more right now\n"),
+                )
+            } else {
+                (429, "r=0".to_owned(), "Too Many Requests\n".to_owned())
+            }
+        })
+        .collect();
+    assert_eq!(seen, expected);
+    assert_eq!(send(&a, get("/nope")).await.status, StatusCode::NOT_FOUND);
+
+    // Fail open: with Redis gone, requests are admitted and the handler says so.
+    server.kill();
+    let ans = send(&a, curl(Method::GET, "/", &[("x-api-key", "other")])).await;
+    assert_eq!(ans.status, StatusCode::OK);
+    assert_eq!(
+        ans.body,
+        "hello; degraded: Redis did not answer, admitted without counting\n"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// polite_client
+
+#[path = "../examples/polite_client.rs"]
+#[allow(dead_code)]
+mod polite_client;
+
+#[tokio::test(start_paused = true)]
+async fn polite_client_calls_go_out_100_ms_apart_then_the_jobs() {
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = log.clone();
+    let answers = polite_client::demo(move |at, what| {
+        sink.lock().unwrap().push((at, what));
+    })
+    .await;
+    assert_eq!(answers, 25);
+
+    let log = log.lock().unwrap().clone();
+    let times: Vec<u64> = log.iter().map(|(at, _)| at.as_millis() as u64).collect();
+    let expected: Vec<u64> = (0..28).map(|i| i * 100).collect();
+    assert_eq!(times, expected);
+    assert!(log[..25]
+        .iter()
+        .all(|(_, what)| what.starts_with("GET /orders/")));
+    let jobs: Vec<&str> = log[25..].iter().map(|(_, what)| what.as_str()).collect();
+    assert_eq!(
+        jobs,
+        [
+            "job 0 may call the partner",
+            "job 1 may call the partner",
+            "job 2 may call the partner"
+        ]
+    );
+}
