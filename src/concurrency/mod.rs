@@ -121,13 +121,17 @@
 //! `"name";q=max;qu="concurrent-requests"` (draft-ietf-httpapi-ratelimit-headers-10), appended
 //! to those of other layers.
 
+mod adaptive;
 mod body;
+mod control;
 mod future;
 mod layer;
 mod permit;
 mod service;
 
+pub use adaptive::{Aimd, Gradient2, LimitAlgorithm, Sample};
 pub use body::ResponseBody;
+pub use control::Priority;
 pub use future::ResponseFuture;
 pub use layer::{ConcurrencyLimitLayer, DEFAULT_RETRY_AFTER};
 pub use service::ConcurrencyLimit;
