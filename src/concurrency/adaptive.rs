@@ -60,6 +60,51 @@ fn to_limit(limit: f64) -> usize {
     limit.round() as usize
 }
 
+/// Gathers samples into windows of one round trip: a window closes with the first sample of
+/// a request that started after the window opened, and the algorithm sees the window as one
+/// sample (average latency, most requests in flight, dropped if any was). A limit that moved
+/// is thus judged by requests that ran under it, once, as TCP's congestion window is; and the
+/// pace of updates follows the latency, not the request rate.
+#[derive(Clone, Debug, Default)]
+struct Window {
+    open: Option<Duration>,
+    count: u32,
+    rtt_sum: f64,
+    in_flight: usize,
+    dropped: bool,
+}
+
+impl Window {
+    fn push(&mut self, s: &Sample) -> Option<Sample> {
+        self.count += 1;
+        self.rtt_sum += s.rtt.as_secs_f64();
+        self.in_flight = self.in_flight.max(s.in_flight);
+        self.dropped |= s.dropped;
+        let start = s.at.saturating_sub(s.rtt);
+        if self.open.is_some_and(|open| start < open) {
+            return None;
+        }
+        let window = Sample {
+            at: s.at,
+            rtt: Duration::from_secs_f64(self.rtt_sum / f64::from(self.count)),
+            in_flight: self.in_flight,
+            dropped: self.dropped,
+        };
+        *self = Window {
+            open: Some(s.at),
+            ..Window::default()
+        };
+        Some(window)
+    }
+
+    fn restart(&mut self, at: Duration) {
+        *self = Window {
+            open: Some(at),
+            ..Window::default()
+        };
+    }
+}
+
 /// Sets bounds, keeping `min <= max` and both at least 1.
 fn bounds(min: usize, max: usize) -> (usize, usize) {
     let min = min.max(1);
@@ -71,14 +116,18 @@ fn bounds(min: usize, max: usize) -> (usize, usize) {
 
 /// Additive increase, multiplicative decrease (as Netflix's `AIMDLimit`).
 ///
-/// * A request that was [dropped](Sample::dropped), or took longer than
-///   [`timeout`](Self::timeout), multiplies the limit by [`backoff`](Self::backoff) (0.9 by
-///   default). Only one such decrease happens per round trip: requests that had already
-///   started when the limit last went down do not decrease it again (as TCP does once per
-///   window), so a burst of slow responses from one overload is one step down, not fifty.
-/// * Any other request adds 1 to the limit, if the limit was in use: at least half of it was
-///   in flight when the request started. A service that is not using its limit does not learn
-///   that a higher one is safe.
+/// Samples are taken a round trip at a time (a window closes with the first request that
+/// started after it opened), and once per window, as TCP does:
+///
+/// * if a request of the window was [dropped](Sample::dropped), or took longer than
+///   [`timeout`](Self::timeout), the limit is multiplied by [`backoff`](Self::backoff) (0.9
+///   by default): a burst of slow responses from one overload is one step down, not fifty;
+/// * otherwise the limit grows by 1, if it was in use: at least half of it was in flight
+///   when a request of the window started. A service that is not using its limit does not
+///   learn that a higher one is safe.
+///
+/// The reference updates on every request; with thousands of requests a second that moves
+/// the limit far faster than the latency can answer, and it swings.
 ///
 /// Defaults: limit 20, between 1 and 1000, backoff 0.9, timeout 5 s.
 #[derive(Clone)]
@@ -88,8 +137,7 @@ pub struct Aimd {
     bounds: (usize, usize),
     backoff: f64,
     timeout: Duration,
-    /// When the limit last went down: requests started before it do not lower it again.
-    last_decrease: Option<Duration>,
+    window: Window,
 }
 
 impl Default for Aimd {
@@ -100,7 +148,7 @@ impl Default for Aimd {
             bounds: (1, 1000),
             backoff: 0.9,
             timeout: Duration::from_secs(5),
-            last_decrease: None,
+            window: Window::default(),
         }
     }
 }
@@ -158,15 +206,13 @@ impl LimitAlgorithm for Aimd {
         self.bounds
     }
 
-    fn update(&mut self, s: Sample) -> usize {
-        let overloaded = s.dropped || s.rtt > self.timeout;
-        if overloaded {
-            let started = s.at.saturating_sub(s.rtt);
-            let fresh = self.last_decrease.is_none_or(|d| started >= d);
-            if fresh {
-                self.limit = clamp_limit((self.limit * self.backoff).floor(), self.bounds);
-                self.last_decrease = Some(s.at);
-            }
+    fn update(&mut self, mut s: Sample) -> usize {
+        s.dropped |= s.rtt > self.timeout;
+        let Some(s) = self.window.push(&s) else {
+            return to_limit(self.limit);
+        };
+        if s.dropped {
+            self.limit = clamp_limit((self.limit * self.backoff).floor(), self.bounds);
         } else if s.in_flight.saturating_mul(2) >= to_limit(self.limit) {
             self.limit = clamp_limit(self.limit + 1.0, self.bounds);
         }
@@ -180,9 +226,10 @@ impl LimitAlgorithm for Aimd {
 /// Latency gradient (as Netflix's `Gradient2Limit`), with a periodic re-measurement of the
 /// no-load latency (as the minRTT calculation of Envoy's adaptive concurrency filter).
 ///
-/// Two latencies are compared: the **short** one, each completed request's, and the **long**
-/// one, an exponential moving average over [`long_window`](Self::long_window) requests (600
-/// by default; the first 10 are averaged plainly as a warm-up). For each request:
+/// Two latencies are compared: the **short** one, the average of one round trip's requests
+/// (see below), and the **long** one, an exponential moving average of the short ones over
+/// [`long_window`](Self::long_window) round trips (600 by default; the first 10 are averaged
+/// plainly as a warm-up). For each round trip:
 ///
 /// ```text
 /// gradient  = clamp(tolerance × long / short, 0.5, 1.0)
@@ -190,20 +237,29 @@ impl LimitAlgorithm for Aimd {
 /// limit     = (1 − smoothing) × limit + smoothing × new        (then clamped to the bounds)
 /// ```
 ///
-/// so the limit grows by up to `smoothing × queue_size` per request while latency stays within
-/// `tolerance` (1.5) of the long average, and shrinks, by up to half per step before
+/// so the limit grows by up to `smoothing × queue_size` per round trip while latency stays
+/// within `tolerance` (1.5) of the long average, and shrinks, by up to half per step before
 /// smoothing, when it does not. `queue_size` is 4, `smoothing` 0.2. As in the reference, the
-/// limit does not grow while it is not in use (fewer than half of it in flight when the request
-/// started), and when the long average is more than twice the short latency (the load went
-/// away) the long average is brought down by 5% per request.
+/// limit does not grow while it is not in use (fewer than half of it in flight when the
+/// requests started; it may still shrink), and when the long average is more than twice the
+/// short latency (the load went away) the long average is brought down by 5% per round trip.
 ///
-/// **The no-load probe.** Under a sustained overload the long average follows the slow
-/// latency up, and the limit drifts up with it. So every [`probe_interval`](Self::probe)
-/// (30 s by default) the limit is held at its minimum until [`probe_samples`](Self::probe)
-/// requests (20) that started with no more than the minimum in flight have completed; the
-/// lowest of their latencies becomes the long average, and the limit returns to what it was,
-/// from where the gradient brings it to the right level. The first probe starts after the
-/// warm-up.
+/// **Round trips.** The reference updates on every request (or on windows of a fixed time,
+/// wrapped in its `WindowedLimit`). Here a window closes with the first request that started
+/// after the window opened, so the limit moves once per round trip, judged by requests that
+/// ran under the previous limit: fast when the service is fast, and without the swings of a
+/// limit moved by thousands of requests a second before their latency could answer.
+///
+/// **The no-load latency.** Under a sustained overload the reference's long average follows
+/// the slow latency up, and the limit drifts up with it, without end. Here the long average
+/// is never above the **no-load latency**: the lowest latency seen since it was last
+/// measured. It is measured by a probe, as Envoy's minRTT calculation: right after the
+/// warm-up, then every [`probe_interval`](Self::probe) (30 s by default), the limit is held
+/// at its minimum until [`probe_samples`](Self::probe) requests (20) that started with no
+/// more than the minimum in flight have completed; the lowest of their latencies becomes the
+/// no-load latency and the long average, and the limit returns to what it was, from where the
+/// gradient brings it to the right level. A service that became slower for good is thus
+/// recognised within one probe interval.
 ///
 /// Defaults: limit 20, between 4 and 1000.
 #[derive(Clone)]
@@ -219,9 +275,11 @@ pub struct Gradient2 {
     probe_samples: u32,
     // State.
     long: f64,
+    no_load: f64,
     count: u32,
     next_probe: Option<Duration>,
     probe: Option<Probe>,
+    window: Window,
 }
 
 #[derive(Clone, Debug)]
@@ -265,9 +323,11 @@ impl Gradient2 {
             probe_interval: Duration::from_secs(30),
             probe_samples: 20,
             long: 0.0,
+            no_load: f64::INFINITY,
             count: 0,
             next_probe: None,
             probe: None,
+            window: Window::default(),
         }
     }
 
@@ -319,6 +379,16 @@ impl Gradient2 {
         Duration::from_secs_f64(self.long.max(0.0))
     }
 
+    /// The no-load latency: the lowest latency since the last probe. Zero before the first
+    /// request.
+    pub fn no_load_rtt(&self) -> Duration {
+        if self.no_load.is_finite() {
+            Duration::from_secs_f64(self.no_load.max(0.0))
+        } else {
+            Duration::ZERO
+        }
+    }
+
     /// Whether the limit is held at its minimum to measure the no-load latency.
     pub fn probing(&self) -> bool {
         self.probe.is_some()
@@ -344,8 +414,10 @@ impl Gradient2 {
             return min;
         }
         self.long = p.min_rtt;
+        self.no_load = p.min_rtt;
         self.limit = p.resume;
         self.probe = None;
+        self.window.restart(s.at);
         self.schedule_probe(s.at);
         to_limit(self.limit)
     }
@@ -361,10 +433,13 @@ impl LimitAlgorithm for Gradient2 {
     }
 
     fn update(&mut self, s: Sample) -> usize {
-        let rtt = s.rtt.as_secs_f64();
         if self.probe.is_some() {
-            return self.probe_step(&s, rtt);
+            return self.probe_step(&s, s.rtt.as_secs_f64());
         }
+        let Some(s) = self.window.push(&s) else {
+            return to_limit(self.limit);
+        };
+        let rtt = s.rtt.as_secs_f64();
         if self.next_probe.is_some_and(|at| s.at >= at) {
             self.probe = Some(Probe {
                 resume: self.limit,
@@ -379,12 +454,17 @@ impl LimitAlgorithm for Gradient2 {
         if self.count <= self.warmup {
             self.long += (rtt - self.long) / f64::from(self.count);
             if self.count == self.warmup {
-                self.schedule_probe(s.at);
+                // Measure the no-load latency first: the warm-up may have been under overload.
+                if self.probe_interval != Duration::MAX {
+                    self.next_probe = Some(s.at);
+                }
             }
         } else {
             let factor = 2.0 / (f64::from(self.long_window) + 1.0);
             self.long += (rtt - self.long) * factor;
         }
+        self.no_load = self.no_load.min(rtt);
+        self.long = self.long.min(self.no_load);
         if rtt <= 0.0 {
             return to_limit(self.limit);
         }
@@ -392,12 +472,12 @@ impl LimitAlgorithm for Gradient2 {
         if self.long / rtt > 2.0 {
             self.long *= 0.95;
         }
-        // Not in use: no evidence that more would be fine.
-        if (s.in_flight as f64) < self.limit / 2.0 {
-            return to_limit(self.limit);
-        }
         let gradient = (self.tolerance * self.long / rtt).clamp(0.5, 1.0);
-        let new = gradient * self.limit + self.queue_size;
+        let mut new = gradient * self.limit + self.queue_size;
+        // Not in use: no evidence that more would be fine (but evidence that less would be).
+        if (s.in_flight as f64) < self.limit / 2.0 {
+            new = new.min(self.limit);
+        }
         let new = self.limit * (1.0 - self.smoothing) + new * self.smoothing;
         self.limit = clamp_limit(new, self.bounds);
         to_limit(self.limit)
@@ -482,28 +562,42 @@ mod tests {
         let before = g.update(sample(100, 10, 60));
         // Latency 4× the average: gradient 1.5 / 4 = 0.375, clamped to 0.5.
         // new = 0.5 × limit + 4, smoothed: 0.9 × limit + 0.8.
-        let after = g.update(sample(110, 40, 60));
+        let after = g.update(sample(150, 40, 60));
         assert_eq!(before, 59);
         assert_eq!(after, 54);
     }
 
     #[test]
-    fn gradient2_does_not_grow_an_unused_limit() {
+    fn gradient2_does_not_grow_an_unused_limit_but_shrinks_it() {
         let mut g = Gradient2::new(40, 1, 100).probe(Duration::MAX, 1);
         for i in 0..30u64 {
             assert_eq!(g.update(sample(i * 10, 10, 19)), 40);
         }
+        // 0.5 × 40 + 4 = 24, smoothed: 36.8.
+        assert_eq!(g.update(sample(340, 40, 19)), 37);
+    }
+
+    #[test]
+    fn a_window_is_one_round_trip() {
+        let mut a = Aimd::default().initial(10).timeout(ms(100));
+        assert_eq!(a.update(sample(100, 100, 10)), 11);
+        // Started at 50, 80 and 90 ms, before the window opened at 100 ms: no update.
+        assert_eq!(a.update(sample(150, 100, 10)), 11);
+        assert_eq!(a.update(sample(180, 100, 10)), 11);
+        // One slow request in the window: one step down when the window closes.
+        assert_eq!(a.update(sample(290, 200, 10)), 11);
+        assert_eq!(a.update(sample(300, 200, 10)), 9);
     }
 
     #[test]
     fn gradient2_probe_holds_the_minimum_then_resets_the_baseline() {
         let mut g = Gradient2::new(50, 2, 100).probe(ms(1_000), 3);
-        // Warm-up at 10 ms; the probe is due 1 s after its end (90 ms).
+        // A warm-up under overload, at 30 ms: the first probe is due at its end.
         for i in 0..10u64 {
-            g.update(sample(i * 10, 10, 10));
+            assert_eq!(g.update(sample(i * 100, 30, 10)), 50);
         }
-        assert_eq!(g.update(sample(1_000, 30, 10)), 50); // not yet due: 1000 < 1090
         assert!(!g.probing());
+        assert_eq!(g.no_load_rtt(), ms(30));
         assert_eq!(g.update(sample(1_090, 30, 10)), 2);
         assert!(g.probing());
         // Requests that started above the minimum do not count.
@@ -514,6 +608,15 @@ mod tests {
         let resumed = g.update(sample(1_130, 9, 2));
         assert!(!g.probing());
         assert_eq!(g.long_rtt(), ms(7));
+        assert_eq!(g.no_load_rtt(), ms(7));
         assert_eq!(resumed, 50);
+        // The next probe is due 1 s later; meanwhile the long average stays at most 7 ms
+        // however slow requests get, so the limit keeps shrinking.
+        assert_eq!(g.update(sample(1_200, 70, 50)), 46);
+        assert_eq!(g.long_rtt(), ms(7));
+        assert_eq!(g.update(sample(2_129, 70, 50)), 42);
+        assert!(!g.probing());
+        assert_eq!(g.update(sample(2_200, 70, 50)), 2);
+        assert!(g.probing());
     }
 }
