@@ -354,3 +354,74 @@ fn the_limit_before_use_is_the_initial_one_within_max() {
     assert_eq!(layer.sheds(), 0);
     assert_eq!(ConcurrencyLimitLayer::new(5).limit(), 5);
 }
+
+fn answering(
+    status: StatusCode,
+) -> impl Service<
+    Request<()>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    service_fn(move |_: Request<()>| async move {
+        let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
+        *resp.status_mut() = status;
+        Ok::<_, Infallible>(resp)
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_503_from_the_service_backs_the_limit_off() {
+    let layer = ConcurrencyLimitLayer::new(100).adaptive(Aimd::default().initial(10));
+    let svc = layer.layer(answering(StatusCode::SERVICE_UNAVAILABLE));
+    let resp = svc.oneshot(Request::new(())).await.unwrap();
+    resp.into_body().collect().await.unwrap();
+    assert_eq!(layer.limit(), 9);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_response_dropped_before_its_end_teaches_nothing() {
+    let layer = ConcurrencyLimitLayer::new(100).adaptive(Aimd::default().initial(2));
+    let svc = layer.layer(answering(StatusCode::OK));
+    // Dropped unread (the client went away): no sample.
+    drop(svc.clone().oneshot(Request::new(())).await.unwrap());
+    assert_eq!(
+        (layer.limit(), layer.latency(), layer.in_flight()),
+        (2, None, 0)
+    );
+    // Read to the end: a sample, and the limit (half of it in use) grows.
+    let resp = svc.oneshot(Request::new(())).await.unwrap();
+    resp.into_body().collect().await.unwrap();
+    assert_eq!(layer.limit(), 3);
+    assert_eq!(layer.latency(), Some(Duration::from_nanos(1)));
+}
+
+#[test]
+fn every_builder_order_keeps_the_adaptive_limit_and_the_classifier() {
+    let a = ConcurrencyLimitLayer::new(50)
+        .adaptive(Gradient2::new(7, 1, 100))
+        .priority(classify)
+        .key(key::Header::new("x-key"));
+    let b = ConcurrencyLimitLayer::new(50)
+        .key(key::Header::new("x-key"))
+        .priority(classify)
+        .adaptive(Gradient2::new(7, 1, 100));
+    assert_eq!((a.limit(), b.limit()), (7, 7));
+    let dbg = format!("{a:?}");
+    assert!(
+        dbg.contains("adaptive: true") && dbg.contains("priority: true"),
+        "{dbg}"
+    );
+    assert_eq!(format!("{a:?}"), format!("{b:?}"));
+    // Numeric edges: bounds of 0 count as 1, an initial limit of 0 too.
+    assert_eq!(
+        ConcurrencyLimitLayer::new(50)
+            .adaptive(Gradient2::new(0, 0, 0))
+            .limit(),
+        1
+    );
+    assert!(ConcurrencyLimitLayer::new(0)
+        .adaptive(Aimd::default())
+        .validate()
+        .is_err());
+}
