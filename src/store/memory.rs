@@ -17,7 +17,7 @@ use std::sync::{Mutex, RwLock};
 
 use hashbrown::HashTable;
 
-use crate::gcra::{self, Decision, Gcra, QuotaState, MAX_QUOTAS};
+use crate::gcra::{self, Decision, Gcra, MAX_QUOTAS};
 
 /// What the memory store does with a new key when it already tracks `max_keys` keys that are
 /// all still active (idle keys are always evicted first, which changes no decision).
@@ -291,14 +291,6 @@ where
 }
 
 /// The decision for a new key turned away because the store is full.
-fn full_rejection(gcras: &[Gcra], now: u64) -> Decision {
-    let interval = gcras.iter().map(|g| g.interval).max().unwrap_or(1);
-    let mut tats = [0u64; MAX_QUOTAS];
-    let (mut d, _) = gcra::decide(gcras, &mut tats[..gcras.len()], now, 0);
-    d.outcome = gcra::Outcome::Limited;
-    d.retry_after = interval;
-    for (q, g) in d.quotas.iter_mut().zip(gcras) {
-        *q = QuotaState::spent(g);
-    }
-    d
+fn full_rejection(gcras: &[Gcra], _now: u64) -> Decision {
+    Decision::store_full(gcras)
 }
