@@ -14,6 +14,7 @@ Inputs (any may be missing; their sections are then left out):
   target/loadtest/redis.txt        output of benches/redis.rs
   target/loadtest/preface.md       a note on the run, pasted under the machine description
   docs/bench/notes.md              the analysis behind the figures, pasted as it is
+  target/loadtest/adaptive.md      output of benches/adaptive.rs (its section, as it is)
   target/loadtest/extra.md         further sections, pasted as they are
 """
 import csv
@@ -309,6 +310,9 @@ def main():
     notes = os.path.join(PLOTS, "notes.md")
     if os.path.exists(notes):
         lines += [open(notes).read().strip(), ""]
+    adaptive = os.path.join(OUT, "adaptive.md")
+    if os.path.exists(adaptive):
+        lines += [open(adaptive).read().strip(), ""]
     extra = os.path.join(OUT, "extra.md")
     if os.path.exists(extra):
         lines += [open(extra).read().strip(), ""]

@@ -88,7 +88,11 @@ where
                 match &frame {
                     Some(Ok(_)) if !body.is_end_stream() => {}
                     // The last frame, the end, or an error: the response is done.
-                    _ => drop(permit.take()),
+                    _ => {
+                        if let Some(p) = permit.take() {
+                            p.finish(matches!(frame, Some(Err(_))));
+                        }
+                    }
                 }
                 Poll::Ready(frame)
             }
@@ -101,7 +105,14 @@ where
     #[inline]
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body, .. } => body.is_end_stream(),
+            Kind::Inner { body, permit } => {
+                let end = body.is_end_stream();
+                // A server may drop a body at its end without reading it: it is complete now.
+                if let (true, Some(p)) = (end, permit) {
+                    p.record(false);
+                }
+                end
+            }
             Kind::Full { data } => data.is_none(),
         }
     }

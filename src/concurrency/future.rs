@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
@@ -157,13 +157,35 @@ where
                     }
                 },
                 StateProj::Called { future, permit } => {
-                    let (mut parts, body) = ready!(future.poll(cx))?.into_parts();
+                    let (mut parts, body) = match ready!(future.poll(cx)) {
+                        Ok(response) => response.into_parts(),
+                        Err(e) => {
+                            // A failure teaches an adaptive limit as a drop does.
+                            if let Some(p) = permit.take() {
+                                p.finish(true);
+                            }
+                            return Poll::Ready(Err(e));
+                        }
+                    };
+                    if matches!(
+                        parts.status,
+                        StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+                    ) {
+                        if let Some(p) = permit.as_mut() {
+                            p.mark_dropped();
+                        }
+                    }
                     if let Some(policy) = this.policy.take() {
                         let policy = Arc::unwrap_or_clone(policy);
                         parts.headers.append(&RATELIMIT_POLICY, policy);
                     }
                     // Given back now with `release_on_headers`, else when the body is done.
-                    let permit = permit.take().filter(|_| !*this.release_on_headers);
+                    let mut permit = permit.take();
+                    if *this.release_on_headers {
+                        if let Some(p) = permit.take() {
+                            p.finish(false);
+                        }
+                    }
                     let body = ResponseBody::new(body, permit);
                     return Poll::Ready(Ok(Response::from_parts(parts, body)));
                 }

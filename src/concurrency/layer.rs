@@ -7,12 +7,14 @@ use http::StatusCode;
 use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
+use super::adaptive::LimitAlgorithm;
+use super::control::{Classifier, Control, Priority};
 use super::permit::{GlobalLimit, KeyedLimit};
 use super::service::{ConcurrencyLimit, Limit, Shared};
 use crate::error::ConfigError;
 use crate::headers;
 use crate::key::MissingKey;
-use crate::key::{Global, KeyExtractor};
+use crate::key::{Global, KeyExtractor, RequestHead};
 use crate::layer::common::{Common, Lazy};
 use crate::response::OnReject;
 
@@ -34,8 +36,13 @@ pub struct ConcurrencyLimitLayer<E: KeyExtractor = Global> {
     queue: Option<(usize, Duration)>,
     release_on_headers: bool,
     policy_name: Option<Cow<'static, str>>,
+    adaptive: Option<NewAlgorithm>,
+    classify: Option<Classifier>,
     state: Lazy<Shared<E>>,
 }
+
+/// Makes the algorithm of a new layer state (a layer value may be built on more than once).
+type NewAlgorithm = Arc<dyn Fn() -> Box<dyn LimitAlgorithm> + Send + Sync>;
 
 impl<E: KeyExtractor + fmt::Debug> fmt::Debug for ConcurrencyLimitLayer<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -46,6 +53,8 @@ impl<E: KeyExtractor + fmt::Debug> fmt::Debug for ConcurrencyLimitLayer<E> {
         }
         d.field("queue", &self.queue)
             .field("release_on_headers", &self.release_on_headers)
+            .field("adaptive", &self.adaptive.is_some())
+            .field("priority", &self.classify.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -68,6 +77,8 @@ impl ConcurrencyLimitLayer<Global> {
             queue: None,
             release_on_headers: false,
             policy_name: None,
+            adaptive: None,
+            classify: None,
             state: Lazy::default(),
         }
     }
@@ -108,6 +119,8 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             queue: self.queue,
             release_on_headers: self.release_on_headers,
             policy_name: self.policy_name,
+            adaptive: self.adaptive,
+            classify: self.classify,
             state: Lazy::default(),
         }
     }
@@ -177,6 +190,86 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         self.changed()
     }
 
+    /// Moves the limit at run time with `algorithm` ([`Aimd`](super::Aimd),
+    /// [`Gradient2`](super::Gradient2), or one of your own), from the latency of completed
+    /// requests, measured from taking the permit to the end of the response body (to the
+    /// headers with [`release_on_headers`](Self::release_on_headers)).
+    ///
+    /// The limit starts at the algorithm's initial limit and stays within its bounds, and
+    /// never above this layer's `max` (so `new(max)` is the ceiling). A request whose
+    /// response future or body is dropped before the end (the client went away) is not
+    /// taken into account; one whose service failed, answered `503` or `504`, or whose body
+    /// failed, counts as dropped. A lower limit never cuts requests short: places are taken
+    /// away as requests in flight finish.
+    ///
+    /// With [`key`](Self::key), there is **one** adaptive limit, learnt from the requests of
+    /// all keys and applied to each key: a key may have up to the current limit in flight.
+    /// The latency measured is the service's, which all keys share, and a key's state lives
+    /// only while it has requests in flight, too briefly to learn anything of its own.
+    ///
+    /// See [`limit`](Self::limit) and [`latency`](Self::latency) for what it measured.
+    pub fn adaptive<A>(mut self, algorithm: A) -> Self
+    where
+        A: LimitAlgorithm + Clone + Sync,
+    {
+        self.adaptive = Some(Arc::new(move || Box::new(algorithm.clone())));
+        self.changed()
+    }
+
+    /// Classifies each request as [`Priority::Critical`], [`Normal`](Priority::Normal) or
+    /// [`Sheddable`](Priority::Sheddable): under pressure, the lower classes are rejected
+    /// first (`503`, or `429` for a keyed limit, counted by [`sheds`](Self::sheds)), and
+    /// critical requests keep a share of the limit no flood of other requests can take.
+    ///
+    /// A request is admitted only while the requests in flight, itself included, are within
+    /// its class's [share](Priority::share) of the current limit: 50% for sheddable, 90% for
+    /// normal, all of it for critical. A request over its share is rejected at once, even
+    /// with a [`queue`](Self::queue): the queue holds requests within their share waiting
+    /// for a permit. Works with a fixed and an [adaptive](Self::adaptive) limit, per key
+    /// with [`key`](Self::key).
+    pub fn priority<F>(mut self, classify: F) -> Self
+    where
+        F: Fn(&RequestHead<'_>) -> Priority + Send + Sync + 'static,
+    {
+        self.classify = Some(Arc::new(classify));
+        self.changed()
+    }
+
+    /// The current limit: `max` for a fixed limit, the limit the algorithm has reached for
+    /// an [adaptive](Self::adaptive) one (its initial limit before the layer is applied).
+    pub fn limit(&self) -> usize {
+        match self.built_shared().and_then(|s| s.control.as_ref()) {
+            Some(control) => control.limit(),
+            None => match &self.adaptive {
+                Some(new) if self.built_shared().is_none() => {
+                    new().initial_limit().clamp(1, self.max.max(1))
+                }
+                _ => self.max,
+            },
+        }
+    }
+
+    /// The latency of recently completed requests (an exponential average over about 8 of
+    /// them), as an [adaptive](Self::adaptive) limit measures it. `None` before the first
+    /// request completes, and for a fixed limit.
+    pub fn latency(&self) -> Option<Duration> {
+        self.built_shared()
+            .and_then(|s| s.control.as_ref())
+            .and_then(|c| c.latency())
+    }
+
+    /// How many requests were rejected because their [priority](Self::priority) class had
+    /// used up its share of the limit.
+    pub fn sheds(&self) -> u64 {
+        self.built_shared()
+            .and_then(|s| s.control.as_ref())
+            .map_or(0, |c| c.sheds())
+    }
+
+    fn built_shared(&self) -> Option<&Arc<Shared<E>>> {
+        self.state.get()
+    }
+
     /// Checks the configuration now, for layers built from values read at run time.
     ///
     /// `Layer::layer` panics with the same error otherwise, when the app is assembled.
@@ -239,11 +332,16 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             .policy_name
             .as_ref()
             .map(|name| Arc::new(headers::concurrency_policy(name, self.max)));
+        let control = match (&self.adaptive, &self.classify) {
+            (Some(new), _) => Some(Arc::new(Control::adaptive(self.max, new()))),
+            (None, Some(_)) => Some(Arc::new(Control::fixed(self.max))),
+            (None, None) => None,
+        };
         let (limit, status) = if is_keyed::<E::Key>() {
-            let limit = Limit::Keyed(KeyedLimit::new(self.max));
+            let limit = Limit::Keyed(KeyedLimit::new(self.max, control.clone()));
             (limit, StatusCode::TOO_MANY_REQUESTS)
         } else {
-            let limit = Limit::Global(GlobalLimit::new(self.max));
+            let limit = Limit::Global(GlobalLimit::new(self.max, control.as_ref()));
             (limit, StatusCode::SERVICE_UNAVAILABLE)
         };
         Ok(Shared {
@@ -256,6 +354,8 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             release_on_headers: self.release_on_headers,
             policy_name: self.policy_name.as_deref().map(Box::from),
             policy,
+            control,
+            classify: self.classify.clone(),
         })
     }
 }

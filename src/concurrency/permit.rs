@@ -13,7 +13,7 @@
 //!   waiting.
 
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -21,14 +21,73 @@ use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 use tokio::sync::Semaphore;
 
+use super::control::{Control, GateCtl, Priority};
+
 /// A place among the requests in flight, given back when dropped.
-pub(crate) struct Permit(Arc<Gate>);
+pub(crate) struct Permit {
+    gate: Arc<Gate>,
+    /// For an adaptive limit: when it was taken, and what the sample will say.
+    measure: Option<Measure>,
+}
+
+/// What an adaptive limit learns from a permit when its request completes.
+struct Measure {
+    start: Duration,
+    in_flight: usize,
+    dropped: bool,
+    /// Taken into account already (a body that was at its end before being read).
+    recorded: AtomicBool,
+}
+
+impl Permit {
+    #[inline]
+    fn new(gate: Arc<Gate>) -> Self {
+        let measure = gate.ctl.as_ref().and_then(|ctl| {
+            ctl.control.measuring().then(|| Measure {
+                start: ctl.control.now(),
+                in_flight: ctl.in_flight(),
+                dropped: false,
+                recorded: AtomicBool::new(false),
+            })
+        });
+        Permit { gate, measure }
+    }
+
+    /// The response says the service is overloaded (`503`, `504`).
+    pub(crate) fn mark_dropped(&mut self) {
+        if let Some(m) = &mut self.measure {
+            m.dropped = true;
+        }
+    }
+
+    /// The request completed (its body ended, or failed if `failed`): an adaptive limit takes
+    /// its latency into account, then the place is given back. A permit dropped without this
+    /// (the client went away) teaches the limit nothing.
+    pub(crate) fn finish(self, failed: bool) {
+        self.record(failed);
+    }
+
+    /// The request completed, but the place is kept until the permit is dropped (a body
+    /// already at its end, which the server may drop without reading). Only the first call
+    /// counts.
+    pub(crate) fn record(&self, failed: bool) {
+        if let (Some(m), Some(ctl)) = (&self.measure, &self.gate.ctl) {
+            if !m.recorded.swap(true, Ordering::AcqRel) {
+                ctl.control
+                    .record(m.start, m.in_flight, m.dropped || failed);
+            }
+        }
+    }
+}
 
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
-        self.0.sem.add_permits(1);
-        self.0.leave();
+        match &self.gate.ctl {
+            Some(ctl) => ctl.release(&self.gate.sem),
+            None => self.gate.sem.add_permits(1),
+        }
+        self.gate.leave();
     }
 }
 
@@ -38,6 +97,8 @@ pub(crate) struct Gate {
     max: usize,
     waiting: AtomicUsize,
     key: Option<KeyState>,
+    /// An adaptive limit or priorities: the limit moves, in-flight requests are counted.
+    ctl: Option<GateCtl>,
 }
 
 /// What a key's gate needs to remove itself from its table.
@@ -65,6 +126,8 @@ pub(crate) enum Attempt {
     Busy,
     /// None was free and the queue is full.
     QueueFull,
+    /// The request's priority class has used up its share of the limit.
+    Shed,
     /// The request has no key and goes through unlimited (set by the service).
     Unlimited,
     /// The request has no key and is rejected (set by the service).
@@ -76,15 +139,24 @@ enum Outcome {
     Queued,
     Busy,
     QueueFull,
+    Shed,
 }
 
 impl Gate {
-    fn new(max: usize, key: Option<KeyState>) -> Self {
+    fn new(max: usize, key: Option<KeyState>, control: Option<&Arc<Control>>) -> Self {
+        let (ctl, permits) = match control {
+            Some(c) => {
+                let (ctl, permits) = GateCtl::new(c.clone());
+                (Some(ctl), permits)
+            }
+            None => (None, max),
+        };
         Gate {
-            sem: Semaphore::new(max),
+            sem: Semaphore::new(permits),
             max,
             waiting: AtomicUsize::new(0),
             key,
+            ctl,
         }
     }
 
@@ -102,11 +174,48 @@ impl Gate {
     /// wait). Writes no shared memory when there is neither: a semaphore without permits is
     /// only read.
     #[inline]
-    fn try_take(&self, queue: Option<usize>) -> Outcome {
+    fn try_take(&self, queue: Option<usize>, priority: Priority) -> Outcome {
+        if let Some(ctl) = &self.ctl {
+            match self.try_take_controlled(ctl, priority) {
+                Some(outcome) => return outcome,
+                None => return self.enqueue(queue),
+            }
+        }
         if let Ok(p) = self.sem.try_acquire() {
             p.forget();
             return Outcome::Acquired;
         }
+        self.enqueue(queue)
+    }
+
+    /// `try_take` for a moving limit or priorities; `None` when the request may queue.
+    #[inline]
+    fn try_take_controlled(&self, ctl: &GateCtl, priority: Priority) -> Option<Outcome> {
+        ctl.sync(&self.sem);
+        if priority == Priority::Critical {
+            let p = self.sem.try_acquire().ok()?;
+            p.forget();
+            ctl.taken();
+            return Some(Outcome::Acquired);
+        }
+        if !ctl.reserve(priority) {
+            return Some(Outcome::Shed);
+        }
+        match self.sem.try_acquire() {
+            Ok(p) => {
+                p.forget();
+                Some(Outcome::Acquired)
+            }
+            Err(_) => {
+                ctl.unreserve();
+                None
+            }
+        }
+    }
+
+    /// Reserves a place in the queue, if there is one.
+    #[inline]
+    fn enqueue(&self, queue: Option<usize>) -> Outcome {
         let Some(max_waiting) = queue else {
             return Outcome::Busy;
         };
@@ -122,7 +231,10 @@ impl Gate {
     }
 
     fn in_flight(&self) -> usize {
-        self.max.saturating_sub(self.sem.available_permits())
+        match &self.ctl {
+            Some(ctl) => ctl.in_flight(),
+            None => self.max.saturating_sub(self.sem.available_permits()),
+        }
     }
 
     fn waiting(&self) -> usize {
@@ -158,7 +270,10 @@ impl Waiter {
         }
         let gate = self.0.take()?;
         gate.waiting.fetch_sub(1, Ordering::AcqRel);
-        Some(Permit(gate))
+        if let Some(ctl) = &gate.ctl {
+            ctl.taken();
+        }
+        Some(Permit::new(gate))
     }
 }
 
@@ -166,19 +281,20 @@ impl Waiter {
 pub(crate) struct GlobalLimit(Arc<Gate>);
 
 impl GlobalLimit {
-    pub(crate) fn new(max: usize) -> Self {
-        GlobalLimit(Arc::new(Gate::new(max, None)))
+    pub(crate) fn new(max: usize, control: Option<&Arc<Control>>) -> Self {
+        GlobalLimit(Arc::new(Gate::new(max, None, control)))
     }
 
     #[inline]
-    pub(crate) fn try_acquire(&self, queue: Option<usize>) -> Attempt {
+    pub(crate) fn try_acquire(&self, queue: Option<usize>, priority: Priority) -> Attempt {
         // The `Arc` is cloned only when the request keeps it: a rejection under a flood
         // writes no shared memory.
-        match self.0.try_take(queue) {
-            Outcome::Acquired => Attempt::Acquired(Permit(self.0.clone())),
+        match self.0.try_take(queue, priority) {
+            Outcome::Acquired => Attempt::Acquired(Permit::new(self.0.clone())),
             Outcome::Queued => Attempt::Wait(Waiter(Some(self.0.clone()))),
             Outcome::Busy => Attempt::Busy,
             Outcome::QueueFull => Attempt::QueueFull,
+            Outcome::Shed => Attempt::Shed,
         }
     }
 
@@ -200,10 +316,12 @@ pub(crate) struct KeyedLimit<K> {
     hasher: foldhash::fast::RandomState,
     shard_mask: u64,
     max: usize,
+    /// One adaptive limit (or priorities) shared by every key's gate.
+    control: Option<Arc<Control>>,
 }
 
 impl<K: Hash + Eq + Send + Sync + 'static> KeyedLimit<K> {
-    pub(crate) fn new(max: usize) -> Arc<Self> {
+    pub(crate) fn new(max: usize, control: Option<Arc<Control>>) -> Arc<Self> {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
         // Enough shards that two threads rarely meet on a lock, as in the rate-limit store.
         let n = (cpus * 8).clamp(16, 256).next_power_of_two();
@@ -214,6 +332,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> KeyedLimit<K> {
             hasher: foldhash::fast::RandomState::default(),
             shard_mask: (n - 1) as u64,
             max,
+            control,
         })
     }
 
@@ -226,10 +345,15 @@ impl<K: Hash + Eq + Send + Sync + 'static> KeyedLimit<K> {
 
     /// Tries to take a permit of `key`'s gate, creating it if the key is new.
     #[inline]
-    pub(crate) fn try_acquire(self: &Arc<Self>, key: K, queue: Option<usize>) -> Attempt {
+    pub(crate) fn try_acquire(
+        self: &Arc<Self>,
+        key: K,
+        queue: Option<usize>,
+        priority: Priority,
+    ) -> Attempt {
         let gate = self.visit(key);
-        match gate.try_take(queue) {
-            Outcome::Acquired => Attempt::Acquired(Permit(gate)),
+        match gate.try_take(queue, priority) {
+            Outcome::Acquired => Attempt::Acquired(Permit::new(gate)),
             Outcome::Queued => Attempt::Wait(Waiter(Some(gate))),
             Outcome::Busy => {
                 gate.leave();
@@ -238,6 +362,10 @@ impl<K: Hash + Eq + Send + Sync + 'static> KeyedLimit<K> {
             Outcome::QueueFull => {
                 gate.leave();
                 Attempt::QueueFull
+            }
+            Outcome::Shed => {
+                gate.leave();
+                Attempt::Shed
             }
         }
     }
@@ -254,7 +382,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> KeyedLimit<K> {
                     users: AtomicUsize::new(0),
                     table: self.clone(),
                 };
-                let gate = Arc::new(Gate::new(self.max, Some(key_state)));
+                let gate = Arc::new(Gate::new(self.max, Some(key_state), self.control.as_ref()));
                 e.insert((key, gate.clone()));
                 gate
             }

@@ -7,6 +7,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use tower_service::Service;
 
 use super::body::ResponseBody;
+use super::control::{Classifier, Control, Priority};
 use super::future::ResponseFuture;
 use super::permit::{Attempt, GlobalLimit, KeyedLimit, Waiter};
 use crate::headers::RATELIMIT_POLICY;
@@ -33,6 +34,9 @@ pub(crate) struct Shared<E: KeyExtractor> {
     pub(crate) policy_name: Option<Box<str>>,
     /// The `RateLimit-Policy` item, when configured.
     pub(crate) policy: Option<Arc<HeaderValue>>,
+    /// An adaptive limit or priorities (see `control.rs`).
+    pub(crate) control: Option<Arc<Control>>,
+    pub(crate) classify: Option<Classifier>,
 }
 
 impl<E: KeyExtractor> Shared<E> {
@@ -43,10 +47,18 @@ impl<E: KeyExtractor> Shared<E> {
         head: &RequestHead<'_>,
     ) -> Attempt {
         match self.core.resolve(head) {
-            Resolved::Key(key) => keyed.try_acquire(key, self.max_waiting),
+            Resolved::Key(key) => keyed.try_acquire(key, self.max_waiting, self.priority(head)),
             Resolved::Pass => Attempt::Unlimited,
             Resolved::Reject(_) => Attempt::MissingKey,
         }
+    }
+
+    /// The request's class; every request may use the whole limit without a classifier.
+    #[inline]
+    fn priority(&self, head: &RequestHead<'_>) -> Priority {
+        self.classify
+            .as_ref()
+            .map_or(Priority::Critical, |f| f(head))
     }
 
     /// The response for a request turned away.
@@ -101,14 +113,20 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
         let attempt = match &shared.limit {
-            Limit::Global(global) => global.try_acquire(shared.max_waiting),
+            Limit::Global(global) => {
+                let priority = match &shared.classify {
+                    Some(_) => shared.priority(&RequestHead::new(&req)),
+                    None => Priority::Critical,
+                };
+                global.try_acquire(shared.max_waiting, priority)
+            }
             Limit::Keyed(keyed) => shared.try_acquire_keyed(keyed, &RequestHead::new(&req)),
         };
         let permit = match attempt {
             Attempt::Acquired(permit) => Some(permit),
             Attempt::Unlimited => None,
             Attempt::Wait(waiter) => return self.wait(waiter, req),
-            Attempt::Busy => return self.reject(RejectionKind::Concurrency, &req),
+            Attempt::Busy | Attempt::Shed => return self.reject(RejectionKind::Concurrency, &req),
             Attempt::QueueFull => return self.reject(RejectionKind::QueueFull, &req),
             Attempt::MissingKey => return self.reject(RejectionKind::MissingKey, &req),
         };

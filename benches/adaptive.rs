@@ -1,0 +1,374 @@
+//! Adaptive concurrency limit against fixed limits, in real time on loopback.
+//!
+//! A simulated backend behind axum serves `CAPACITY` requests at once in `BASE`; above that,
+//! requests queue for its workers and latency grows in proportion (`BASE × in flight /
+//! CAPACITY`). `CLIENTS` closed-loop clients (raw HTTP/1.1 keep-alive over TCP; a rejected
+//! client waits `BASE` before trying again) keep it at three times its capacity for `SECS` seconds
+//! per configuration. Reports p50/p99 latency of the successful requests and goodput, writes
+//! `docs/bench/adaptive.svg` (the adaptive limit and latency over time) and the section of
+//! BENCHMARKS.md to `target/loadtest/adaptive.md` (for `scripts/report.py`).
+//!
+//! `cargo bench --bench adaptive` (about 80 s once built).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tollgate::concurrency::Gradient2;
+use tollgate::ConcurrencyLimitLayer;
+
+const BASE: Duration = Duration::from_millis(50);
+const CAPACITY: usize = 20;
+const CLIENTS: usize = 60;
+const SECS: u64 = 10;
+/// The first second of each run is left out of the figures: the limits settle.
+const WARMUP: Duration = Duration::from_secs(1);
+
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+async fn backend() -> &'static str {
+    let n = IN_FLIGHT.fetch_add(1, Ordering::SeqCst) + 1;
+    let latency = if n <= CAPACITY {
+        BASE
+    } else {
+        BASE * n as u32 / CAPACITY as u32
+    };
+    tokio::time::sleep(latency).await;
+    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    "ok"
+}
+
+#[derive(Default)]
+struct Stats {
+    ok: Vec<Duration>,
+    rejected: usize,
+}
+
+/// Reads one response; its status.
+async fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<u16> {
+    let err = |m: &str| std::io::Error::other(m.to_string());
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = std::str::from_utf8(&buf[..end]).map_err(|_| err("head"))?;
+            let status: u16 = head
+                .get(9..12)
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| err("status"))?;
+            let len: usize = head
+                .lines()
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                .and_then(|(_, v)| v.trim().parse().ok())
+                .unwrap_or(0);
+            let total = end + 4 + len;
+            while buf.len() < total {
+                let mut chunk = [0u8; 4096];
+                let n = stream.read(&mut chunk).await?;
+                if n == 0 {
+                    return Err(err("closed"));
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            buf.drain(..total);
+            return Ok(status);
+        }
+        let mut chunk = [0u8; 4096];
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(err("closed"));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+async fn client(addr: SocketAddr, start: Instant, until: Instant, stats: Arc<Mutex<Stats>>) {
+    let mut ok = Vec::new();
+    let mut rejected = 0;
+    'connect: while Instant::now() < until {
+        let Ok(mut stream) = TcpStream::connect(addr).await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let mut buf = Vec::with_capacity(1024);
+        while Instant::now() < until {
+            let t0 = Instant::now();
+            if stream
+                .write_all(b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n")
+                .await
+                .is_err()
+            {
+                continue 'connect;
+            }
+            let Ok(status) = read_response(&mut stream, &mut buf).await else {
+                continue 'connect;
+            };
+            let counted = t0 >= start + WARMUP;
+            if status == 200 {
+                if counted {
+                    ok.push(t0.elapsed());
+                }
+            } else {
+                if counted {
+                    rejected += 1;
+                }
+                tokio::time::sleep(BASE).await;
+            }
+        }
+    }
+    let mut s = stats.lock().unwrap();
+    s.ok.extend(ok);
+    s.rejected += rejected;
+}
+
+struct Row {
+    name: String,
+    p50: Duration,
+    p99: Duration,
+    goodput: f64,
+    rejected: f64,
+}
+
+/// Serves `app`, runs the clients for `secs`, returns the figures.
+async fn run(name: &str, app: Router, clients: usize, secs: u64) -> Row {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    let start = Instant::now();
+    let until = start + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| tokio::spawn(client(addr, start, until, stats.clone())))
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+    server.abort();
+    let mut s = std::mem::take(&mut *stats.lock().unwrap());
+    s.ok.sort();
+    let pct = |p: f64| {
+        s.ok.get(((s.ok.len() as f64 * p) as usize).min(s.ok.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    let measured = (Duration::from_secs(secs) - WARMUP).as_secs_f64();
+    let row = Row {
+        name: name.to_string(),
+        p50: pct(0.50),
+        p99: pct(0.99),
+        goodput: s.ok.len() as f64 / measured,
+        rejected: s.rejected as f64 / measured,
+    };
+    // Let the requests still in the backend finish before the next run.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    row
+}
+
+fn app() -> Router {
+    Router::new().route("/", get(backend))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// A hand-written SVG: the limit (and the capacity) above, the latency below.
+fn svg(trace: &[(f64, usize, f64)], no_load_ms: f64) -> String {
+    let (w, h, pad) = (720.0, 220.0, 50.0);
+    let t_max = trace.last().map_or(1.0, |t| t.0).max(1.0);
+    let l_max = trace
+        .iter()
+        .map(|t| t.1)
+        .max()
+        .unwrap_or(1)
+        .max(CAPACITY * 2) as f64;
+    let ms_max = trace.iter().map(|t| t.2).fold(no_load_ms * 3.0, f64::max);
+    let x = |t: f64| pad + t / t_max * (w - 2.0 * pad);
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+        2.0 * h + 20.0
+    );
+    let mut panel = |top: f64,
+                     title: &str,
+                     max: f64,
+                     series: &[(String, &str)],
+                     refs: &[(f64, &str)]| {
+        let y = |v: f64| top + h - pad / 2.0 - v / max * (h - pad);
+        out += &format!(
+            "<text x=\"{pad}\" y=\"{}\" font-weight=\"bold\">{title}</text>\n",
+            top + 16.0
+        );
+        out += &format!(
+            "<line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
+            y(0.0),
+            w - pad,
+            y(0.0)
+        );
+        for i in 0..=4 {
+            let v = max * f64::from(i) / 4.0;
+            out += &format!(
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.0}</text>\n",
+                pad - 4.0,
+                y(v) + 4.0
+            );
+        }
+        for (v, label) in refs {
+            out += &format!(
+                "<line x1=\"{pad}\" y1=\"{0}\" x2=\"{1}\" y2=\"{0}\" stroke=\"gray\" stroke-dasharray=\"4 3\"/><text x=\"{1}\" y=\"{2}\" text-anchor=\"end\" fill=\"gray\">{label}</text>\n",
+                y(*v),
+                w - pad,
+                y(*v) - 3.0
+            );
+        }
+        for (points, color) in series {
+            out += &format!(
+                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{points}\"/>\n"
+            );
+        }
+    };
+    let limit: String = trace
+        .iter()
+        .map(|(t, l, _)| {
+            let y = 0.0 + h - pad / 2.0 - *l as f64 / l_max * (h - pad);
+            format!("{:.1},{:.1} ", x(*t), y)
+        })
+        .collect();
+    let latency: String = trace
+        .iter()
+        .map(|(t, _, m)| {
+            let y = h + 20.0 + h - pad / 2.0 - m.min(ms_max) / ms_max * (h - pad);
+            format!("{:.1},{:.1} ", x(*t), y)
+        })
+        .collect();
+    panel(
+        0.0,
+        "Adaptive limit (Gradient2) over time, s",
+        l_max,
+        &[(limit, "steelblue")],
+        &[(CAPACITY as f64, "backend capacity")],
+    );
+    panel(
+        h + 20.0,
+        "Measured latency (average of ~8 requests), ms",
+        ms_max,
+        &[(latency, "darkorange")],
+        &[
+            (no_load_ms, "no-load latency"),
+            (2.0 * no_load_ms, "2 × no-load"),
+        ],
+    );
+    for s in 0..=(t_max as u64) {
+        out += &format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{s}</text>\n",
+            x(s as f64),
+            2.0 * h + 16.0
+        );
+    }
+    out += "</svg>\n";
+    out
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut rows = Vec::new();
+        // The backend alone, one request at a time.
+        let no_load = run("no-load (1 client, no limit)", app(), 1, 3).await;
+        let no_load_ms = ms(no_load.p50);
+        rows.push(no_load);
+        rows.push(run("(a) no limit", app(), CLIENTS, SECS).await);
+        let tower = |n| app().layer(tower::limit::ConcurrencyLimitLayer::new(n));
+        rows.push(run("tower ConcurrencyLimit(20), waits", tower(20), CLIENTS, SECS).await);
+        let fixed = |n| app().layer(ConcurrencyLimitLayer::new(n));
+        rows.push(run("(b) fixed 50 (too high)", fixed(50), CLIENTS, SECS).await);
+        rows.push(run("(c) fixed 5 (too low)", fixed(5), CLIENTS, SECS).await);
+        rows.push(run("best fixed: 20 (= capacity)", fixed(20), CLIENTS, SECS).await);
+
+        let tight = Gradient2::new(20, 4, 1000).tolerance(1.2);
+        let layer = ConcurrencyLimitLayer::new(1000).adaptive(tight);
+        rows.push(run("(d') adaptive Gradient2, tolerance 1.2", app().layer(layer), CLIENTS, SECS).await);
+
+        let layer = ConcurrencyLimitLayer::new(1000).adaptive(Gradient2::new(20, 4, 1000));
+        let trace = Arc::new(Mutex::new(Vec::new()));
+        let (l, tr) = (layer.clone(), trace.clone());
+        let sampler = tokio::spawn(async move {
+            let start = Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let latency = l.latency().map_or(0.0, ms);
+                tr.lock()
+                    .unwrap()
+                    .push((start.elapsed().as_secs_f64(), l.limit(), latency));
+            }
+        });
+        rows.push(run("(d) adaptive Gradient2 (defaults)", app().layer(layer), CLIENTS, SECS).await);
+        sampler.abort();
+
+        let mut md = String::new();
+        md += "## Adaptive concurrency\n\n";
+        md += &format!(
+            "A simulated backend behind axum on loopback serves {CAPACITY} requests at once in \
+             {} ms; above that, requests queue for its workers and latency grows in proportion \
+             (`{} ms × in flight / {CAPACITY}`). {CLIENTS} closed-loop clients (HTTP/1.1 \
+             keep-alive; a rejected client waits {} ms) drive it at three times its capacity for \
+             {SECS} s per configuration, the first second not counted. Latency is that of the \
+             successful requests, as the clients see it; goodput is successful requests per \
+             second. Command: `cargo bench --bench adaptive`.\n\n",
+            BASE.as_millis(),
+            BASE.as_millis(),
+            BASE.as_millis()
+        );
+        md += "| configuration | p50 ms | p99 ms | goodput req/s | rejected req/s |\n";
+        md += "|---|---:|---:|---:|---:|\n";
+        for r in &rows {
+            md += &format!(
+                "| {} | {:.1} | {:.1} | {:.0} | {:.0} |\n",
+                r.name,
+                ms(r.p50),
+                ms(r.p99),
+                r.goodput,
+                r.rejected
+            );
+        }
+        let best = rows
+            .iter()
+            .filter(|r| r.name.starts_with("best"))
+            .map(|r| r.goodput)
+            .fold(0.0, f64::max);
+        let adaptive = rows.last().unwrap();
+        let tight = &rows[rows.len() - 2];
+        md += &format!(
+            "\nAdaptive (defaults): p99 / no-load p50 = **{:.2}** (aim ≤ 2), goodput / best \
+             fixed limit = **{:.2}** (aim ≥ 0.9). With tolerance 1.2: **{:.2}** and **{:.2}**. \
+             The default tolerance (1.5, as the reference's) lets latency settle near 1.5 × \
+             the no-load latency by design. tower's `ConcurrencyLimit` waits instead of rejecting, so \
+             with closed-loop clients its latency is the client count over the throughput \
+             (Little's law), whatever the limit.\n\n\
+             ![adaptive limit and latency over time](docs/bench/adaptive.svg)\n",
+            ms(adaptive.p99) / no_load_ms,
+            adaptive.goodput / best,
+            ms(tight.p99) / no_load_ms,
+            tight.goodput / best
+        );
+        println!("\n{md}");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/target/loadtest");
+        let _ = std::fs::create_dir_all(dir);
+        let _ = std::fs::write(format!("{dir}/adaptive.md"), &md);
+        let trace = trace.lock().unwrap().clone();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/bench/adaptive.svg");
+        match std::fs::write(path, svg(&trace, no_load_ms)) {
+            Ok(()) => println!("wrote {path}"),
+            Err(e) => println!("could not write {path}: {e}"),
+        }
+    });
+}

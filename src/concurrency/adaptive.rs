@@ -1,0 +1,622 @@
+//! Limit algorithms: how an adaptive concurrency limit moves with the latency it measures.
+//!
+//! Each algorithm is a plain value fed with one [`Sample`] per completed request (its latency,
+//! how many requests were in flight when it started, whether it failed) that answers with the
+//! new limit, always between its minimum and maximum. They read no clock and share nothing:
+//! the layer ([`ConcurrencyLimitLayer::adaptive`](super::ConcurrencyLimitLayer::adaptive))
+//! measures and applies, the algorithm only decides, so the same numbers always give the same
+//! limits.
+//!
+//! * [`Aimd`]: additive increase, multiplicative decrease on failures or on latency over a
+//!   threshold you give it. Simple and predictable; needs to be told what "too slow" is.
+//! * [`Gradient2`]: compares the latency of each request with a long-term average of the
+//!   latency and shrinks the limit when they drift apart, as Netflix's `Gradient2Limit`; plus a
+//!   periodic re-measurement of the no-load latency at a low limit, as Envoy's adaptive
+//!   concurrency filter does. Finds "too slow" itself.
+//!
+//! References:
+//! * Netflix concurrency-limits, `AIMDLimit` and `Gradient2Limit`:
+//!   <https://github.com/Netflix/concurrency-limits>
+//! * Envoy, adaptive concurrency filter (gradient controller, minRTT calculation):
+//!   <https://www.envoyproxy.io/docs/envoy/latest/configuration/http/http_filters/adaptive_concurrency_filter>
+
+use std::fmt;
+use std::time::Duration;
+
+/// One completed request, as a [`LimitAlgorithm`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// When the request completed, as time since the limit was created.
+    pub at: Duration,
+    /// How long it held its place: from taking the permit to the end of its response body.
+    pub rtt: Duration,
+    /// Requests in flight when it took its permit, itself included.
+    pub in_flight: usize,
+    /// Whether it failed in a way that says the service is overloaded: the inner service
+    /// returned an error, answered `503` or `504`, or the response body failed.
+    pub dropped: bool,
+}
+
+/// How an adaptive limit moves. Implemented by [`Aimd`] and [`Gradient2`]; a type of your own
+/// may implement it too.
+pub trait LimitAlgorithm: Send + 'static {
+    /// The limit to start with.
+    fn initial_limit(&self) -> usize;
+
+    /// The smallest and largest limits it may answer (inclusive).
+    fn bounds(&self) -> (usize, usize);
+
+    /// Takes one completed request into account and answers the new limit, within
+    /// [`bounds`](Self::bounds).
+    fn update(&mut self, sample: Sample) -> usize;
+}
+
+fn clamp_limit(limit: f64, (min, max): (usize, usize)) -> f64 {
+    limit.clamp(min as f64, max as f64)
+}
+
+fn to_limit(limit: f64) -> usize {
+    // Already within bounds (at most `Semaphore::MAX_PERMITS`), finite and positive.
+    limit.round() as usize
+}
+
+/// Gathers samples into windows of one round trip: a window closes with the first sample of
+/// a request that started after the window opened, and the algorithm sees the window as one
+/// sample (average latency, most requests in flight, dropped if any was). A limit that moved
+/// is thus judged by requests that ran under it, once, as TCP's congestion window is; and the
+/// pace of updates follows the latency, not the request rate.
+#[derive(Clone, Debug, Default)]
+struct Window {
+    open: Option<Duration>,
+    count: u32,
+    rtt_sum: f64,
+    in_flight: usize,
+    dropped: bool,
+}
+
+impl Window {
+    fn push(&mut self, s: &Sample) -> Option<Sample> {
+        self.count += 1;
+        self.rtt_sum += s.rtt.as_secs_f64();
+        self.in_flight = self.in_flight.max(s.in_flight);
+        self.dropped |= s.dropped;
+        let start = s.at.saturating_sub(s.rtt);
+        if self.open.is_some_and(|open| start < open) {
+            return None;
+        }
+        let window = Sample {
+            at: s.at,
+            rtt: Duration::from_secs_f64(self.rtt_sum / f64::from(self.count)),
+            in_flight: self.in_flight,
+            dropped: self.dropped,
+        };
+        *self = Window {
+            open: Some(s.at),
+            ..Window::default()
+        };
+        Some(window)
+    }
+
+    fn restart(&mut self, at: Duration) {
+        *self = Window {
+            open: Some(at),
+            ..Window::default()
+        };
+    }
+}
+
+/// Sets bounds, keeping `min <= max` and both at least 1.
+fn bounds(min: usize, max: usize) -> (usize, usize) {
+    let min = min.max(1);
+    (min, max.max(min))
+}
+
+// ---------------------------------------------------------------------------------------------
+// AIMD
+
+/// Additive increase, multiplicative decrease (as Netflix's `AIMDLimit`).
+///
+/// Samples are taken a round trip at a time (a window closes with the first request that
+/// started after it opened), and once per window, as TCP does:
+///
+/// * if a request of the window was [dropped](Sample::dropped), or took longer than
+///   [`timeout`](Self::timeout), the limit is multiplied by [`backoff`](Self::backoff) (0.9
+///   by default): a burst of slow responses from one overload is one step down, not fifty;
+/// * otherwise the limit grows by 1, if it was in use: at least half of it was in flight
+///   when a request of the window started. A service that is not using its limit does not
+///   learn that a higher one is safe.
+///
+/// The reference updates on every request; with thousands of requests a second that moves
+/// the limit far faster than the latency can answer, and it swings.
+///
+/// Defaults: limit 20, between 1 and 1000, backoff 0.9, timeout 5 s.
+#[derive(Clone)]
+pub struct Aimd {
+    limit: f64,
+    initial: usize,
+    bounds: (usize, usize),
+    backoff: f64,
+    timeout: Duration,
+    window: Window,
+}
+
+impl Default for Aimd {
+    fn default() -> Self {
+        Aimd {
+            limit: 20.0,
+            initial: 20,
+            bounds: (1, 1000),
+            backoff: 0.9,
+            timeout: Duration::from_secs(5),
+            window: Window::default(),
+        }
+    }
+}
+
+impl fmt::Debug for Aimd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Aimd")
+            .field("limit", &to_limit(self.limit))
+            .field("bounds", &self.bounds)
+            .field("backoff", &self.backoff)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl Aimd {
+    /// The limit to start with (clamped into the bounds).
+    pub fn initial(mut self, limit: usize) -> Self {
+        self.initial = limit;
+        self.limit = clamp_limit(limit as f64, self.bounds);
+        self
+    }
+
+    /// The smallest and largest limits (a `min` of 0 counts as 1; `max` below `min` as
+    /// `min`).
+    pub fn range(mut self, min: usize, max: usize) -> Self {
+        self.bounds = bounds(min, max);
+        self.limit = clamp_limit(self.initial as f64, self.bounds);
+        self
+    }
+
+    /// The factor a decrease multiplies the limit by, in `[0.5, 1)` (clamped).
+    pub fn backoff(mut self, ratio: f64) -> Self {
+        self.backoff = if ratio.is_nan() {
+            0.9
+        } else {
+            ratio.clamp(0.5, 0.99)
+        };
+        self
+    }
+
+    /// The latency over which a request counts as a failure, as if it had been dropped.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+impl LimitAlgorithm for Aimd {
+    fn initial_limit(&self) -> usize {
+        to_limit(self.limit)
+    }
+
+    fn bounds(&self) -> (usize, usize) {
+        self.bounds
+    }
+
+    fn update(&mut self, mut s: Sample) -> usize {
+        s.dropped |= s.rtt > self.timeout;
+        let Some(s) = self.window.push(&s) else {
+            return to_limit(self.limit);
+        };
+        if s.dropped {
+            self.limit = clamp_limit((self.limit * self.backoff).floor(), self.bounds);
+        } else if s.in_flight.saturating_mul(2) >= to_limit(self.limit) {
+            self.limit = clamp_limit(self.limit + 1.0, self.bounds);
+        }
+        to_limit(self.limit)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradient2
+
+/// Latency gradient (as Netflix's `Gradient2Limit`), with a periodic re-measurement of the
+/// no-load latency (as the minRTT calculation of Envoy's adaptive concurrency filter).
+///
+/// Two latencies are compared: the **short** one, the average of one round trip's requests
+/// (see below), and the **long** one, an exponential moving average of the short ones over
+/// [`long_window`](Self::long_window) round trips (600 by default; the first 10 are averaged
+/// plainly as a warm-up). For each round trip:
+///
+/// ```text
+/// gradient  = clamp(tolerance × long / short, 0.5, 1.0)
+/// new       = gradient × limit + queue_size
+/// limit     = (1 − smoothing) × limit + smoothing × new        (then clamped to the bounds)
+/// ```
+///
+/// so the limit grows by up to `smoothing × queue_size` per round trip while latency stays
+/// within `tolerance` (1.5) of the long average, and shrinks, by up to half per step before
+/// smoothing, when it does not. `queue_size` is 4, `smoothing` 0.2. As in the reference, the
+/// limit does not grow while it is not in use (fewer than half of it in flight when the
+/// requests started; it may still shrink), and when the long average is more than twice the
+/// short latency (the load went away) the long average is brought down by 5% per round trip.
+///
+/// **Round trips.** The reference updates on every request (or on windows of a fixed time,
+/// wrapped in its `WindowedLimit`). Here a window closes with the first request that started
+/// after the window opened, so the limit moves once per round trip, judged by requests that
+/// ran under the previous limit: fast when the service is fast, and without the swings of a
+/// limit moved by thousands of requests a second before their latency could answer.
+///
+/// **The no-load latency.** Under a sustained overload the reference's long average follows
+/// the slow latency up, and the limit drifts up with it, without end. Here the long average
+/// is never above the **no-load latency**: the lowest latency seen since it was last
+/// measured. It is measured by a probe, as Envoy's minRTT calculation: right after the
+/// warm-up, then every [`probe_interval`](Self::probe) (30 s by default), the limit is held
+/// at its minimum until [`probe_samples`](Self::probe) requests (20) that started with no
+/// more than the minimum in flight have completed; the lowest of their latencies becomes the
+/// no-load latency and the long average, and the limit returns to what it was, from where the
+/// gradient brings it to the right level. A service that became slower for good is thus
+/// recognised within one probe interval.
+///
+/// Defaults: limit 20, between 4 and 1000.
+#[derive(Clone)]
+pub struct Gradient2 {
+    limit: f64,
+    bounds: (usize, usize),
+    smoothing: f64,
+    tolerance: f64,
+    queue_size: f64,
+    long_window: u32,
+    warmup: u32,
+    probe_interval: Duration,
+    probe_samples: u32,
+    // State.
+    long: f64,
+    no_load: f64,
+    count: u32,
+    next_probe: Option<Duration>,
+    probe: Option<Probe>,
+    window: Window,
+}
+
+#[derive(Clone, Debug)]
+struct Probe {
+    /// The limit to return to.
+    resume: f64,
+    samples: u32,
+    min_rtt: f64,
+}
+
+impl Default for Gradient2 {
+    fn default() -> Self {
+        Gradient2::new(20, 4, 1000)
+    }
+}
+
+impl fmt::Debug for Gradient2 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gradient2")
+            .field("limit", &to_limit(self.limit))
+            .field("bounds", &self.bounds)
+            .field("long_rtt", &Duration::from_secs_f64(self.long.max(0.0)))
+            .field("probing", &self.probe.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gradient2 {
+    /// Starts at `initial`, moving between `min` and `max` (a `min` of 0 counts as 1; `max`
+    /// below `min` as `min`), with the other settings at their defaults.
+    pub fn new(initial: usize, min: usize, max: usize) -> Self {
+        let bounds = bounds(min, max);
+        Gradient2 {
+            limit: clamp_limit(initial as f64, bounds),
+            bounds,
+            smoothing: 0.2,
+            tolerance: 1.5,
+            queue_size: 4.0,
+            long_window: 600,
+            warmup: 10,
+            probe_interval: Duration::from_secs(30),
+            probe_samples: 20,
+            long: 0.0,
+            no_load: f64::INFINITY,
+            count: 0,
+            next_probe: None,
+            probe: None,
+            window: Window::default(),
+        }
+    }
+
+    /// How much of each new estimate is taken, in `(0, 1]` (default 0.2): higher follows
+    /// faster, lower is steadier.
+    pub fn smoothing(mut self, smoothing: f64) -> Self {
+        self.smoothing = if smoothing.is_nan() {
+            0.2
+        } else {
+            smoothing.clamp(0.01, 1.0)
+        };
+        self
+    }
+
+    /// How much slower than the long average a request may be before the limit shrinks, at
+    /// least 1 (default 1.5).
+    pub fn tolerance(mut self, tolerance: f64) -> Self {
+        self.tolerance = if tolerance.is_nan() {
+            1.5
+        } else {
+            tolerance.clamp(1.0, 100.0)
+        };
+        self
+    }
+
+    /// How many requests the limit may grow by past what the gradient allows (default 4).
+    pub fn queue_size(mut self, queue_size: usize) -> Self {
+        self.queue_size = queue_size as f64;
+        self
+    }
+
+    /// How many requests the long average spans, at least 1 (default 600).
+    pub fn long_window(mut self, requests: u32) -> Self {
+        self.long_window = requests.max(1);
+        self
+    }
+
+    /// How often the no-load latency is measured again, and from how many requests (defaults
+    /// 30 s and 20). `Duration::MAX` turns the probe off.
+    pub fn probe(mut self, every: Duration, samples: u32) -> Self {
+        self.probe_interval = every;
+        self.probe_samples = samples.max(1);
+        self
+    }
+
+    /// The long-term latency average, the baseline a request's latency is compared with.
+    /// Zero before the first request.
+    pub fn long_rtt(&self) -> Duration {
+        Duration::from_secs_f64(self.long.max(0.0))
+    }
+
+    /// The no-load latency: the lowest latency since the last probe. Zero before the first
+    /// request.
+    pub fn no_load_rtt(&self) -> Duration {
+        if self.no_load.is_finite() {
+            Duration::from_secs_f64(self.no_load.max(0.0))
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Whether the limit is held at its minimum to measure the no-load latency.
+    pub fn probing(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    fn schedule_probe(&mut self, now: Duration) {
+        self.next_probe = now.checked_add(self.probe_interval);
+    }
+
+    /// Feeds a sample to the running probe; the limit to answer.
+    fn probe_step(&mut self, s: &Sample, rtt: f64) -> usize {
+        let min = self.bounds.0;
+        let Some(p) = &mut self.probe else {
+            return to_limit(self.limit);
+        };
+        // Only requests that started when the limit was already down measure the no-load
+        // latency.
+        if s.in_flight <= min && !s.dropped {
+            p.samples += 1;
+            p.min_rtt = p.min_rtt.min(rtt);
+        }
+        if p.samples < self.probe_samples {
+            return min;
+        }
+        self.long = p.min_rtt;
+        self.no_load = p.min_rtt;
+        self.limit = p.resume;
+        self.probe = None;
+        self.window.restart(s.at);
+        self.schedule_probe(s.at);
+        to_limit(self.limit)
+    }
+}
+
+impl LimitAlgorithm for Gradient2 {
+    fn initial_limit(&self) -> usize {
+        to_limit(self.limit)
+    }
+
+    fn bounds(&self) -> (usize, usize) {
+        self.bounds
+    }
+
+    fn update(&mut self, s: Sample) -> usize {
+        if self.probe.is_some() {
+            return self.probe_step(&s, s.rtt.as_secs_f64());
+        }
+        let Some(s) = self.window.push(&s) else {
+            return to_limit(self.limit);
+        };
+        let rtt = s.rtt.as_secs_f64();
+        if self.next_probe.is_some_and(|at| s.at >= at) {
+            self.probe = Some(Probe {
+                resume: self.limit,
+                samples: 0,
+                min_rtt: f64::INFINITY,
+            });
+            return self.bounds.0;
+        }
+
+        // The long average: plain during the warm-up, then exponential.
+        self.count = self.count.saturating_add(1);
+        if self.count <= self.warmup {
+            self.long += (rtt - self.long) / f64::from(self.count);
+            if self.count == self.warmup {
+                // Measure the no-load latency first: the warm-up may have been under overload.
+                if self.probe_interval != Duration::MAX {
+                    self.next_probe = Some(s.at);
+                }
+            }
+        } else {
+            let factor = 2.0 / (f64::from(self.long_window) + 1.0);
+            self.long += (rtt - self.long) * factor;
+        }
+        self.no_load = self.no_load.min(rtt);
+        self.long = self.long.min(self.no_load);
+        if rtt <= 0.0 {
+            return to_limit(self.limit);
+        }
+        // The load went away: do not wait 600 requests for the average to notice.
+        if self.long / rtt > 2.0 {
+            self.long *= 0.95;
+        }
+        let gradient = (self.tolerance * self.long / rtt).clamp(0.5, 1.0);
+        let mut new = gradient * self.limit + self.queue_size;
+        // Not in use: no evidence that more would be fine (but evidence that less would be).
+        if (s.in_flight as f64) < self.limit / 2.0 {
+            new = new.min(self.limit);
+        }
+        let new = self.limit * (1.0 - self.smoothing) + new * self.smoothing;
+        self.limit = clamp_limit(new, self.bounds);
+        to_limit(self.limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn sample(at_ms: u64, rtt_ms: u64, in_flight: usize) -> Sample {
+        Sample {
+            at: ms(at_ms),
+            rtt: ms(rtt_ms),
+            in_flight,
+            dropped: false,
+        }
+    }
+
+    #[test]
+    fn aimd_grows_by_one_per_request_while_the_limit_is_in_use() {
+        let mut a = Aimd::default().initial(10).timeout(ms(100));
+        assert_eq!(a.update(sample(10, 10, 5)), 11);
+        assert_eq!(a.update(sample(20, 10, 6)), 12);
+        // Fewer than half of the limit in flight: no growth.
+        assert_eq!(a.update(sample(30, 10, 5)), 12);
+    }
+
+    #[test]
+    fn aimd_backs_off_once_per_round_trip() {
+        let mut a = Aimd::default().initial(100).timeout(ms(100));
+        // Slow: 100 × 0.9.
+        assert_eq!(a.update(sample(1_000, 200, 100)), 90);
+        // Started (at 850 ms) before that decrease: no second step down.
+        assert_eq!(a.update(sample(1_050, 200, 100)), 90);
+        // Started after it: down again, 90 × 0.9 = 81.
+        assert_eq!(a.update(sample(1_300, 200, 100)), 81);
+        // A drop counts like a slow request.
+        let mut d = sample(1_600, 10, 100);
+        d.dropped = true;
+        assert_eq!(a.update(d), 72);
+    }
+
+    #[test]
+    fn aimd_stays_within_its_bounds() {
+        let mut a = Aimd::default().range(3, 5).initial(100);
+        assert_eq!(a.initial_limit(), 5);
+        assert_eq!(a.update(sample(10, 10, 5)), 5);
+        let mut at = 10;
+        for _ in 0..50 {
+            at += 10_000;
+            a.update(sample(at, 6_000, 5));
+        }
+        assert_eq!(a.update(sample(at + 10_000, 6_000, 5)), 3);
+        // A zero minimum counts as 1, a maximum below the minimum as the minimum.
+        assert_eq!(LimitAlgorithm::bounds(&Aimd::default().range(0, 0)), (1, 1));
+        assert_eq!(LimitAlgorithm::bounds(&Aimd::default().range(7, 2)), (7, 7));
+    }
+
+    #[test]
+    fn gradient2_grows_while_latency_stays_at_its_average() {
+        let mut g = Gradient2::new(10, 1, 100).probe(Duration::MAX, 1);
+        // Gradient 1: new = limit + 4, smoothed: limit + 0.8 per request.
+        let mut last = 0;
+        for i in 0..10u64 {
+            last = g.update(sample(i * 10, 10, 100));
+        }
+        assert_eq!(last, 18);
+        assert_eq!(g.long_rtt(), ms(10));
+    }
+
+    #[test]
+    fn gradient2_shrinks_when_latency_rises_past_the_tolerance() {
+        let mut g = Gradient2::new(50, 1, 100).probe(Duration::MAX, 1);
+        for i in 0..10u64 {
+            g.update(sample(i * 10, 10, 50));
+        }
+        let before = g.update(sample(100, 10, 60));
+        // Latency 4× the average: gradient 1.5 / 4 = 0.375, clamped to 0.5.
+        // new = 0.5 × limit + 4, smoothed: 0.9 × limit + 0.8.
+        let after = g.update(sample(150, 40, 60));
+        assert_eq!(before, 59);
+        assert_eq!(after, 54);
+    }
+
+    #[test]
+    fn gradient2_does_not_grow_an_unused_limit_but_shrinks_it() {
+        let mut g = Gradient2::new(40, 1, 100).probe(Duration::MAX, 1);
+        for i in 0..30u64 {
+            assert_eq!(g.update(sample(i * 10, 10, 19)), 40);
+        }
+        // 0.5 × 40 + 4 = 24, smoothed: 36.8.
+        assert_eq!(g.update(sample(340, 40, 19)), 37);
+    }
+
+    #[test]
+    fn a_window_is_one_round_trip() {
+        let mut a = Aimd::default().initial(10).timeout(ms(100));
+        assert_eq!(a.update(sample(100, 100, 10)), 11);
+        // Started at 50, 80 and 90 ms, before the window opened at 100 ms: no update.
+        assert_eq!(a.update(sample(150, 100, 10)), 11);
+        assert_eq!(a.update(sample(180, 100, 10)), 11);
+        // One slow request in the window: one step down when the window closes.
+        assert_eq!(a.update(sample(290, 200, 10)), 11);
+        assert_eq!(a.update(sample(300, 200, 10)), 9);
+    }
+
+    #[test]
+    fn gradient2_probe_holds_the_minimum_then_resets_the_baseline() {
+        let mut g = Gradient2::new(50, 2, 100).probe(ms(1_000), 3);
+        // A warm-up under overload, at 30 ms: the first probe is due at its end.
+        for i in 0..10u64 {
+            assert_eq!(g.update(sample(i * 100, 30, 10)), 50);
+        }
+        assert!(!g.probing());
+        assert_eq!(g.no_load_rtt(), ms(30));
+        assert_eq!(g.update(sample(1_090, 30, 10)), 2);
+        assert!(g.probing());
+        // Requests that started above the minimum do not count.
+        assert_eq!(g.update(sample(1_100, 30, 10)), 2);
+        assert_eq!(g.update(sample(1_110, 8, 2)), 2);
+        assert_eq!(g.update(sample(1_120, 7, 1)), 2);
+        // The third: the limit returns, the baseline is the lowest measured.
+        let resumed = g.update(sample(1_130, 9, 2));
+        assert!(!g.probing());
+        assert_eq!(g.long_rtt(), ms(7));
+        assert_eq!(g.no_load_rtt(), ms(7));
+        assert_eq!(resumed, 50);
+        // The next probe is due 1 s later; meanwhile the long average stays at most 7 ms
+        // however slow requests get, so the limit keeps shrinking.
+        assert_eq!(g.update(sample(1_200, 70, 50)), 46);
+        assert_eq!(g.long_rtt(), ms(7));
+        assert_eq!(g.update(sample(2_129, 70, 50)), 42);
+        assert!(!g.probing());
+        assert_eq!(g.update(sample(2_200, 70, 50)), 2);
+        assert!(g.probing());
+    }
+}

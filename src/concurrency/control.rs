@@ -1,0 +1,387 @@
+//! The run-time side of adaptive limits and priorities: a limit that moves while permits are
+//! out, and the share of it each class of request may take.
+//!
+//! * [`Control`] is one per layer: the current limit (set by the [`LimitAlgorithm`] from the
+//!   latency of completed requests, or fixed), the measured latency and the count of sheds.
+//! * [`GateCtl`] is one per semaphore (the global one, or one per key). It follows the
+//!   layer's limit lazily, whenever a permit is taken or given back: a higher limit adds
+//!   permits at once (waiters are woken); a lower one becomes a **debt**, paid first with free
+//!   permits and then with permits given back, which are forgotten instead of returned until
+//!   the debt is paid. Requests in flight are never cut short.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use super::adaptive::{LimitAlgorithm, Sample};
+use crate::key::RequestHead;
+use crate::Clock;
+
+/// How important a request is, for [`ConcurrencyLimitLayer::priority`]: the share of the
+/// current limit it may take.
+///
+/// A request of a class is admitted only while the requests in flight, itself included, stay
+/// within its class's share of the current limit `L`:
+///
+/// | class        | may take the permit while in flight (with it) ≤ | at `L` = 20 | at `L` = 1 |
+/// |--------------|-----------------------------------------------|-------------|------------|
+/// | `Critical`   | `L`                                           | 20          | 1          |
+/// | `Normal`     | `L − ⌈L / 10⌉` (90%, at least one place kept) | 18          | 0          |
+/// | `Sheddable`  | `⌊L / 2⌋` (50%)                               | 10          | 0          |
+///
+/// The shares count all classes together, so whatever the flood of normal and sheddable
+/// requests, `⌈L / 10⌉` places are only ever taken by critical requests, and sheddable
+/// traffic alone never holds more than half of the limit. The check and the count are one
+/// atomic step: racing requests cannot overshoot a share.
+///
+/// [`ConcurrencyLimitLayer::priority`]: super::ConcurrencyLimitLayer::priority
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Priority {
+    /// The first to go under pressure: health checks of other systems, prefetches, batch jobs.
+    Sheddable,
+    /// Ordinary traffic.
+    Normal,
+    /// Kept as long as anything is: logins, payments, the requests that matter most.
+    Critical,
+}
+
+impl Priority {
+    /// The most requests that may be in flight, a request of this class included, for it to
+    /// be admitted under the limit `limit`.
+    pub fn share(self, limit: usize) -> usize {
+        match self {
+            Priority::Critical => limit,
+            Priority::Normal => limit - limit.div_ceil(10),
+            Priority::Sheddable => limit / 2,
+        }
+    }
+}
+
+/// Classifies a request.
+pub(crate) type Classifier = Arc<dyn Fn(&RequestHead<'_>) -> Priority + Send + Sync>;
+
+/// The layer's limit and what it measured.
+pub(crate) struct Control {
+    limit: AtomicUsize,
+    /// The layer's `max`: the limit never goes above it.
+    cap: usize,
+    algorithm: Option<Mutex<Box<dyn LimitAlgorithm>>>,
+    clock: Clock,
+    /// Smoothed latency of completed requests, in nanoseconds; 0 before the first.
+    latency: AtomicU64,
+    sheds: AtomicU64,
+}
+
+impl fmt::Debug for Control {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Control")
+            .field("limit", &self.limit())
+            .field("adaptive", &self.algorithm.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Control {
+    /// A limit that stays at `max` (for priorities without an algorithm).
+    pub(crate) fn fixed(max: usize) -> Self {
+        Control::new(max, max, None)
+    }
+
+    /// A limit moved by `algorithm`, never above `max`.
+    pub(crate) fn adaptive(max: usize, algorithm: Box<dyn LimitAlgorithm>) -> Self {
+        let initial = algorithm.initial_limit().clamp(1, max);
+        Control::new(initial, max, Some(Mutex::new(algorithm)))
+    }
+
+    fn new(limit: usize, cap: usize, algorithm: Option<Mutex<Box<dyn LimitAlgorithm>>>) -> Self {
+        Control {
+            limit: AtomicUsize::new(limit),
+            cap,
+            algorithm,
+            clock: Clock::tokio(),
+            latency: AtomicU64::new(0),
+            sheds: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn limit(&self) -> usize {
+        self.limit.load(Ordering::Acquire)
+    }
+
+    /// Whether permits should note when they were taken.
+    #[inline]
+    pub(crate) fn measuring(&self) -> bool {
+        self.algorithm.is_some()
+    }
+
+    pub(crate) fn now(&self) -> Duration {
+        Duration::from_nanos(self.clock.now())
+    }
+
+    pub(crate) fn latency(&self) -> Option<Duration> {
+        match self.latency.load(Ordering::Acquire) {
+            0 => None,
+            n => Some(Duration::from_nanos(n)),
+        }
+    }
+
+    pub(crate) fn sheds(&self) -> u64 {
+        self.sheds.load(Ordering::Acquire)
+    }
+
+    fn shed(&self) {
+        self.sheds.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A request that took its permit at `start`, with `in_flight` in flight, has completed.
+    pub(crate) fn record(&self, start: Duration, in_flight: usize, dropped: bool) {
+        let Some(algorithm) = &self.algorithm else {
+            return;
+        };
+        let at = self.now();
+        let rtt = at.saturating_sub(start);
+        let nanos = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
+        // An exponential average over about 8 requests: what a dashboard would show.
+        let _ = self
+            .latency
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+                Some(if old == 0 {
+                    nanos
+                } else {
+                    let old = i128::from(old);
+                    (old + (i128::from(nanos) - old) / 8).clamp(1, i128::from(u64::MAX)) as u64
+                })
+            });
+        let sample = Sample {
+            at,
+            rtt,
+            in_flight,
+            dropped,
+        };
+        let mut algorithm = algorithm.lock().unwrap_or_else(|e| e.into_inner());
+        let limit = algorithm.update(sample).clamp(1, self.cap);
+        self.limit.store(limit, Ordering::Release);
+    }
+}
+
+/// A semaphore's view of the layer's limit.
+pub(crate) struct GateCtl {
+    pub(crate) control: Arc<Control>,
+    /// The limit the semaphore's permits (free, out, and owed) add up to.
+    applied: AtomicUsize,
+    /// Permits to forget instead of giving back.
+    debt: AtomicUsize,
+    in_flight: AtomicUsize,
+}
+
+impl GateCtl {
+    /// A view and the permits its semaphore starts with.
+    pub(crate) fn new(control: Arc<Control>) -> (Self, usize) {
+        let limit = control.limit();
+        let ctl = GateCtl {
+            control,
+            applied: AtomicUsize::new(limit),
+            debt: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+        };
+        (ctl, limit)
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Brings the semaphore to the layer's current limit.
+    #[inline]
+    pub(crate) fn sync(&self, sem: &Semaphore) {
+        let target = self.control.limit();
+        let mut applied = self.applied.load(Ordering::Acquire);
+        loop {
+            if applied == target {
+                return;
+            }
+            match self.applied.compare_exchange_weak(
+                applied,
+                target,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => applied = now,
+            }
+        }
+        if target > applied {
+            let grow = target - applied;
+            let paid = self.take_debt(grow);
+            if grow > paid {
+                sem.add_permits(grow - paid);
+            }
+        } else {
+            self.debt.fetch_add(applied - target, Ordering::AcqRel);
+            // Free permits pay the debt now; permits in flight pay it as they come back.
+            while self.debt.load(Ordering::Acquire) > 0 {
+                let Ok(permit) = sem.try_acquire() else {
+                    break;
+                };
+                permit.forget();
+                if self.take_debt(1) == 0 {
+                    // Paid meanwhile by a permit given back: this one is not owed.
+                    sem.add_permits(1);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Takes up to `n` off the debt; how much was taken.
+    fn take_debt(&self, n: usize) -> usize {
+        match self
+            .debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
+                (d > 0).then(|| d - d.min(n))
+            }) {
+            Ok(d) => d.min(n),
+            Err(_) => 0,
+        }
+    }
+
+    /// Reserves a place for a request of `priority` if the requests in flight are within its
+    /// share; the semaphore is tried next. Counts a shed otherwise.
+    #[inline]
+    pub(crate) fn reserve(&self, priority: Priority) -> bool {
+        let share = priority.share(self.control.limit());
+        let ok = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < share).then_some(n + 1)
+            })
+            .is_ok();
+        if !ok {
+            self.control.shed();
+        }
+        ok
+    }
+
+    /// Gives back a reservation that got no permit.
+    pub(crate) fn unreserve(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A permit was taken without a reservation (critical requests, waiters).
+    pub(crate) fn taken(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A permit comes back: returned to the semaphore, or forgotten to pay the debt.
+    #[inline]
+    pub(crate) fn release(&self, sem: &Semaphore) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if self.take_debt(1) == 0 {
+            sem.add_permits(1);
+        }
+        self.sync(sem);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_keep_a_place_for_critical_requests_at_every_limit() {
+        for limit in 1..=1000 {
+            assert!(Priority::Normal.share(limit) < limit);
+            assert!(Priority::Sheddable.share(limit) <= Priority::Normal.share(limit));
+            assert_eq!(Priority::Critical.share(limit), limit);
+        }
+        assert_eq!(Priority::Normal.share(20), 18);
+        assert_eq!(Priority::Sheddable.share(20), 10);
+        assert_eq!(Priority::Normal.share(1), 0);
+        assert_eq!(
+            Priority::Normal.share(usize::MAX),
+            usize::MAX - usize::MAX.div_ceil(10)
+        );
+    }
+
+    /// A fixed-step algorithm: answers the limits it is given, one per sample.
+    struct Script(Vec<usize>);
+
+    impl LimitAlgorithm for Script {
+        fn initial_limit(&self) -> usize {
+            4
+        }
+        fn bounds(&self) -> (usize, usize) {
+            (1, 100)
+        }
+        fn update(&mut self, _: Sample) -> usize {
+            self.0.remove(0)
+        }
+    }
+
+    fn take(sem: &Semaphore, ctl: &GateCtl) -> bool {
+        ctl.sync(sem);
+        match sem.try_acquire() {
+            Ok(p) => {
+                p.forget();
+                ctl.taken();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    #[test]
+    fn a_lower_limit_is_paid_by_permits_given_back_and_a_higher_one_pays_the_debt_first() {
+        let control = Arc::new(Control::adaptive(100, Box::new(Script(vec![2, 3, 6]))));
+        let (ctl, permits) = GateCtl::new(control.clone());
+        let sem = Semaphore::new(permits);
+        assert_eq!(permits, 4);
+        for _ in 0..4 {
+            assert!(take(&sem, &ctl));
+        }
+        assert!(!take(&sem, &ctl));
+        // Limit 2 with 4 out: a debt of 2, paid by the next two permits given back.
+        control.record(Duration::ZERO, 4, false);
+        ctl.release(&sem);
+        assert_eq!(sem.available_permits(), 0);
+        // Limit 3 with 2 out: the rest of the debt is forgiven, one place is free.
+        control.record(Duration::ZERO, 4, false);
+        ctl.release(&sem);
+        assert_eq!(sem.available_permits(), 1);
+        assert_eq!(ctl.in_flight(), 2);
+        ctl.release(&sem);
+        assert_eq!(sem.available_permits(), 2);
+        // Limit 6 with 1 out: 5 free.
+        control.record(Duration::ZERO, 4, false);
+        ctl.sync(&sem);
+        assert_eq!(sem.available_permits(), 5);
+        assert_eq!(ctl.in_flight(), 1);
+    }
+
+    #[test]
+    fn a_lower_limit_takes_free_permits_at_once() {
+        let control = Arc::new(Control::adaptive(100, Box::new(Script(vec![1]))));
+        let (ctl, permits) = GateCtl::new(control.clone());
+        let sem = Semaphore::new(permits);
+        assert!(take(&sem, &ctl));
+        control.record(Duration::ZERO, 1, false);
+        ctl.sync(&sem);
+        assert_eq!(sem.available_permits(), 0);
+        ctl.release(&sem);
+        assert_eq!(sem.available_permits(), 1);
+    }
+
+    #[test]
+    fn the_layer_max_caps_the_algorithm() {
+        let control = Control::adaptive(3, Box::new(Script(vec![50, 0])));
+        assert_eq!(control.limit(), 3);
+        control.record(Duration::ZERO, 1, false);
+        assert_eq!(control.limit(), 3);
+        // An algorithm answering 0 still leaves one place.
+        control.record(Duration::ZERO, 1, false);
+        assert_eq!(control.limit(), 1);
+    }
+}
