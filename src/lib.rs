@@ -69,6 +69,7 @@ pub mod error;
 pub mod gcra;
 pub mod headers;
 pub mod key;
+mod keyed;
 pub mod limiter;
 pub mod quota;
 pub mod rate_limit;
