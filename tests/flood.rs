@@ -151,3 +151,37 @@ fn the_default_store_holds_under_a_full_size_flood() {
     assert_eq!(admitted, 10_000);
     assert!(l.len() <= 1_000_000);
 }
+
+#[test]
+fn a_client_value_of_any_size_costs_a_bounded_key() {
+    use tollgate::key::{Header, KeyExtractor, RequestHead, Route, MAX_KEY_BYTES};
+
+    let extract = |value: &[u8]| {
+        let req = http::Request::get("/")
+            .header("x-api-key", value)
+            .body(())
+            .unwrap();
+        Header::new("x-api-key")
+            .extract(&RequestHead::new(&req))
+            .unwrap()
+    };
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..100u32 {
+        let mut value = vec![b'k'; 16 * 1024];
+        // Distinct at the far end only: the whole value must count.
+        value[16 * 1024 - 8..].copy_from_slice(format!("{i:08}").as_bytes());
+        let key = extract(&value);
+        assert!(key.len() <= MAX_KEY_BYTES, "{} bytes", key.len());
+        // The same value gives the same key; distinct values distinct keys.
+        assert_eq!(key, extract(&value));
+        seen.insert(key);
+    }
+    assert_eq!(seen.len(), 100);
+    // A short value is kept whole.
+    assert_eq!(&*extract(b"key-123"), b"key-123");
+
+    let path = format!("/{}", "p".repeat(10_000));
+    let req = http::Request::get(path.as_str()).body(()).unwrap();
+    let route = Route.extract(&RequestHead::new(&req)).unwrap();
+    assert!(route.len() <= MAX_KEY_BYTES + 8, "{} bytes", route.len());
+}
