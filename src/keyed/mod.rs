@@ -134,7 +134,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     /// Finds or inserts the entry of `key`, under the shard's exclusive lock.
     ///
     /// `clock` is read once the lock is held, so that no sweep with a later time can remove
-    /// the key between the reading and the decision. `present` is called with the entry when
+    /// the key between the reading and the decision. `present` is called with the entry (to read or change) when
     /// the key is tracked; otherwise `absent` says what to insert (it may be called more than
     /// once if the table is full and room is made, each time with a fresh reading). Returns
     /// [`Full`] when the key would need an entry and the table has no room for it.
@@ -147,7 +147,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         key: &K,
         over_bound: bool,
         clock: impl Fn() -> u64,
-        present: impl FnOnce(&V, u64) -> R,
+        present: impl FnOnce(&mut V, u64) -> R,
         mut absent: impl FnMut(u64) -> Absent<R, V>,
     ) -> Result<R, Full> {
         let index = self.shard_index(hash);
@@ -164,7 +164,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 if now >= shard.next_sweep.load(Ordering::Relaxed) {
                     self.sweep(shard, &mut map, now);
                 }
-                if let Some((_, v)) = map.entries.find(hash, |(k, _)| k == key) {
+                if let Some((_, v)) = map.entries.find_mut(hash, |(k, _)| k == key) {
                     if reserved {
                         self.len.fetch_sub(1, Ordering::AcqRel);
                     }
@@ -258,6 +258,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     }
 
     /// Calls `f` with the entry of `key`, if tracked, under the shard's exclusive lock.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn get_mut<R>(&self, hash: u64, key: &K, f: impl FnOnce(&mut V) -> R) -> Option<R> {
         let shard = &self.shards[self.shard_index(hash)];
         let mut map = write(&shard.map);
@@ -442,12 +443,6 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 f(k, v);
             }
         }
-    }
-
-    /// The bound on entries.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn max_keys(&self) -> usize {
-        self.max_keys
     }
 }
 
