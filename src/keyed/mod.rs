@@ -29,7 +29,9 @@ use hashbrown::HashTable;
 
 pub(crate) use bound::Full;
 pub use bound::OnFull;
-use bound::{EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SHARDS, MIN_SWEEP, SWEEP_SAMPLE};
+use bound::{
+    EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SHARDS, MIN_SWEEP, SWEEP_GAP, SWEEP_SAMPLE,
+};
 pub(crate) use entry::Entry;
 
 /// A bounded, sharded map from client keys to per-key state.
@@ -201,9 +203,6 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                     map.entries
                         .insert_unique(hash, (key.clone(), value), |(k, _)| hasher.hash_one(k));
                     shard.min_idle.fetch_min(idle_at, Ordering::Relaxed);
-                    if shard.next_sweep.load(Ordering::Relaxed) == u64::MAX {
-                        shard.next_sweep.store(idle_at, Ordering::Relaxed);
-                    }
                     return Ok(result);
                 }
             }
@@ -311,7 +310,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         sample.sort_unstable();
         let next = sample.get(sampled / 2).copied().unwrap_or(u64::MAX);
         shard.next_sweep.store(
-            next.max(min_idle).max(now.saturating_add(1)),
+            next.max(min_idle).max(now.saturating_add(SWEEP_GAP)),
             Ordering::Relaxed,
         );
         self.shrink(map);
