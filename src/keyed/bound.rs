@@ -40,5 +40,6 @@ pub(crate) const MIN_SWEEP: usize = 64;
 /// How many survivors' idle times are kept by a sweep to choose when the next one is due.
 pub(crate) const SWEEP_SAMPLE: usize = 16;
 /// The least time between two sweeps of a shard that are not forced by a full table or by
-/// growth (1 ms): keys that go idle within nanoseconds do not make every lookup sweep.
-pub(crate) const SWEEP_GAP: u64 = 1_000_000;
+/// growth (1 s): keys that go idle within moments of each request (clients slower than their
+/// quota) stay tracked and take the lookup path, instead of being swept and inserted again.
+pub(crate) const SWEEP_GAP: u64 = 1_000_000_000;
