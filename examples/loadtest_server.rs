@@ -13,20 +13,28 @@
 //! | `tollgate_429` | + `RateLimitLayer` keyed by peer IP, every request rejected |
 //! | `tollgate_noheaders` | `tollgate` without the `RateLimit` header fields |
 //! | `tollgate_global` | `tollgate` with one key for all requests (`key::Global`) |
-//! | `governor` | + `tower_governor` keyed by peer IP, limit never reached |
+//! | `governor` | + `tower_governor` keyed by peer IP, limit never reached (no header fields) |
 //! | `governor_429` | + `tower_governor` keyed by peer IP, every request rejected |
+//! | `axgov` | + `axum-governor` keyed by peer IP, limit never reached (draft header fields) |
+//! | `axgov_429` | + `axum-governor` keyed by peer IP, every request rejected |
 //! | `conc_tollgate` | + `ConcurrencyLimitLayer` (permit held until the body ends), never full |
 //! | `conc_tower` | + tower's `GlobalConcurrencyLimitLayer`, never full |
+//! | `shape` | + `ShapeLayer` per IP, never delaying |
 //! | `stacked` | + rate limit per IP, shaping per IP and a global concurrency limit, none reached |
 //!
+//! `tollgate`, `shape` and `conc_tollgate` are the three layers of `stacked` alone, configured
+//! the same way, so that the cost of the stack can be set against the sum of its parts.
+//!
 //! The server runs a one-thread tokio runtime, so pinning it to one core with `taskset`
-//! measures the cost per request on that core.
+//! measures the cost per request on that core, and its CPU time (`/proc/PID/stat`) divided by
+//! the requests served is its cost per request.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::{routing::get, Router};
+use axum_governor::nz;
 use tollgate::shape::ShapeLayer;
 use tollgate::{key, ConcurrencyLimitLayer, Quota, RateLimitLayer};
 use tower::limit::GlobalConcurrencyLimitLayer;
@@ -42,6 +50,12 @@ fn app(config: &str) -> Option<Router> {
     let base = Router::new().route("/", get(hello));
     let never = || Quota::per_second(100_000_000).burst(100_000_000);
     let always = || Quota::per_day(1).burst(1);
+    let conc = || ConcurrencyLimitLayer::new(1024);
+    let shape = || {
+        ShapeLayer::new(Quota::per_second(100_000_000))
+            .key(key::PeerIp::new())
+            .max_queue(1024)
+    };
     Some(match config {
         "bare" => base,
         "plain_429" => Router::new().route(
@@ -66,15 +80,27 @@ fn app(config: &str) -> Option<Router> {
             let conf = Arc::new(b.finish()?);
             base.layer(GovernorLayer::new(conf))
         }
-        "conc_tollgate" => base.layer(ConcurrencyLimitLayer::new(1024)),
+        "axgov" | "axgov_429" => {
+            let quota = if config == "axgov" {
+                axum_governor::Quota::requests_per_second(nz!(1_000_000_000u32))
+                    .burst(nz!(100_000_000u32))
+            } else {
+                axum_governor::Quota::seconds_per_request(nz!(86_400u32))
+            };
+            let conf = axum_governor::GovernorConfigBuilder::default()
+                .with_extractor(axum_governor::extractor::PeerIp::default())
+                .expect_connect_info()
+                .quota_default(quota)
+                .finish()
+                .ok()?;
+            base.layer(axum_governor::GovernorLayer::new(conf))
+        }
+        "conc_tollgate" => base.layer(conc()),
         "conc_tower" => base.layer(GlobalConcurrencyLimitLayer::new(1024)),
+        "shape" => base.layer(shape()),
         "stacked" => base
-            .layer(ConcurrencyLimitLayer::new(1024))
-            .layer(
-                ShapeLayer::new(Quota::per_second(100_000_000))
-                    .key(key::PeerIp::new())
-                    .max_queue(1024),
-            )
+            .layer(conc())
+            .layer(shape())
             .layer(RateLimitLayer::new(never()).key(key::PeerIp::new())),
         _ => return None,
     })
@@ -84,15 +110,16 @@ fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);
     let config = args.next().unwrap_or_else(|| "bare".to_owned());
     let addr = args.next().unwrap_or_else(|| "127.0.0.1:3000".to_owned());
-    let Some(app) = app(&config) else {
-        eprintln!("unknown configuration {config:?}; see the file's docs for the list");
-        std::process::exit(2);
-    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
     rt.block_on(async move {
+        // Inside the runtime: axum-governor starts its key sweeper when the layer is built.
+        let Some(app) = app(&config) else {
+            eprintln!("unknown configuration {config:?}; see the file's docs for the list");
+            std::process::exit(2);
+        };
         let listener = tokio::net::TcpListener::bind(&addr).await?;
         println!("{config} listening on {}", listener.local_addr()?);
         axum::serve(

@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """Writes BENCHMARKS.md and its SVG plots from the outputs of scripts/benchmarks.
 
+`scripts/report.py --table results.csv` prints the HTTP table alone (scripts/loadtest uses it).
+
 Inputs (any may be missing; their sections are then left out):
-  target/loadtest/results.csv      round,config,requests_per_sec,non_2xx
+  target/loadtest/results.csv      round,config,requests_per_sec,non_2xx,requests,
+                                   cpu_seconds,cpu_us_per_request
+  target/loadtest/callgrind.csv    config,instructions,requests,instructions_per_request
+                                   (scripts/callgrind_http)
   target/loadtest/memory.txt       output of examples/memory_per_key
   target/loadtest/flood.txt        output of examples/flood
   target/loadtest/shaping.csv      t_seconds,offered_per_sec,forwarded_per_sec
   target/loadtest/shaping.txt      output of benches/shape_realtime.rs
   target/loadtest/redis.txt        output of benches/redis.rs
+  target/loadtest/preface.md       a note on the run, pasted under the machine description
   docs/bench/notes.md              the analysis behind the figures, pasted as it is
   target/loadtest/extra.md         further sections, pasted as they are
 """
@@ -25,14 +31,92 @@ PLOTS = "docs/bench"
 LABELS = {
     "bare": "bare axum",
     "plain_429": "axum answering 429 itself",
-    "tollgate": "RateLimitLayer, limit not reached",
-    "tollgate_429": "RateLimitLayer, every request rejected",
-    "governor": "tower_governor, limit not reached",
+    "tollgate": "`RateLimitLayer` per IP, not limiting (draft fields)",
+    "tollgate_noheaders": "`RateLimitLayer` per IP, not limiting, no fields",
+    "tollgate_429": "`RateLimitLayer` per IP, every request rejected",
+    "governor": "tower_governor, not limiting (no fields)",
     "governor_429": "tower_governor, every request rejected",
-    "conc_tollgate": "ConcurrencyLimitLayer (body tracked)",
-    "conc_tower": "tower GlobalConcurrencyLimitLayer",
-    "stacked": "rate limit + concurrency + shaping",
+    "axgov": "axum-governor, not limiting (draft + X- fields)",
+    "axgov_429": "axum-governor, every request rejected",
+    "conc_tower": "tower `GlobalConcurrencyLimitLayer`",
+    "conc_tollgate": "`ConcurrencyLimitLayer` (body tracked)",
+    "shape": "`ShapeLayer` per IP, never delaying",
+    "stacked": "the three tollgate layers stacked",
 }
+
+
+def load_runs(path):
+    """config -> list of (cpu us per request, req/s), in run order."""
+    by = {}
+    for r in csv.DictReader(open(path)):
+        us = r.get("cpu_us_per_request")
+        by.setdefault(r["config"], []).append(
+            (float(us) if us else float("nan"), float(r["requests_per_sec"]))
+        )
+    return by
+
+
+def http_table(path):
+    """The markdown table and ratios of one results.csv, the plot items and the rounds."""
+    rows = list(csv.DictReader(open(path)))
+    rounds = max(int(r["round"]) for r in rows)
+    by = load_runs(path)
+    cpu = {c: statistics.median(u for u, _ in v) for c, v in by.items()}
+    rps = {c: statistics.median(r for _, r in v) for c, v in by.items()}
+
+    def base(c):
+        return "plain_429" if c.endswith("_429") and c != "plain_429" else "bare"
+
+    out = [
+        "| configuration | CPU µs per request | ratio | spread µs | req/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    items = []
+    order = [c for c in LABELS if c in by] + [c for c in by if c not in LABELS]
+    for c in order:
+        b = base(c)
+        ratio = f"{cpu[c] / cpu[b]:.3f} x {'429' if b == 'plain_429' else 'bare'}" if b in cpu else "-"
+        us = [u for u, _ in by[c]]
+        out.append(
+            f"| {LABELS.get(c, c)} (`{c}`) | {cpu[c]:.2f} | {ratio} | "
+            f"{min(us):.2f}–{max(us):.2f} | {rps[c]:,.0f} |"
+        )
+        hl = "reject" if c.endswith("429") else (
+            "ours" if "tollgate" in c or c in ("stacked", "shape") else "")
+        items.append((LABELS.get(c, c).replace("`", ""), cpu[c] * 1000, hl))
+
+    def r(a, b):
+        return cpu[a] / cpu[b] if a in cpu and b in cpu else None
+
+    pairs = [
+        ("tollgate", "bare", "RateLimitLayer with fields / bare (aim ≤ 1.03)"),
+        ("tollgate_noheaders", "bare", "RateLimitLayer without fields / bare"),
+        ("tollgate", "governor", "RateLimitLayer with fields / tower_governor without"),
+        ("tollgate", "axgov", "RateLimitLayer / axum-governor (both with fields)"),
+        ("tollgate_429", "plain_429", "429 path / axum's own 429 (aim ≤ 1.0)"),
+        ("tollgate_429", "governor_429", "429 path / tower_governor's 429 path"),
+        ("tollgate_429", "axgov_429", "429 path / axum-governor's 429 path"),
+        ("conc_tollgate", "conc_tower", "ConcurrencyLimitLayer / tower's"),
+        ("stacked", "bare", "all three stacked / bare"),
+    ]
+    out += ["", "| ratio of CPU per request | value |", "|---|---:|"]
+    for a, b, label in pairs:
+        v = r(a, b)
+        if v is not None:
+            out.append(f"| {label} | {v:.3f} |")
+    parts = ["tollgate", "shape", "conc_tollgate"]
+    if all(c in cpu for c in parts + ["stacked", "bare"]):
+        each = [cpu[c] - cpu["bare"] for c in parts]
+        alone = sum(each)
+        stacked = cpu["stacked"] - cpu["bare"]
+        out += [
+            "",
+            f"Stacking: the three layers stacked cost {stacked:.2f} µs per request over bare, "
+            f"the three alone {alone:.2f} µs together "
+            "(" + " + ".join(f"{x:.2f}" for x in each) + ").",
+        ]
+    return out, items, rounds
+
 
 
 def sh(cmd):
@@ -96,12 +180,19 @@ def line_chart(path, title, xs, series, unit):
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+        table, _, _ = http_table(sys.argv[2])
+        print("\n".join(table))
+        return 0
     os.makedirs(PLOTS, exist_ok=True)
     cpu = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip() or platform.processor()
     lines = ["# Benchmarks", ""]
     lines += [
         "Written by `scripts/benchmarks` (do not edit by hand). Every figure below was measured",
-        "in one run on the machine described here; compare ratios, not absolute numbers.",
+        ("on the machine described here (see the note on the run below)"
+         if os.path.exists(os.path.join(OUT, "preface.md")) else
+         "in one run on the machine described here") +
+        "; compare ratios, not absolute numbers.",
         "",
         f"- Machine: {sh('nproc')} cores, {sh('uname -m')}, "
         f"{cpu}",
@@ -109,54 +200,57 @@ def main():
         f"- Load tool: {sh('wrk -v 2>&1 | head -n1') or 'wrk'}",
         "",
     ]
+    preface = os.path.join(OUT, "preface.md")
+    if os.path.exists(preface):
+        lines += [open(preface).read().strip(), ""]
     res = os.path.join(OUT, "results.csv")
     if os.path.exists(res):
-        rows = list(csv.DictReader(open(res)))
-        by = {}
-        for r in rows:
-            by.setdefault(r["config"], []).append(float(r["requests_per_sec"]))
-        rounds = max(int(r["round"]) for r in rows)
-        bare = statistics.median(by.get("bare", [0])) or None
+        table, items, rounds = http_table(res)
         lines += [
-            "## HTTP throughput",
+            "## HTTP load: server CPU per request",
             "",
-            "An Axum hello-world on loopback, the server on one core (one tokio worker) and",
-            f"`wrk -t1 -c32` on the other; {rounds} rounds, configurations interleaved, medians.",
+            "An Axum hello-world on loopback, the server on core 0 (one tokio worker) and",
+            f"`wrk -t1 -c32` on core 1; {rounds} rounds, configurations interleaved, medians. The",
+            "server's CPU time (utime + stime from `/proc/PID/stat` over the wrk run) divided by",
+            "the requests wrk completed is the cost per request; the ratios use it, since wrk on",
+            "one core can be the bottleneck and then every configuration reaches about the same",
+            "requests/s. Rows answering 429 are set against Axum answering 429 itself, the others",
+            "against bare Axum. Spread: lowest and highest run.",
             "Command: `scripts/benchmarks` (or `scripts/loadtest` for this part alone).",
             "",
-            "| configuration | median req/s | ratio to bare | runs |",
-            "|---|---:|---:|---|",
         ]
-        items = []
-        for c, v in by.items():
-            m = statistics.median(v)
-            ratio = f"{m / bare:.3f}" if bare else "-"
-            runs = " ".join(f"{x:,.0f}" for x in v)
-            lines.append(f"| {LABELS.get(c, c)} (`{c}`) | {m:,.0f} | {ratio} | {runs} |")
-            hl = "reject" if c.endswith("429") else ("ours" if "tollgate" in c or c == "stacked" else "")
-            items.append((LABELS.get(c, c), m, hl))
-        bar_chart(os.path.join(PLOTS, "http.svg"), "Requests per second (median)", items, "req/s")
-        lines += ["", "![requests per second](docs/bench/http.svg)", ""]
+        lines += table
+        bar_chart(
+            os.path.join(PLOTS, "http.svg"),
+            "Server CPU per request (median, lower is better)",
+            items,
+            "ns",
+        )
+        lines += ["", "![server CPU per request](docs/bench/http.svg)", ""]
+    cg = os.path.join(OUT, "callgrind.csv")
+    if os.path.exists(cg):
+        per = {r["config"]: int(r["instructions_per_request"]) for r in csv.DictReader(open(cg))}
 
-        def ratio(a, b):
-            if a in by and b in by:
-                return statistics.median(by[a]) / statistics.median(by[b])
-            return None
+        def base(c):
+            return "plain_429" if c.endswith("_429") and c != "plain_429" else "bare"
 
-        pairs = [
-            ("tollgate", "bare", "RateLimitLayer / bare (aim ≥ 0.97)"),
-            ("tollgate", "governor", "RateLimitLayer / tower_governor (aim ≥ 1)"),
-            ("tollgate_429", "bare", "429 path / bare 200 path (aim ≥ 1)"),
-            ("tollgate_429", "plain_429", "429 path / axum's own 429"),
-            ("tollgate_429", "governor_429", "429 path / tower_governor's 429 path"),
-            ("conc_tollgate", "conc_tower", "ConcurrencyLimitLayer / tower's"),
-            ("stacked", "bare", "all three stacked / bare"),
+        lines += [
+            "## Instructions per request",
+            "",
+            "The same server under `valgrind --tool=callgrind`, counters zeroed after a warm-up",
+            "and dumped after a `wrk -c1` run: instructions divided by the requests served.",
+            "They move by about 1% from run to run (every request pays one wake-up of the server;",
+            "the periodic work of the runtime is shared among fewer requests when the machine is busy).",
+            "Command: `scripts/callgrind_http` (profiles in `target/callgrind/`).",
+            "",
+            "| configuration | instructions per request | ratio |",
+            "|---|---:|---:|",
         ]
-        lines += ["| ratio | value |", "|---|---:|"]
-        for a, b, label in pairs:
-            r = ratio(a, b)
-            if r is not None:
-                lines.append(f"| {label} | {r:.3f} |")
+        order = [c for c in LABELS if c in per] + [c for c in per if c not in LABELS]
+        for c in order:
+            b = base(c)
+            ratio = f"{per[c] / per[b]:.3f} x {'429' if b == 'plain_429' else 'bare'}" if b in per else "-"
+            lines.append(f"| {LABELS.get(c, c)} (`{c}`) | {per[c]:,} | {ratio} |")
         lines.append("")
     mem = os.path.join(OUT, "memory.txt")
     if os.path.exists(mem):
@@ -188,29 +282,30 @@ def main():
             "",
         ]
     shp = os.path.join(OUT, "shaping.csv")
-    if os.path.exists(shp):
-        rows = list(csv.DictReader(open(shp)))
-        xs = [float(r["t_seconds"]) for r in rows]
-        line_chart(
-            os.path.join(PLOTS, "shaping.svg"),
-            "Shaped output against its input",
-            xs,
-            [
-                ("offered", [float(r["offered_per_sec"]) for r in rows], "#999999"),
-                ("forwarded", [float(r["forwarded_per_sec"]) for r in rows], "#337ab7"),
-            ],
-            "req/s",
-        )
+    txt = os.path.join(OUT, "shaping.txt")
+    if os.path.exists(shp) or os.path.exists(txt):
+        if os.path.exists(shp):
+            rows = list(csv.DictReader(open(shp)))
+            xs = [float(r["t_seconds"]) for r in rows]
+            line_chart(
+                os.path.join(PLOTS, "shaping.svg"),
+                "Shaped output against its input",
+                xs,
+                [
+                    ("offered", [float(r["offered_per_sec"]) for r in rows], "#999999"),
+                    ("forwarded", [float(r["forwarded_per_sec"]) for r in rows], "#337ab7"),
+                ],
+                "req/s",
+            )
         lines += [
             "## Shaping precision",
             "",
             "A `ShapeLayer` at 200/s on loopback, driven at 400/s for 10 s with real time",
             "(`SHAPING_CSV=target/loadtest/shaping.csv cargo bench --bench shape_realtime`).",
             "",
-            "![shaped output](docs/bench/shaping.svg)",
-            "",
         ]
-        txt = os.path.join(OUT, "shaping.txt")
+        if os.path.exists(os.path.join(PLOTS, "shaping.svg")):
+            lines += ["![shaped output](docs/bench/shaping.svg)", ""]
         if os.path.exists(txt):
             lines += ["```text", open(txt).read().strip(), "```", ""]
     rds = os.path.join(OUT, "redis.txt")

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A monotonic clock, as nanoseconds since the clock was created. Cheap to clone; clones share
-/// one time line.
+/// A monotonic clock: the time since the clock was created, to the nanosecond. Cheap to clone;
+/// clones share one time line.
 #[derive(Clone, Debug)]
 pub struct Clock {
     kind: Kind,
@@ -114,7 +114,7 @@ impl ManualClock {
         self.now.store(saturating_nanos(at), Ordering::Release);
     }
 
-    /// Nanoseconds since the clock's epoch.
+    /// The time since the clock's epoch (kept to the nanosecond).
     pub fn now(&self) -> Duration {
         Duration::from_nanos(self.now.load(Ordering::Acquire))
     }

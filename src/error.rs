@@ -60,6 +60,12 @@ pub enum ConfigError {
     InvalidProxy(String),
     /// A concurrency limit was zero, or larger than a semaphore can count.
     InvalidConcurrency(usize),
+    /// `on_missing_key(MissingKey::UseKey(..))` was set before `.key(..)` changed the key type,
+    /// so its key no longer fits: set it after `.key(..)`.
+    MissingKeyBeforeKey,
+    /// A setting of the memory store (`max_keys`, `on_full`) was given to a layer whose limits
+    /// live in Redis, which expires idle keys itself.
+    MemoryOnly(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -106,6 +112,14 @@ impl fmt::Display for ConfigError {
                 f,
                 "concurrency limit {max} must be between 1 and {}",
                 tokio::sync::Semaphore::MAX_PERMITS
+            ),
+            ConfigError::MissingKeyBeforeKey => f.write_str(
+                "on_missing_key(MissingKey::UseKey(..)) names a key of the type before .key(..) \
+                 changed it: call on_missing_key after key",
+            ),
+            ConfigError::MemoryOnly(setting) => write!(
+                f,
+                "{setting} applies to the memory store only; Redis expires idle keys itself"
             ),
         }
     }

@@ -181,12 +181,12 @@ impl QuotaState {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
-    pub(crate) outcome: Outcome,
-    pub(crate) retry_after: u64,
-    pub(crate) len: u8,
+    outcome: Outcome,
+    retry_after: u64,
+    len: u8,
     /// Made by a store's failure policy, not by the quotas.
-    pub(crate) degraded: bool,
-    pub(crate) quotas: [QuotaState; MAX_QUOTAS],
+    degraded: bool,
+    quotas: [QuotaState; MAX_QUOTAS],
 }
 
 impl Decision {
@@ -246,19 +246,56 @@ impl Decision {
     /// `retry_after` nanoseconds (fail closed), with no knowledge of the key's state.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn degraded(gcras: &[Gcra], allowed: bool, retry_after: u64) -> Decision {
+        let outcome = if allowed {
+            Outcome::Allowed
+        } else {
+            Outcome::Limited
+        };
+        let retry_after = if allowed { 0 } else { retry_after };
+        Decision {
+            degraded: true,
+            ..Decision::spent(gcras, outcome, retry_after)
+        }
+    }
+
+    /// A new key turned away because the store tracks as many keys as it may and all of them
+    /// are active: limited for `retry_after` nanoseconds (until the first tracked key goes
+    /// idle, when a new key is admitted), every quota reported spent.
+    pub(crate) fn store_full(gcras: &[Gcra], retry_after: u64) -> Decision {
+        Decision::spent(gcras, Outcome::Limited, retry_after)
+    }
+
+    /// A decision a remote store made and sent back: its outcome, the wait in nanoseconds and
+    /// each quota's state, in the policy's order (at most [`MAX_QUOTAS`] are kept).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn from_store(
+        outcome: Outcome,
+        retry_after: u64,
+        states: &[QuotaState],
+    ) -> Decision {
+        let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+        let len = states.len().min(MAX_QUOTAS);
+        quotas[..len].copy_from_slice(&states[..len]);
+        Decision {
+            outcome,
+            retry_after,
+            len: len as u8,
+            degraded: false,
+            quotas,
+        }
+    }
+
+    /// Every quota reported spent, as when nothing is known of the key's state.
+    fn spent(gcras: &[Gcra], outcome: Outcome, retry_after: u64) -> Decision {
         let mut quotas = [QuotaState::default(); MAX_QUOTAS];
         for (q, g) in quotas.iter_mut().zip(gcras) {
             *q = QuotaState::spent(g);
         }
         Decision {
-            outcome: if allowed {
-                Outcome::Allowed
-            } else {
-                Outcome::Limited
-            },
-            retry_after: if allowed { 0 } else { retry_after },
+            outcome,
+            retry_after,
             len: gcras.len().min(MAX_QUOTAS) as u8,
-            degraded: true,
+            degraded: false,
             quotas,
         }
     }

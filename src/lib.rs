@@ -31,10 +31,21 @@
 //! # What clients see
 //!
 //! An admitted request gets its response with
-//! `RateLimit-Policy: "default";q=5;w=5` and `RateLimit: "default";r=4;t=1`
-//! (draft-ietf-httpapi-ratelimit-headers-10; see [`headers`] for the mapping). A rejected one gets
-//! `429 Too Many Requests` at once, with `Retry-After` in whole seconds (rounded up, never 0)
-//! and the same fields; the inner service never sees it.
+//! `RateLimit-Policy: "1-per-1s";q=5;w=5` and `RateLimit: "1-per-1s";r=4;t=1`
+//! (draft-ietf-httpapi-ratelimit-headers-10; see [`headers`] for the mapping; a layer without
+//! a name is named after its quota, see [`Policy`]). A rejected one gets
+//! `429 Too Many Requests` at once and the same fields; the inner service never sees it. When
+//! waiting helps, the rejection carries `Retry-After` in whole seconds (rounded up, never 0);
+//! a request that costs more than a quota's burst can never pass and gets none.
+//!
+//! One layer value is one shared state: its clones and every service it wraps (every route of
+//! a `Router::layer`) count against the same limits. tower's `RateLimitLayer` and
+//! `ConcurrencyLimitLayer` give each wrapped service its own state instead.
+//!
+//! Two layers on one handler go in one `.layer((outer, inner))` (a tuple) or a
+//! `ServiceBuilder`: `post(h).layer(a).layer(b)` does not compile with axum (E0283, "cannot
+//! infer type ... `NewError`"), for any pair of Tower middlewares that keep the inner error
+//! type. See [`rate_limit`] for an example.
 //!
 //! # Semantics
 //!
@@ -70,6 +81,7 @@ pub mod gcra;
 pub mod headers;
 pub mod key;
 mod keyed;
+mod layer;
 pub mod limiter;
 pub mod quota;
 pub mod rate_limit;
@@ -78,6 +90,8 @@ pub mod redis;
 pub mod response;
 pub mod shape;
 pub mod store;
+
+mod wait;
 
 #[cfg(feature = "axum")]
 mod axum_support;

@@ -2,15 +2,16 @@
 
 use std::fmt;
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::gcra::{Decision, Gcra, Outcome, MAX_QUOTAS};
+use crate::gcra::{Decision, Gcra, MAX_QUOTAS};
 use crate::quota::Quota;
 use crate::store::memory::{Many, MemoryStore, One, Slot};
 use crate::store::OnFull;
+use crate::wait::Lines;
 
 /// The default bound on tracked keys.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -65,6 +66,8 @@ struct Inner<K> {
     gcras: Box<[Gcra]>,
     store: Store<K>,
     clock: Clock,
+    /// The tasks waiting in `until_ready_n`, in one line per key.
+    waiters: Lines<K>,
 }
 
 enum Store<K> {
@@ -78,14 +81,15 @@ enum Store<K> {
 /// Builds a [`RateLimiter`].
 #[derive(Debug, Clone)]
 #[must_use]
-pub struct RateLimiterBuilder {
+pub struct RateLimiterBuilder<K> {
+    key: PhantomData<fn() -> K>,
     quotas: Vec<Quota>,
     clock: Option<Clock>,
     max_keys: usize,
     on_full: OnFull,
 }
 
-impl RateLimiterBuilder {
+impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
     /// Adds a quota, decided together with the others (at most 4).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);
@@ -115,7 +119,7 @@ impl RateLimiterBuilder {
     /// # Panics
     /// When the configuration is invalid; see [`try_build`](Self::try_build).
     #[track_caller]
-    pub fn build<K: Hash + Eq + Clone + Send + Sync>(self) -> RateLimiter<K> {
+    pub fn build(self) -> RateLimiter<K> {
         match self.try_build() {
             Ok(l) => l,
             Err(e) => panic!("tollgate: {e}"),
@@ -123,9 +127,7 @@ impl RateLimiterBuilder {
     }
 
     /// Builds the limiter, or says which setting is wrong.
-    pub fn try_build<K: Hash + Eq + Clone + Send + Sync>(
-        self,
-    ) -> Result<RateLimiter<K>, ConfigError> {
+    pub fn try_build(self) -> Result<RateLimiter<K>, ConfigError> {
         if self.quotas.is_empty() {
             return Err(ConfigError::NoQuota);
         }
@@ -152,6 +154,7 @@ impl RateLimiterBuilder {
                 gcras,
                 store,
                 clock: self.clock.unwrap_or_default(),
+                waiters: Lines::default(),
             }),
         })
     }
@@ -178,41 +181,6 @@ impl fmt::Display for InsufficientCapacity {
 
 impl std::error::Error for InsufficientCapacity {}
 
-/// Decides with `check` until it admits, sleeping for each `retry_after` in between; shared
-/// by every limiter's `until_ready_n`. Cancel-safe as long as `check` is: nothing is consumed
-/// until `check` admits.
-pub(crate) async fn wait_until_admitted<F, Fut>(
-    gcras: &[Gcra],
-    clock: &Clock,
-    cost: u32,
-    mut check: F,
-) -> Result<Decision, InsufficientCapacity>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Decision>,
-{
-    loop {
-        let d = check().await;
-        match d.outcome() {
-            Outcome::Allowed => return Ok(d),
-            Outcome::Exceeds => {
-                return Err(InsufficientCapacity {
-                    cost,
-                    burst: gcras.iter().map(Gcra::burst).min().unwrap_or(0),
-                })
-            }
-            Outcome::Limited => {
-                let wait = d.retry_after().unwrap_or(Duration::from_millis(1));
-                if !clock.follows_sleep() {
-                    // A manual clock never moves by itself; yield so the caller's test can.
-                    tokio::task::yield_now().await;
-                }
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
-}
-
 impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// A limiter with one quota, the system clock and the default key bound.
     pub fn new(quota: Quota) -> Self {
@@ -220,8 +188,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     }
 
     /// Starts a builder with a first quota.
-    pub fn builder(quota: Quota) -> RateLimiterBuilder {
+    pub fn builder(quota: Quota) -> RateLimiterBuilder<K> {
         RateLimiterBuilder {
+            key: PhantomData,
             quotas: vec![quota],
             clock: None,
             max_keys: DEFAULT_MAX_KEYS,
@@ -267,9 +236,16 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// Waits with `tokio::time::sleep`, so the limiter's clock must move with tokio's time (the
     /// system clock, or [`Clock::tokio`]).
     ///
+    /// # Fairness
+    /// The tasks waiting on one key stand in line, first come first served: only the first one
+    /// decides (and sleeps for the retry time it is given); the others are parked and woken
+    /// once, when their turn comes. Each admission costs one wake, however many tasks wait, and
+    /// the key is served at its full rate. Requests decided with [`check`](Self::check) do not
+    /// queue: they take what is free when they come.
+    ///
     /// # Cancellation safety
     /// Cancel-safe: nothing is consumed until the future completes, so dropping it consumes
-    /// nothing.
+    /// nothing, and the next task in line moves up.
     pub async fn until_ready(&self, key: &K) -> Decision {
         match self.until_ready_n(key, 1).await {
             Ok(d) => d,
@@ -281,6 +257,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// Waits until a request of `cost` for `key` is admitted.
     ///
     /// Returns [`InsufficientCapacity`] at once when `cost` is larger than a quota's burst.
+    /// Waits in the same line as [`until_ready`](Self::until_ready): a large cost at the head
+    /// of the line is served before the smaller ones behind it, so it never waits forever
+    /// while they take every unit as it comes back.
     ///
     /// # Cancellation safety
     /// Cancel-safe, as [`until_ready`](Self::until_ready).
@@ -289,8 +268,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         key: &K,
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
+        let inner = &*self.inner;
         let check = || std::future::ready(self.check_n(key, cost));
-        wait_until_admitted(&self.inner.gcras, &self.inner.clock, cost, check).await
+        crate::wait::until_admitted(&inner.waiters, key, &inner.gcras, &inner.clock, cost, check)
+            .await
     }
 
     /// The quotas, in the order given.

@@ -3,8 +3,10 @@
 //! A rejection is always a *response*, never an error that reaches the server: the wrapped
 //! service's error type is left as it is. The default response is a short plain-text body with
 //! the status, `Retry-After` when the client can come back, and the `RateLimit` fields of the
-//! layer. Replace it with the layer's `on_reject` hook; the standard headers are added to the
-//! hook's response unless it set them itself.
+//! layer. Replace it with the layer's `on_reject` hook. To the hook's response the layer adds
+//! `Retry-After` when the client can come back, unless the hook set it, and then appends the
+//! layer's `RateLimit-Policy` and `RateLimit` items whatever the hook did (they are lists, so
+//! the items of other layers are kept): a hook that sets those fields itself sends them twice.
 
 use std::fmt;
 use std::sync::Arc;
@@ -90,8 +92,8 @@ impl<'a> Rejection<'a> {
         };
         let mut resp = Response::new(Bytes::from_static(body.as_bytes()));
         *resp.status_mut() = self.status;
-        // Room for the type, Retry-After and the RateLimit fields without growing.
-        resp.headers_mut().reserve(6);
+        // No `reserve`: the first insertion makes room for six fields (the type, Retry-After
+        // and the RateLimit fields fit), and costs less than reserving the same room ahead.
         resp.headers_mut().insert(
             CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -146,9 +148,29 @@ impl fmt::Debug for OnReject {
     }
 }
 
+/// The response to a request turned away: `hook`'s, or the default one. The one place a
+/// [`Rejection`] is assembled.
+pub(crate) fn respond<B: From<Bytes>>(
+    hook: Option<&OnReject>,
+    kind: RejectionKind,
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    decision: Option<&Decision>,
+    policy: Option<&str>,
+) -> Response<B> {
+    let r = Rejection {
+        kind,
+        status,
+        retry_after,
+        decision,
+        policy,
+    };
+    reject(hook, &r)
+}
+
 /// Builds the response for `r`: the hook's or the default, with `Retry-After` ensured, in the
 /// service's body type.
-pub(crate) fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>) -> Response<B> {
+fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>) -> Response<B> {
     let resp = match hook {
         Some(h) => {
             let mut resp = h.call(r);

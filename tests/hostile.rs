@@ -72,7 +72,7 @@ async fn a_flood_of_distinct_keys_stays_under_the_bound() {
         .clone()
         .validate()
         .unwrap()
-        .limiter("default")
+        .limiter("1-per-1h")
         .unwrap()
         .unwrap();
     let mut svc = ServiceBuilder::new().layer(layer).service_fn(ok);

@@ -105,11 +105,11 @@ async fn headers_follow_draft_10_one_item_per_quota() {
     let resp = svc.clone().oneshot(get_req("/")).await.unwrap();
     assert_eq!(
         header(&resp, "ratelimit-policy"),
-        Some("\"api-1\";q=20;w=2, \"daily\";q=10000;w=86400")
+        Some("\"api\";q=20;w=2, \"daily\";q=10000;w=86400")
     );
     assert_eq!(
         header(&resp, "ratelimit"),
-        Some("\"api-1\";r=19;t=1, \"daily\";r=9999;t=9")
+        Some("\"api\";r=19;t=1, \"daily\";r=9999;t=9")
     );
     assert_eq!(header(&resp, "x-ratelimit-limit"), None);
 }
@@ -360,7 +360,7 @@ async fn skipped_requests_are_not_counted() {
 async fn custom_rejection_keeps_the_standard_headers() {
     let hook = OnReject::new(|r: &Rejection<'_>| {
         assert_eq!(r.kind(), RejectionKind::RateLimited);
-        assert_eq!(r.policy(), Some("default"));
+        assert_eq!(r.policy(), Some("1-per-1m"));
         Response::builder()
             .status(r.status())
             .header("content-type", "application/json")

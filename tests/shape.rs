@@ -167,9 +167,12 @@ async fn a_full_queue_answers_429_with_the_time_until_a_place_frees() {
     // q = 2 requests accepted at once, forwarded over 20 s; none left, idle in 17 s.
     assert_eq!(
         header(&resp, "ratelimit-policy"),
-        Some("\"shape\";q=2;w=20")
+        Some("\"shape-6-per-1m\";q=2;w=20")
     );
-    assert_eq!(header(&resp, "ratelimit"), Some("\"shape\";r=0;t=17"));
+    assert_eq!(
+        header(&resp, "ratelimit"),
+        Some("\"shape-6-per-1m\";r=0;t=17")
+    );
     assert_eq!(
         header(&resp, "content-type"),
         Some("text/plain; charset=utf-8")

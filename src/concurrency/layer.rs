@@ -1,6 +1,6 @@
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -13,6 +13,7 @@ use crate::error::ConfigError;
 use crate::headers;
 use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor};
+use crate::layer::common::{Common, Lazy};
 use crate::response::OnReject;
 
 /// The `Retry-After` hint of a rejection unless [`retry_after`](ConcurrencyLimitLayer::retry_after)
@@ -22,44 +23,26 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Limits how many requests are in flight at once. See the [module docs](crate::concurrency).
 ///
 /// One layer value is one shared state: clones, and every service it wraps (every route of a
-/// `Router::layer`), count against the same limit. Two layer values are two limits.
+/// `Router::layer`), count against the same limit. Two layer values are two limits. (tower's
+/// `ConcurrencyLimitLayer` gives each wrapped service its own semaphore instead.)
 #[must_use]
+#[derive(Clone)]
 pub struct ConcurrencyLimitLayer<E: KeyExtractor = Global> {
     max: usize,
-    extractor: E,
-    keyed: bool,
-    on_missing: MissingKey<E::Key>,
-    on_reject: Option<OnReject>,
+    common: Common<E>,
     retry_after: Duration,
     queue: Option<(usize, Duration)>,
     release_on_headers: bool,
     policy_name: Option<Cow<'static, str>>,
-    state: Arc<OnceLock<Result<Arc<Shared<E>>, ConfigError>>>,
-}
-
-impl<E: KeyExtractor + Clone> Clone for ConcurrencyLimitLayer<E> {
-    fn clone(&self) -> Self {
-        ConcurrencyLimitLayer {
-            max: self.max,
-            extractor: self.extractor.clone(),
-            keyed: self.keyed,
-            on_missing: self.on_missing.clone(),
-            on_reject: self.on_reject.clone(),
-            retry_after: self.retry_after,
-            queue: self.queue,
-            release_on_headers: self.release_on_headers,
-            policy_name: self.policy_name.clone(),
-            state: self.state.clone(),
-        }
-    }
+    state: Lazy<Shared<E>>,
 }
 
 impl<E: KeyExtractor + fmt::Debug> fmt::Debug for ConcurrencyLimitLayer<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("ConcurrencyLimitLayer");
         d.field("max", &self.max);
-        if self.keyed {
-            d.field("key", &self.extractor);
+        if is_keyed::<E::Key>() {
+            d.field("key", &self.common.extractor);
         }
         d.field("queue", &self.queue)
             .field("release_on_headers", &self.release_on_headers)
@@ -71,20 +54,21 @@ impl ConcurrencyLimitLayer<Global> {
     /// At most `max` requests in flight at once, across everything this layer wraps, until
     /// [`key`](Self::key) makes it a limit per key.
     ///
-    /// `max` must be at least 1; an invalid value is reported when the layer is applied (or by
-    /// [`validate`](Self::validate)).
+    /// `max` must be at least 1: an invalid value (e.g. read from configuration) is reported
+    /// by [`validate`](Self::validate), or else by a panic when the layer is applied whose
+    /// message names this line.
+    #[track_caller]
     pub fn new(max: usize) -> Self {
+        let mut common = Common::new(Global);
+        common.note("max", check_max(max));
         ConcurrencyLimitLayer {
             max,
-            extractor: Global,
-            keyed: false,
-            on_missing: MissingKey::default(),
-            on_reject: None,
+            common,
             retry_after: DEFAULT_RETRY_AFTER,
             queue: None,
             release_on_headers: false,
             policy_name: None,
-            state: Arc::default(),
+            state: Lazy::default(),
         }
     }
 }
@@ -92,13 +76,26 @@ impl ConcurrencyLimitLayer<Global> {
 impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
     fn changed(mut self) -> Self {
         // A setting changed before the layer was used: start from a fresh state.
-        self.state = Arc::default();
+        self.state = Lazy::default();
         self
     }
 
     /// Applies the limit to each key separately, as `extractor` finds it (see [`crate::key`]):
     /// at most `max` requests in flight *per key*, and, with [`queue`](Self::queue), a queue
-    /// per key. Over the limit, clients get `429 Too Many Requests` instead of `503`.
+    /// per key.
+    ///
+    /// A key type without values to tell apart (`.key(key::Global)`, whose key is `()`)
+    /// keeps the limit global.
+    ///
+    /// **This changes the rejection status:** over a limit per key, clients get
+    /// `429 Too Many Requests` (the client is sending too much), where a global limit answers
+    /// `503 Service Unavailable` (the server is busy). A hook set with
+    /// [`on_reject`](Self::on_reject) sees the status in
+    /// [`Rejection::status`](crate::response::Rejection::status).
+    ///
+    /// Every other setting is kept, whatever the order of the calls; a
+    /// `MissingKey::UseKey` set before `key` cannot follow the new key type and is reported
+    /// by [`validate`](Self::validate) (and when the layer is applied).
     ///
     /// A key's semaphore exists only while the key has requests in flight or waiting, so the
     /// memory used is bounded by the number of such requests, however many keys clients
@@ -106,22 +103,20 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
     pub fn key<E2: KeyExtractor>(self, extractor: E2) -> ConcurrencyLimitLayer<E2> {
         ConcurrencyLimitLayer {
             max: self.max,
-            extractor,
-            keyed: true,
-            on_missing: MissingKey::default(),
-            on_reject: self.on_reject,
+            common: self.common.rekey(extractor),
             retry_after: self.retry_after,
             queue: self.queue,
             release_on_headers: self.release_on_headers,
             policy_name: self.policy_name,
-            state: Arc::default(),
+            state: Lazy::default(),
         }
     }
 
     /// What to do when no key can be extracted (default: reject with 400). The same policy
     /// type as [`RateLimitLayer::on_missing_key`](crate::RateLimitLayer::on_missing_key).
+    #[track_caller]
     pub fn on_missing_key(mut self, policy: MissingKey<E::Key>) -> Self {
-        self.on_missing = policy;
+        self.common.set_on_missing(policy);
         self.changed()
     }
 
@@ -163,7 +158,7 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
 
     /// Builds rejection responses with `hook` instead of the default plain-text 503 or 429.
     pub fn on_reject(mut self, hook: OnReject) -> Self {
-        self.on_reject = Some(hook);
+        self.common.on_reject = Some(hook);
         self.changed()
     }
 
@@ -171,10 +166,14 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
     /// `"name";q=max;qu="concurrent-requests"` (draft-ietf-httpapi-ratelimit-headers-10).
     ///
     /// The item is appended, so the fields of a rate limit on the same route are kept. The
-    /// name must be printable ASCII without `"` or `\`; an invalid name is reported when the
-    /// layer is applied.
+    /// name must be printable ASCII without `"` or `\`; an invalid name is reported by
+    /// [`validate`](Self::validate), or else when the layer is applied, naming this line.
+    #[track_caller]
     pub fn policy_header(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.policy_name = Some(name.into());
+        let name = name.into();
+        self.common
+            .note("policy_header", headers::check_name(&name));
+        self.policy_name = Some(name);
         self.changed()
     }
 
@@ -221,54 +220,58 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
     }
 
     fn built(&self) -> Option<&Limit<E::Key>> {
-        match self.state.get() {
-            Some(Ok(shared)) => Some(&shared.limit),
-            _ => None,
-        }
+        self.state.get().map(|shared| &shared.limit)
     }
 
     fn shared(&self) -> Result<Arc<Shared<E>>, ConfigError>
     where
         E: Clone,
     {
-        self.state.get_or_init(|| self.build()).clone()
+        self.state.get_or_build(|| self.build())
     }
 
-    fn build(&self) -> Result<Arc<Shared<E>>, ConfigError>
+    fn build(&self) -> Result<Shared<E>, ConfigError>
     where
         E: Clone,
     {
-        if !(1..=Semaphore::MAX_PERMITS).contains(&self.max) {
-            return Err(ConfigError::InvalidConcurrency(self.max));
-        }
-        self.on_missing.validate()?;
-        let policy = match &self.policy_name {
-            Some(name) => {
-                headers::check_name(name)?;
-                Some(Arc::new(headers::concurrency_policy(name, self.max)))
-            }
-            None => None,
-        };
-        let (limit, status) = if self.keyed {
+        let core = self.common.core()?;
+        let policy = self
+            .policy_name
+            .as_ref()
+            .map(|name| Arc::new(headers::concurrency_policy(name, self.max)));
+        let (limit, status) = if is_keyed::<E::Key>() {
             let limit = Limit::Keyed(KeyedLimit::new(self.max));
             (limit, StatusCode::TOO_MANY_REQUESTS)
         } else {
             let limit = Limit::Global(GlobalLimit::new(self.max));
             (limit, StatusCode::SERVICE_UNAVAILABLE)
         };
-        Ok(Arc::new(Shared {
-            extractor: self.extractor.clone(),
+        Ok(Shared {
+            core,
             limit,
             status,
             max_waiting: self.queue.map(|(n, _)| n),
             max_wait: self.queue.map_or(Duration::ZERO, |(_, d)| d),
-            on_missing: self.on_missing.clone(),
-            on_reject: self.on_reject.clone(),
             retry_after: self.retry_after,
             release_on_headers: self.release_on_headers,
             policy_name: self.policy_name.as_deref().map(Box::from),
             policy,
-        }))
+        })
+    }
+}
+
+/// Whether a key type tells requests apart: a zero-sized key (`()` of [`Global`]) has a
+/// single value, so the limit is one for everything, as everywhere in the crate.
+fn is_keyed<K>() -> bool {
+    std::mem::size_of::<K>() != 0
+}
+
+/// A concurrency limit must be at least 1 and fit a semaphore.
+fn check_max(max: usize) -> Result<(), ConfigError> {
+    if (1..=Semaphore::MAX_PERMITS).contains(&max) {
+        Ok(())
+    } else {
+        Err(ConfigError::InvalidConcurrency(max))
     }
 }
 
@@ -279,7 +282,7 @@ impl<S, E: KeyExtractor + Clone> Layer<S> for ConcurrencyLimitLayer<E> {
     fn layer(&self, inner: S) -> Self::Service {
         match self.shared() {
             Ok(shared) => ConcurrencyLimit::from_shared(inner, shared),
-            Err(e) => panic!("tollgate: invalid ConcurrencyLimitLayer: {e}"),
+            Err(e) => self.common.invalid("ConcurrencyLimitLayer", e),
         }
     }
 }

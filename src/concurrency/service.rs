@@ -1,4 +1,3 @@
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -11,10 +10,10 @@ use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::permit::{Attempt, GlobalLimit, KeyedLimit, Waiter};
 use crate::headers::RATELIMIT_POLICY;
-use crate::key::missing::{self, Resolved};
-use crate::key::MissingKey;
+use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
-use crate::response::{self, OnReject, Rejection, RejectionKind};
+use crate::layer::common::{service_shell, Core};
+use crate::response::RejectionKind;
 
 pub(crate) enum Limit<K> {
     Global(GlobalLimit),
@@ -22,15 +21,13 @@ pub(crate) enum Limit<K> {
 }
 
 pub(crate) struct Shared<E: KeyExtractor> {
-    pub(crate) extractor: E,
+    pub(crate) core: Core<E>,
     pub(crate) limit: Limit<E::Key>,
     /// 503 for a global limit, 429 for a limit per key.
     pub(crate) status: StatusCode,
     /// How many may wait, if waiting is on.
     pub(crate) max_waiting: Option<usize>,
     pub(crate) max_wait: Duration,
-    pub(crate) on_missing: MissingKey<E::Key>,
-    pub(crate) on_reject: Option<OnReject>,
     pub(crate) retry_after: Duration,
     pub(crate) release_on_headers: bool,
     pub(crate) policy_name: Option<Box<str>>,
@@ -45,7 +42,7 @@ impl<E: KeyExtractor> Shared<E> {
         keyed: &Arc<KeyedLimit<E::Key>>,
         head: &RequestHead<'_>,
     ) -> Attempt {
-        match self.on_missing.resolve(&self.extractor, head) {
+        match self.core.resolve(head) {
             Resolved::Key(key) => keyed.try_acquire(key, self.max_waiting),
             Resolved::Pass => Attempt::Unlimited,
             Resolved::Reject(_) => Attempt::MissingKey,
@@ -54,21 +51,14 @@ impl<E: KeyExtractor> Shared<E> {
 
     /// The response for a request turned away.
     fn reject(&self, kind: RejectionKind) -> Response<Bytes> {
-        let hook = self.on_reject.as_ref();
         let policy = self.policy_name.as_deref();
-        let mut resp: Response<Bytes> = match (&self.on_missing, kind) {
-            (MissingKey::Reject(status), RejectionKind::MissingKey) => {
-                missing::rejection(hook, *status, policy)
+        let mut resp: Response<Bytes> = match kind {
+            RejectionKind::MissingKey => {
+                self.core.reject_missing(self.core.missing_status(), policy)
             }
             _ => {
-                let r = Rejection {
-                    kind,
-                    status: self.status,
-                    retry_after: Some(self.retry_after),
-                    decision: None,
-                    policy,
-                };
-                response::reject(hook, &r)
+                let wait = Some(self.retry_after);
+                self.core.reject(kind, self.status, wait, policy)
             }
         };
         if let Some(policy) = &self.policy {
@@ -90,43 +80,7 @@ pub struct ConcurrencyLimit<S, E: KeyExtractor> {
     shared: Arc<Shared<E>>,
 }
 
-impl<S: Clone, E: KeyExtractor> Clone for ConcurrencyLimit<S, E> {
-    fn clone(&self) -> Self {
-        ConcurrencyLimit {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, E: KeyExtractor> fmt::Debug for ConcurrencyLimit<S, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConcurrencyLimit")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<E>>) -> Self {
-        ConcurrencyLimit { inner, shared }
-    }
-
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The wrapped service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
+service_shell!(ConcurrencyLimit<S, E: KeyExtractor> => Shared<E>);
 
 impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for ConcurrencyLimit<S, E>
 where

@@ -1,11 +1,9 @@
 //! [`MissingKey`]: the policy every layer applies to a request without a key.
 
-use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::StatusCode;
 
 use super::{KeyExtractor, RequestHead};
 use crate::error::ConfigError;
-use crate::response::{self, OnReject, Rejection, RejectionKind};
 
 /// What to do with a request whose key cannot be extracted (no such header, no peer address).
 ///
@@ -64,21 +62,4 @@ impl<K> MissingKey<K> {
             _ => Ok(()),
         }
     }
-}
-
-/// The response to a request turned away for want of a key (no `Retry-After`: waiting does
-/// not give it one).
-pub(crate) fn rejection<B: From<Bytes>>(
-    hook: Option<&OnReject>,
-    status: StatusCode,
-    policy: Option<&str>,
-) -> Response<B> {
-    let r = Rejection {
-        kind: RejectionKind::MissingKey,
-        status,
-        retry_after: None,
-        decision: None,
-        policy,
-    };
-    response::reject(hook, &r)
 }

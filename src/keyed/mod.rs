@@ -256,14 +256,21 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         true
     }
 
-    /// Calls `f` with the entry of `key`, if tracked, under the shard's exclusive lock.
+    /// Calls `f` with the entry of `key`, if tracked, under the shard's exclusive lock, and
+    /// removes the entry when `f` returns `false`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn get_mut<R>(&self, hash: u64, key: &K, f: impl FnOnce(&mut V) -> R) -> Option<R> {
+    pub(crate) fn update_or_remove(&self, hash: u64, key: &K, f: impl FnOnce(&mut V) -> bool) {
         let shard = &self.shards[self.shard_index(hash)];
         let mut map = write(&shard.map);
-        map.entries
-            .find_mut(hash, |(k, _)| k == key)
-            .map(|(_, v)| f(v))
+        let Ok(mut entry) = map.entries.find_entry(hash, |(k, _)| k == key) else {
+            return;
+        };
+        if f(&mut entry.get_mut().1) {
+            return;
+        }
+        entry.remove();
+        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.shrink(&mut map);
     }
 
     /// Sweeps one shard if its next sweep is due and nobody else holds it.

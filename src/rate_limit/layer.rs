@@ -1,81 +1,64 @@
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use http::Method;
 use tower_layer::Layer;
 
 use super::policy::Policy;
-use super::service::{RateLimit, Shared, Tier};
+use super::service::RateLimit;
+use super::shared::{Answers, CostFn, SelectFn, Shared, SkipFn, Tier};
+use super::store::{Backend, Memory};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor, MissingKey, RequestHead};
-use crate::limiter::DEFAULT_MAX_KEYS;
+use crate::layer::common::{Common, Lazy};
 use crate::response::OnReject;
-use crate::store::{Backend, Memory, OnFull};
-
-pub(crate) type SelectFn = dyn Fn(&RequestHead<'_>) -> Option<&'static str> + Send + Sync;
-pub(crate) type CostFn = dyn Fn(&RequestHead<'_>) -> u32 + Send + Sync;
-pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
+use crate::store::OnFull;
 
 /// Applies GCRA rate limiting to requests. See the [module docs](crate::rate_limit).
 ///
 /// One layer value is one shared state: clones, and every service it wraps (every route of a
 /// `Router::layer`), count against the same limits. Two layer values are two limits (with the
-/// memory store; in Redis, limits are shared by name, see [`store`](Self::store)).
+/// memory store; in Redis, limits are shared by name, see [`store`](Self::store)). tower's
+/// `RateLimitLayer` gives each wrapped service its own state instead.
 ///
 /// `B` is where the state lives: [`Memory`] (the default; decisions are synchronous and cost
 /// no I/O) or, with the `redis` feature, a `redis::RedisStore`.
 #[must_use]
+#[derive(Clone)]
 pub struct RateLimitLayer<E: KeyExtractor = Global, B: Backend<E::Key> = Memory> {
+    settings: Settings,
+    common: Common<E>,
+    store: B,
+    state: Lazy<SharedState<E, B>>,
+}
+
+/// The settings of a rate-limit layer that depend on neither its key type nor its store, so
+/// that `.key(..)` and `.store(..)` carry them over whole.
+#[derive(Clone)]
+struct Settings {
     policies: Vec<Policy>,
-    extractor: E,
     select: Option<Arc<SelectFn>>,
     cost: Option<Arc<CostFn>>,
     skip: Option<Arc<SkipFn>>,
     skip_methods: Vec<Method>,
     skip_paths: Vec<String>,
-    on_missing: MissingKey<E::Key>,
-    on_reject: Option<OnReject>,
     headers: bool,
     legacy_headers: bool,
     clock: Option<Clock>,
-    max_keys: usize,
-    on_full: OnFull,
-    store: B,
-    state: Arc<OnceLock<Result<SharedState<E, B>, ConfigError>>>,
+    max_keys: Option<usize>,
+    on_full: Option<OnFull>,
 }
 
 /// The state of a layer, built once, shared by every service it makes.
-type SharedState<E, B> = Arc<Shared<E, <B as Backend<<E as KeyExtractor>::Key>>::Limiter>>;
-
-impl<E: KeyExtractor + Clone, B: Backend<E::Key>> Clone for RateLimitLayer<E, B> {
-    fn clone(&self) -> Self {
-        RateLimitLayer {
-            policies: self.policies.clone(),
-            extractor: self.extractor.clone(),
-            select: self.select.clone(),
-            cost: self.cost.clone(),
-            skip: self.skip.clone(),
-            skip_methods: self.skip_methods.clone(),
-            skip_paths: self.skip_paths.clone(),
-            on_missing: self.on_missing.clone(),
-            on_reject: self.on_reject.clone(),
-            headers: self.headers,
-            legacy_headers: self.legacy_headers,
-            clock: self.clock.clone(),
-            max_keys: self.max_keys,
-            on_full: self.on_full,
-            store: self.store.clone(),
-            state: self.state.clone(),
-        }
-    }
-}
+type SharedState<E, B> = Shared<E, <B as Backend<<E as KeyExtractor>::Key>>::Limiter>;
 
 impl<E: KeyExtractor + fmt::Debug, B: Backend<E::Key>> fmt::Debug for RateLimitLayer<E, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("policies", &self.policies)
-            .field("extractor", &self.extractor)
+            .field("policies", &self.settings.policies)
+            .field("extractor", &self.common.extractor)
             .finish_non_exhaustive()
     }
 }
@@ -83,24 +66,28 @@ impl<E: KeyExtractor + fmt::Debug, B: Backend<E::Key>> fmt::Debug for RateLimitL
 impl RateLimitLayer<Global> {
     /// Limits requests by `policy` (a [`Quota`](crate::Quota) or a [`Policy`]), with one key for
     /// all of them until [`key`](Self::key) says otherwise.
+    #[track_caller]
     pub fn new(policy: impl Into<Policy>) -> Self {
+        let policy = policy.into();
+        let mut common = Common::new(Global);
+        common.note("policy", policy.validate());
         RateLimitLayer {
-            policies: vec![policy.into()],
-            extractor: Global,
-            select: None,
-            cost: None,
-            skip: None,
-            skip_methods: Vec::new(),
-            skip_paths: Vec::new(),
-            on_missing: MissingKey::default(),
-            on_reject: None,
-            headers: true,
-            legacy_headers: false,
-            clock: None,
-            max_keys: DEFAULT_MAX_KEYS,
-            on_full: OnFull::default(),
+            settings: Settings {
+                policies: vec![policy],
+                select: None,
+                cost: None,
+                skip: None,
+                skip_methods: Vec::new(),
+                skip_paths: Vec::new(),
+                headers: true,
+                legacy_headers: false,
+                clock: None,
+                max_keys: None,
+                on_full: None,
+            },
+            common,
             store: Memory,
-            state: Arc::default(),
+            state: Lazy::default(),
         }
     }
 }
@@ -108,32 +95,24 @@ impl RateLimitLayer<Global> {
 impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     fn changed(mut self) -> Self {
         // A setting changed before the layer was used: start from a fresh state.
-        self.state = Arc::default();
+        self.state = Lazy::default();
         self
     }
 
     /// Counts requests per key, as `extractor` finds it (see [`crate::key`]).
+    ///
+    /// Every other setting is kept, whatever the order of the calls; a
+    /// `MissingKey::UseKey` set before `key` cannot follow the new key type and is reported
+    /// by [`validate`](Self::validate) (and when the layer is applied).
     pub fn key<E2: KeyExtractor>(self, extractor: E2) -> RateLimitLayer<E2, B>
     where
         B: Backend<E2::Key>,
     {
         RateLimitLayer {
-            policies: self.policies,
-            extractor,
-            select: self.select,
-            cost: self.cost,
-            skip: self.skip,
-            skip_methods: self.skip_methods,
-            skip_paths: self.skip_paths,
-            on_missing: MissingKey::default(),
-            on_reject: self.on_reject,
-            headers: self.headers,
-            legacy_headers: self.legacy_headers,
-            clock: self.clock,
-            max_keys: self.max_keys,
-            on_full: self.on_full,
+            settings: self.settings,
+            common: self.common.rekey(extractor),
             store: self.store,
-            state: Arc::default(),
+            state: Lazy::default(),
         }
     }
 
@@ -143,39 +122,35 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     /// tiers, costs, headers and responses are the same.
     ///
     /// With Redis, decisions wait for one round trip (bounded by the store's timeout, after
-    /// which its `redis::FailMode` decides), and
-    /// [`max_keys`](Self::max_keys) / [`on_full`](Self::on_full) do not apply: Redis expires
-    /// idle keys itself.
+    /// which its `redis::FailMode` decides). [`max_keys`](Self::max_keys) and
+    /// [`on_full`](Self::on_full) are settings of the memory store: Redis expires idle keys
+    /// itself, so a layer on Redis that sets either (before or after `store`) is an error,
+    /// reported by [`validate`](Self::validate) and when the layer is applied.
     pub fn store<B2: Backend<E::Key>>(self, store: B2) -> RateLimitLayer<E, B2> {
         RateLimitLayer {
-            policies: self.policies,
-            extractor: self.extractor,
-            select: self.select,
-            cost: self.cost,
-            skip: self.skip,
-            skip_methods: self.skip_methods,
-            skip_paths: self.skip_paths,
-            on_missing: self.on_missing,
-            on_reject: self.on_reject,
-            headers: self.headers,
-            legacy_headers: self.legacy_headers,
-            clock: self.clock,
-            max_keys: self.max_keys,
-            on_full: self.on_full,
+            settings: self.settings,
+            common: self.common,
             store,
-            state: Arc::default(),
+            state: Lazy::default(),
         }
     }
 
-    /// Adds a quota to the default policy; all its quotas are decided together.
+    /// Adds a quota to the default policy; all its quotas are decided together (at most 4).
+    #[track_caller]
     pub fn quota(mut self, quota: crate::Quota) -> Self {
-        self.policies[0].quotas.push(quota);
+        self.settings.policies[0].quotas.push(quota);
+        self.common
+            .note("policy", self.settings.policies[0].validate());
         self.changed()
     }
 
-    /// Renames the default policy (the name shown in the `RateLimit` header fields).
+    /// Renames the default policy (the name shown in the `RateLimit` header fields, and part
+    /// of the Redis keys). See [`Policy`] for how its quotas are named.
+    #[track_caller]
     pub fn name(mut self, name: impl Into<std::borrow::Cow<'static, str>>) -> Self {
-        self.policies[0].name = name.into();
+        self.settings.policies[0] = self.settings.policies[0].clone().renamed(name.into());
+        self.common
+            .note("policy", self.settings.policies[0].validate());
         self.changed()
     }
 
@@ -193,18 +168,49 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     ///     });
     /// # let _ = layer;
     /// ```
+    #[track_caller]
     pub fn tier(mut self, policy: Policy) -> Self {
-        self.policies.push(policy);
+        let mut valid = policy.validate();
+        if self.settings.policies.iter().any(|p| p.name == policy.name) {
+            valid = Err(ConfigError::DuplicateTier(policy.name.to_string()));
+        }
+        self.common.note_added("tier", valid);
+        self.settings.policies.push(policy);
         self.changed()
     }
 
-    /// Chooses the tier of each request by name; `None`, or an unknown name, means the default
-    /// policy (the one given to [`new`](RateLimitLayer::new)).
-    pub fn select_tier<F>(mut self, f: F) -> Self
+    /// Chooses the tier of each request by name; `None` means the default policy (the one
+    /// given to [`new`](RateLimitLayer::new)).
+    ///
+    /// The name may be anything that reads as a `&str` (`&'static str`, `String`,
+    /// `Arc<str>`), e.g. a plan looked up in a map read from configuration. A name that is
+    /// not a tier of the layer is a configuration mistake: the request gets the default
+    /// policy, and the first such name is logged as an error (through `tracing`).
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use tollgate::{key, Policy, Quota, RateLimitLayer};
+    ///
+    /// // Plans per API key, as read at start-up.
+    /// let plans: HashMap<String, String> = HashMap::from([("k1".into(), "vip".into())]);
+    /// let layer = RateLimitLayer::new(Policy::new("free", Quota::per_second(10)))
+    ///     .tier(Policy::new("vip", Quota::per_second(100)))
+    ///     .key(key::Header::new("x-api-key"))
+    ///     .select_tier(move |req| {
+    ///         let api_key = req.headers.get("x-api-key")?.to_str().ok()?;
+    ///         plans.get(api_key).cloned()
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    pub fn select_tier<F, N>(mut self, f: F) -> Self
     where
-        F: Fn(&RequestHead<'_>) -> Option<&'static str> + Send + Sync + 'static,
+        F: Fn(&RequestHead<'_>) -> Option<N> + Send + Sync + 'static,
+        N: AsRef<str>,
     {
-        self.select = Some(Arc::new(f));
+        let select = move |head: &RequestHead<'_>, find: &dyn Fn(&str) -> Option<usize>| {
+            f(head).and_then(|name| find(name.as_ref()))
+        };
+        self.settings.select = Some(Arc::new(select));
         self.changed()
     }
 
@@ -213,7 +219,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     where
         F: Fn(&RequestHead<'_>) -> u32 + Send + Sync + 'static,
     {
-        self.cost = Some(Arc::new(f));
+        self.settings.cost = Some(Arc::new(f));
         self.changed()
     }
 
@@ -222,62 +228,74 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     where
         F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
     {
-        self.skip = Some(Arc::new(f));
+        self.settings.skip = Some(Arc::new(f));
         self.changed()
     }
 
     /// Lets requests with this method through without counting them (e.g. `OPTIONS`).
     pub fn skip_method(mut self, method: Method) -> Self {
-        self.skip_methods.push(method);
+        self.settings.skip_methods.push(method);
         self.changed()
     }
 
     /// Lets requests for exactly this path through without counting them (e.g. `/health`).
     pub fn skip_path(mut self, path: impl Into<String>) -> Self {
-        self.skip_paths.push(path.into());
+        self.settings.skip_paths.push(path.into());
         self.changed()
     }
 
     /// What to do when no key can be extracted (default: reject with 400).
+    #[track_caller]
     pub fn on_missing_key(mut self, policy: MissingKey<E::Key>) -> Self {
-        self.on_missing = policy;
+        self.common.set_on_missing(policy);
         self.changed()
     }
 
     /// Builds rejection responses with `hook` instead of the default plain-text 429.
     pub fn on_reject(mut self, hook: OnReject) -> Self {
-        self.on_reject = Some(hook);
+        self.common.on_reject = Some(hook);
         self.changed()
     }
 
     /// Whether to add `RateLimit-Policy` and `RateLimit` to responses (default: yes).
     pub fn ratelimit_headers(mut self, on: bool) -> Self {
-        self.headers = on;
+        self.settings.headers = on;
         self.changed()
     }
 
     /// Whether to add the legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset` (default: no).
     pub fn legacy_headers(mut self, on: bool) -> Self {
-        self.legacy_headers = on;
+        self.settings.legacy_headers = on;
         self.changed()
     }
 
     /// Decides with `clock` (e.g. [`Clock::tokio`] under a paused test clock). With Redis, the
     /// clock's time is sent to the server instead of its own `TIME` (for tests).
     pub fn clock(mut self, clock: Clock) -> Self {
-        self.clock = Some(clock);
+        self.settings.clock = Some(clock);
         self.changed()
     }
 
-    /// Bounds the number of keys tracked per tier (default 1 000 000; memory store only).
+    /// Bounds the number of keys tracked per tier (default 1 000 000; `0` is invalid).
+    ///
+    /// Memory store only: on Redis (see [`store`](Self::store)) the setting is an error.
+    #[track_caller]
     pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.max_keys = max_keys;
+        let valid = if max_keys == 0 {
+            Err(ConfigError::ZeroMaxKeys)
+        } else {
+            Ok(())
+        };
+        self.common.note("max_keys", valid);
+        self.settings.max_keys = Some(max_keys);
         self.changed()
     }
 
-    /// What to do with a new key when `max_keys` active keys are tracked (memory store only).
+    /// What to do with a new key when `max_keys` active keys are tracked.
+    ///
+    /// Memory store only: on Redis (see [`store`](Self::store)) the setting is an error.
     pub fn on_full(mut self, on_full: OnFull) -> Self {
-        self.on_full = on_full;
+        self.settings.on_full = Some(on_full);
         self.changed()
     }
 
@@ -299,88 +317,68 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         E: Clone,
     {
         let shared = self.shared()?;
-        Ok(shared
-            .tiers
-            .iter()
-            .find(|t| &*t.name == name)
-            .map(|t| t.limiter.clone()))
+        let found = shared.answers.tiers.iter().position(|t| &*t.name == name);
+        Ok(found.map(|i| shared.limiters[i].clone()))
     }
 
-    fn shared(&self) -> Result<SharedState<E, B>, ConfigError>
+    fn shared(&self) -> Result<Arc<SharedState<E, B>>, ConfigError>
     where
         E: Clone,
     {
-        self.state.get_or_init(|| self.build()).clone()
+        self.state.get_or_build(|| self.build())
     }
 
     fn build(&self) -> Result<SharedState<E, B>, ConfigError>
     where
         E: Clone,
     {
-        let mut tiers = Vec::with_capacity(self.policies.len());
-        for policy in &self.policies {
+        let core = self.common.core()?;
+        let mut tiers: Vec<Tier> = Vec::with_capacity(self.settings.policies.len());
+        let mut limiters = Vec::with_capacity(self.settings.policies.len());
+        for policy in &self.settings.policies {
             policy.validate()?;
-            if tiers
-                .iter()
-                .any(|t: &Tier<B::Limiter>| *t.name == *policy.name)
-            {
+            if tiers.iter().any(|t| *t.name == *policy.name) {
                 return Err(ConfigError::DuplicateTier(policy.name.to_string()));
             }
-            let limiter = self.store.make_limiter(
+            limiters.push(self.store.make_limiter(
                 &policy.name,
                 &policy.quotas,
-                self.clock.as_ref(),
-                self.max_keys,
-                self.on_full,
-            )?;
+                self.settings.clock.as_ref(),
+                self.settings.max_keys,
+                self.settings.on_full,
+            )?);
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
-                limiter,
                 headers: policy.headers(),
             });
         }
-        self.on_missing.validate()?;
-        Ok(Arc::new(Shared {
-            extractor: self.extractor.clone(),
-            tiers: tiers.into_boxed_slice(),
-            select: self.select.clone(),
-            cost: self.cost.clone(),
-            skip: self.skip.clone(),
-            skip_methods: self.skip_methods.clone().into_boxed_slice(),
-            skip_paths: self.skip_paths.clone().into_boxed_slice(),
-            on_missing: self.on_missing.clone(),
-            on_reject: self.on_reject.clone(),
-            headers: self.headers,
-            legacy_headers: self.legacy_headers,
-        }))
+        Ok(Shared {
+            core,
+            limiters: limiters.into_boxed_slice(),
+            answers: Arc::new(Answers {
+                tiers: tiers.into_boxed_slice(),
+                on_reject: self.common.on_reject.clone(),
+                headers: self.settings.headers,
+                legacy_headers: self.settings.legacy_headers,
+            }),
+            select: self.settings.select.clone(),
+            cost: self.settings.cost.clone(),
+            skip: self.settings.skip.clone(),
+            skip_methods: self.settings.skip_methods.clone().into_boxed_slice(),
+            skip_paths: self.settings.skip_paths.clone().into_boxed_slice(),
+            unknown_tier_logged: AtomicBool::new(false),
+        })
     }
 }
 
-impl<S, E: KeyExtractor + Clone> Layer<S> for RateLimitLayer<E, Memory> {
-    type Service = RateLimit<S, E>;
+impl<S, E: KeyExtractor + Clone, B: Backend<E::Key>> Layer<S> for RateLimitLayer<E, B> {
+    type Service = RateLimit<S, E, B>;
 
     #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
         match self.shared() {
             Ok(shared) => RateLimit::from_shared(inner, shared),
-            Err(e) => panic!("tollgate: invalid RateLimitLayer: {e}"),
-        }
-    }
-}
-
-#[cfg(feature = "redis")]
-impl<S, E> Layer<S> for RateLimitLayer<E, crate::redis::RedisStore>
-where
-    E: KeyExtractor + Clone,
-    E::Key: crate::redis::RedisKey,
-{
-    type Service = super::redis::RedisRateLimit<S, E>;
-
-    #[track_caller]
-    fn layer(&self, inner: S) -> Self::Service {
-        match self.shared() {
-            Ok(shared) => super::redis::RedisRateLimit::from_shared(inner, shared),
-            Err(e) => panic!("tollgate: invalid RateLimitLayer: {e}"),
+            Err(e) => self.common.invalid("RateLimitLayer", e),
         }
     }
 }

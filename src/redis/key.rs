@@ -14,6 +14,16 @@ use std::sync::Arc;
 /// The full name of a key is `<prefix><policy length>:<policy>:<key>`, e.g.
 /// `tollgate:7:default:203.0.113.9` (see [`RedisStore::prefix`](super::RedisStore::prefix)).
 ///
+/// # Redis Cluster hash tags
+/// Redis Cluster places a key by its hash tag, the bytes between its first `{` and the next
+/// `}`, when there is one. The bytes of a limiter key come from clients, so they never form
+/// one: when they contain a `{` (and the prefix and policy name contain none), the name gets
+/// `{}` before them, e.g. `tollgate:7:default:{}{x}` for the key `{x}`, and Redis then hashes
+/// the whole name, as for any other key. A client cannot pin its keys onto one node with a
+/// tag. A prefix or policy name that has a `{` decides instead: a tag in them (`app{1}:`) puts
+/// every key of the limiter in one slot, and an unclosed `{` is closed right after the policy
+/// name (`tollgate:5:a{b:}:<key>`), which does the same.
+///
 /// ```
 /// use tollgate::redis::RedisKey;
 ///
@@ -114,6 +124,38 @@ macro_rules! display_key {
 display_key!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
 display_key!(IpAddr, Ipv4Addr, Ipv6Addr, crate::key::IpKey);
 
+/// How the bytes of a limiter key are kept from forming a Redis Cluster hash tag, decided once
+/// from the fixed part of the name (`<prefix><policy length>:<policy>:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TagGuard {
+    /// No `{` in the fixed part: a key with a `{` gets `{}` first (an empty tag, so the whole
+    /// name is hashed).
+    EmptyTagBeforeBrace,
+    /// The fixed part holds the first `{` and a `}` after it: the key cannot change the tag.
+    Decided,
+}
+
+/// Makes the fixed part of a name safe for any key after it, and says what keys need: an
+/// unclosed `{` in it is closed with `}` (appended), so that no `}` of a key can end a tag.
+pub(crate) fn guard_fixed_part(fixed: &mut Vec<u8>) -> TagGuard {
+    let Some(open) = fixed.iter().position(|&b| b == b'{') else {
+        return TagGuard::EmptyTagBeforeBrace;
+    };
+    if !fixed[open..].contains(&b'}') {
+        fixed.push(b'}');
+    }
+    TagGuard::Decided
+}
+
+/// Writes `key` after the fixed part already in `out`, so that its bytes never form a tag.
+pub(crate) fn write_guarded(out: &mut Vec<u8>, key: &(impl RedisKey + ?Sized), guard: TagGuard) {
+    let start = out.len();
+    key.write_key(out);
+    if guard == TagGuard::EmptyTagBeforeBrace && out[start..].contains(&b'{') {
+        out.splice(start..start, *b"{}");
+    }
+}
+
 /// Writes one part of a composite key as `<length>:<bytes>`.
 fn write_part(out: &mut Vec<u8>, part: &impl RedisKey) {
     let start = out.len();
@@ -165,6 +207,61 @@ mod tests {
             b"2001:db8::1"
         );
         assert_eq!(bytes(-42i64), b"-42");
+    }
+
+    /// The bytes Redis Cluster hashes for a key name: its hash tag, or the whole name.
+    fn hashed(name: &[u8]) -> &[u8] {
+        if let Some(open) = name.iter().position(|&b| b == b'{') {
+            if let Some(len) = name[open + 1..].iter().position(|&b| b == b'}') {
+                if len > 0 {
+                    return &name[open + 1..open + 1 + len];
+                }
+            }
+        }
+        name
+    }
+
+    fn guarded(fixed: &[u8], key: &(impl RedisKey + ?Sized)) -> Vec<u8> {
+        let mut out = fixed.to_vec();
+        let guard = guard_fixed_part(&mut out);
+        write_guarded(&mut out, key, guard);
+        out
+    }
+
+    #[test]
+    fn key_bytes_never_form_a_hash_tag() {
+        for key in [
+            "{victim}", "a{b}c", "{", "}", "{}", "}{x}", "{{a}}", "plain",
+        ] {
+            let name = guarded(b"tollgate:3:api:", key);
+            assert_eq!(hashed(&name), &name[..], "{key}: the whole name is hashed");
+        }
+        assert_eq!(guarded(b"t:1:a:", "{victim}"), b"t:1:a:{}{victim}");
+        // Without a `{`, a key's name is as before.
+        assert_eq!(guarded(b"t:1:a:", "a}b"), b"t:1:a:a}b");
+        assert_eq!(guarded(b"t:1:a:", &("{x}", 1u8)), b"t:1:a:{}3:{x}1:1");
+    }
+
+    #[test]
+    fn a_tag_in_the_prefix_or_name_decides_the_slot_for_every_key() {
+        for key in ["{victim}", "}", "x}{y}", "plain"] {
+            assert_eq!(hashed(&guarded(b"app{7}:3:api:", key)), b"7");
+            // An unclosed `{` is closed before the key, so the key cannot end the tag.
+            assert_eq!(hashed(&guarded(b"t:3:a{b:", key)), b"b:");
+            assert_eq!(
+                hashed(&guarded(b"{}t:1:a:", key)),
+                &guarded(b"{}t:1:a:", key)[..]
+            );
+        }
+    }
+
+    #[test]
+    fn guarded_names_of_different_keys_never_collide() {
+        let keys = ["", "{", "{}", "{}{", "a", "{}a", "{a", "}", "{{}}", "{}{}"];
+        let mut names: Vec<Vec<u8>> = keys.iter().map(|k| guarded(b"p:", *k)).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), keys.len());
     }
 
     #[test]

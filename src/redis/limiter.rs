@@ -3,17 +3,19 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::deny::DenyCache;
-use super::key::RedisKey;
+use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
 use super::store::{Arg, FailMode, RedisStore, RETRY_WHEN_UNAVAILABLE};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
 use crate::limiter::InsufficientCapacity;
 use crate::quota::Quota;
+use crate::wait::Lines;
 
 const MICRO: u64 = 1_000;
 
@@ -50,8 +52,10 @@ const MICRO: u64 = 1_000;
 ///
 /// # Keys
 /// The Redis key of a limiter key is `<prefix><name length>:<name>:<key>` (see [`RedisKey`]),
-/// e.g. `tollgate:3:api:42`; it holds the times of all the policy's quotas, and expires when
-/// the key is back to its full burst.
+/// e.g. `tollgate:3:api:42`; it holds the times of all the policy's quotas (so they share one
+/// Cluster slot), and expires when the key is back to its full burst. The bytes of a key never
+/// form a Cluster hash tag: a key with a `{` is written after `{}`, so Redis hashes the whole
+/// name ([`RedisKey`] says more).
 ///
 /// # When Redis does not answer
 /// See [`FailMode`]: the decision is admitted or rejected as configured, and says
@@ -60,7 +64,11 @@ const MICRO: u64 = 1_000;
 /// # Round trips
 /// One `EVALSHA` per decision, except for rejections already known: once Redis has rejected a
 /// request of some cost for a key until a time, requests of that cost or more for that key are
-/// rejected locally until then (exact, since stored times only grow). See
+/// rejected locally until then, or for at most the store's
+/// [`deny_cache_max_age`](RedisStore::deny_cache_max_age) (1 s by default) if that comes first.
+/// While Redis keeps the key this is exact (its stored times only grow); after Redis lost the
+/// key's state (restart without persistence, `FLUSHALL`, eviction, failover), a limiter may
+/// still reject for up to that age what Redis would admit, never longer. See
 /// [`local_rejections`](Self::local_rejections).
 pub struct RedisRateLimiter<K> {
     inner: Arc<Inner<K>>,
@@ -90,25 +98,30 @@ struct Inner<K> {
     /// The quotas rounded to whole microseconds, in nanoseconds.
     gcras: Box<[Gcra]>,
     store: RedisStore,
-    /// `<prefix><name length>:<name>:`.
+    /// `<prefix><name length>:<name>:`, with an unclosed `{` closed.
     key_prefix: Box<[u8]>,
+    /// How keys are kept from forming a Redis Cluster hash tag.
+    tag_guard: TagGuard,
     clock: Clock,
     /// Whether to send the clock's time to the script rather than use the server's `TIME`.
     local_time: bool,
     deny: Option<DenyCache<K>>,
+    /// The tasks of this process waiting in `until_ready_n`, in one line per key.
+    waiters: Lines<K>,
 }
 
 /// Builds a [`RedisRateLimiter`].
 #[derive(Debug, Clone)]
 #[must_use]
-pub struct RedisRateLimiterBuilder {
+pub struct RedisRateLimiterBuilder<K> {
+    key: PhantomData<fn() -> K>,
     store: RedisStore,
     quotas: Vec<Quota>,
     name: Cow<'static, str>,
     clock: Option<Clock>,
 }
 
-impl RedisRateLimiterBuilder {
+impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     /// Adds a quota, decided together with the others (at most 4).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);
@@ -136,7 +149,7 @@ impl RedisRateLimiterBuilder {
     /// # Panics
     /// When the configuration is invalid; see [`try_build`](Self::try_build).
     #[track_caller]
-    pub fn build<K: RedisKey + Hash + Eq + Clone + Send + Sync>(self) -> RedisRateLimiter<K> {
+    pub fn build(self) -> RedisRateLimiter<K> {
         match self.try_build() {
             Ok(l) => l,
             Err(e) => panic!("tollgate: {e}"),
@@ -144,9 +157,7 @@ impl RedisRateLimiterBuilder {
     }
 
     /// Builds the limiter, or says which setting is wrong.
-    pub fn try_build<K: RedisKey + Hash + Eq + Clone + Send + Sync>(
-        self,
-    ) -> Result<RedisRateLimiter<K>, ConfigError> {
+    pub fn try_build(self) -> Result<RedisRateLimiter<K>, ConfigError> {
         if self.quotas.is_empty() {
             return Err(ConfigError::NoQuota);
         }
@@ -167,8 +178,11 @@ impl RedisRateLimiterBuilder {
         key_prefix.push(b':');
         key_prefix.extend_from_slice(self.name.as_bytes());
         key_prefix.push(b':');
+        let tag_guard = guard_fixed_part(&mut key_prefix);
         let clock = self.clock.unwrap_or_default();
-        let deny = (self.store.deny_cache > 0).then(|| DenyCache::new(self.store.deny_cache));
+        let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
+        let deny = (self.store.deny_cache > 0 && max_age > 0)
+            .then(|| DenyCache::new(self.store.deny_cache, max_age));
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 name: self.name.as_ref().into(),
@@ -177,8 +191,10 @@ impl RedisRateLimiterBuilder {
                 local_time: !clock.is_system(),
                 clock,
                 key_prefix: key_prefix.into_boxed_slice(),
+                tag_guard,
                 store: self.store,
                 deny,
+                waiters: Lines::default(),
             }),
         })
     }
@@ -206,8 +222,9 @@ fn micros(q: &Quota) -> Result<Gcra, ConfigError> {
 
 impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// Starts a builder on `store` with a first quota.
-    pub fn builder(store: RedisStore, quota: Quota) -> RedisRateLimiterBuilder {
+    pub fn builder(store: RedisStore, quota: Quota) -> RedisRateLimiterBuilder<K> {
         RedisRateLimiterBuilder {
+            key: PhantomData,
             store,
             quotas: vec![quota],
             name: Cow::Borrowed("default"),
@@ -246,9 +263,17 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// Waits with `tokio::time::sleep`, for the time Redis says (or one second while Redis is
     /// unavailable and the store fails closed).
     ///
+    /// # Fairness
+    /// As for [`RateLimiter::until_ready`](crate::RateLimiter::until_ready): the tasks waiting
+    /// on one key through this limiter (or its clones) stand in line, first come first served,
+    /// and only the first one asks Redis, so an admission costs one wake and two round trips
+    /// however many tasks wait. Other instances and other callers are not in that line: they
+    /// take what Redis gives them.
+    ///
     /// # Cancellation safety
-    /// Dropping the future while it sleeps consumes nothing; dropping it while a decision is
-    /// on its way is as [`check`](Self::check).
+    /// Dropping the future while it waits in line or sleeps consumes nothing, and the next task
+    /// in line moves up; dropping it while a decision is on its way is as
+    /// [`check`](Self::check).
     pub async fn until_ready(&self, key: &K) -> Decision {
         match self.until_ready_n(key, 1).await {
             Ok(d) => d,
@@ -260,6 +285,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// Waits until a request of `cost` for `key` is admitted.
     ///
     /// Returns [`InsufficientCapacity`] at once when `cost` is larger than a quota's burst.
+    /// Waits in the same line as [`until_ready`](Self::until_ready): a large cost at the head
+    /// is served before the smaller ones behind it.
     ///
     /// # Cancellation safety
     /// As [`until_ready`](Self::until_ready).
@@ -268,8 +295,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         key: &K,
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
+        let inner = &*self.inner;
         let check = || self.check_n(key, cost);
-        crate::limiter::wait_until_admitted(&self.inner.gcras, &self.inner.clock, cost, check).await
+        crate::wait::until_admitted(&inner.waiters, key, &inner.gcras, &inner.clock, cost, check)
+            .await
     }
 
     /// The quotas, in the order given.
@@ -293,11 +322,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         self.inner.deny.as_ref().map_or(0, DenyCache::saved)
     }
 
-    /// The Redis key that holds the state of `key`.
+    /// The Redis key that holds the state of `key`: `<prefix><name length>:<name>:<key>`,
+    /// with `{}` before the key's bytes when they have a `{` (see [`RedisKey`] on hash tags).
     pub fn redis_key(&self, key: &K) -> Vec<u8> {
         let mut name = Vec::with_capacity(self.inner.key_prefix.len() + 32);
         name.extend_from_slice(&self.inner.key_prefix);
-        key.write_key(&mut name);
+        write_guarded(&mut name, key, self.inner.tag_guard);
         name
     }
 
@@ -384,12 +414,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             }
             quotas[i] = state;
         }
-        Some(Decision {
+        Some(Decision::from_store(
             outcome,
-            retry_after: ns(r[1])?,
-            len: gcras.len() as u8,
-            degraded: false,
-            quotas,
-        })
+            ns(r[1])?,
+            &quotas[..gcras.len().min(MAX_QUOTAS)],
+        ))
     }
 }

@@ -33,7 +33,9 @@
 //! # What is stored
 //! One string key per limiter key, `<prefix><name length>:<name>:<key>`, holding the
 //! theoretical arrival time of each quota in microseconds, separated by spaces, e.g.
-//! `tollgate:7:per-key:abc` → `"1732290000123456"`. It expires when the key is back to its
+//! `tollgate:7:per-key:abc` → `"1732290000123456"`. A key whose bytes have a `{` is written
+//! after `{}` (`tollgate:7:per-key:{}{abc}`), so that no client can pick a Redis Cluster slot
+//! with a hash tag (see [`RedisKey`]). It expires when the key is back to its
 //! full burst, so idle keys cost Redis nothing. Two layers (or limiters) that share a store
 //! prefix and a policy name share their limits: name policies (`Policy::new("login", …)`) when
 //! several layers use one Redis.
@@ -54,4 +56,7 @@ mod store;
 
 pub use key::RedisKey;
 pub use limiter::{RedisRateLimiter, RedisRateLimiterBuilder};
-pub use store::{FailMode, RedisStore, DEFAULT_DENY_CACHE, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
+pub use store::{
+    FailMode, RedisStore, DEFAULT_DENY_CACHE, DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_PREFIX,
+    DEFAULT_TIMEOUT,
+};

@@ -17,6 +17,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 pub const DEFAULT_PREFIX: &str = "tollgate:";
 /// The default bound on the entries of each limiter's local deny cache.
 pub const DEFAULT_DENY_CACHE: usize = 65_536;
+/// The default time a rejection decided by Redis is answered locally at most.
+pub const DEFAULT_DENY_CACHE_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// The decision script, loaded once per server and called by its SHA1 (`EVALSHA`); reloaded
 /// by the `redis` crate when a server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
@@ -76,6 +78,7 @@ pub struct RedisStore {
     pub(crate) timeout: Duration,
     pub(crate) on_failure: FailMode,
     pub(crate) deny_cache: usize,
+    pub(crate) deny_max_age: Duration,
     outage: Arc<Outage>,
 }
 
@@ -93,6 +96,7 @@ impl fmt::Debug for RedisStore {
             .field("timeout", &self.timeout)
             .field("on_failure", &self.on_failure)
             .field("deny_cache", &self.deny_cache)
+            .field("deny_cache_max_age", &self.deny_max_age)
             .finish()
     }
 }
@@ -115,6 +119,7 @@ impl RedisStore {
             timeout: DEFAULT_TIMEOUT,
             on_failure: FailMode::default(),
             deny_cache: DEFAULT_DENY_CACHE,
+            deny_max_age: DEFAULT_DENY_CACHE_MAX_AGE,
             outage: Arc::default(),
         }
     }
@@ -164,6 +169,9 @@ impl RedisStore {
 
     /// Prefixes every key with `prefix` (default `tollgate:`). Limiters that share a prefix,
     /// a policy name and a key share one limit, whichever instance they run in.
+    ///
+    /// With Redis Cluster, a hash tag in the prefix (`app{1}:`) puts every key in one slot,
+    /// on one node; without one, keys spread over the slots by their whole name.
     #[must_use]
     pub fn prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
         self.prefix = Arc::from(prefix.as_ref());
@@ -189,6 +197,22 @@ impl RedisStore {
     #[must_use]
     pub fn deny_cache(mut self, max_entries: usize) -> Self {
         self.deny_cache = max_entries;
+        self
+    }
+
+    /// How long a rejection decided by Redis is answered locally at most (default 1 s), however
+    /// long its retry time.
+    ///
+    /// This bounds how long an instance can disagree with Redis after Redis lost a key's state
+    /// (a restart without persistence, `FLUSHALL`, eviction, a failover to a lagging replica):
+    /// within `max_age` of the loss, every instance asks Redis again and sees the fresh state.
+    /// Until then a cached rejection may turn away a request that Redis would now admit; it
+    /// never admits one that Redis would reject. Under a flood of rejected requests, each key
+    /// costs one round trip per `max_age`. `Duration::ZERO` asks Redis for every decision, as
+    /// [`deny_cache(0)`](Self::deny_cache) does.
+    #[must_use]
+    pub fn deny_cache_max_age(mut self, max_age: Duration) -> Self {
+        self.deny_max_age = max_age;
         self
     }
 
@@ -269,22 +293,46 @@ fn log(line: &Line, error: Option<(&dyn fmt::Display, FailMode)>) {
     }
 }
 
-impl crate::store::sealed::Sealed for RedisStore {}
+impl crate::rate_limit::store::sealed::Sealed for RedisStore {}
 
-impl<K> crate::store::Backend<K> for RedisStore
+/// A decision waiting for Redis.
+type Later = std::pin::Pin<Box<dyn std::future::Future<Output = crate::Decision> + Send>>;
+
+impl<K> crate::rate_limit::Backend<K> for RedisStore
 where
     K: super::RedisKey + std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     type Limiter = super::RedisRateLimiter<K>;
+    type Later = Later;
+
+    /// Now when the cache of known rejections already knows (no round trip, no clone of the
+    /// inner service); later, after the round trip, otherwise.
+    fn decide(limiter: &Self::Limiter, key: K, cost: u32) -> crate::rate_limit::Answer<Later> {
+        let now = limiter.now();
+        if let Some(decision) = limiter.local(&key, cost, now) {
+            return crate::rate_limit::Answer::Now(decision);
+        }
+        let limiter = limiter.clone();
+        crate::rate_limit::Answer::Later(Box::pin(
+            async move { limiter.remote(&key, cost, now).await },
+        ))
+    }
 
     fn make_limiter(
         &self,
         name: &str,
         quotas: &[crate::Quota],
         clock: Option<&crate::Clock>,
-        _max_keys: usize,
-        _on_full: crate::store::OnFull,
+        max_keys: Option<usize>,
+        on_full: Option<crate::store::OnFull>,
     ) -> Result<Self::Limiter, crate::ConfigError> {
+        // Redis expires idle keys itself: a bound meant for memory must not pass unnoticed.
+        if max_keys.is_some() {
+            return Err(crate::ConfigError::MemoryOnly("max_keys"));
+        }
+        if on_full.is_some() {
+            return Err(crate::ConfigError::MemoryOnly("on_full"));
+        }
         let (first, rest) = quotas.split_first().ok_or(crate::ConfigError::NoQuota)?;
         let mut builder = super::RedisRateLimiter::<K>::builder(self.clone(), first.clone())
             .name(name.to_owned());
@@ -295,5 +343,16 @@ where
             builder = builder.clock(clock.clone());
         }
         builder.try_build()
+    }
+}
+
+impl<K, S> crate::rate_limit::Handover<K, S> for RedisStore
+where
+    K: super::RedisKey + std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    S: Clone,
+{
+    fn hand_over(inner: &mut S, later: Later) -> (S, Later) {
+        let clone = inner.clone();
+        (std::mem::replace(inner, clone), later)
     }
 }

@@ -1,6 +1,6 @@
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tower_layer::Layer;
@@ -11,12 +11,11 @@ use crate::error::ConfigError;
 use crate::headers::{self, PolicyHeaders};
 use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor};
+use crate::layer::common::{Common, Lazy};
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::quota::Quota;
+use crate::rate_limit::policy::rate_name;
 use crate::response::OnReject;
-
-/// The name shown in the `RateLimit` header fields unless the quota or the layer names it.
-const DEFAULT_NAME: &str = "shape";
 
 /// Shapes HTTP traffic: requests wait in a bounded first-in-first-out queue per key and are
 /// forwarded at the quota's rate. See the [module docs](crate::shape).
@@ -24,43 +23,24 @@ const DEFAULT_NAME: &str = "shape";
 /// One layer value is one shared state: clones, and every service it wraps (every route of a
 /// `Router::layer`), share the same queues. Two layer values are two queues.
 #[must_use]
+#[derive(Clone)]
 pub struct ShapeLayer<E: KeyExtractor = Global> {
     quota: Quota,
-    extractor: E,
+    common: Common<E>,
     no_delay_burst: u32,
     max_queue: Option<usize>,
     max_delay: Option<Duration>,
     max_keys: usize,
     name: Option<Cow<'static, str>>,
-    on_missing: MissingKey<E::Key>,
-    on_reject: Option<OnReject>,
     headers: bool,
-    state: Arc<OnceLock<Result<Arc<Shared<E>>, ConfigError>>>,
-}
-
-impl<E: KeyExtractor + Clone> Clone for ShapeLayer<E> {
-    fn clone(&self) -> Self {
-        ShapeLayer {
-            quota: self.quota.clone(),
-            extractor: self.extractor.clone(),
-            no_delay_burst: self.no_delay_burst,
-            max_queue: self.max_queue,
-            max_delay: self.max_delay,
-            max_keys: self.max_keys,
-            name: self.name.clone(),
-            on_missing: self.on_missing.clone(),
-            on_reject: self.on_reject.clone(),
-            headers: self.headers,
-            state: self.state.clone(),
-        }
-    }
+    state: Lazy<Shared<E>>,
 }
 
 impl<E: KeyExtractor + fmt::Debug> fmt::Debug for ShapeLayer<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShapeLayer")
             .field("quota", &self.quota)
-            .field("extractor", &self.extractor)
+            .field("extractor", &self.common.extractor)
             .field("no_delay_burst", &self.no_delay_burst)
             .field("max_queue", &self.max_queue)
             .field("max_delay", &self.max_delay)
@@ -80,16 +60,14 @@ impl ShapeLayer<Global> {
     pub fn new(quota: Quota) -> Self {
         ShapeLayer {
             quota,
-            extractor: Global,
+            common: Common::new(Global),
             no_delay_burst: 0,
             max_queue: None,
             max_delay: None,
             max_keys: DEFAULT_MAX_KEYS,
             name: None,
-            on_missing: MissingKey::default(),
-            on_reject: None,
             headers: true,
-            state: Arc::default(),
+            state: Lazy::default(),
         }
     }
 }
@@ -97,24 +75,26 @@ impl ShapeLayer<Global> {
 impl<E: KeyExtractor> ShapeLayer<E> {
     fn changed(mut self) -> Self {
         // A setting changed before the layer was used: start from a fresh state.
-        self.state = Arc::default();
+        self.state = Lazy::default();
         self
     }
 
     /// Gives each key (see [`crate::key`]) its own queue and its own rate.
+    ///
+    /// Every other setting is kept, whatever the order of the calls; a
+    /// `MissingKey::UseKey` set before `key` cannot follow the new key type and is reported
+    /// by [`validate`](Self::validate) (and when the layer is applied).
     pub fn key<E2: KeyExtractor>(self, extractor: E2) -> ShapeLayer<E2> {
         ShapeLayer {
             quota: self.quota,
-            extractor,
+            common: self.common.rekey(extractor),
             no_delay_burst: self.no_delay_burst,
             max_queue: self.max_queue,
             max_delay: self.max_delay,
             max_keys: self.max_keys,
             name: self.name,
-            on_missing: MissingKey::default(),
-            on_reject: self.on_reject,
             headers: self.headers,
-            state: Arc::default(),
+            state: Lazy::default(),
         }
     }
 
@@ -147,28 +127,36 @@ impl<E: KeyExtractor> ShapeLayer<E> {
 
     /// Bounds the number of keys tracked (default 1 000 000). Idle keys are forgotten first,
     /// which changes nothing; when every tracked key is busy, requests of new keys are refused
-    /// with 429 until one goes idle.
+    /// with 429 until one goes idle. `0` is invalid.
+    #[track_caller]
     pub fn max_keys(mut self, n: usize) -> Self {
+        self.common.note("max_keys", check_max_keys(n));
         self.max_keys = n;
         self.changed()
     }
 
     /// Names the layer in the `RateLimit-Policy` and `RateLimit` header fields (default: the
-    /// quota's name, else `"shape"`).
+    /// quota's name, else `"shape-"` and the quota's rate, e.g. `"shape-10-per-1s"`, so that
+    /// two layers say which one answered). An invalid name is reported by
+    /// [`validate`](Self::validate), or else when the layer is applied, naming this line.
+    #[track_caller]
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.name = Some(name.into());
+        let name = name.into();
+        self.common.note("name", headers::check_name(&name));
+        self.name = Some(name);
         self.changed()
     }
 
     /// What to do when no key can be extracted (default: reject with 400).
+    #[track_caller]
     pub fn on_missing_key(mut self, policy: MissingKey<E::Key>) -> Self {
-        self.on_missing = policy;
+        self.common.set_on_missing(policy);
         self.changed()
     }
 
     /// Builds rejection responses with `hook` instead of the default plain-text 429.
     pub fn on_reject(mut self, hook: OnReject) -> Self {
-        self.on_reject = Some(hook);
+        self.common.on_reject = Some(hook);
         self.changed()
     }
 
@@ -202,20 +190,20 @@ impl<E: KeyExtractor> ShapeLayer<E> {
     where
         E: Clone,
     {
-        self.state.get_or_init(|| self.build()).clone()
+        self.state.get_or_build(|| self.build())
     }
 
-    fn build(&self) -> Result<Arc<Shared<E>>, ConfigError>
+    fn build(&self) -> Result<Shared<E>, ConfigError>
     where
         E: Clone,
     {
+        let core = self.common.core()?;
         let name: Box<str> = match (&self.name, self.quota.name()) {
             (Some(n), _) => n.as_ref().into(),
             (None, Some(n)) => n.into(),
-            (None, None) => DEFAULT_NAME.into(),
+            (None, None) => format!("shape-{}", rate_name(&self.quota)).into(),
         };
         headers::check_name(&name)?;
-        self.on_missing.validate()?;
         let mut builder = Shaper::<E::Key>::builder(self.quota.clone())
             .no_delay_burst(self.no_delay_burst)
             .max_keys(self.max_keys);
@@ -229,7 +217,7 @@ impl<E: KeyExtractor> ShapeLayer<E> {
         if let Some(d) = self.max_delay {
             builder = builder.max_delay(d);
         }
-        let shaper = builder.try_build::<E::Key>()?;
+        let shaper = builder.try_build()?;
         // `q`: how many requests an idle client may send at once without being refused;
         // `w`: how long the shaper takes to forward them, so that q/w is the rate.
         let capacity = shaper.capacity().unwrap_or(u64::MAX);
@@ -238,15 +226,21 @@ impl<E: KeyExtractor> ShapeLayer<E> {
             capacity.saturating_mul(u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX)),
         );
         let policy = PolicyHeaders::new(&[(name.to_string(), capacity, window)], None);
-        Ok(Arc::new(Shared {
-            extractor: self.extractor.clone(),
+        Ok(Shared {
+            core,
             shaper,
             capacity,
             policy: self.headers.then_some(policy),
             name,
-            on_missing: self.on_missing.clone(),
-            on_reject: self.on_reject.clone(),
-        }))
+        })
+    }
+}
+
+fn check_max_keys(n: usize) -> Result<(), ConfigError> {
+    if n == 0 {
+        Err(ConfigError::ZeroMaxKeys)
+    } else {
+        Ok(())
     }
 }
 
@@ -257,7 +251,7 @@ impl<S, E: KeyExtractor + Clone> Layer<S> for ShapeLayer<E> {
     fn layer(&self, inner: S) -> Self::Service {
         match self.shared() {
             Ok(shared) => Shape::from_shared(inner, shared),
-            Err(e) => panic!("tollgate: invalid ShapeLayer: {e}"),
+            Err(e) => self.common.invalid("ShapeLayer", e),
         }
     }
 }

@@ -106,12 +106,13 @@
 //! # Headers
 //!
 //! Like every layer of the crate, the responses carry the IETF fields (see
-//! [`headers`](crate::headers)): `RateLimit-Policy: "shape";q=C;w=W`, where `q` is how many
+//! [`headers`](crate::headers)): `RateLimit-Policy: "NAME";q=C;w=W`, where `q` is how many
 //! requests an idle client may send at once without being refused (one leaves, the others
 //! wait) and `w` the seconds it takes to forward them, so `q/w` is the rate; and
-//! `RateLimit: "shape";r=R;t=S`, with `R` the requests that would still be accepted now and `S`
+//! `RateLimit: "NAME";r=R;t=S`, with `R` the requests that would still be accepted now and `S`
 //! the seconds until the key's queue is empty and idle. The fields are appended, so that those
-//! of other layers on the same response are kept.
+//! of other layers on the same response are kept. `NAME` is the layer's name, else the
+//! quota's, else `shape-` and the rate (e.g. `"shape-10-per-1s"`).
 //!
 //! # Time
 //!
@@ -128,6 +129,6 @@ mod shaper;
 
 pub use future::{PoliteFuture, ResponseFuture};
 pub use layer::ShapeLayer;
-pub use polite::{CallKey, Polite, PoliteLayer, Unkeyed};
+pub use polite::{CallKey, Polite, PoliteLayer};
 pub use service::Shape;
 pub use shaper::{QueueFull, Shaper, ShaperBuilder, Slot};

@@ -11,9 +11,11 @@ use tower_service::Service;
 
 use super::future::{PoliteFuture, State};
 use super::shaper::Shaper;
+use crate::key::Global;
 use crate::quota::Quota;
 
-/// How a [`PoliteLayer`] picks the key of a call: [`Unkeyed`] (one queue), or a closure
+/// How a [`PoliteLayer`] picks the key of a call: [`Global`] (one queue, as everywhere in the
+/// crate), or a closure
 /// `Fn(&Req) -> K` (e.g. one queue per partner host).
 pub trait CallKey<Req>: Send + Sync + 'static {
     /// The key type.
@@ -24,10 +26,7 @@ pub trait CallKey<Req>: Send + Sync + 'static {
 }
 
 /// Every call in one queue.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Unkeyed;
-
-impl<Req> CallKey<Req> for Unkeyed {
+impl<Req> CallKey<Req> for Global {
     type Key = ();
 
     #[inline]
@@ -80,7 +79,7 @@ where
 /// * Dropping the future before its slot (a timeout, a cancelled task) gives the slot to the
 ///   next call and the call is not made.
 /// * The inner service's error type is kept.
-pub struct PoliteLayer<K = (), F = Unkeyed> {
+pub struct PoliteLayer<K = (), F = Global> {
     shaper: Shaper<K>,
     key: Arc<F>,
 }
@@ -102,7 +101,7 @@ impl<K, F> fmt::Debug for PoliteLayer<K, F> {
     }
 }
 
-impl PoliteLayer<(), Unkeyed> {
+impl PoliteLayer<(), Global> {
     /// One queue for every call, at `quota`'s rate (its burst is not used).
     pub fn new(quota: Quota) -> Self {
         Self::with_shaper(Shaper::new(quota))
@@ -113,7 +112,7 @@ impl PoliteLayer<(), Unkeyed> {
     pub fn with_shaper(shaper: Shaper<()>) -> Self {
         PoliteLayer {
             shaper,
-            key: Arc::new(Unkeyed),
+            key: Arc::new(Global),
         }
     }
 }
@@ -158,7 +157,7 @@ impl<S, K, F> Layer<S> for PoliteLayer<K, F> {
 }
 
 /// The service made by [`PoliteLayer`].
-pub struct Polite<S, K = (), F = Unkeyed> {
+pub struct Polite<S, K = (), F = Global> {
     inner: S,
     shaper: Shaper<K>,
     key: Arc<F>,

@@ -1,4 +1,3 @@
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -9,22 +8,20 @@ use tower_service::Service;
 use super::future::{ResponseFuture, ShapeHeaders, State};
 use super::shaper::{Admission, Room, Shaper};
 use crate::headers::PolicyHeaders;
-use crate::key::missing::{self, Resolved};
-use crate::key::MissingKey;
+use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
-use crate::response::{self, OnReject, Rejection, RejectionKind};
+use crate::layer::common::{service_shell, Core};
+use crate::response::RejectionKind;
 use std::time::Duration;
 
 pub(crate) struct Shared<E: KeyExtractor> {
-    pub(crate) extractor: E,
+    pub(crate) core: Core<E>,
     pub(crate) shaper: Shaper<E::Key>,
     /// Requests an idle key is admitted at once (`q` of `RateLimit-Policy`).
     pub(crate) capacity: u64,
     /// `None` when the header fields are turned off.
     pub(crate) policy: Option<PolicyHeaders>,
     pub(crate) name: Box<str>,
-    pub(crate) on_missing: MissingKey<E::Key>,
-    pub(crate) on_reject: Option<OnReject>,
 }
 
 impl<E: KeyExtractor> Shared<E> {
@@ -48,44 +45,7 @@ pub struct Shape<S, E: KeyExtractor> {
     shared: Arc<Shared<E>>,
 }
 
-impl<S: Clone, E: KeyExtractor> Clone for Shape<S, E> {
-    fn clone(&self) -> Self {
-        Shape {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, E: KeyExtractor> fmt::Debug for Shape<S, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shape")
-            .field("inner", &self.inner)
-            .field("shaper", &self.shared.shaper)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, E: KeyExtractor> Shape<S, E> {
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<E>>) -> Self {
-        Shape { inner, shared }
-    }
-
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The wrapped service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
+service_shell!(Shape<S, E: KeyExtractor> => Shared<E>);
 
 impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for Shape<S, E>
 where
@@ -104,17 +64,13 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
-        let key = match shared
-            .on_missing
-            .resolve(&shared.extractor, &RequestHead::new(&req))
-        {
+        let key = match shared.core.resolve(&RequestHead::new(&req)) {
             Resolved::Key(key) => key,
             Resolved::Pass => {
                 return ResponseFuture::new(State::calling(self.inner.call(req)), None)
             }
             Resolved::Reject(status) => {
-                let hook = shared.on_reject.as_ref();
-                let resp = missing::rejection(hook, status, Some(&shared.name));
+                let resp = shared.core.reject_missing(status, Some(&shared.name));
                 return ResponseFuture::new(State::ready(resp), None);
             }
         };
@@ -132,14 +88,12 @@ where
                 ResponseFuture::new(State::waiting(slot, ready, req), headers)
             }
             Admission::Full(full, room) => {
-                let r = Rejection {
-                    kind: RejectionKind::QueueFull,
-                    status: StatusCode::TOO_MANY_REQUESTS,
-                    retry_after: Some(full.retry_after()),
-                    decision: None,
-                    policy: Some(&shared.name),
-                };
-                let mut resp = response::reject(shared.on_reject.as_ref(), &r);
+                let mut resp = shared.core.reject(
+                    RejectionKind::QueueFull,
+                    StatusCode::TOO_MANY_REQUESTS,
+                    Some(full.retry_after()),
+                    Some(&shared.name),
+                );
                 if let Some(h) = shared.headers(&room) {
                     h.apply(resp.headers_mut());
                 }

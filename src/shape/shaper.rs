@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -103,14 +104,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Builds a [`Shaper`].
 #[derive(Debug, Clone)]
 #[must_use]
-pub struct ShaperBuilder {
+pub struct ShaperBuilder<K> {
+    key: PhantomData<fn() -> K>,
     quota: Quota,
     no_delay_burst: u32,
     bounds: Bounds,
     max_keys: usize,
 }
 
-impl ShaperBuilder {
+impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
     /// Lets up to `n` requests go ahead of the rate without waiting after the key was idle.
     ///
     /// Default `0`: pure smoothing, where after idle the first request leaves at once (nobody
@@ -155,7 +157,7 @@ impl ShaperBuilder {
     /// # Panics
     /// On an invalid setting; see [`try_build`](Self::try_build).
     #[track_caller]
-    pub fn build<K: Hash + Eq + Clone + Send + Sync>(self) -> Shaper<K> {
+    pub fn build(self) -> Shaper<K> {
         match self.try_build() {
             Ok(s) => s,
             Err(e) => panic!("tollgate: {e}"),
@@ -163,7 +165,7 @@ impl ShaperBuilder {
     }
 
     /// Builds the shaper, or says which setting cannot work.
-    pub fn try_build<K: Hash + Eq + Clone + Send + Sync>(self) -> Result<Shaper<K>, ConfigError> {
+    pub fn try_build(self) -> Result<Shaper<K>, ConfigError> {
         if self.max_keys == 0 {
             return Err(ConfigError::ZeroMaxKeys);
         }
@@ -247,8 +249,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> Shaper<K> {
     }
 
     /// Starts a builder.
-    pub fn builder(quota: Quota) -> ShaperBuilder {
+    pub fn builder(quota: Quota) -> ShaperBuilder<K> {
         ShaperBuilder {
+            key: PhantomData,
             quota,
             no_delay_burst: 0,
             bounds: Bounds::default(),

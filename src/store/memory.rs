@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::clock::Clock;
-use crate::gcra::{self, Decision, Gcra, QuotaState, MAX_QUOTAS};
+use crate::gcra::{self, Decision, Gcra, MAX_QUOTAS};
 pub use crate::keyed::OnFull;
 use crate::keyed::{Absent, Table};
 
@@ -210,15 +210,7 @@ where
 /// The decision for a new key turned away because the store is full of active keys: retry
 /// when the first tracked key goes idle (`retry_at`), since a new key is admitted then.
 fn full_rejection(gcras: &[Gcra], now: u64, retry_at: u64) -> Decision {
-    let interval = retry_at.saturating_sub(now).max(1);
-    let mut tats = [0u64; MAX_QUOTAS];
-    let (mut d, _) = gcra::decide(gcras, &mut tats[..gcras.len()], now, 0);
-    d.outcome = gcra::Outcome::Limited;
-    d.retry_after = interval;
-    for (q, g) in d.quotas.iter_mut().zip(gcras) {
-        *q = QuotaState::spent(g);
-    }
-    d
+    Decision::store_full(gcras, retry_at.saturating_sub(now).max(1))
 }
 
 #[cfg(test)]

@@ -1,0 +1,270 @@
+//! The settings, key resolution, rejections and service shell that every layer of the crate
+//! shares ([`RateLimitLayer`](crate::RateLimitLayer),
+//! [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer), [`ShapeLayer`](crate::ShapeLayer)).
+//!
+//! A layer embeds a [`Common`] for the settings its builder shares with the others, and a
+//! [`Lazy`] for the state it builds once, when it is first applied; its service embeds the
+//! [`Core`] that [`Common::core`] makes of the settings. Changing the key type with `.key()`
+//! keeps every setting made before ([`Common::rekey`]); one that cannot follow the new key
+//! type is reported when the layer is applied, never dropped in silence.
+
+use std::panic::Location;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+
+use crate::error::ConfigError;
+use crate::key::missing::Resolved;
+use crate::key::{KeyExtractor, MissingKey, RequestHead};
+use crate::response::{self, OnReject, RejectionKind};
+
+/// The builder settings every layer has: who a request counts against, what happens to a
+/// request without a key, and how rejections are answered.
+#[derive(Clone)]
+pub(crate) struct Common<E: KeyExtractor> {
+    pub(crate) extractor: E,
+    on_missing: MissingKey<E::Key>,
+    /// A setting that could not follow a change of key type, reported when the layer is built.
+    lost: Option<ConfigError>,
+    pub(crate) on_reject: Option<OnReject>,
+    /// Settings found invalid when they were made, with the caller's line.
+    invalid: Vec<Invalid>,
+}
+
+/// A setting found invalid when its builder method was called.
+#[derive(Debug, Clone)]
+struct Invalid {
+    setting: &'static str,
+    error: ConfigError,
+    at: &'static Location<'static>,
+}
+
+impl<E: KeyExtractor> Common<E> {
+    pub(crate) fn new(extractor: E) -> Self {
+        Common {
+            extractor,
+            on_missing: MissingKey::default(),
+            lost: None,
+            on_reject: None,
+            invalid: Vec::new(),
+        }
+    }
+
+    /// Records whether the value just given to `setting` can work, with the caller's line:
+    /// the error is what [`check`](Self::check) reports (a layer's `validate`), and what
+    /// applying the layer panics with. Setting it again with a valid value clears it.
+    #[track_caller]
+    pub(crate) fn note(&mut self, setting: &'static str, result: Result<(), ConfigError>) {
+        self.invalid.retain(|i| i.setting != setting);
+        if let Err(error) = result {
+            let at = Location::caller();
+            self.invalid.push(Invalid { setting, error, at });
+        }
+    }
+
+    /// Records an invalid value given to a setting that adds up (a tier, a quota) rather
+    /// than replaces.
+    #[track_caller]
+    pub(crate) fn note_added(&mut self, setting: &'static str, result: Result<(), ConfigError>) {
+        if let Err(error) = result {
+            let at = Location::caller();
+            self.invalid.push(Invalid { setting, error, at });
+        }
+    }
+
+    /// Where the setting behind `error` was made, if it was found invalid then.
+    pub(crate) fn noted_at(&self, error: &ConfigError) -> Option<&'static Location<'static>> {
+        self.invalid
+            .iter()
+            .find(|i| i.error == *error)
+            .map(|i| i.at)
+    }
+
+    /// The same settings with another extractor. A missing-key policy that names a key of the
+    /// old type (`MissingKey::UseKey`) cannot follow: building the layer then fails with
+    /// [`ConfigError::MissingKeyBeforeKey`].
+    pub(crate) fn rekey<E2: KeyExtractor>(self, extractor: E2) -> Common<E2> {
+        let (on_missing, lost) = match self.on_missing {
+            MissingKey::Reject(status) => (MissingKey::Reject(status), self.lost),
+            MissingKey::Allow => (MissingKey::Allow, self.lost),
+            MissingKey::UseKey(_) => (
+                MissingKey::default(),
+                self.lost.or(Some(ConfigError::MissingKeyBeforeKey)),
+            ),
+        };
+        Common {
+            extractor,
+            on_missing,
+            lost,
+            on_reject: self.on_reject,
+            invalid: self.invalid,
+        }
+    }
+
+    /// Sets the missing-key policy, checked at the caller's line.
+    #[track_caller]
+    pub(crate) fn set_on_missing(&mut self, policy: MissingKey<E::Key>) {
+        self.note("on_missing_key", policy.validate());
+        self.on_missing = policy;
+        // Set for the current key type: whatever an earlier key type lost is replaced.
+        self.lost = None;
+    }
+
+    /// The first setting that cannot work, if any.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if let Some(i) = self.invalid.first() {
+            return Err(i.error.clone());
+        }
+        match &self.lost {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Panics with `e`, naming the line of the builder call that set the invalid value.
+    #[track_caller]
+    pub(crate) fn invalid(&self, layer: &str, e: ConfigError) -> ! {
+        match self.noted_at(&e) {
+            Some(at) => panic!("tollgate: invalid {layer}: {e} (set at {at})"),
+            None => panic!("tollgate: invalid {layer}: {e}"),
+        }
+    }
+
+    /// What a layer's services share of these settings.
+    pub(crate) fn core(&self) -> Result<Core<E>, ConfigError>
+    where
+        E: Clone,
+    {
+        self.check()?;
+        Ok(Core {
+            extractor: self.extractor.clone(),
+            on_missing: self.on_missing.clone(),
+            on_reject: self.on_reject.clone(),
+        })
+    }
+}
+
+/// The shared settings as a layer's services use them.
+pub(crate) struct Core<E: KeyExtractor> {
+    extractor: E,
+    on_missing: MissingKey<E::Key>,
+    on_reject: Option<OnReject>,
+}
+
+impl<E: KeyExtractor> Core<E> {
+    /// The request's key, or what the missing-key policy says when it has none.
+    #[inline]
+    pub(crate) fn resolve(&self, head: &RequestHead<'_>) -> Resolved<E::Key> {
+        self.on_missing.resolve(&self.extractor, head)
+    }
+
+    /// The status a request without a key is turned away with, when the policy rejects.
+    pub(crate) fn missing_status(&self) -> StatusCode {
+        match self.on_missing {
+            MissingKey::Reject(status) => status,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The response to a request turned away without a rate-limit decision (no key, a full
+    /// queue, a concurrency limit): the hook's, or the default one.
+    pub(crate) fn reject<B: From<Bytes>>(
+        &self,
+        kind: RejectionKind,
+        status: StatusCode,
+        retry_after: Option<Duration>,
+        policy: Option<&str>,
+    ) -> Response<B> {
+        let hook = self.on_reject.as_ref();
+        response::respond(hook, kind, status, retry_after, None, policy)
+    }
+
+    /// The response to a request without a key, when the policy rejects it: no
+    /// `Retry-After`, since waiting does not give it one.
+    pub(crate) fn reject_missing<B: From<Bytes>>(
+        &self,
+        status: StatusCode,
+        policy: Option<&str>,
+    ) -> Response<B> {
+        self.reject(RejectionKind::MissingKey, status, None, policy)
+    }
+}
+
+/// The state a layer builds once, when it is first applied (or validated), shared by every
+/// service it makes and by its clones. A builder call made before that starts a fresh one.
+pub(crate) struct Lazy<T>(Arc<OnceLock<Result<Arc<T>, ConfigError>>>);
+
+impl<T> Default for Lazy<T> {
+    fn default() -> Self {
+        Lazy(Arc::default())
+    }
+}
+
+impl<T> Clone for Lazy<T> {
+    fn clone(&self) -> Self {
+        Lazy(self.0.clone())
+    }
+}
+
+impl<T> Lazy<T> {
+    /// The state, built by `build` the first time.
+    pub(crate) fn get_or_build(
+        &self,
+        build: impl FnOnce() -> Result<T, ConfigError>,
+    ) -> Result<Arc<T>, ConfigError> {
+        self.0.get_or_init(|| build().map(Arc::new)).clone()
+    }
+
+    /// The state, if it has been built without error.
+    pub(crate) fn get(&self) -> Option<&Arc<T>> {
+        self.0.get().and_then(|r| r.as_ref().ok())
+    }
+}
+
+/// The service shell of a layer: the inner service and the layer's shared state, `Clone`,
+/// `Debug`, and tower's `get_ref` / `get_mut` / `into_inner`.
+macro_rules! service_shell {
+    ($name:ident <S $(, $p:ident : $bound:path)*> => $shared:ty) => {
+        impl<S: Clone $(, $p: $bound)*> Clone for $name<S $(, $p)*> {
+            fn clone(&self) -> Self {
+                $name {
+                    inner: self.inner.clone(),
+                    shared: self.shared.clone(),
+                }
+            }
+        }
+
+        impl<S: std::fmt::Debug $(, $p: $bound)*> std::fmt::Debug for $name<S $(, $p)*> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("inner", &self.inner)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl<S $(, $p: $bound)*> $name<S $(, $p)*> {
+            pub(crate) fn from_shared(inner: S, shared: std::sync::Arc<$shared>) -> Self {
+                $name { inner, shared }
+            }
+
+            /// The wrapped service.
+            pub fn get_ref(&self) -> &S {
+                &self.inner
+            }
+
+            /// The wrapped service, mutably.
+            pub fn get_mut(&mut self) -> &mut S {
+                &mut self.inner
+            }
+
+            /// Unwraps the inner service.
+            pub fn into_inner(self) -> S {
+                self.inner
+            }
+        }
+    };
+}
+
+pub(crate) use service_shell;

@@ -1,0 +1,3 @@
+//! What the crate's layers are made of, written once: see [`common`].
+
+pub(crate) mod common;

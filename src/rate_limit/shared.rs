@@ -1,0 +1,188 @@
+//! What every service of one [`RateLimitLayer`](super::RateLimitLayer) shares: its tiers, the
+//! closures that pick tier, cost and skips, and everything done before and after a decision.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+
+use super::future::RateHeaders;
+use crate::gcra::{Decision, Outcome};
+use crate::headers::PolicyHeaders;
+use crate::key::missing::Resolved;
+use crate::key::{KeyExtractor, RequestHead};
+use crate::layer::common::Core;
+use crate::response::{self, OnReject, RejectionKind};
+
+/// Chooses a request's tier: given the request and a lookup of tier names, the tier's index.
+pub(crate) type SelectFn =
+    dyn Fn(&RequestHead<'_>, &dyn Fn(&str) -> Option<usize>) -> Option<usize> + Send + Sync;
+/// The cost of a request.
+pub(crate) type CostFn = dyn Fn(&RequestHead<'_>) -> u32 + Send + Sync;
+/// Whether a request goes through uncounted.
+pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
+
+/// How one policy of a layer answers: its name and its header fields.
+pub(crate) struct Tier {
+    pub(crate) name: Box<str>,
+    pub(crate) headers: PolicyHeaders,
+}
+
+/// Everything a layer's services share; `L` is the limiter type of the layer's store.
+pub(crate) struct Shared<E: KeyExtractor, L> {
+    pub(crate) core: Core<E>,
+    /// One limiter per tier, in the order of `answers.tiers`.
+    pub(crate) limiters: Box<[L]>,
+    pub(crate) answers: Arc<Answers>,
+    pub(crate) select: Option<Arc<SelectFn>>,
+    pub(crate) cost: Option<Arc<CostFn>>,
+    pub(crate) skip: Option<Arc<SkipFn>>,
+    pub(crate) skip_methods: Box<[Method]>,
+    pub(crate) skip_paths: Box<[String]>,
+    /// Whether an unknown tier name from the selector has been logged.
+    pub(crate) unknown_tier_logged: AtomicBool,
+}
+
+/// What turns a decision into a response, whatever the store and the key: shared with the
+/// futures of decisions that come later.
+pub(crate) struct Answers {
+    pub(crate) tiers: Box<[Tier]>,
+    pub(crate) on_reject: Option<OnReject>,
+    pub(crate) headers: bool,
+    pub(crate) legacy_headers: bool,
+}
+
+/// What a request needs before the store is asked.
+pub(crate) enum Prepared<K, B> {
+    /// Not limited: call the inner service as it is.
+    Pass,
+    /// Answered without a decision (no key, and the layer rejects such requests).
+    Reject(Response<B>),
+    /// Decide `cost` for `key` on the tier at index `tier`.
+    Decide { tier: usize, key: K, cost: u32 },
+}
+
+impl<E: KeyExtractor, L> Shared<E, L> {
+    fn skips(&self, head: &RequestHead<'_>) -> bool {
+        self.skip_methods.contains(head.method)
+            || self.skip_paths.iter().any(|p| p == head.uri.path())
+            || self.skip.as_ref().is_some_and(|f| f(head))
+    }
+
+    fn tier(&self, head: &RequestHead<'_>) -> usize {
+        let Some(select) = &self.select else {
+            return 0;
+        };
+        let find = |name: &str| {
+            let found = self.answers.tiers.iter().position(|t| &*t.name == name);
+            if found.is_none() {
+                self.unknown_tier(name);
+            }
+            found
+        };
+        select(head, &find).unwrap_or(0)
+    }
+
+    /// A selector named a tier the layer does not have: the request gets the default policy,
+    /// and the first time the name is logged, since it is a configuration mistake.
+    #[cold]
+    fn unknown_tier(&self, name: &str) {
+        if !self.unknown_tier_logged.swap(true, Ordering::Relaxed) {
+            let known: Vec<&str> = self.answers.tiers.iter().map(|t| &*t.name).collect();
+            tracing::error!(
+                tier = name,
+                ?known,
+                "tollgate: select_tier chose a tier the layer does not have; such requests get \
+                 the default policy (logged once per layer)"
+            );
+        }
+    }
+
+    /// Skip rules, tier, key and cost of a request: everything before the decision.
+    #[inline]
+    pub(crate) fn prepare<B: From<Bytes>>(&self, head: &RequestHead<'_>) -> Prepared<E::Key, B> {
+        if self.skips(head) {
+            return Prepared::Pass;
+        }
+        let tier = self.tier(head);
+        let key = match self.core.resolve(head) {
+            Resolved::Key(key) => key,
+            Resolved::Pass => return Prepared::Pass,
+            Resolved::Reject(status) => {
+                let policy = Some(&*self.answers.tiers[tier].name);
+                return Prepared::Reject(self.core.reject_missing(status, policy));
+            }
+        };
+        let cost = self.cost.as_ref().map_or(1, |f| f(head));
+        Prepared::Decide { tier, key, cost }
+    }
+}
+
+impl Answers {
+    /// Everything after the decision: an admitted request gets the decision in its extensions
+    /// and the header fields for its response (`Ok`); a rejected one gets its response (`Err`).
+    #[inline]
+    pub(crate) fn finish<ReqBody, B: From<Bytes>>(
+        &self,
+        tier: usize,
+        decision: Decision,
+        req: &mut Request<ReqBody>,
+    ) -> Result<Option<RateHeaders>, Response<B>> {
+        let tier = &self.tiers[tier];
+        // A degraded decision knows nothing of the quotas: no fields that would say otherwise.
+        let headers = if decision.is_degraded() {
+            None
+        } else {
+            self.rate_headers(tier, &decision)
+        };
+        if decision.is_allowed() {
+            req.extensions_mut().insert(decision);
+            return Ok(headers);
+        }
+        let (kind, status) = match decision.outcome() {
+            _ if decision.is_degraded() => (
+                RejectionKind::StoreUnavailable,
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            Outcome::Exceeds => (
+                RejectionKind::CostExceedsBurst,
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+            _ => (RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS),
+        };
+        let mut resp = response::respond(
+            self.on_reject.as_ref(),
+            kind,
+            status,
+            decision.retry_after(),
+            Some(&decision),
+            Some(&tier.name),
+        );
+        if let Some(h) = headers {
+            h.apply(resp.headers_mut());
+        }
+        Err(resp)
+    }
+
+    fn rate_headers(&self, tier: &Tier, d: &Decision) -> Option<RateHeaders> {
+        (self.headers || self.legacy_headers).then(|| RateHeaders::new(self, tier, d))
+    }
+}
+
+impl RateHeaders {
+    fn new(shared: &Answers, tier: &Tier, d: &Decision) -> Self {
+        RateHeaders {
+            ietf: shared
+                .headers
+                .then(|| (tier.headers.policy(), tier.headers.ratelimit(d))),
+            legacy: shared.legacy_headers.then(|| {
+                Box::new([
+                    crate::headers::integer_value(d.limit()),
+                    crate::headers::integer_value(d.remaining()),
+                    crate::headers::integer_value(crate::headers::ceil_secs(d.reset_after())),
+                ])
+            }),
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! Where the state of a [`RateLimitLayer`](super::RateLimitLayer) lives, and how its one
+//! service asks for a decision: a store answers [now](Answer::Now) (memory; Redis when its
+//! cache of known rejections already knows) or [later](Answer::Later) (after a Redis round
+//! trip).
+
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use crate::clock::Clock;
+use crate::error::ConfigError;
+use crate::gcra::Decision;
+use crate::limiter::{RateLimiter, DEFAULT_MAX_KEYS};
+use crate::quota::Quota;
+use crate::store::OnFull;
+
+/// The store of a [`RateLimitLayer`](crate::RateLimitLayer) (its second type parameter):
+/// [`Memory`] by default, or a `redis::RedisStore` given to
+/// [`RateLimitLayer::store`](crate::RateLimitLayer::store).
+///
+/// Sealed: implemented by the crate's stores only.
+pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
+    /// The limiter of one tier on this store.
+    type Limiter: Clone + Send + Sync + 'static;
+
+    /// A decision that waits for the store.
+    #[doc(hidden)]
+    type Later: Future<Output = Decision> + Send + 'static;
+
+    #[doc(hidden)]
+    fn make_limiter(
+        &self,
+        name: &str,
+        quotas: &[Quota],
+        clock: Option<&Clock>,
+        max_keys: Option<usize>,
+        on_full: Option<OnFull>,
+    ) -> Result<Self::Limiter, ConfigError>;
+
+    /// Decides `cost` for `key`: at once, or with a future.
+    #[doc(hidden)]
+    fn decide(limiter: &Self::Limiter, key: K, cost: u32) -> Answer<Self::Later>;
+}
+
+/// What a store makes of a request to be decided.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Answer<F> {
+    /// Decided without waiting.
+    Now(Decision),
+    /// Decided when `F` completes.
+    Later(F),
+}
+
+/// How the service hands the inner service it made ready to a request whose decision comes
+/// later (the future calls it then). Only a store that answers later needs `S: Clone` to put
+/// a fresh service in its place; the memory store never answers later and needs nothing.
+#[doc(hidden)]
+pub trait Handover<K, S>: Backend<K> {
+    /// Takes the ready service out of `inner`, for the request waiting on `later`.
+    fn hand_over(inner: &mut S, later: Self::Later) -> (S, Self::Later);
+}
+
+pub(crate) mod sealed {
+    pub trait Sealed {}
+}
+
+/// The in-memory store: state in this process, decisions without I/O. The default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Memory;
+
+impl sealed::Sealed for Memory {}
+
+/// The memory store's decisions never wait: a future that cannot exist.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Never {}
+
+impl Future for Never {
+    type Output = Decision;
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Decision> {
+        match *self {}
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
+    type Limiter = RateLimiter<K>;
+    type Later = Never;
+
+    fn make_limiter(
+        &self,
+        _name: &str,
+        quotas: &[Quota],
+        clock: Option<&Clock>,
+        max_keys: Option<usize>,
+        on_full: Option<OnFull>,
+    ) -> Result<RateLimiter<K>, ConfigError> {
+        let (first, rest) = quotas.split_first().ok_or(ConfigError::NoQuota)?;
+        let mut builder = RateLimiter::<K>::builder(first.clone())
+            .max_keys(max_keys.unwrap_or(DEFAULT_MAX_KEYS))
+            .on_full(on_full.unwrap_or_default());
+        for q in rest {
+            builder = builder.quota(q.clone());
+        }
+        if let Some(clock) = clock {
+            builder = builder.clock(clock.clone());
+        }
+        builder.try_build()
+    }
+
+    #[inline]
+    fn decide(limiter: &RateLimiter<K>, key: K, cost: u32) -> Answer<Never> {
+        Answer::Now(limiter.check_n(&key, cost))
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, S> Handover<K, S> for Memory {
+    fn hand_over(_: &mut S, later: Never) -> (S, Never) {
+        match later {}
+    }
+}
