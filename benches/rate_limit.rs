@@ -21,6 +21,7 @@
 //! * `keyed_10k`: 10 000 distinct IPv4 keys (`IpAddr`, the same for both), visited round-robin,
 //!   all tracked before measuring, limit never reached. tollgate `RateLimiter<IpAddr>`; governor
 //!   `RateLimiter::keyed` (its default store, a `DashMap`).
+//! * `keyed_500k`: as `keyed_10k` with 500 000 keys, far more than the caches hold.
 //! * `keyed_10k_idle`: as `keyed_10k`, but with 1e9 per second (burst 1e9), so that every key is
 //!   idle again 1 ns after its check, as for clients that send more slowly than their quota.
 //!   tollgate drops idle keys whenever a shard grows and decides an absent key as an idle one,
@@ -113,9 +114,11 @@ fn direct(c: &mut Criterion) {
     group.finish();
 }
 
-fn keyed_10k(c: &mut Criterion) {
-    let mut group = c.benchmark_group("keyed_10k");
-    let keys = ip_keys();
+fn keyed_n(c: &mut Criterion, name: &str, n: usize) {
+    let mut group = c.benchmark_group(name);
+    let keys: Vec<IpAddr> = (0..n as u32)
+        .map(|i| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 | i)))
+        .collect();
 
     let tg = tollgate::RateLimiter::<IpAddr>::new(tollgate_open());
     for k in &keys {
@@ -123,7 +126,7 @@ fn keyed_10k(c: &mut Criterion) {
     }
     assert_eq!(
         tg.len(),
-        KEYS,
+        n,
         "tollgate must track every key before measuring"
     );
     let mut rejected = 0u64;
@@ -133,13 +136,13 @@ fn keyed_10k(c: &mut Criterion) {
             let d = black_box(tg.check(black_box(&keys[i])));
             rejected += u64::from(!d.is_allowed());
             i += 1;
-            if i == KEYS {
+            if i == n {
                 i = 0;
             }
         })
     });
-    assert_eq!(rejected, 0, "tollgate rejected checks in `keyed_10k`");
-    assert_eq!(tg.len(), KEYS, "tollgate forgot keys while measuring");
+    assert_eq!(rejected, 0, "tollgate rejected checks in `{name}`");
+    assert_eq!(tg.len(), n, "tollgate forgot keys while measuring");
 
     let gv = governor::RateLimiter::keyed(governor_open());
     for k in &keys {
@@ -147,7 +150,7 @@ fn keyed_10k(c: &mut Criterion) {
     }
     assert_eq!(
         gv.len(),
-        KEYS,
+        n,
         "governor must track every key before measuring"
     );
     let mut rejected = 0u64;
@@ -157,15 +160,24 @@ fn keyed_10k(c: &mut Criterion) {
             let r = black_box(gv.check_key(black_box(&keys[i])));
             rejected += u64::from(r.is_err());
             i += 1;
-            if i == KEYS {
+            if i == n {
                 i = 0;
             }
         })
     });
-    assert_eq!(rejected, 0, "governor rejected checks in `keyed_10k`");
-    assert_eq!(gv.len(), KEYS);
+    assert_eq!(rejected, 0, "governor rejected checks in `{name}`");
+    assert_eq!(gv.len(), n);
 
     group.finish();
+}
+
+fn keyed_10k(c: &mut Criterion) {
+    keyed_n(c, "keyed_10k", KEYS);
+}
+
+/// As `keyed_10k` with 500 000 keys: the tables no longer fit in the caches.
+fn keyed_500k(c: &mut Criterion) {
+    keyed_n(c, "keyed_500k", 500_000);
 }
 
 fn keyed_10k_idle(c: &mut Criterion) {
@@ -391,6 +403,7 @@ criterion_group!(
     benches,
     direct,
     keyed_10k,
+    keyed_500k,
     keyed_10k_idle,
     contended_2_threads,
     rejecting,

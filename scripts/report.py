@@ -9,6 +9,7 @@ Inputs (any may be missing; their sections are then left out):
   target/loadtest/callgrind.csv    config,instructions,requests,instructions_per_request
                                    (scripts/callgrind_http)
   target/loadtest/memory.txt       output of examples/memory_per_key
+  target/loadtest/flood.txt        output of examples/flood
   target/loadtest/shaping.csv      t_seconds,offered_per_sec,forwarded_per_sec
   target/loadtest/shaping.txt      output of benches/shape_realtime.rs
   target/loadtest/redis.txt        output of benches/redis.rs
@@ -263,6 +264,21 @@ def main():
             "",
             "```text",
             open(mem).read().strip(),
+            "```",
+            "",
+        ]
+    flood = os.path.join(OUT, "flood.txt")
+    if os.path.exists(flood):
+        lines += [
+            "## Key flood",
+            "",
+            "1 000 000 distinct IPv4 keys into a default `RateLimiter` (max_keys 1 000 000), an",
+            "hour of quiet on a manual clock, then 1 000 clients each sending once per simulated",
+            "second until only active keys are tracked. No background task: ordinary traffic",
+            "sweeps the shards it touches. Command: `cargo run --release --example flood`.",
+            "",
+            "```text",
+            open(flood).read().strip(),
             "```",
             "",
         ]

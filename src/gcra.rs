@@ -309,11 +309,11 @@ impl Decision {
         }
     }
 
-    /// A new key turned away because the store tracks as many keys as it may: limited for one
-    /// emission interval (the longest), every quota reported spent.
-    pub(crate) fn store_full(gcras: &[Gcra]) -> Decision {
-        let interval = gcras.iter().map(|g| g.interval).max().unwrap_or(1);
-        Decision::spent(gcras, Outcome::Limited, interval)
+    /// A new key turned away because the store tracks as many keys as it may and all of them
+    /// are active: limited for `retry_after` nanoseconds (until the first tracked key goes
+    /// idle, when a new key is admitted), every quota reported spent.
+    pub(crate) fn store_full(gcras: &[Gcra], retry_after: u64) -> Decision {
+        Decision::spent(gcras, Outcome::Limited, retry_after)
     }
 
     /// A decision a remote store made and sent back: its outcome, the wait in nanoseconds and

@@ -170,6 +170,7 @@ pub mod gcra;
 pub mod grpc;
 pub mod headers;
 pub mod key;
+mod keyed;
 mod layer;
 pub mod limiter;
 pub mod quota;

@@ -224,8 +224,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     pub(crate) fn decide_at(&self, key: &K, now: u64, cost: u32) -> Decision {
         let gcras = &self.inner.gcras;
         match &self.inner.store {
-            Store::One(s) => s.decide(key, gcras, now, cost),
-            Store::Many(s) => s.decide(key, gcras, now, cost),
+            Store::One(s) => s.decide(key, gcras, &self.inner.clock, now, cost),
+            Store::Many(s) => s.decide(key, gcras, &self.inner.clock, now, cost),
             Store::DirectOne(slot) => slot.decide(gcras, now, cost),
             Store::DirectMany(slot) => slot.decide(gcras, now, cost),
         }

@@ -7,21 +7,20 @@
 //! * **Waiting** is the semaphore's own queue: fair (first in, first out) and cancellation
 //!   safe. A place in it is reserved first by a compare-and-swap on the waiter count, which
 //!   never goes above its bound, however many requests race for the last place.
-//! * **Keys.** A key's gate lives in a sharded table while anyone holds, waits for or is about
+//! * **Keys.** A key's gate lives in the crate's keyed table while anyone holds, waits for or is about
 //!   to ask for one of its permits (its `users`). The last one to leave removes it, under the
 //!   shard's lock, so the table holds no more keys than there are requests in flight or
 //!   waiting.
 
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
-use hashbrown::hash_table::Entry;
-use hashbrown::HashTable;
 use tokio::sync::Semaphore;
 
 use super::control::{Control, GateCtl, Priority};
+use crate::keyed::{Absent, Entry, OnFull, Table};
 
 /// A place among the requests in flight, given back when dropped.
 pub(crate) struct Permit {
@@ -307,40 +306,33 @@ impl GlobalLimit {
     }
 }
 
-#[repr(align(128))]
-struct Shard<K>(Mutex<HashTable<(K, Arc<Gate>)>>);
+impl Entry for Arc<Gate> {
+    /// A gate is in the table only while someone uses it; the last one to leave removes it.
+    fn idle_at(&self) -> u64 {
+        u64::MAX
+    }
 
-/// Per-key limits: a gate for each key that has requests in flight or waiting.
+    fn evictable(&self, _now: u64) -> bool {
+        false
+    }
+}
+
+/// Per-key limits: a gate for each key that has requests in flight or waiting, on the crate's
+/// keyed table (unbounded by count: it holds no more keys than requests in flight or waiting).
 pub(crate) struct KeyedLimit<K> {
-    shards: Box<[Shard<K>]>,
-    hasher: foldhash::fast::RandomState,
-    shard_mask: u64,
+    table: Table<K, Arc<Gate>>,
     max: usize,
     /// One adaptive limit (or priorities) shared by every key's gate.
     control: Option<Arc<Control>>,
 }
 
-impl<K: Hash + Eq + Send + Sync + 'static> KeyedLimit<K> {
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> KeyedLimit<K> {
     pub(crate) fn new(max: usize, control: Option<Arc<Control>>) -> Arc<Self> {
-        let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
-        // Enough shards that two threads rarely meet on a lock, as in the rate-limit store.
-        let n = (cpus * 8).clamp(16, 256).next_power_of_two();
         Arc::new(KeyedLimit {
-            shards: (0..n)
-                .map(|_| Shard(Mutex::new(HashTable::new())))
-                .collect(),
-            hasher: foldhash::fast::RandomState::default(),
-            shard_mask: (n - 1) as u64,
+            table: Table::new(usize::MAX, OnFull::RejectNewKeys),
             max,
             control,
         })
-    }
-
-    #[inline]
-    fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<(K, Arc<Gate>)>> {
-        // hashbrown uses the low and the top bits of the hash; the shard takes bits in between.
-        let shard = &self.shards[((hash >> 40) & self.shard_mask) as usize];
-        shard.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Tries to take a permit of `key`'s gate, creating it if the key is new.
@@ -351,7 +343,9 @@ impl<K: Hash + Eq + Send + Sync + 'static> KeyedLimit<K> {
         queue: Option<usize>,
         priority: Priority,
     ) -> Attempt {
-        let gate = self.visit(key);
+        let Some(gate) = self.visit(&key) else {
+            return Attempt::Busy;
+        };
         match gate.try_take(queue, priority) {
             Outcome::Acquired => Attempt::Acquired(Permit::new(gate)),
             Outcome::Queued => Attempt::Wait(Waiter(Some(gate))),
@@ -370,73 +364,62 @@ impl<K: Hash + Eq + Send + Sync + 'static> KeyedLimit<K> {
         }
     }
 
-    /// Finds or creates the gate of `key` and counts this request among its users.
-    fn visit(self: &Arc<Self>, key: K) -> Arc<Gate> {
-        let hash = self.hasher.hash_one(&key);
-        let mut table = self.shard(hash);
-        let gate = match table.entry(hash, |(k, _)| *k == key, |(_, g)| gate_hash(g)) {
-            Entry::Occupied(e) => e.get().1.clone(),
-            Entry::Vacant(e) => {
-                let key_state = KeyState {
-                    hash,
-                    users: AtomicUsize::new(0),
-                    table: self.clone(),
-                };
-                let gate = Arc::new(Gate::new(self.max, Some(key_state), self.control.as_ref()));
-                e.insert((key, gate.clone()));
-                gate
+    /// Finds or creates the gate of `key` and counts this request among its users, under the
+    /// table's lock.
+    fn visit(self: &Arc<Self>, key: &K) -> Option<Arc<Gate>> {
+        let hash = self.table.hash(key);
+        let join = |gate: &Arc<Gate>| {
+            if let Some(k) = &gate.key {
+                k.users.fetch_add(1, Ordering::AcqRel);
             }
+            gate.clone()
         };
-        if let Some(k) = &gate.key {
-            k.users.fetch_add(1, Ordering::AcqRel);
-        }
-        gate
+        self.table
+            .upsert(
+                hash,
+                key,
+                false,
+                || 0,
+                |gate, _| join(gate),
+                |_| {
+                    let key_state = KeyState {
+                        hash,
+                        users: AtomicUsize::new(0),
+                        table: self.clone(),
+                    };
+                    let gate =
+                        Arc::new(Gate::new(self.max, Some(key_state), self.control.as_ref()));
+                    Absent::Insert(join(&gate), gate)
+                },
+            )
+            .ok()
     }
 
     /// Keys with requests in flight or waiting.
     pub(crate) fn len(&self) -> usize {
-        self.sum(|t| t.len())
+        self.table.len()
     }
 
     pub(crate) fn in_flight(&self) -> usize {
-        self.sum(|t| t.iter().map(|(_, g)| g.in_flight()).sum())
+        let mut n = 0;
+        self.table.for_each(|_, g| n += g.in_flight());
+        n
     }
 
     pub(crate) fn waiting(&self) -> usize {
-        self.sum(|t| t.iter().map(|(_, g)| g.waiting()).sum())
-    }
-
-    fn sum(&self, f: impl Fn(&HashTable<(K, Arc<Gate>)>) -> usize) -> usize {
-        self.shards
-            .iter()
-            .map(|s| f(&s.0.lock().unwrap_or_else(|e| e.into_inner())))
-            .sum()
+        let mut n = 0;
+        self.table.for_each(|_, g| n += g.waiting());
+        n
     }
 }
 
-fn gate_hash(gate: &Gate) -> u64 {
-    gate.key.as_ref().map_or(0, |k| k.hash)
-}
-
-impl<K: Hash + Eq + Send + Sync + 'static> Forget for KeyedLimit<K> {
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Forget for KeyedLimit<K> {
     fn remove_if_unused(&self, gate: &Gate) {
-        let hash = gate_hash(gate);
-        let mut table = self.shard(hash);
-        // Someone may have found the gate and joined it since its count reached zero.
-        if gate
-            .key
-            .as_ref()
-            .is_some_and(|k| k.users.load(Ordering::Acquire) != 0)
-        {
-            return;
-        }
-        if let Ok(e) = table.find_entry(hash, |(_, g)| std::ptr::eq(&**g, gate)) {
-            e.remove();
-            // A flood of keys has gone: give the memory back too.
-            if table.capacity() > 64 && table.len() < table.capacity() / 4 {
-                let len = table.len();
-                table.shrink_to(len * 2, |(_, g)| gate_hash(g));
-            }
-        }
+        let Some(state) = &gate.key else { return };
+        // Someone may have found the gate and joined it since its count reached zero: the
+        // count is read again under the table's lock, where joins happen.
+        self.table.remove_if(state.hash, |_, g| {
+            std::ptr::eq(&**g, gate) && state.users.load(Ordering::Acquire) == 0
+        });
     }
 }

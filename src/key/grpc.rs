@@ -33,7 +33,7 @@ impl KeyExtractor for GrpcMethod {
             Some((service, method))
                 if !service.is_empty() && !method.is_empty() && !method.contains('/') =>
             {
-                Ok(Arc::from(path))
+                Ok(super::bounded_str(path))
             }
             _ => Err(KeyError::new("not a gRPC method path")),
         }
@@ -85,10 +85,10 @@ impl Metadata {
 }
 
 impl KeyExtractor for Metadata {
-    type Key = Box<str>;
+    type Key = Arc<str>;
     fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
         match req.headers.get(&self.name).map(|v| v.to_str()) {
-            Some(Ok(v)) if !v.is_empty() => Ok(v.into()),
+            Some(Ok(v)) if !v.is_empty() => Ok(super::bounded_str(v)),
             Some(Err(_)) => Err(KeyError::new("metadata value is not ASCII")),
             _ => Err(KeyError::new("missing metadata")),
         }

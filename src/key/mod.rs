@@ -23,10 +23,12 @@ use std::sync::Arc;
 
 use http::{Extensions, HeaderMap, HeaderName, Method, Request, Uri};
 
+mod bounded;
 mod grpc;
 mod ip;
 pub(crate) mod missing;
 
+pub use bounded::{bounded_bytes, bounded_str, MAX_KEY_BYTES};
 pub use grpc::{GrpcMethod, Metadata};
 pub use ip::{ClientIp, ForwardedHeader, IpKey, PeerIp};
 pub use missing::MissingKey;
@@ -216,7 +218,8 @@ impl KeyExtractor for Global {
 
 /// The value of a request header, e.g. an API key. Requests without it have no key.
 ///
-/// The value is copied (the key must not keep the connection's read buffer alive).
+/// The value is copied (the key must not keep the connection's read buffer alive); a value
+/// longer than [`MAX_KEY_BYTES`] is kept as its digest (see [`bounded_bytes`]).
 #[derive(Debug, Clone)]
 pub struct Header {
     name: HeaderName,
@@ -255,14 +258,16 @@ impl KeyExtractor for Header {
     type Key = Box<[u8]>;
     fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
         match req.headers.get(&self.name) {
-            Some(v) if !v.is_empty() => Ok(v.as_bytes().into()),
+            // At most `MAX_KEY_BYTES` bytes, whatever the client sends.
+            Some(v) if !v.is_empty() => Ok(bounded_bytes(v.as_bytes())),
             _ => Err(KeyError::new("missing header")),
         }
     }
 }
 
 /// The route the request matched (axum's `MatchedPath`, e.g. `/users/{id}`), or the request
-/// path when no route was matched yet.
+/// path when no route was matched yet (kept as its digest when longer than [`MAX_KEY_BYTES`],
+/// see [`bounded_str`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Route;
 
@@ -273,11 +278,15 @@ impl KeyExtractor for Route {
         if let Some(p) = req.extensions.get::<axum::extract::MatchedPath>() {
             return Ok(Arc::from(p.as_str()));
         }
-        Ok(Arc::from(req.uri.path()))
+        // The path of an unmatched request is the client's: at most 72 bytes are kept.
+        Ok(bounded_str(req.uri.path()))
     }
 }
 
 /// A key extractor made of a closure over the request head; `None` means "no key".
+///
+/// The key is kept as the closure returns it: build keys from client bytes with
+/// [`bounded_bytes`] or [`bounded_str`] so that none costs more than [`MAX_KEY_BYTES`].
 ///
 /// ```
 /// use tollgate::key::{self, RequestHead};

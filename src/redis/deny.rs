@@ -18,19 +18,14 @@
 //! round trip per key and `max_age`. An admission that shows a key further back than its entry
 //! says (the loss seen directly) drops the entry at once.
 //!
-//! Bounded: expired entries are swept whenever a shard doubles since its last sweep (as in the
-//! memory store); a full shard caches nothing more until a sweep frees room.
+//! Bounded: the entries live in the crate's keyed table, which drops expired ones before
+//! anything else; a cache full of unexpired entries caches nothing more until one expires.
 
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-
-use hashbrown::HashTable;
 
 use crate::gcra::{self, Decision, Gcra, Outcome, MAX_QUOTAS};
-
-const SHARDS: usize = 16;
-const MIN_SWEEP: usize = 64;
+use crate::keyed::{Absent, OnFull, Table};
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -43,15 +38,15 @@ struct Entry {
     tats: [u64; MAX_QUOTAS],
 }
 
-struct Table<K> {
-    entries: HashTable<(K, Entry)>,
-    sweep_at: usize,
+impl crate::keyed::Entry for Entry {
+    /// Expired entries answer nothing: dropping them changes nothing.
+    fn idle_at(&self) -> u64 {
+        self.until
+    }
 }
 
 pub(crate) struct DenyCache<K> {
-    shards: Box<[Mutex<Table<K>>]>,
-    hasher: foldhash::fast::RandomState,
-    max_per_shard: usize,
+    table: Table<K, Entry>,
     /// How long after its request a rejection is trusted (ns).
     max_age: u64,
     saved: AtomicU64,
@@ -62,33 +57,16 @@ impl<K: Hash + Eq + Clone> DenyCache<K> {
     /// `max_age` nanoseconds after its request was sent.
     pub(crate) fn new(max_entries: usize, max_age: u64) -> Self {
         DenyCache {
-            shards: (0..SHARDS)
-                .map(|_| {
-                    Mutex::new(Table {
-                        entries: HashTable::new(),
-                        sweep_at: MIN_SWEEP,
-                    })
-                })
-                .collect(),
-            hasher: foldhash::fast::RandomState::default(),
-            max_per_shard: max_entries.div_ceil(SHARDS).max(1),
+            table: Table::new(max_entries, OnFull::RejectNewKeys),
             max_age,
             saved: AtomicU64::new(0),
         }
     }
 
-    fn shard(&self, hash: u64) -> &Mutex<Table<K>> {
-        &self.shards[((hash >> 40) as usize) % SHARDS]
-    }
-
     /// The rejection of a request of `cost` for `key` at `now`, if the cache knows it.
     pub(crate) fn check(&self, key: &K, gcras: &[Gcra], now: u64, cost: u32) -> Option<Decision> {
-        let hash = self.hasher.hash_one(key);
-        let entry = {
-            let table = self.shard(hash).lock().unwrap_or_else(|e| e.into_inner());
-            let (_, entry) = table.entries.find(hash, |(k, _)| k == key)?;
-            *entry
-        };
+        let hash = self.table.hash(key);
+        let entry = self.table.get(hash, key, now, |entry| *entry)?;
         if now >= entry.until || cost < entry.cost {
             return None;
         }
@@ -113,23 +91,16 @@ impl<K: Hash + Eq + Clone> DenyCache<K> {
         for (t, s) in entry.tats.iter_mut().zip(d.states()) {
             *t = sent_at.saturating_add(s.reset_after_nanos());
         }
-        let hash = self.hasher.hash_one(key);
-        let mut table = self.shard(hash).lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, e)) = table.entries.find_mut(hash, |(k, _)| k == key) {
-            *e = entry;
-            return;
-        }
-        if table.entries.len() >= table.sweep_at {
-            table.entries.retain(|(_, e)| e.until > sent_at);
-            table.sweep_at = (table.entries.len() * 2).max(MIN_SWEEP);
-        }
-        if table.entries.len() >= self.max_per_shard {
-            return;
-        }
-        let hasher = &self.hasher;
-        table
-            .entries
-            .insert_unique(hash, (key.clone(), entry), |(k, _)| hasher.hash_one(k));
+        let hash = self.table.hash(key);
+        // A cache full of unexpired entries caches nothing more.
+        let _ = self.table.upsert(
+            hash,
+            key,
+            false,
+            || sent_at,
+            |e, _| *e = entry,
+            |_| Absent::Insert((), entry),
+        );
     }
 
     /// Brings a cached entry up to date after Redis admitted a request for `key` sent at
@@ -137,26 +108,24 @@ impl<K: Hash + Eq + Clone> DenyCache<K> {
     /// the entry when Redis shows the key further back than the entry knew it (its state was
     /// lost since).
     pub(crate) fn admitted(&self, key: &K, sent_at: u64, d: &Decision) {
-        let hash = self.hasher.hash_one(key);
-        let mut table = self.shard(hash).lock().unwrap_or_else(|e| e.into_inner());
-        let Ok(found) = table.entries.find_entry(hash, |(k, _)| k == key) else {
-            return;
-        };
         let mut tats = [0; MAX_QUOTAS];
         for (t, s) in tats.iter_mut().zip(d.states()) {
             *t = sent_at.saturating_add(s.reset_after_nanos());
         }
         let n = d.states().len();
-        if tats[..n]
-            .iter()
-            .zip(&found.get().1.tats[..n])
-            .any(|(new, old)| new < old)
-        {
-            found.remove();
-        } else {
-            let mut found = found;
-            found.get_mut().1.tats = tats;
-        }
+        let hash = self.table.hash(key);
+        self.table.update_or_remove(hash, key, |e| {
+            let n = n.min(MAX_QUOTAS);
+            if tats[..n]
+                .iter()
+                .zip(&e.tats[..n])
+                .any(|(new, old)| new < old)
+            {
+                return false;
+            }
+            e.tats = tats;
+            true
+        });
     }
 
     /// Requests answered from the cache.
@@ -166,10 +135,7 @@ impl<K: Hash + Eq + Clone> DenyCache<K> {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).entries.len())
-            .sum()
+        self.table.len()
     }
 }
 
@@ -255,12 +221,12 @@ mod tests {
     #[test]
     fn stays_bounded_by_sweeping_expired_entries() {
         let g = Gcra::new(100 * MS, 100 * MS);
-        let cache = DenyCache::new(SHARDS * 100, u64::MAX);
+        let cache = DenyCache::new(1_600, u64::MAX);
         for i in 0..100_000u64 {
             let now = i * 10 * MS;
             let d = limited(&g, now + 100 * MS, now, 1);
             cache.remember(&i, now, 1, &d);
         }
-        assert!(cache.len() <= SHARDS * 100, "{}", cache.len());
+        assert!(cache.len() <= 1_600, "{}", cache.len());
     }
 }

@@ -2,19 +2,19 @@
 
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hashbrown::HashTable;
 use tokio::time::Sleep;
 
 use super::queue::{Bounds, Join, Queue, Timing, Turn};
 use crate::clock::Clock;
 use crate::error::ConfigError;
+use crate::keyed::{Absent, Entry, OnFull, Table};
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::quota::Quota;
 
@@ -81,7 +81,7 @@ struct Inner<K> {
     quota: Quota,
     no_delay_burst: u32,
     core: Arc<Core>,
-    table: Table<K>,
+    table: Table<K, LaneEntry>,
 }
 
 /// What every waiter of a shaper needs, whatever its key.
@@ -140,10 +140,13 @@ impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
         self
     }
 
-    /// Bounds the number of keys tracked (default 1 000 000). Keys with nobody waiting whose
-    /// schedule is in the past are forgotten first, which changes nothing; when every tracked
-    /// key is busy, [`Shaper::reserve`] refuses requests of new keys ([`Shaper::until_slot`],
-    /// which never refuses, tracks them beyond the bound).
+    /// Bounds the number of keys tracked (default 1 000 000), over the whole shaper. Keys with
+    /// nobody waiting whose schedule is in the past are forgotten first, which changes nothing;
+    /// then a key with nobody waiting whose schedule is at most one interval ahead (the one
+    /// nearest to idle among a random sample), whose next request may then leave at most one
+    /// interval early, once. When every tracked key is busy, [`Shaper::reserve`] refuses
+    /// requests of new keys ([`Shaper::until_slot`], which never refuses, tracks them beyond
+    /// the bound).
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;
         self
@@ -187,7 +190,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
                 quota: self.quota,
                 no_delay_burst: self.no_delay_burst,
                 core,
-                table: Table::new(self.max_keys),
+                table: Table::new(self.max_keys, OnFull::EvictNearestIdle),
             }),
         })
     }
@@ -308,50 +311,52 @@ impl<K: Hash + Eq + Clone + Send + Sync> Shaper<K> {
     pub(crate) fn join(&self, key: &K, bounds: Option<&Bounds>, leave_now: bool) -> Admission {
         let core = &self.inner.core;
         let table = &self.inner.table;
-        let hash = table.hasher.hash_one(key);
-        let mut shard = lock(table.shard(hash));
-        let now = core.clock.now();
-        let lane = match shard.entries.find(hash, |(k, _)| k == key) {
-            Some((_, lane)) => lane.clone(),
-            None => {
-                if shard.entries.len() >= shard.sweep_at {
-                    shard.sweep(&table.hasher, now);
-                }
-                if shard.entries.len() >= table.max_per_shard
-                    && !shard.evict_one(&table.hasher)
-                    && bounds.is_some()
-                {
-                    // Every tracked key of this shard is busy: refuse newcomers, exactly as
-                    // a full queue would, until one goes idle.
-                    let full = QueueFull {
-                        retry_after: Duration::from_nanos(core.timing.interval),
-                    };
-                    let room = Room {
-                        remaining: 0,
-                        reset_after: core.timing.interval,
-                    };
-                    return Admission::Full(full, room);
-                }
+        let hash = table.hash(key);
+        // The table's lock is held while the key's queue changes, so a sweep cannot drop an
+        // entry that a request is joining.
+        let enter = |lane: &Lane, now: u64| {
+            let mut queue = lock(lane);
+            let join = queue.join(&core.timing, bounds, now, leave_now);
+            let room = Room {
+                remaining: queue.room(&core.timing, bounds.unwrap_or(&core.bounds), now),
+                reset_after: queue.reset_after(now),
+            };
+            (join, room)
+        };
+        let result = table.upsert(
+            hash,
+            key,
+            bounds.is_none(),
+            || core.clock.now(),
+            |entry, now| {
+                let (join, room) = enter(&entry.lane, now);
+                (join, room, entry.lane.clone())
+            },
+            |now| {
                 let lane: Lane = Arc::new(Mutex::new(Queue::new()));
-                let hasher = &table.hasher;
-                shard
-                    .entries
-                    .insert_unique(hash, (key.clone(), lane.clone()), |(k, _)| {
-                        hasher.hash_one(k)
-                    });
-                lane
+                let (join, room) = enter(&lane, now);
+                let entry = LaneEntry {
+                    lane: lane.clone(),
+                    interval: core.timing.interval,
+                };
+                Absent::Insert((join, room, lane), entry)
+            },
+        );
+        let (join, room, lane) = match result {
+            Ok(r) => r,
+            Err(_) => {
+                // Every tracked key is busy: refuse newcomers, exactly as a full queue would,
+                // until one goes idle.
+                let full = QueueFull {
+                    retry_after: Duration::from_nanos(core.timing.interval),
+                };
+                let room = Room {
+                    remaining: 0,
+                    reset_after: core.timing.interval,
+                };
+                return Admission::Full(full, room);
             }
         };
-        // The shard stays locked while the key's queue changes, so a sweep cannot drop an entry
-        // that a request is joining.
-        let mut queue = lock(&lane);
-        let join = queue.join(&core.timing, bounds, now, leave_now);
-        let room = Room {
-            remaining: queue.room(&core.timing, bounds.unwrap_or(&core.bounds), now),
-            reset_after: queue.reset_after(now),
-        };
-        drop(queue);
-        drop(shard);
         match join {
             Join::Leave => Admission::Leave(room),
             Join::Wait(ticket) => Admission::Wait(
@@ -390,12 +395,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Shaper<K> {
 
     /// The number of tracked keys (idle ones included until they are swept).
     pub fn len(&self) -> usize {
-        self.inner
-            .table
-            .shards
-            .iter()
-            .map(|s| lock(s).entries.len())
-            .sum()
+        self.inner.table.len()
     }
 
     /// Whether no key is tracked.
@@ -405,19 +405,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> Shaper<K> {
 
     /// Forgets every idle key now (nobody waiting, schedule in the past), which changes no
     /// decision, and returns how many keys are still tracked. Not needed for bounded memory:
-    /// the table sweeps by itself as it grows.
+    /// the table sweeps by itself.
     pub fn evict_idle(&self) -> usize {
         let now = self.inner.core.clock.now();
-        let table = &self.inner.table;
-        table
-            .shards
-            .iter()
-            .map(|s| {
-                let mut shard = lock(s);
-                shard.sweep(&table.hasher, now);
-                shard.entries.len()
-            })
-            .sum()
+        self.inner.table.evict_idle(now)
     }
 }
 
@@ -538,90 +529,27 @@ impl Drop for Slot {
     }
 }
 
-/// How many entries are looked at to pick a key to forget when the table is full.
-const EVICTION_SAMPLE: usize = 8;
-/// Sweeps start once a shard holds this many keys.
-const MIN_SWEEP: usize = 64;
-
-/// The keys' queues: sharded hash tables, seeded at random per process.
-struct Table<K> {
-    shards: Box<[Mutex<Shard<K>>]>,
-    hasher: foldhash::fast::RandomState,
-    shard_mask: u64,
-    max_per_shard: usize,
+/// A key's queue as the keyed table sees it.
+struct LaneEntry {
+    lane: Lane,
+    /// The shaper's emission interval.
+    interval: u64,
 }
 
-struct Shard<K> {
-    entries: HashTable<(K, Lane)>,
-    /// Sweep idle entries when `len` reaches this.
-    sweep_at: usize,
-}
-
-impl<K: Hash + Eq> Table<K> {
-    fn new(max_keys: usize) -> Self {
-        let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
-        // Enough shards that two threads rarely meet; no more than keys, so that a small
-        // bound is exact.
-        let most = 1usize << max_keys.max(1).ilog2();
-        let n = (cpus * 4).clamp(8, 64).next_power_of_two().min(most);
-        let shards = (0..n)
-            .map(|_| {
-                Mutex::new(Shard {
-                    entries: HashTable::new(),
-                    sweep_at: MIN_SWEEP,
-                })
-            })
-            .collect();
-        Table {
-            shards,
-            hasher: foldhash::fast::RandomState::default(),
-            shard_mask: (n - 1) as u64,
-            max_per_shard: max_keys.div_ceil(n).max(1),
-        }
+impl Entry for LaneEntry {
+    /// When the schedule ends; a queue with waiters is idle only once they have left.
+    fn idle_at(&self) -> u64 {
+        lock(&self.lane).horizon()
     }
 
-    fn shard(&self, hash: u64) -> &Mutex<Shard<K>> {
-        // hashbrown uses the low bits and the top 7; take the shard from bits in between.
-        &self.shards[((hash >> 40) & self.shard_mask) as usize]
-    }
-}
-
-impl<K: Hash + Eq> Shard<K> {
-    /// Drops every idle entry and returns memory when the table is mostly empty.
-    fn sweep(&mut self, hasher: &foldhash::fast::RandomState, now: u64) {
-        self.entries.retain(|(_, lane)| !lock(lane).is_idle(now));
-        let len = self.entries.len();
-        self.sweep_at = (len * 2).max(MIN_SWEEP);
-        if self.entries.capacity() > 4 * len.max(MIN_SWEEP) {
-            self.entries.shrink_to(len * 2, |(k, _)| hasher.hash_one(k));
-        }
+    fn is_idle(&self, now: u64) -> bool {
+        lock(&self.lane).is_idle(now)
     }
 
-    /// Forgets the key nearest to idle among a sample, if one has nobody waiting. Its next
-    /// request starts from an idle schedule: it may leave up to one interval early, once.
-    fn evict_one(&mut self, hasher: &foldhash::fast::RandomState) -> bool {
-        let victim = self
-            .entries
-            .iter()
-            .take(EVICTION_SAMPLE)
-            .filter_map(|(k, lane)| {
-                let q = lock(lane);
-                q.is_empty()
-                    .then(|| (q.horizon(), hasher.hash_one(k), lane.clone()))
-            })
-            .min_by_key(|(horizon, _, _)| *horizon);
-        let Some((_, hash, lane)) = victim else {
-            return false;
-        };
-        match self
-            .entries
-            .find_entry(hash, |(_, l)| Arc::ptr_eq(l, &lane))
-        {
-            Ok(entry) => {
-                entry.remove();
-                true
-            }
-            Err(_) => false,
-        }
+    /// Nobody waiting and the schedule at most one interval ahead: forgetting the key lets its
+    /// next request leave at most one interval early, once.
+    fn evictable(&self, now: u64) -> bool {
+        let q = lock(&self.lane);
+        q.is_empty() && q.horizon() <= now.saturating_add(self.interval)
     }
 }

@@ -1,40 +1,22 @@
-//! The in-memory store: sharded hash tables, one word per key for single-quota policies.
+//! The in-memory store: one word per key for single-quota policies, on the crate's keyed table
+//! (`crate::keyed`).
 //!
 //! * **Hot path.** A decision on a tracked key takes its shard's lock for reading and updates the
 //!   key's time with one compare-and-swap (single quota) or under the key's own small lock
 //!   (several quotas, so that they change together). Rejections write nothing.
-//! * **Hashing.** Keys come from clients: they are hashed with foldhash seeded at random for each
-//!   process, once per decision (the hash picks the shard and the bucket).
-//! * **Exact eviction.** A key whose every time is in the past decides exactly like an absent
-//!   key, so such entries are dropped whenever a shard would otherwise grow: each sweep runs when
-//!   a shard has doubled since the last one, which keeps the cost per insert constant, and needs
-//!   no background task. [`crate::RateLimiter::evict_idle`] sweeps every shard on demand.
-//! * **Bound.** At most `max_keys` keys are tracked; see [`OnFull`].
+//! * **Idle keys.** A key whose every time is in the past decides exactly like an absent key, so
+//!   the table drops such entries whenever it needs room or a shard's sweep is due, with no
+//!   background task. [`crate::RateLimiter::evict_idle`] sweeps every shard on demand.
+//! * **Bound.** At most `max_keys` keys are tracked, over the whole store; see [`OnFull`].
 
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::Mutex;
 
-use hashbrown::HashTable;
-
+use crate::clock::Clock;
 use crate::gcra::{self, Decision, Gcra, MAX_QUOTAS};
-
-/// What the memory store does with a new key when it already tracks `max_keys` keys that are
-/// all still active (idle keys are always evicted first, which changes no decision).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum OnFull {
-    /// Forget the tracked key nearest to idle, among a small sample of its shard, and track the
-    /// new one. The forgotten key's next request starts from a full burst, so a flood of
-    /// distinct keys can loosen the limit of the least active keys by at most their burst, and
-    /// never denies service to a new client. The default.
-    #[default]
-    EvictNearestIdle,
-    /// Reject requests from new keys (as rate limited, retry after one emission interval) until
-    /// a tracked key goes idle. Tracked keys keep their exact state; new clients are turned away
-    /// while the store is full.
-    RejectNewKeys,
-}
+pub use crate::keyed::OnFull;
+use crate::keyed::{Absent, Table};
 
 /// Per-key state: the theoretical arrival time of each quota.
 pub(crate) trait Slot: Send + Sync + Sized {
@@ -126,75 +108,56 @@ impl Slot for Many {
     }
 }
 
-/// Sweeps start once a shard holds this many keys.
-const MIN_SWEEP: usize = 64;
-/// How many entries are looked at to pick a victim when the store is full.
-const EVICTION_SAMPLE: usize = 8;
-
-#[repr(align(128))]
-struct Shard<K, V> {
-    lock: RwLock<Table<K, V>>,
+impl crate::keyed::Entry for One {
+    #[inline]
+    fn idle_at(&self) -> u64 {
+        self.horizon()
+    }
 }
 
-struct Table<K, V> {
-    entries: HashTable<(K, V)>,
-    /// Sweep idle entries when `len` reaches this.
-    sweep_at: usize,
+impl crate::keyed::Entry for Many {
+    fn idle_at(&self) -> u64 {
+        self.horizon()
+    }
 }
 
+/// The keys' times, on the crate's keyed table.
 pub(crate) struct MemoryStore<K, V> {
-    shards: Box<[Shard<K, V>]>,
-    hasher: foldhash::fast::RandomState,
-    shard_mask: u64,
-    max_per_shard: usize,
-    on_full: OnFull,
+    table: Table<K, V>,
 }
 
 impl<K, V> MemoryStore<K, V>
 where
     K: Hash + Eq + Clone,
-    V: Slot,
+    V: Slot + crate::keyed::Entry,
 {
     pub(crate) fn new(max_keys: usize, on_full: OnFull) -> Self {
-        let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
-        // Enough shards that two threads rarely meet, few enough that tiny limiters stay small.
-        let n = (cpus * 8).clamp(16, 256).next_power_of_two();
-        let shards = (0..n)
-            .map(|_| Shard {
-                lock: RwLock::new(Table {
-                    entries: HashTable::new(),
-                    sweep_at: MIN_SWEEP,
-                }),
-            })
-            .collect();
         MemoryStore {
-            shards,
-            hasher: foldhash::fast::RandomState::default(),
-            shard_mask: (n - 1) as u64,
-            max_per_shard: max_keys.div_ceil(n).max(1),
-            on_full,
+            table: Table::new(max_keys, on_full),
         }
     }
 
+    /// Decides a request of `cost` for `key` at `now`, read from `clock` before the call. A key
+    /// that is not tracked is decided at a reading of `clock` taken under the table's lock, so
+    /// that a sweep made at a later time than `now` (which may have dropped the key) is never
+    /// followed by a decision from an earlier state.
     #[inline]
-    fn shard(&self, hash: u64) -> &Shard<K, V> {
-        // hashbrown indexes buckets with the low bits and tags them with the top 7; take the
-        // shard from bits in between so the three stay independent.
-        &self.shards[((hash >> 40) & self.shard_mask) as usize]
-    }
-
-    /// Decides a request of `cost` for `key` at `now`.
-    #[inline]
-    pub(crate) fn decide(&self, key: &K, gcras: &[Gcra], now: u64, cost: u32) -> Decision {
-        let hash = self.hasher.hash_one(key);
-        let shard = self.shard(hash);
+    pub(crate) fn decide(
+        &self,
+        key: &K,
+        gcras: &[Gcra],
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        let hash = self.table.hash(key);
+        if let Some(d) = self
+            .table
+            .get(hash, key, now, |slot| slot.decide(gcras, now, cost))
         {
-            let table = shard.lock.read().unwrap_or_else(|e| e.into_inner());
-            if let Some((_, slot)) = table.entries.find(hash, |(k, _)| k == key) {
-                return slot.decide(gcras, now, cost);
-            }
+            return d;
         }
-        self.decide_absent(shard, hash, key, gcras, now, cost)
+        self.decide_absent(hash, key, gcras, clock, now, cost)
     }
 
     /// The path of a key without an entry: decided as an idle key; only an admitted request
@@ -203,94 +166,76 @@ where
     #[inline(never)]
     fn decide_absent(
         &self,
-        shard: &Shard<K, V>,
         hash: u64,
         key: &K,
         gcras: &[Gcra],
+        clock: &Clock,
         now: u64,
         cost: u32,
     ) -> Decision {
+        // Rejected whatever the time (a cost above the burst): nothing to insert.
         let (decision, slot) = V::decide_absent(gcras, now, cost);
-        let Some(slot) = slot else {
+        if slot.is_none() {
             return decision;
-        };
-        let mut table = shard.lock.write().unwrap_or_else(|e| e.into_inner());
-        // Another thread may have inserted it meanwhile.
-        if let Some((_, slot)) = table.entries.find(hash, |(k, _)| k == key) {
-            return slot.decide(gcras, now, cost);
         }
-        if table.entries.len() >= table.sweep_at {
-            self.sweep(&mut table, now);
-        }
-        if table.entries.len() >= self.max_per_shard {
-            match self.on_full {
-                OnFull::EvictNearestIdle => self.evict_one(&mut table),
-                OnFull::RejectNewKeys => return full_rejection(gcras, now),
-            }
-        }
-        let hasher = &self.hasher;
-        table
-            .entries
-            .insert_unique(hash, (key.clone(), slot), |(k, _)| hasher.hash_one(k));
-        decision
-    }
-
-    /// Drops every idle entry of `table` and returns memory when it is mostly empty.
-    fn sweep(&self, table: &mut Table<K, V>, now: u64) {
-        table.entries.retain(|(_, slot)| slot.horizon() > now);
-        let len = table.entries.len();
-        table.sweep_at = (len * 2).max(MIN_SWEEP);
-        if table.entries.capacity() > 4 * len.max(MIN_SWEEP) {
-            let hasher = &self.hasher;
-            table
-                .entries
-                .shrink_to(len * 2, |(k, _)| hasher.hash_one(k));
-        }
-    }
-
-    fn evict_one(&self, table: &mut Table<K, V>) {
-        let victim = table
-            .entries
-            .iter()
-            .take(EVICTION_SAMPLE)
-            .min_by_key(|(_, slot)| slot.horizon())
-            .map(|(k, _)| k.clone());
-        if let Some(victim) = victim {
-            let hash = self.hasher.hash_one(&victim);
-            if let Ok(entry) = table.entries.find_entry(hash, |(k, _)| *k == victim) {
-                entry.remove();
-            }
+        let read = || clock.now().max(now);
+        let result = self.table.upsert(
+            hash,
+            key,
+            false,
+            read,
+            |slot, now| slot.decide(gcras, now, cost),
+            |now| match V::decide_absent(gcras, now, cost) {
+                (d, Some(slot)) => Absent::Insert(d, slot),
+                (d, None) => Absent::Done(d),
+            },
+        );
+        match result {
+            Ok(d) => d,
+            Err(full) => full_rejection(gcras, read(), full.retry_at),
         }
     }
 
     /// Drops every idle entry now; returns how many keys are still tracked.
     pub(crate) fn evict_idle(&self, now: u64) -> usize {
-        self.shards
-            .iter()
-            .map(|shard| {
-                let mut table = shard.lock.write().unwrap_or_else(|e| e.into_inner());
-                self.sweep(&mut table, now);
-                table.entries.len()
-            })
-            .sum()
+        self.table.evict_idle(now)
     }
 
     /// The number of tracked keys (idle ones included until they are swept).
     pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                s.lock
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .entries
-                    .len()
-            })
-            .sum()
+        self.table.len()
     }
 }
 
-/// The decision for a new key turned away because the store is full.
-fn full_rejection(gcras: &[Gcra], _now: u64) -> Decision {
-    Decision::store_full(gcras)
+/// The decision for a new key turned away because the store is full of active keys: retry
+/// when the first tracked key goes idle (`retry_at`), since a new key is admitted then.
+fn full_rejection(gcras: &[Gcra], now: u64, retry_at: u64) -> Decision {
+    Decision::store_full(gcras, retry_at.saturating_sub(now).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_decision_read_before_a_later_sweep_never_admits_beyond_the_burst() {
+        // 1 per second, burst 1. A thread reads the clock at 0.5 s, then stalls; meanwhile the
+        // clock reaches 1 s, the key (spent at 0) is swept as idle, and the stalled thread goes
+        // on with its reading of 0.5 s.
+        let (clock, hand) = Clock::manual();
+        let gcras = [Gcra::new(S, S)];
+        let store = MemoryStore::<u64, One>::new(10, OnFull::EvictNearestIdle);
+        hand.set(std::time::Duration::ZERO);
+        assert!(store.decide(&7, &gcras, &clock, 0, 1).is_allowed());
+        hand.set(std::time::Duration::from_secs(1));
+        assert_eq!(store.evict_idle(S), 0);
+        assert!(store.decide(&7, &gcras, &clock, S / 2, 1).is_allowed());
+        // That admission happened at 1 s at the earliest, so nothing more before 2 s.
+        hand.set(std::time::Duration::from_millis(1_500));
+        assert!(!store.decide(&7, &gcras, &clock, 3 * S / 2, 1).is_allowed());
+        hand.set(std::time::Duration::from_secs(2));
+        assert!(store.decide(&7, &gcras, &clock, 2 * S, 1).is_allowed());
+    }
 }

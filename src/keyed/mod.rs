@@ -1,0 +1,466 @@
+//! The keyed-state table every keyed limiter keeps its per-key state in: the rate limiter's
+//! memory store, the shaper's queues, the per-key concurrency gates and the Redis deny cache.
+//!
+//! * **Hashing.** Keys come from clients: they are hashed once per operation with foldhash,
+//!   seeded at random for each process. The hash picks the shard (bits 40 and up) and the bucket
+//!   (hashbrown takes the low bits and the top 7).
+//! * **Sharding.** Each shard is a `RwLock` around a `hashbrown::HashTable`: lookups of tracked
+//!   keys share the lock; inserts, removals and sweeps take it alone.
+//! * **Bound.** `len() <= max_keys` over the whole table, exactly: an insert first reserves its
+//!   place in one shared counter (only new keys touch it, never lookups).
+//! * **Idle entries** (see [`Entry`]) decide exactly like absent ones, so dropping them changes
+//!   nothing. A full table drops them, from any shard, before it applies [`OnFull`]; each shard
+//!   keeps a lower bound of its entries' idle times, so a shard without idle entries is skipped
+//!   without being looked at, and the search costs one atomic load per shard.
+//! * **Shrinking without a background task.** A shard is also swept when it has doubled since
+//!   its last sweep (so inserts stay amortized O(1)), and when any operation on it finds that
+//!   its next sweep is due: a sweep remembers when about half of the entries it kept will be
+//!   idle. After a flood ends, ordinary traffic therefore sweeps every shard it touches, and a
+//!   shard that is mostly empty gives its memory back to the allocator.
+
+mod bound;
+mod entry;
+
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use hashbrown::HashTable;
+
+pub(crate) use bound::Full;
+pub use bound::OnFull;
+use bound::{
+    EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SHARDS, MIN_SWEEP, SWEEP_GAP, SWEEP_SAMPLE,
+};
+pub(crate) use entry::Entry;
+
+/// A bounded, sharded map from client keys to per-key state.
+pub(crate) struct Table<K, V> {
+    shards: Box<[Shard<K, V>]>,
+    hasher: foldhash::fast::RandomState,
+    shard_mask: u64,
+    /// Entries in all shards (reserved before an insert, released after a removal).
+    len: AtomicUsize,
+    max_keys: usize,
+    on_full: OnFull,
+    /// Counter turned into random numbers by the seeded hasher, for eviction samples.
+    draws: AtomicU64,
+}
+
+#[repr(align(128))]
+struct Shard<K, V> {
+    map: RwLock<Map<K, V>>,
+    /// No entry of this shard is idle before this time. Lowered by inserts and set by sweeps,
+    /// both under the write lock.
+    min_idle: AtomicU64,
+    /// When a sweep of this shard is next worth its cost.
+    next_sweep: AtomicU64,
+}
+
+struct Map<K, V> {
+    entries: HashTable<(K, V)>,
+    /// Sweep when `len` reaches this.
+    sweep_at: usize,
+}
+
+/// The result of [`Table::upsert`] for a key that had no entry.
+pub(crate) enum Absent<R, V> {
+    /// Nothing to insert; return this.
+    Done(R),
+    /// Insert this value and return `R`.
+    Insert(R, V),
+}
+
+impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
+    /// A table of at most `max_keys` keys (at least 1).
+    pub(crate) fn new(max_keys: usize, on_full: OnFull) -> Self {
+        let max_keys = max_keys.max(1);
+        let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
+        // Enough shards that two threads rarely meet on a lock; no more than keys, so that a
+        // tiny table stays tiny and an eviction sample finds entries.
+        let most = 1usize << max_keys.ilog2();
+        let n = (cpus * 8).clamp(16, 256).next_power_of_two().min(most);
+        let shards = (0..n)
+            .map(|_| Shard {
+                map: RwLock::new(Map {
+                    entries: HashTable::new(),
+                    sweep_at: MIN_SWEEP,
+                }),
+                min_idle: AtomicU64::new(u64::MAX),
+                next_sweep: AtomicU64::new(u64::MAX),
+            })
+            .collect();
+        Table {
+            shards,
+            hasher: foldhash::fast::RandomState::default(),
+            shard_mask: (n - 1) as u64,
+            len: AtomicUsize::new(0),
+            max_keys,
+            on_full,
+            draws: AtomicU64::new(0),
+        }
+    }
+
+    /// The hash of `key`, to pass to the other methods.
+    #[inline]
+    pub(crate) fn hash(&self, key: &K) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    #[inline]
+    fn shard_index(&self, hash: u64) -> usize {
+        ((hash >> 40) & self.shard_mask) as usize
+    }
+
+    /// Calls `f` with the entry of `key`, if tracked, under the shard's shared lock. `now` only
+    /// tells whether the shard's next sweep is due.
+    #[inline]
+    pub(crate) fn get<R>(
+        &self,
+        hash: u64,
+        key: &K,
+        now: u64,
+        f: impl FnOnce(&V) -> R,
+    ) -> Option<R> {
+        let shard = &self.shards[self.shard_index(hash)];
+        let found = {
+            let map = read(&shard.map);
+            map.entries.find(hash, |(k, _)| k == key).map(|(_, v)| f(v))
+        };
+        if now >= shard.next_sweep.load(Ordering::Relaxed) {
+            self.maintain(shard, now);
+        }
+        found
+    }
+
+    /// Finds or inserts the entry of `key`, under the shard's exclusive lock.
+    ///
+    /// `clock` is read once the lock is held, so that no sweep with a later time can remove
+    /// the key between the reading and the decision. `present` is called with the entry (to read or change) when
+    /// the key is tracked; otherwise `absent` says what to insert (it may be called more than
+    /// once if the table is full and room is made, each time with a fresh reading). Returns
+    /// [`Full`] when the key would need an entry and the table has no room for it.
+    ///
+    /// With `over_bound`, a key that finds no room is inserted all the same (the caller has
+    /// promised never to refuse it); `len` then exceeds `max_keys` until entries go.
+    pub(crate) fn upsert<R>(
+        &self,
+        hash: u64,
+        key: &K,
+        over_bound: bool,
+        clock: impl Fn() -> u64,
+        present: impl FnOnce(&mut V, u64) -> R,
+        mut absent: impl FnMut(u64) -> Absent<R, V>,
+    ) -> Result<R, Full> {
+        let index = self.shard_index(hash);
+        let shard = &self.shards[index];
+        // Holding a place in `len` for this key (taken from the counter or from an eviction).
+        let mut reserved = false;
+        let mut searched = false;
+        let mut evictions = 0;
+        loop {
+            let now;
+            {
+                let mut map = write(&shard.map);
+                now = clock();
+                if now >= shard.next_sweep.load(Ordering::Relaxed) {
+                    self.sweep(shard, &mut map, now);
+                }
+                if let Some((_, v)) = map.entries.find_mut(hash, |(k, _)| k == key) {
+                    if reserved {
+                        self.len.fetch_sub(1, Ordering::AcqRel);
+                    }
+                    return Ok(present(v, now));
+                }
+                let (result, value) = match absent(now) {
+                    Absent::Done(r) => {
+                        if reserved {
+                            self.len.fetch_sub(1, Ordering::AcqRel);
+                        }
+                        return Ok(r);
+                    }
+                    Absent::Insert(r, v) => (r, v),
+                };
+                if map.entries.len() >= map.sweep_at
+                    && shard.min_idle.load(Ordering::Relaxed) <= now
+                {
+                    self.sweep(shard, &mut map, now);
+                }
+                if !reserved {
+                    reserved = self.reserve();
+                }
+                if !reserved && over_bound && searched {
+                    self.len.fetch_add(1, Ordering::AcqRel);
+                    reserved = true;
+                }
+                if !reserved && shard.min_idle.load(Ordering::Relaxed) <= now {
+                    self.sweep(shard, &mut map, now);
+                    reserved = self.reserve();
+                }
+                if reserved {
+                    let idle_at = value.idle_at();
+                    let hasher = &self.hasher;
+                    map.entries
+                        .insert_unique(hash, (key.clone(), value), |(k, _)| hasher.hash_one(k));
+                    shard.min_idle.fetch_min(idle_at, Ordering::Relaxed);
+                    return Ok(result);
+                }
+            }
+            // Full, and this shard holds no idle entry: look in the others (once).
+            if !searched {
+                searched = true;
+                if self.sweep_idle_shards(index, now) {
+                    continue;
+                }
+            }
+            if over_bound {
+                continue;
+            }
+            match self.on_full {
+                OnFull::RejectNewKeys => {}
+                OnFull::EvictNearestIdle => {
+                    if evictions < EVICTION_SHARDS && self.evict_one(now) {
+                        // The evicted entry's place in `len` is now this key's.
+                        reserved = true;
+                        evictions += 1;
+                        continue;
+                    }
+                }
+            }
+            return Err(Full {
+                retry_at: self.min_idle(),
+            });
+        }
+    }
+
+    /// Takes a place in `len` if there is one.
+    #[inline]
+    fn reserve(&self) -> bool {
+        self.len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_keys).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Removes the entry of `key` if `pred` says so, under the shard's exclusive lock.
+    pub(crate) fn remove_if(&self, hash: u64, mut pred: impl FnMut(&K, &V) -> bool) -> bool {
+        let shard = &self.shards[self.shard_index(hash)];
+        let mut map = write(&shard.map);
+        let Ok(entry) = map.entries.find_entry(hash, |(k, v)| pred(k, v)) else {
+            return false;
+        };
+        entry.remove();
+        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.shrink(&mut map);
+        true
+    }
+
+    /// Calls `f` with the entry of `key`, if tracked, under the shard's exclusive lock, and
+    /// removes the entry when `f` returns `false`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn update_or_remove(&self, hash: u64, key: &K, f: impl FnOnce(&mut V) -> bool) {
+        let shard = &self.shards[self.shard_index(hash)];
+        let mut map = write(&shard.map);
+        let Ok(mut entry) = map.entries.find_entry(hash, |(k, _)| k == key) else {
+            return;
+        };
+        if f(&mut entry.get_mut().1) {
+            return;
+        }
+        entry.remove();
+        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.shrink(&mut map);
+    }
+
+    /// Sweeps one shard if its next sweep is due and nobody else holds it.
+    #[cold]
+    #[inline(never)]
+    fn maintain(&self, shard: &Shard<K, V>, now: u64) {
+        let Ok(mut map) = shard.map.try_write() else {
+            return;
+        };
+        if now >= shard.next_sweep.load(Ordering::Relaxed) {
+            self.sweep(shard, &mut map, now);
+        }
+    }
+
+    /// Drops every idle entry of a shard, sets its hints, and gives memory back when the shard
+    /// is mostly empty. Returns how many entries were dropped.
+    fn sweep(&self, shard: &Shard<K, V>, map: &mut Map<K, V>, now: u64) -> usize {
+        let before = map.entries.len();
+        let mut min_idle = u64::MAX;
+        let mut sample = [0u64; SWEEP_SAMPLE];
+        let mut sampled = 0;
+        map.entries.retain(|(_, v)| {
+            if v.is_idle(now) {
+                return false;
+            }
+            // Not idle yet although its time has come (a queue whose last waiters have not
+            // left yet): look again at the next sweep.
+            let at = v.idle_at().max(now.saturating_add(1));
+            min_idle = min_idle.min(at);
+            if sampled < SWEEP_SAMPLE {
+                sample[sampled] = at;
+                sampled += 1;
+            }
+            true
+        });
+        let len = map.entries.len();
+        let dropped = before - len;
+        self.len.fetch_sub(dropped, Ordering::AcqRel);
+        map.sweep_at = (len * 2).max(MIN_SWEEP);
+        shard.min_idle.store(min_idle, Ordering::Relaxed);
+        // Due again when about half of what was kept will be idle (entries are in hash order,
+        // so the first ones are a fair sample), and never before the first one is.
+        let sample = &mut sample[..sampled];
+        sample.sort_unstable();
+        let next = sample.get(sampled / 2).copied().unwrap_or(u64::MAX);
+        shard.next_sweep.store(
+            next.max(min_idle).max(now.saturating_add(SWEEP_GAP)),
+            Ordering::Relaxed,
+        );
+        self.shrink(map);
+        dropped
+    }
+
+    /// Gives memory back when a shard is mostly empty.
+    fn shrink(&self, map: &mut Map<K, V>) {
+        let len = map.entries.len();
+        if map.entries.capacity() > 4 * len.max(MIN_SWEEP / 4) {
+            let hasher = &self.hasher;
+            map.entries.shrink_to(len * 2, |(k, _)| hasher.hash_one(k));
+        }
+    }
+
+    /// Sweeps the shards (other than `skip`) that may hold an idle entry, stopping at the first
+    /// that frees room. Never holds two shard locks at once.
+    fn sweep_idle_shards(&self, skip: usize, now: u64) -> bool {
+        let n = self.shards.len();
+        for step in 1..n {
+            let shard = &self.shards[(skip + step) % n];
+            if shard.min_idle.load(Ordering::Relaxed) > now {
+                continue;
+            }
+            let mut map = write(&shard.map);
+            if self.sweep(shard, &mut map, now) > 0 {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Forgets the evictable entry nearest to idle among a random sample, keeping its place in
+    /// `len` for the caller.
+    fn evict_one(&self, now: u64) -> bool {
+        // From a random shard on, the first that holds an evictable entry.
+        let n = self.shards.len();
+        let start = self.shard_index(self.draw());
+        for step in 0..n {
+            let shard = &self.shards[(start + step) % n];
+            let mut map = write(&shard.map);
+            let buckets = map.entries.num_buckets();
+            if map.entries.is_empty() || buckets == 0 {
+                continue;
+            }
+            let mut best: Option<(u64, usize)> = None;
+            let mut seen = 0;
+            for _ in 0..EVICTION_PROBES {
+                // Each draw gives two bucket indices.
+                let draw = self.draw();
+                for index in [draw as u32 as usize, (draw >> 32) as usize] {
+                    let index = index % buckets;
+                    let Some((_, v)) = map.entries.get_bucket(index) else {
+                        continue;
+                    };
+                    seen += 1;
+                    if v.evictable(now) {
+                        let at = v.idle_at();
+                        if best.map_or(true, |(b, _)| at < b) {
+                            best = Some((at, index));
+                        }
+                    }
+                }
+                if seen >= EVICTION_SAMPLE {
+                    break;
+                }
+            }
+            if best.is_none() && seen < EVICTION_SAMPLE {
+                // A sparse shard: look at every entry.
+                best = map
+                    .entries
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (_, v))| v.evictable(now))
+                    .map(|(i, (_, v))| (v.idle_at(), i))
+                    .min()
+                    .and_then(|(at, i)| {
+                        let (k, _) = map.entries.iter().nth(i)?;
+                        let h = self.hasher.hash_one(k);
+                        map.entries
+                            .find_bucket_index(h, |(x, _)| x == k)
+                            .map(|index| (at, index))
+                    });
+            }
+            if let Some((_, index)) = best {
+                if let Ok(entry) = map.entries.get_bucket_entry(index) {
+                    entry.remove();
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// A random number nobody outside the process can predict.
+    fn draw(&self) -> u64 {
+        self.hasher
+            .hash_one(self.draws.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The earliest time at which a tracked entry may be idle, as far as the hints know.
+    fn min_idle(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.min_idle.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Drops every idle entry now; returns how many entries are left.
+    pub(crate) fn evict_idle(&self, now: u64) -> usize {
+        for shard in self.shards.iter() {
+            let mut map = write(&shard.map);
+            self.sweep(shard, &mut map, now);
+        }
+        self.len()
+    }
+
+    /// The number of entries, idle ones included until they are swept.
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Calls `f` for every entry (one shard locked at a time).
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
+        for shard in self.shards.iter() {
+            let map = read(&shard.map);
+            for (k, v) in map.entries.iter() {
+                f(k, v);
+            }
+        }
+    }
+}
+
+// A poisoned lock means a panic elsewhere while the lock was held; the tables' values are plain
+// numbers and handles that stay valid, and a table that refuses every request would be worse.
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,185 @@
+//! The table against a reference model: a plain map of key to idle time, bounded by the same
+//! rules, stepped through the same inserts, time steps and checks.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// A value idle from a fixed time.
+#[derive(Debug, Clone, Copy)]
+struct Until(u64);
+
+impl Entry for Until {
+    fn idle_at(&self) -> u64 {
+        self.0
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A key asks for an entry that stays active for `hold` ns.
+    Touch { key: u8, hold: u16 },
+    /// Time moves on.
+    Advance(u16),
+    /// Every idle entry is dropped on demand.
+    EvictIdle,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (any::<u8>(), 1..2_000u16).prop_map(|(key, hold)| Op::Touch { key, hold }),
+        2 => (0..3_000u16).prop_map(Op::Advance),
+        1 => Just(Op::EvictIdle),
+    ]
+}
+
+/// Runs `ops` on a table and checks every answer against the model's.
+fn check(max_keys: usize, on_full: OnFull, ops: &[Op]) -> Result<(), TestCaseError> {
+    let table = Table::<u8, Until>::new(max_keys, on_full);
+    // The model: what each key's entry holds if it is tracked, active or not.
+    let mut model: BTreeMap<u8, u64> = BTreeMap::new();
+    let mut now = 1u64;
+    for op in ops {
+        match *op {
+            Op::Touch { key, hold } => {
+                let until = now + u64::from(hold);
+                let hash = table.hash(&key);
+                let got = table.upsert(
+                    hash,
+                    &key,
+                    false,
+                    || now,
+                    |v, _| v.0,
+                    |_| Absent::Insert(until, Until(until)),
+                );
+                let active_before = model.values().filter(|&&t| t > now).count();
+                if let Some(&t) = model.get(&key) {
+                    if t > now {
+                        prop_assert_eq!(got, Ok(t), "active key {} must be found", key);
+                        continue;
+                    }
+                }
+                match got {
+                    Ok(t) if t == until => {
+                        model.insert(key, until);
+                    }
+                    Ok(t) => {
+                        // An idle entry still tracked: its old value, which decides like none.
+                        prop_assert!(t <= now, "key {} returned an active stale value", key);
+                    }
+                    Err(full) => {
+                        // Refused only when every tracked key is active.
+                        prop_assert_eq!(on_full, OnFull::RejectNewKeys);
+                        prop_assert_eq!(active_before, max_keys, "refused with room");
+                        let first = model.values().filter(|&&t| t > now).min().copied();
+                        prop_assert_eq!(Some(full.retry_at), first, "retry hint");
+                    }
+                }
+                // Which active keys did the table forget? Only one, only when the table was
+                // full of active keys, and only under eviction.
+                let mut lost = 0;
+                model.retain(|k, t| {
+                    let h = table.hash(k);
+                    let kept = table.get(h, k, 0, |_| ()).is_some();
+                    if !kept && *t > now {
+                        lost += 1;
+                    }
+                    kept
+                });
+                if lost > 0 {
+                    prop_assert_eq!(lost, 1, "more than one active key forgotten");
+                    prop_assert_eq!(on_full, OnFull::EvictNearestIdle);
+                    prop_assert_eq!(
+                        active_before,
+                        max_keys,
+                        "an active key went while idle ones could"
+                    );
+                }
+            }
+            Op::Advance(by) => now += u64::from(by),
+            Op::EvictIdle => {
+                let left = table.evict_idle(now);
+                model.retain(|_, t| *t > now);
+                prop_assert_eq!(left, model.len());
+            }
+        }
+        prop_assert!(
+            table.len() <= max_keys,
+            "len {} > {}",
+            table.len(),
+            max_keys
+        );
+        let mut counted = 0;
+        table.for_each(|_, _| counted += 1);
+        prop_assert_eq!(counted, table.len());
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn tiny_tables_match_the_model(
+        max_keys in 1..6usize,
+        reject in any::<bool>(),
+        ops in proptest::collection::vec(op(), 1..200),
+    ) {
+        let on_full = if reject { OnFull::RejectNewKeys } else { OnFull::EvictNearestIdle };
+        check(max_keys, on_full, &ops)?;
+    }
+
+    #[test]
+    fn large_tables_match_the_model(
+        max_keys in 20..300usize,
+        reject in any::<bool>(),
+        ops in proptest::collection::vec(op(), 1..600),
+    ) {
+        let on_full = if reject { OnFull::RejectNewKeys } else { OnFull::EvictNearestIdle };
+        check(max_keys, on_full, &ops)?;
+    }
+}
+
+#[test]
+fn eviction_samples_are_spread_over_the_table() {
+    // 256 active keys, all equally far from idle: a sample drawn in table order would always
+    // evict the same few; a random one evicts from all over.
+    let table = Table::<u32, Until>::new(256, OnFull::EvictNearestIdle);
+    for k in 0..256u32 {
+        let h = table.hash(&k);
+        let _ = table.upsert(
+            h,
+            &k,
+            false,
+            || 0,
+            |_, _| (),
+            |_| Absent::Insert((), Until(10)),
+        );
+    }
+    let mut evicted = std::collections::BTreeSet::new();
+    for k in 1_000..1_064u32 {
+        let h = table.hash(&k);
+        let _ = table.upsert(
+            h,
+            &k,
+            false,
+            || 0,
+            |_, _| (),
+            |_| Absent::Insert((), Until(u64::MAX)),
+        );
+    }
+    let mut shards = std::collections::BTreeSet::new();
+    for k in 0..256u32 {
+        let h = table.hash(&k);
+        if table.get(h, &k, 0, |_| ()).is_none() {
+            evicted.insert(k);
+            shards.insert(table.shard_index(h));
+        }
+    }
+    // With 16 or more shards, 64 random picks land in at least half of them.
+    assert!(shards.len() >= table.shards.len().min(16) / 2, "{shards:?}");
+    assert_eq!(evicted.len(), 64);
+    assert_eq!(table.len(), 256);
+}
