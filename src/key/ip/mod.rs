@@ -47,6 +47,13 @@ pub use client::{ClientIp, ForwardedHeader};
 /// on dual-stack sockets) are keyed as the IPv4 address. A request without a peer address has
 /// no key ([`KeyError`]).
 ///
+/// **Serve with ConnectInfo.** With axum, the app must be served with
+/// `app.into_make_service_with_connect_info::<SocketAddr>()`; a plain `axum::serve(listener,
+/// app)` gives no request a peer address. That is a server bug, not a client's: every layer
+/// keyed by `PeerIp` or [`ClientIp`] then logs an error through `tracing` the first time
+/// (once per layer, naming this fix) and answers each request with its missing-key answer
+/// ([`MissingKey`](crate::MissingKey), `400` by default).
+///
 /// ```
 /// use std::net::{IpAddr, SocketAddr};
 /// use tollgate::key::{KeyExtractor, PeerIp, RequestHead};
@@ -167,7 +174,14 @@ impl KeyExtractor for PeerIp {
     }
 }
 
-const MISSING_PEER: KeyError = KeyError::new("no peer address (serve with ConnectInfo)");
+/// Without a peer address no request has a key: the server was not served with
+/// `into_make_service_with_connect_info::<SocketAddr>()` (axum), or no `SocketAddr` was put in
+/// the request extensions.
+const MISSING_PEER: KeyError = KeyError::misconfigured(
+    "no peer address: serve the app with \
+     `into_make_service_with_connect_info::<std::net::SocketAddr>()` (axum) or put a \
+     `ConnectInfo<SocketAddr>` / `SocketAddr` in the request extensions",
+);
 
 #[cfg(test)]
 mod tests {
