@@ -54,4 +54,4 @@ pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use policy::Policy;
 pub use service::RateLimit;
-pub use store::{Answer, Backend, Handover, Memory, Never};
+pub use store::{Answer, Backend, Handover, Memory, Never, Refunding};
