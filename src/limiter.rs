@@ -231,6 +231,23 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         }
     }
 
+    /// Gives back a request of `cost` that this limiter admitted for `key` but that was not
+    /// served after all (a layer inside rejected it): each quota's time moves back by `cost`
+    /// emission intervals, never before now (see the rate-limit module's docs on stacking).
+    pub(crate) fn refund(&self, key: &K, cost: u32) {
+        if cost == 0 {
+            return;
+        }
+        let now = self.inner.clock.now();
+        let gcras = &self.inner.gcras;
+        match &self.inner.store {
+            Store::One(s) => s.refund(key, gcras, now, cost),
+            Store::Many(s) => s.refund(key, gcras, now, cost),
+            Store::DirectOne(slot) => slot.refund(gcras, now, cost),
+            Store::DirectMany(slot) => slot.refund(gcras, now, cost),
+        }
+    }
+
     /// Waits until one request for `key` is admitted, then returns its decision.
     ///
     /// Waits with `tokio::time::sleep`, so the limiter's clock must move with tokio's time (the

@@ -395,6 +395,19 @@ pub(crate) fn respond<B: From<Bytes>>(
     reject(hook, &r)
 }
 
+/// The mark every rejection the crate builds carries in its response extensions (the hook's
+/// too): an outer [`RateLimitLayer`](crate::RateLimitLayer) that admitted the request gives back
+/// what it took when it sees it. Private, so a handler's own `429` cannot carry it, and
+/// extensions are never sent to the client.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rejected;
+
+/// Whether `resp` is a rejection built by a layer of this crate.
+#[inline]
+pub(crate) fn is_rejection<B>(resp: &Response<B>) -> bool {
+    resp.extensions().get::<Rejected>().is_some()
+}
+
 /// Builds the response for `r`: the hook's or the default, with `Retry-After` ensured, in the
 /// service's body type.
 fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>) -> Response<B> {
@@ -411,7 +424,9 @@ fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>) -> Respons
         }
         None => r.default_response(),
     };
-    resp.map(B::from)
+    let mut resp = resp.map(B::from);
+    resp.extensions_mut().insert(Rejected);
+    resp
 }
 
 #[cfg(test)]

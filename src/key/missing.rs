@@ -2,7 +2,6 @@
 
 use http::StatusCode;
 
-use super::{KeyExtractor, RequestHead};
 use crate::error::ConfigError;
 
 /// What to do with a request whose key cannot be extracted (no such header, no peer address).
@@ -41,19 +40,13 @@ pub(crate) enum Resolved<K> {
 }
 
 impl<K: Clone> MissingKey<K> {
-    /// The key `extractor` finds in `head`, or what this policy says when there is none.
+    /// What this policy says about a request without a key.
     #[inline]
-    pub(crate) fn resolve<E>(&self, extractor: &E, head: &RequestHead<'_>) -> Resolved<K>
-    where
-        E: KeyExtractor<Key = K>,
-    {
-        match extractor.extract(head) {
-            Ok(key) => Resolved::Key(key),
-            Err(_) => match self {
-                MissingKey::UseKey(key) => Resolved::Key(key.clone()),
-                MissingKey::Allow => Resolved::Pass,
-                MissingKey::Reject(status) => Resolved::Reject(*status),
-            },
+    pub(crate) fn apply(&self) -> Resolved<K> {
+        match self {
+            MissingKey::UseKey(key) => Resolved::Key(key.clone()),
+            MissingKey::Allow => Resolved::Pass,
+            MissingKey::Reject(status) => Resolved::Reject(*status),
         }
     }
 }

@@ -64,12 +64,32 @@ impl<'a> RequestHead<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyError {
     reason: &'static str,
+    /// The server, not the client, is at fault: no request can ever have a key.
+    misconfigured: bool,
 }
 
 impl KeyError {
     /// A key error with a short reason, e.g. `"missing header x-api-key"`.
     pub const fn new(reason: &'static str) -> Self {
-        KeyError { reason }
+        KeyError {
+            reason,
+            misconfigured: false,
+        }
+    }
+
+    /// A key error that no client can avoid because the server is set up wrongly (it was not
+    /// served with the connection information the extractor reads): every layer logs it as
+    /// an error, once, with `reason` naming the fix.
+    pub const fn misconfigured(reason: &'static str) -> Self {
+        KeyError {
+            reason,
+            misconfigured: true,
+        }
+    }
+
+    /// Whether the server, not the request, is at fault (see [`misconfigured`](Self::misconfigured)).
+    pub fn is_misconfigured(&self) -> bool {
+        self.misconfigured
     }
 
     /// The reason.

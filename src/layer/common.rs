@@ -9,6 +9,7 @@
 //! type is reported when the layer is applied, never dropped in silence.
 
 use std::panic::Location;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use http::{Response, StatusCode};
 
 use crate::error::ConfigError;
 use crate::key::missing::Resolved;
-use crate::key::{KeyExtractor, MissingKey, RequestHead};
+use crate::key::{KeyError, KeyExtractor, MissingKey, RequestHead};
 use crate::response::{self, OnReject, Protocol, RejectionKind};
 
 /// The builder settings every layer has: who a request counts against, what happens to a
@@ -142,6 +143,7 @@ impl<E: KeyExtractor> Common<E> {
             extractor: self.extractor.clone(),
             on_missing: self.on_missing.clone(),
             on_reject: self.on_reject.clone(),
+            misconfigured_logged: AtomicBool::new(false),
         })
     }
 }
@@ -151,13 +153,41 @@ pub(crate) struct Core<E: KeyExtractor> {
     extractor: E,
     on_missing: MissingKey<E::Key>,
     on_reject: Option<OnReject>,
+    /// Whether a key error that is the server's fault has been logged by this layer.
+    misconfigured_logged: AtomicBool,
 }
 
 impl<E: KeyExtractor> Core<E> {
     /// The request's key, or what the missing-key policy says when it has none.
+    ///
+    /// A key error that is the server's fault ([`KeyError::is_misconfigured`], e.g. `PeerIp`
+    /// served without ConnectInfo) is logged as an error the first time this layer meets it;
+    /// the request still gets what the policy says.
     #[inline]
     pub(crate) fn resolve(&self, head: &RequestHead<'_>) -> Resolved<E::Key> {
-        self.on_missing.resolve(&self.extractor, head)
+        match self.extractor.extract(head) {
+            Ok(key) => Resolved::Key(key),
+            Err(e) => {
+                if e.is_misconfigured() {
+                    self.misconfigured(&e);
+                }
+                self.on_missing.apply()
+            }
+        }
+    }
+
+    /// Logs a key error that no client can avoid, once per layer.
+    #[cold]
+    #[inline(never)]
+    fn misconfigured(&self, e: &KeyError) {
+        if !self.misconfigured_logged.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                reason = e.reason(),
+                "tollgate: no request can have a key, so every request gets the missing-key \
+                 answer; {} (logged once per layer)",
+                e.reason()
+            );
+        }
     }
 
     /// The status a request without a key is turned away with, when the policy rejects.

@@ -9,7 +9,8 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::shared::Answers;
-use crate::gcra::Decision;
+use super::store::{Backend, Refunding};
+use crate::response;
 
 use crate::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
 
@@ -35,34 +36,49 @@ impl RateHeaders {
     }
 }
 
+/// What an admitted request took from its key: given back if a layer inside rejects it.
+pub(crate) struct Taken<B: Backend<K>, K> {
+    pub(crate) limiter: B::Limiter,
+    pub(crate) key: K,
+    pub(crate) cost: u32,
+}
+
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): the inner service's response
-    /// with the rate-limit header fields added, or the rejection. `L` is the store's pending
-    /// decision; with the memory store there is none and the future only waits for the inner
-    /// service.
-    pub struct ResponseFuture<S, ReqBody, L>
+    /// with the rate-limit header fields added, or the rejection. `B` is the store; with the
+    /// memory store no decision waits and the future only waits for the inner service. When
+    /// the inner service answers with a rejection of a layer of this crate, what this layer
+    /// took from the key is given back first.
+    pub struct ResponseFuture<S, ReqBody, B, K>
     where
         S: Service<Request<ReqBody>>,
+        B: Backend<K>,
     {
         #[pin]
-        kind: Kind<S, ReqBody, L>,
+        kind: Kind<S, ReqBody, B, K>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<S, ReqBody, L>
+    enum Kind<S, ReqBody, B, K>
     where
         S: Service<Request<ReqBody>>,
+        B: Backend<K>,
     {
         Deciding {
             // Boxed: the request is large, and only decisions that wait need to carry it.
-            deciding: Pin<Box<Deciding<S, ReqBody, L>>>,
+            deciding: Pin<Box<Deciding<S, ReqBody, B, K>>>,
         },
         Inner {
             #[pin]
             future: S::Future,
             headers: Option<RateHeaders>,
+            taken: Option<Taken<B, K>>,
+        },
+        Refunding {
+            refunding: Refunding,
+            response: Option<S::Response>,
         },
         Ready {
             response: Option<S::Response>,
@@ -72,23 +88,37 @@ pin_project! {
 
 pin_project! {
     /// A request waiting for its decision, with the service made ready for it.
-    struct Deciding<S, ReqBody, L> {
+    struct Deciding<S, ReqBody, B, K>
+    where
+        B: Backend<K>,
+    {
         #[pin]
-        later: L,
+        later: B::Later,
         answers: Arc<Answers>,
         tier: usize,
         request: Option<Request<ReqBody>>,
         service: Option<S>,
+        taken: Option<Taken<B, K>>,
     }
 }
 
-impl<S, ReqBody, L> ResponseFuture<S, ReqBody, L>
+impl<S, ReqBody, B, K> ResponseFuture<S, ReqBody, B, K>
 where
     S: Service<Request<ReqBody>>,
+    B: Backend<K>,
 {
-    pub(crate) fn inner(future: S::Future, headers: Option<RateHeaders>) -> Self {
+    #[inline]
+    pub(crate) fn inner(
+        future: S::Future,
+        headers: Option<RateHeaders>,
+        taken: Option<Taken<B, K>>,
+    ) -> Self {
         ResponseFuture {
-            kind: Kind::Inner { future, headers },
+            kind: Kind::Inner {
+                future,
+                headers,
+                taken,
+            },
         }
     }
 
@@ -100,12 +130,14 @@ where
         }
     }
 
+    /// `taken` says what the request will have taken if the decision admits it.
     pub(crate) fn later(
-        later: L,
+        later: B::Later,
         answers: Arc<Answers>,
         tier: usize,
         request: Request<ReqBody>,
         service: S,
+        taken: Option<Taken<B, K>>,
     ) -> Self {
         let deciding = Deciding {
             later,
@@ -113,6 +145,7 @@ where
             tier,
             request: Some(request),
             service: Some(service),
+            taken,
         };
         ResponseFuture {
             kind: Kind::Deciding {
@@ -122,11 +155,11 @@ where
     }
 }
 
-impl<S, ReqBody, ResBody, L> Future for ResponseFuture<S, ReqBody, L>
+impl<S, ReqBody, ResBody, B, K> Future for ResponseFuture<S, ReqBody, B, K>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: From<Bytes>,
-    L: Future<Output = Decision>,
+    B: Backend<K>,
 {
     type Output = Result<Response<ResBody>, S::Error>;
 
@@ -143,22 +176,53 @@ where
                         // Only reachable if polled again after a panic in `call`.
                         panic!("ResponseFuture polled after completion");
                     };
+                    // A degraded decision (Redis down, failing open) took nothing.
+                    let taken = if decision.is_degraded() {
+                        None
+                    } else {
+                        d.taken.take()
+                    };
                     match d.answers.finish(*d.tier, decision, &mut request) {
                         Ok(headers) => Kind::Inner {
                             future: service.call(request),
                             headers,
+                            taken,
                         },
                         Err(response) => Kind::Ready {
                             response: Some(response),
                         },
                     }
                 }
-                KindProj::Inner { future, headers } => {
+                KindProj::Inner {
+                    future,
+                    headers,
+                    taken,
+                } => {
                     let mut response = ready!(future.poll(cx))?;
                     if let Some(h) = headers.take() {
                         h.apply(response.headers_mut());
                     }
-                    return Poll::Ready(Ok(response));
+                    match taken.take() {
+                        Some(t) if response::is_rejection(&response) => {
+                            match B::refund(&t.limiter, t.key, t.cost) {
+                                Some(refunding) => Kind::Refunding {
+                                    refunding,
+                                    response: Some(response),
+                                },
+                                None => return Poll::Ready(Ok(response)),
+                            }
+                        }
+                        _ => return Poll::Ready(Ok(response)),
+                    }
+                }
+                KindProj::Refunding {
+                    refunding,
+                    response,
+                } => {
+                    ready!(refunding.as_mut().poll(cx));
+                    Kind::Ready {
+                        response: response.take(),
+                    }
                 }
                 KindProj::Ready { response } => {
                     return match response.take() {

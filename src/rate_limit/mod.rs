@@ -29,6 +29,37 @@
 //!     .route("/login", post(|| async { "welcome" }).layer((per_ip, login_limit)));
 //! ```
 //!
+//! # Stacked limits are all or nothing
+//!
+//! A request that a layer inside rejects gives back what the rate-limit layers outside took
+//! from it, as the quotas of one policy already do: with a per-API-key daily quota outside and
+//! a per-IP login limit inside, a login rejected by the login limit leaves the daily quota as
+//! it was. Every rejection this crate builds ([`RateLimitLayer`],
+//! [`ShapeLayer`](crate::ShapeLayer), [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer):
+//! rate limited, queue full, concurrency, missing key, store down, the default response or an
+//! [`on_reject`](RateLimitLayer::on_reject) hook's) carries a private mark in its response
+//! extensions; an outer `RateLimitLayer` that admitted the request sees the mark and gives
+//! back the cost it took, for the same key and tier. The mark is never sent to the client
+//! (extensions are not part of the response on the wire), and a `429` the handler returns
+//! itself has no mark: the request was served, and stays counted.
+//!
+//! The exact rule, for each quota of the tier, at the time `now` the rejection comes back:
+//! the quota's theoretical arrival time (TAT) moves back by `cost` emission intervals, but
+//! never before `now`; a TAT already at or before `now` is left as it is (what the request
+//! took has already come back on its own). Requests admitted on the same key in between keep
+//! their place: the TAT ends where it would be had the rejected request never come. All the
+//! quotas move together (under the key's lock in memory; in one script call on Redis, which
+//! also updates or drops a cached rejection of the key). A request rejected by an outer layer
+//! *because* of the one given back is not admitted after the fact. The `RateLimit` fields the
+//! outer layer added report the state when it admitted the request. On Redis, a refund that
+//! Redis does not answer within the store's timeout is lost (and logged as an outage); the
+//! rejection waits for the refund's round trip before it is returned.
+//!
+//! [`ShapeLayer`](crate::ShapeLayer) and [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer)
+//! as *outer* layers give nothing back, because there is nothing left to give: a concurrency
+//! permit is released when the response (here, the rejection) is done anyway, and a shaping
+//! delay is time already spent; the shaper's schedule keeps the slot, as a served request's.
+//!
 //! ```
 //! use axum::{routing::{get, post}, Router};
 //! use tollgate::{key, MissingKey, Quota, RateLimitLayer};
@@ -67,4 +98,4 @@ pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use policy::Policy;
 pub use service::RateLimit;
-pub use store::{Answer, Backend, Handover, Memory, Never};
+pub use store::{Answer, Backend, Handover, Memory, Never, Refunding};

@@ -4,7 +4,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::ResponseFuture;
+use super::future::{ResponseFuture, Taken};
 use super::shared::{Prepared, Shared};
 use super::store::{Answer, Backend, Handover, Memory};
 use crate::key::{KeyExtractor, RequestHead};
@@ -32,7 +32,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody, <B as Backend<E::Key>>::Later>;
+    type Future = ResponseFuture<S, ReqBody, B, E::Key>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -45,17 +45,30 @@ where
         let (tier, key, cost) = match shared.prepare(&RequestHead::new(&req)) {
             Prepared::Pass => {
                 crate::gcra::record_unlimited(req.extensions_mut());
-                return ResponseFuture::inner(self.inner.call(req), None);
+                return ResponseFuture::inner(self.inner.call(req), None, None);
             }
             Prepared::Reject(resp) => return ResponseFuture::ready(resp),
             Prepared::Decide { tier, key, cost } => (tier, key, cost),
         };
-        match B::decide(&shared.limiters[tier], key, cost) {
-            Answer::Now(decision) => match shared.answers.finish(tier, decision, &mut req) {
-                Ok(headers) => ResponseFuture::inner(self.inner.call(req), headers),
-                Err(resp) => ResponseFuture::ready(resp),
-            },
-            Answer::Later(later) => self.later(later, tier, req),
+        let limiter = &shared.limiters[tier];
+        match B::decide(limiter, &key, cost) {
+            Answer::Now(decision) => {
+                // What was taken goes with the response, to be given back if a layer inside
+                // rejects the request; a cost of 0 or a degraded decision took nothing.
+                let took = cost > 0 && !decision.is_degraded();
+                match shared.answers.finish(tier, decision, &mut req) {
+                    Ok(headers) => {
+                        let taken = took.then(|| Taken {
+                            limiter: limiter.clone(),
+                            key,
+                            cost,
+                        });
+                        ResponseFuture::inner(self.inner.call(req), headers, taken)
+                    }
+                    Err(resp) => ResponseFuture::ready(resp),
+                }
+            }
+            Answer::Later(later) => self.later(later, tier, req, key, cost),
         }
     }
 }
@@ -69,13 +82,20 @@ impl<S, E: KeyExtractor, B: Backend<E::Key>> RateLimit<S, E, B> {
         later: B::Later,
         tier: usize,
         req: Request<ReqBody>,
-    ) -> ResponseFuture<S, ReqBody, B::Later>
+        key: E::Key,
+        cost: u32,
+    ) -> ResponseFuture<S, ReqBody, B, E::Key>
     where
         S: Service<Request<ReqBody>>,
         B: Handover<E::Key, S>,
     {
         let (service, later) = B::hand_over(&mut self.inner, later);
         let answers = self.shared.answers.clone();
-        ResponseFuture::later(later, answers, tier, req, service)
+        let taken = (cost > 0).then(|| Taken {
+            limiter: self.shared.limiters[tier].clone(),
+            key,
+            cost,
+        });
+        ResponseFuture::later(later, answers, tier, req, service, taken)
     }
 }

@@ -40,8 +40,17 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
 
     /// Decides `cost` for `key`: at once, or with a future.
     #[doc(hidden)]
-    fn decide(limiter: &Self::Limiter, key: K, cost: u32) -> Answer<Self::Later>;
+    fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> Answer<Self::Later>;
+
+    /// Gives back `cost` admitted for `key` earlier: done when this returns (memory), or when
+    /// the returned future completes (Redis).
+    #[doc(hidden)]
+    fn refund(limiter: &Self::Limiter, key: K, cost: u32) -> Option<Refunding>;
 }
+
+/// A refund that waits for the store.
+#[doc(hidden)]
+pub type Refunding = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What a store makes of a request to be decided.
 #[doc(hidden)]
@@ -111,8 +120,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
     }
 
     #[inline]
-    fn decide(limiter: &RateLimiter<K>, key: K, cost: u32) -> Answer<Never> {
-        Answer::Now(limiter.check_n(&key, cost))
+    fn decide(limiter: &RateLimiter<K>, key: &K, cost: u32) -> Answer<Never> {
+        Answer::Now(limiter.check_n(key, cost))
+    }
+
+    fn refund(limiter: &RateLimiter<K>, key: K, cost: u32) -> Option<Refunding> {
+        limiter.refund(&key, cost);
+        None
     }
 }
 

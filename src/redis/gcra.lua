@@ -2,7 +2,9 @@
 --
 -- KEYS[1]  the key; its value is the quotas' theoretical arrival times (TAT), in microseconds,
 --          separated by spaces. Absent, or a TAT <= now, is an idle key.
--- ARGV[1]  cost (0 only reports)
+-- ARGV[1]  cost (0 only reports); a negative cost -c gives back a request of cost c admitted
+--          earlier: each TAT moves back by c * interval, never below now, and a TAT already
+--          <= now is left as it is (the same rule as src/store/memory.rs `refunded`)
 -- ARGV[2]  now in microseconds, or "" to use the server's TIME (shared by every instance)
 -- ARGV[3]  number of quotas n, then ARGV[2+2i], ARGV[3+2i]: emission interval and tolerance
 --          of quota i, in microseconds
@@ -33,6 +35,34 @@ end
 
 local outcome = 0
 local retry = 0
+
+if cost < 0 then
+  local words = {}
+  local horizon = now
+  local moved = false
+  for q = 1, n do
+    local interval = tonumber(ARGV[2 + 2 * q])
+    local tat = tats[q] or 0
+    if tat > now then
+      tat = tat + cost * interval
+      if tat < now then tat = now end
+      moved = true
+    end
+    tats[q] = tat
+    words[q] = string.format('%.0f', tat)
+    if tat > horizon then horizon = tat end
+  end
+  if moved then
+    if horizon > now then
+      local ttl = math.ceil((horizon - now) / 1000)
+      redis.call('SET', KEYS[1], table.concat(words, ' '), 'PX', ttl)
+    else
+      redis.call('DEL', KEYS[1])
+    end
+  end
+  cost = 0
+end
+
 local new = {}
 for q = 1, n do
   local interval = tonumber(ARGV[2 + 2 * q])

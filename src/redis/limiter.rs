@@ -392,6 +392,44 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         }
     }
 
+    /// Gives back a request of `cost` admitted earlier for `key` (a layer inside rejected
+    /// it), in one script call: each quota's time moves back by `cost` emission intervals,
+    /// never before now. A cached rejection of the key is brought up to date (or dropped).
+    /// A refund Redis does not answer in time is lost, and logged as an outage.
+    pub(crate) async fn refund(&self, key: &K, cost: u32) {
+        if cost == 0 {
+            return;
+        }
+        let inner = &*self.inner;
+        let now = self.now();
+        // A negative cost is a refund to the script.
+        let back = format!("-{cost}");
+        let mut args = [Arg::Int(0); 3 + 2 * MAX_QUOTAS];
+        args[0] = Arg::Bytes(back.as_bytes());
+        args[1] = if inner.local_time {
+            Arg::Int(now / MICRO)
+        } else {
+            Arg::Bytes(b"")
+        };
+        args[2] = Arg::Int(inner.gcras.len() as u64);
+        for (i, g) in inner.gcras.iter().enumerate() {
+            args[3 + 2 * i] = Arg::Int(g.interval / MICRO);
+            args[4 + 2 * i] = Arg::Int(g.tolerance / MICRO);
+        }
+        let n = 3 + 2 * inner.gcras.len();
+        let Some(reply) = inner.store.eval(&self.redis_key(key), &args[..n]).await else {
+            return;
+        };
+        match self.decision_of(&reply) {
+            Some(d) => {
+                if let Some(deny) = &inner.deny {
+                    deny.admitted(key, now, &d);
+                }
+            }
+            None => inner.store.bad_reply(),
+        }
+    }
+
     /// Maps the script's reply onto a decision; `None` when it does not fit.
     fn decision_of(&self, r: &[i64]) -> Option<Decision> {
         let gcras = &self.inner.gcras;

@@ -307,15 +307,23 @@ where
 
     /// Now when the cache of known rejections already knows (no round trip, no clone of the
     /// inner service); later, after the round trip, otherwise.
-    fn decide(limiter: &Self::Limiter, key: K, cost: u32) -> crate::rate_limit::Answer<Later> {
+    fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> crate::rate_limit::Answer<Later> {
         let now = limiter.now();
-        if let Some(decision) = limiter.local(&key, cost, now) {
+        if let Some(decision) = limiter.local(key, cost, now) {
             return crate::rate_limit::Answer::Now(decision);
         }
         let limiter = limiter.clone();
+        let key = key.clone();
         crate::rate_limit::Answer::Later(Box::pin(
             async move { limiter.remote(&key, cost, now).await },
         ))
+    }
+
+    /// One script call that moves the key's times back, and forgets a cached rejection of the
+    /// key that the refund makes stale.
+    fn refund(limiter: &Self::Limiter, key: K, cost: u32) -> Option<crate::rate_limit::Refunding> {
+        let limiter = limiter.clone();
+        Some(Box::pin(async move { limiter.refund(&key, cost).await }))
     }
 
     fn make_limiter(

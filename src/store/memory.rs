@@ -27,6 +27,21 @@ pub(crate) trait Slot: Send + Sync + Sized {
     fn decide(&self, gcras: &[Gcra], now: u64, cost: u32) -> Decision;
     /// The latest time of any quota: the key is idle once `now` reaches it.
     fn horizon(&self) -> u64;
+    /// Gives back `cost` admitted earlier; see [`refunded`]. Atomic for the key.
+    fn refund(&self, gcras: &[Gcra], now: u64, cost: u32);
+}
+
+/// A quota's time once a request of `cost` admitted earlier is given back at `now`: `cost`
+/// emission intervals earlier, but never before `now` (a time in the past already means a full
+/// burst, so a refund never grants more than the burst). A time already past is left as it is:
+/// everything the request took has come back on its own.
+#[inline]
+pub(crate) fn refunded(g: &Gcra, tat: u64, now: u64, cost: u32) -> u64 {
+    if tat <= now {
+        return tat;
+    }
+    tat.saturating_sub(g.interval.saturating_mul(u64::from(cost)))
+        .max(now)
 }
 
 /// One quota: the whole state is one word, updated by compare-and-swap.
@@ -71,6 +86,24 @@ impl Slot for One {
     fn horizon(&self) -> u64 {
         self.0.load(Ordering::Acquire)
     }
+
+    fn refund(&self, gcras: &[Gcra], now: u64, cost: u32) {
+        let g = &gcras[0];
+        let mut tat = self.0.load(Ordering::Acquire);
+        loop {
+            let new_tat = refunded(g, tat, now, cost);
+            if new_tat == tat {
+                return;
+            }
+            match self
+                .0
+                .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(actual) => tat = actual,
+            }
+        }
+    }
 }
 
 /// Several quotas: the times change together under the key's own lock.
@@ -105,6 +138,13 @@ impl Slot for Many {
     fn horizon(&self) -> u64 {
         let tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
         tats.iter().copied().max().unwrap_or(0)
+    }
+
+    fn refund(&self, gcras: &[Gcra], now: u64, cost: u32) {
+        let mut tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (tat, g) in tats.iter_mut().zip(gcras) {
+            *tat = refunded(g, *tat, now, cost);
+        }
     }
 }
 
@@ -158,6 +198,14 @@ where
             return d;
         }
         self.decide_absent(hash, key, gcras, clock, now, cost)
+    }
+
+    /// Gives back `cost` taken earlier from `key` (see [`refunded`]); a key without an entry
+    /// is idle and has nothing to give back.
+    pub(crate) fn refund(&self, key: &K, gcras: &[Gcra], now: u64, cost: u32) {
+        let hash = self.table.hash(key);
+        self.table
+            .get(hash, key, now, |slot| slot.refund(gcras, now, cost));
     }
 
     /// The path of a key without an entry: decided as an idle key; only an admitted request

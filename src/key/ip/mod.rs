@@ -50,10 +50,11 @@ pub use client::{ClientIp, ForwardedHeader};
 /// **Serve with `ConnectInfo`.** axum puts the peer address in the request only when the app
 /// is served with `into_make_service_with_connect_info::<SocketAddr>()`:
 /// `axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())`. Served
-/// with a plain `axum::serve(listener, app)`, no request has a peer address, so every request
-/// gets the layer's missing-key answer ([`MissingKey`](crate::MissingKey): `400 Bad Request`
-/// by default) — a server bug, not a client one. With other servers, insert the peer's
-/// `SocketAddr` into the request extensions.
+/// with a plain `axum::serve(listener, app)`, no request has a peer address: that is a server
+/// bug, not a client's, so every layer keyed by `PeerIp` or [`ClientIp`] logs an error through
+/// `tracing` the first time (once per layer, naming this fix) and answers each request with
+/// its missing-key answer ([`MissingKey`](crate::MissingKey), `400 Bad Request` by default).
+/// With other servers, insert the peer's `SocketAddr` into the request extensions.
 ///
 /// Spelled like the unit extractors: `key::PeerIp` (a constant of this type, with the
 /// defaults) is the same as `key::PeerIp::new()`, and `key::PeerIp.ipv6_prefix(48)` works too.
@@ -191,7 +192,14 @@ impl KeyExtractor for PeerIp {
     }
 }
 
-const MISSING_PEER: KeyError = KeyError::new("no peer address (serve with ConnectInfo)");
+/// Without a peer address no request has a key: the server was not served with
+/// `into_make_service_with_connect_info::<SocketAddr>()` (axum), or no `SocketAddr` was put in
+/// the request extensions.
+const MISSING_PEER: KeyError = KeyError::misconfigured(
+    "no peer address: serve the app with \
+     `into_make_service_with_connect_info::<std::net::SocketAddr>()` (axum) or put a \
+     `ConnectInfo<SocketAddr>` / `SocketAddr` in the request extensions",
+);
 
 #[cfg(test)]
 mod tests {
