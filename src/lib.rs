@@ -156,7 +156,7 @@
 //!   `tokio`, and serves any Tower stack.
 //! * `redis`: limits shared by many instances, kept in Redis or Redis Cluster
 //!   (module `redis`): `RateLimitLayer::store(RedisStore)` and `RedisRateLimiter`.
-//! * `tonic`: [`key::PeerIp`] reads tonic's `TcpConnectInfo`. gRPC rejections ([`grpc`])
+//! * `tonic`: [`key::PeerIp`](struct@key::PeerIp) reads tonic's `TcpConnectInfo`. gRPC rejections ([`grpc`])
 //!   need no feature.
 //! * `stream`: adapters that rate-limit or shape any `futures::Stream` (module `stream`).
 #![deny(missing_docs)]

@@ -39,7 +39,7 @@ pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 ///   emission interval.
 /// * [`check_n`](Self::check_n) with a cost `c` takes `c` requests' worth at once; a cost of 0
 ///   only reports. A cost above a quota's burst can never pass: the decision says
-///   [`Outcome::Exceeds`] and carries no retry time.
+///   [`Outcome::Exceeds`](crate::Outcome::Exceeds) and carries no retry time.
 /// * With several quotas, a request that one quota rejects consumes from none.
 pub struct RateLimiter<K> {
     inner: Arc<Inner<K>>,
