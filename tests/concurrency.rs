@@ -1042,3 +1042,21 @@ async fn with_an_adaptive_limit_a_permit_taken_by_max_hold_records_no_sample() {
     assert!(body.frame().await.is_none());
     assert_eq!(layer.latency(), Some(Duration::from_millis(20)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_upgrade_gives_its_permit_back_with_the_101() {
+    let layer = ConcurrencyLimitLayer::new(1).max_hold(Duration::from_secs(30));
+    let svc = layer.layer(service_fn(|_: Request<()>| async {
+        let mut resp = Response::new(Full::new(Bytes::new()));
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        Ok::<_, Infallible>(resp)
+    }));
+    let resp = send(&svc, Request::new(())).await;
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    // The server sees an empty body at its end and drops it: the upgraded connection that
+    // follows is not counted.
+    assert!(resp.body().is_end_stream());
+    drop(resp);
+    assert_eq!(layer.in_flight(), 0);
+    assert_eq!(send(&svc, Request::new(())).await.status(), 101);
+}
