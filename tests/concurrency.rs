@@ -888,3 +888,175 @@ fn the_response_body_converts_from_bytes_like_axum_bodies() {
     from_bytes::<ResponseBody<axum::body::Body>>();
     from_bytes::<ResponseBody<Chunks>>();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Slow clients: how long a body may hold its permit
+
+#[tokio::test(start_paused = true)]
+async fn without_max_hold_a_body_that_never_ends_holds_its_permit_for_ever() {
+    let layer = ConcurrencyLimitLayer::new(1);
+    let svc = layer.layer(echo());
+    let (_feed, req) = streaming(None);
+    let resp = send(&svc, req).await;
+    tokio::time::sleep(Duration::from_secs(365 * 24 * 3600)).await;
+    settle().await;
+    assert!(resp.body().holds_permit());
+    assert_eq!(layer.in_flight(), 1);
+    assert_eq!(send(&svc, request(None)).await.status(), 503);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_releases_an_unread_body_at_the_deadline_and_the_body_keeps_streaming() {
+    let layer = ConcurrencyLimitLayer::new(1).max_hold(Duration::from_secs(30));
+    let svc = layer.layer(echo());
+    let (feed, req) = streaming(None);
+    let resp = send(&svc, req).await;
+    let mut body = resp.into_body();
+    assert!(body.holds_permit());
+
+    // The client reads nothing: the body is not polled at all.
+    tokio::time::sleep(Duration::from_millis(29_999)).await;
+    settle().await;
+    assert_eq!(layer.in_flight(), 1);
+    assert_eq!(send(&svc, request(None)).await.status(), 503);
+
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    settle().await;
+    assert!(!body.holds_permit());
+    assert_eq!(layer.in_flight(), 0);
+    assert_eq!(send(&svc, request(None)).await.status(), 200);
+
+    // The body itself goes on.
+    feed.send(Bytes::from_static(b"still here")).unwrap();
+    let chunk = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(chunk, "still here");
+    drop(feed);
+    assert!(body.frame().await.is_none());
+    assert_eq!(layer.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_max_hold_a_body_that_ends_first_releases_at_its_end_and_the_timer_takes_nothing() {
+    let layer = ConcurrencyLimitLayer::new(2).max_hold(Duration::from_secs(30));
+    let svc = layer.layer(echo());
+    let (feed, req) = streaming(None);
+    let mut body = send(&svc, req).await.into_body();
+    drop(feed);
+    assert!(body.frame().await.is_none());
+    assert_eq!(layer.in_flight(), 0);
+
+    // A second request holds its place past the first one's deadline, until its own.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (_feed2, req2) = streaming(None);
+    let second = send(&svc, req2).await;
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    settle().await;
+    assert!(second.body().holds_permit());
+    assert_eq!(layer.in_flight(), 1);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    settle().await;
+    assert_eq!(layer.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_max_hold_dropping_the_body_releases_at_once() {
+    let layer = ConcurrencyLimitLayer::new(1).max_hold(Duration::from_secs(30));
+    let svc = layer.layer(echo());
+    let (_feed, req) = streaming(None);
+    let resp = send(&svc, req).await;
+    assert_eq!(layer.in_flight(), 1);
+    drop(resp);
+    assert_eq!(layer.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_of_zero_releases_with_the_headers() {
+    let layer = ConcurrencyLimitLayer::new(1).max_hold(Duration::ZERO);
+    let svc = layer.layer(echo());
+    let (_feed, req) = streaming(None);
+    let resp = send(&svc, req).await;
+    assert!(!resp.body().holds_permit());
+    assert_eq!(layer.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_of_duration_max_saturates_and_holds() {
+    let layer = ConcurrencyLimitLayer::new(1).max_hold(Duration::MAX);
+    let svc = layer.layer(echo());
+    let (_feed, req) = streaming(None);
+    let resp = send(&svc, req).await;
+    tokio::time::sleep(Duration::from_secs(365 * 24 * 3600)).await;
+    settle().await;
+    assert!(resp.body().holds_permit());
+    assert_eq!(layer.in_flight(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_is_kept_whatever_the_order_of_the_builder_calls() {
+    let hold = Duration::from_secs(5);
+    let layers = [
+        ConcurrencyLimitLayer::new(1).max_hold(hold).key(by_key()),
+        ConcurrencyLimitLayer::new(1).key(by_key()).max_hold(hold),
+    ];
+    for layer in layers {
+        let layer = layer.queue(1, Duration::from_secs(1)).release_on_headers();
+        let layer = layer.max_hold(hold);
+        let svc = layer.layer(echo());
+        let (_feed, req) = streaming(Some("a"));
+        let _resp = send(&svc, req).await;
+        // release_on_headers wins: nothing held.
+        assert_eq!(layer.in_flight(), 0);
+    }
+    for layer in [
+        ConcurrencyLimitLayer::new(1).max_hold(hold).key(by_key()),
+        ConcurrencyLimitLayer::new(1).key(by_key()).max_hold(hold),
+    ] {
+        let svc = layer.layer(echo());
+        let (_feed, req) = streaming(Some("a"));
+        let _resp = send(&svc, req).await;
+        assert_eq!(layer.in_flight(), 1);
+        tokio::time::sleep(hold).await;
+        settle().await;
+        assert_eq!(layer.in_flight(), 0);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_an_adaptive_limit_a_permit_taken_by_max_hold_records_no_sample() {
+    let layer = ConcurrencyLimitLayer::new(10)
+        .adaptive(tollgate::concurrency::Aimd::default().initial(5))
+        .max_hold(Duration::from_secs(30));
+    let svc = layer.layer(echo());
+    let (_feed, req) = streaming(None);
+    let _stuck = send(&svc, req).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    settle().await;
+    assert_eq!(layer.in_flight(), 0);
+    assert_eq!(layer.latency(), None);
+
+    // A body that ends before the deadline is measured as before.
+    let (feed, req) = streaming(None);
+    let mut body = send(&svc, req).await.into_body();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    drop(feed);
+    assert!(body.frame().await.is_none());
+    assert_eq!(layer.latency(), Some(Duration::from_millis(20)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upgrade_gives_its_permit_back_with_the_101() {
+    let layer = ConcurrencyLimitLayer::new(1).max_hold(Duration::from_secs(30));
+    let svc = layer.layer(service_fn(|_: Request<()>| async {
+        let mut resp = Response::new(Full::new(Bytes::new()));
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        Ok::<_, Infallible>(resp)
+    }));
+    let resp = send(&svc, Request::new(())).await;
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    // The server sees an empty body at its end and drops it: the upgraded connection that
+    // follows is not counted.
+    assert!(resp.body().is_end_stream());
+    drop(resp);
+    assert_eq!(layer.in_flight(), 0);
+    assert_eq!(send(&svc, Request::new(())).await.status(), 101);
+}

@@ -3,6 +3,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -31,6 +32,7 @@ pin_project! {
         // `RateLimit-Policy` item to add to the response, if configured.
         policy: Option<Arc<HeaderValue>>,
         release_on_headers: bool,
+        max_hold: Option<Duration>,
     }
 }
 
@@ -96,11 +98,13 @@ where
         permit: Option<Permit>,
         policy: Option<Arc<HeaderValue>>,
         release_on_headers: bool,
+        max_hold: Option<Duration>,
     ) -> Self {
         ResponseFuture {
             state: State::Called { future, permit },
             policy,
             release_on_headers,
+            max_hold,
         }
     }
 
@@ -110,6 +114,7 @@ where
         request: Request<ReqBody>,
         policy: Option<Arc<HeaderValue>>,
         release_on_headers: bool,
+        max_hold: Option<Duration>,
     ) -> Self {
         ResponseFuture {
             state: State::Waiting {
@@ -121,6 +126,7 @@ where
             },
             policy,
             release_on_headers,
+            max_hold,
         }
     }
 
@@ -131,6 +137,7 @@ where
             },
             policy: None,
             release_on_headers: false,
+            max_hold: None,
         }
     }
 }
@@ -186,7 +193,7 @@ where
                             p.finish(false);
                         }
                     }
-                    let body = ResponseBody::new(body, permit);
+                    let body = ResponseBody::new(body, permit, *this.max_hold);
                     return Poll::Ready(Ok(Response::from_parts(parts, body)));
                 }
                 StateProj::Done { response } => match response.take() {

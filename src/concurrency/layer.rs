@@ -35,6 +35,7 @@ pub struct ConcurrencyLimitLayer<E: KeyExtractor = Global> {
     retry_after: Duration,
     queue: Option<(usize, Duration)>,
     release_on_headers: bool,
+    max_hold: Option<Duration>,
     policy_name: Option<Cow<'static, str>>,
     adaptive: Option<NewAlgorithm>,
     classify: Option<Classifier>,
@@ -53,6 +54,7 @@ impl<E: KeyExtractor + fmt::Debug> fmt::Debug for ConcurrencyLimitLayer<E> {
         }
         d.field("queue", &self.queue)
             .field("release_on_headers", &self.release_on_headers)
+            .field("max_hold", &self.max_hold)
             .field("adaptive", &self.adaptive.is_some())
             .field("priority", &self.classify.is_some())
             .finish_non_exhaustive()
@@ -76,6 +78,7 @@ impl ConcurrencyLimitLayer<Global> {
             retry_after: DEFAULT_RETRY_AFTER,
             queue: None,
             release_on_headers: false,
+            max_hold: None,
             policy_name: None,
             adaptive: None,
             classify: None,
@@ -118,6 +121,7 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             retry_after: self.retry_after,
             queue: self.queue,
             release_on_headers: self.release_on_headers,
+            max_hold: self.max_hold,
             policy_name: self.policy_name,
             adaptive: self.adaptive,
             classify: self.classify,
@@ -159,6 +163,28 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
     /// longer counts against the limit.
     pub fn release_on_headers(mut self) -> Self {
         self.release_on_headers = true;
+        self.changed()
+    }
+
+    /// Bounds how long a response body may hold its request's place: after `max_hold`,
+    /// counted from the response headers, the place is given back **and the body keeps
+    /// streaming**; it is no longer counted against the limit. A body that ends (or is
+    /// dropped) sooner gives its place back then, as without this setting.
+    ///
+    /// Without it, a streamed body holds its place for as long as the server keeps the
+    /// connection open, and a client that stops reading can keep it open indefinitely (see
+    /// the [module docs](crate::concurrency#slow-clients-and-upgrades)). The timer runs on
+    /// tokio's clock (a paused clock in tests) in a task of its own, since a server does not
+    /// poll the body of a client that stopped reading; outside a tokio runtime there is no
+    /// timer and the body holds its place until it is done.
+    ///
+    /// With an [adaptive](Self::adaptive) limit, a place given back by the timer teaches the
+    /// limit nothing, as a client that went away: the time was the client's, not the
+    /// service's. `Duration::ZERO` gives the place back with the headers, as
+    /// [`release_on_headers`](Self::release_on_headers) does (and records the latency to the
+    /// headers); `Duration::MAX` saturates to tokio's far future, which is never in practice.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
         self.changed()
     }
 
@@ -351,7 +377,8 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             max_waiting: self.queue.map(|(n, _)| n),
             max_wait: self.queue.map_or(Duration::ZERO, |(_, d)| d),
             retry_after: self.retry_after,
-            release_on_headers: self.release_on_headers,
+            release_on_headers: self.release_on_headers || self.max_hold == Some(Duration::ZERO),
+            max_hold: self.max_hold.filter(|d| !d.is_zero()),
             policy_name: self.policy_name.as_deref().map(Box::from),
             policy,
             control,

@@ -87,6 +87,26 @@
 //! waiter. A permit held by a response is given back when its body ends, fails or is dropped,
 //! whichever comes first. No permit can leak.
 //!
+//! # Slow clients and upgrades
+//!
+//! "Until the body is finished" is when the server has *taken* the last frame, which is not
+//! when the client has received it:
+//!
+//! * **A body of one frame** (`Full`, a `String`, a 64 MiB `Vec<u8>`) gives its permit back
+//!   as soon as the server takes that frame, before writing it: a client that stops reading
+//!   holds no place; the server's write buffer holds the bytes.
+//! * **A streamed body** holds its permit until the server takes its last frame, or drops the
+//!   body when the connection closes. A server does not poll the body of a client that stopped
+//!   reading, and `axum::serve` has no write timeout, so such a client keeps its place for as
+//!   long as it keeps the connection open: a few of them can hold a global limit full
+//!   indefinitely. [`max_hold`](ConcurrencyLimitLayer::max_hold) bounds this: after that long
+//!   the permit is given back (by a timer task on tokio's clock) **and the body keeps
+//!   streaming**, no longer counted.
+//! * **An HTTP upgrade** (a WebSocket's `101 Switching Protocols`) answers with an empty body:
+//!   its permit is given back with the `101`, and upgraded connections are never counted.
+//!   Bound them inside the upgraded handler (e.g. a `tokio::sync::Semaphore` permit moved into
+//!   the WebSocket task).
+//!
 //! # Keys
 //!
 //! A keyed limit keeps one semaphore per key, created with the key's first request and dropped

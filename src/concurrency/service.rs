@@ -31,6 +31,8 @@ pub(crate) struct Shared<E: KeyExtractor> {
     pub(crate) max_wait: Duration,
     pub(crate) retry_after: Duration,
     pub(crate) release_on_headers: bool,
+    /// How long a response body may hold its permit, if bounded.
+    pub(crate) max_hold: Option<Duration>,
     pub(crate) policy_name: Option<Box<str>>,
     /// The `RateLimit-Policy` item, when configured.
     pub(crate) policy: Option<Arc<HeaderValue>>,
@@ -135,6 +137,7 @@ where
             permit,
             shared.policy.clone(),
             shared.release_on_headers,
+            shared.max_hold,
         )
     }
 }
@@ -162,6 +165,7 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
         let shared = self.shared.clone();
         let policy = shared.policy.clone();
         let release_on_headers = shared.release_on_headers;
+        let max_hold = shared.max_hold;
         let protocol = Protocol::of(&RequestHead::new(&req));
         let wait = Box::pin(async move {
             match waiter.acquire(shared.max_wait).await {
@@ -173,6 +177,6 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
         // driven again before the next call, as tower's contract says.
         let ready = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, ready);
-        ResponseFuture::waiting(wait, ready, req, policy, release_on_headers)
+        ResponseFuture::waiting(wait, ready, req, policy, release_on_headers, max_hold)
     }
 }
