@@ -1,0 +1,66 @@
+//! Hostile uses of the public API: the retry hint of a full store, races between threads on
+//! one key, and the quiet after a flood.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::store::OnFull;
+use tollgate::{Clock, ManualClock, Quota, RateLimiter};
+
+fn limiter(quota: Quota, max_keys: usize, on_full: OnFull) -> (RateLimiter<u64>, ManualClock) {
+    let (clock, hand) = Clock::manual();
+    let l = RateLimiter::<u64>::builder(quota)
+        .clock(clock)
+        .max_keys(max_keys)
+        .on_full(on_full)
+        .build();
+    (l, hand)
+}
+
+#[test]
+fn two_threads_on_one_key_never_admit_beyond_the_burst() {
+    for _ in 0..50 {
+        let (l, hand) = limiter(Quota::per_minute(10), 4, OnFull::RejectNewKeys);
+        let l = Arc::new(l);
+        hand.advance(Duration::from_secs(1));
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let l = l.clone();
+                std::thread::spawn(move || (0..20).filter(|_| l.check(&7).is_allowed()).count())
+            })
+            .collect();
+        let admitted: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(admitted, 10);
+        assert_eq!(l.len(), 1);
+    }
+}
+
+#[test]
+fn threads_flooding_distinct_keys_never_exceed_max_keys() {
+    for on_full in [OnFull::RejectNewKeys, OnFull::EvictNearestIdle] {
+        let (l, hand) = limiter(Quota::per_minute(1), 64, on_full);
+        let l = Arc::new(l);
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    let mut most = 0;
+                    for k in 0..2_000u64 {
+                        l.check(&(t * 1_000_000 + k));
+                        most = most.max(l.len());
+                    }
+                    most
+                })
+            })
+            .collect();
+        for t in threads {
+            assert!(t.join().unwrap() <= 64);
+        }
+        assert_eq!(l.len(), 64);
+        // The quiet after: everything is idle a minute later and goes at the next sweep.
+        hand.advance(Duration::from_secs(60));
+        assert_eq!(l.evict_idle(), 0);
+        assert!(l.check(&u64::MAX).is_allowed());
+        assert_eq!(l.len(), 1);
+    }
+}
