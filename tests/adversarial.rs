@@ -18,6 +18,24 @@ fn limiter(quota: Quota, max_keys: usize, on_full: OnFull) -> (RateLimiter<u64>,
 }
 
 #[test]
+fn reject_new_keys_retry_hint_follows_a_tracked_key_that_spent_more() {
+    // 2 per minute, burst 2: one request makes the key idle 30 s later, two make it 60 s.
+    let (l, hand) = limiter(Quota::per_minute(2), 1, OnFull::RejectNewKeys);
+    assert!(l.check(&1).is_allowed());
+    assert!(l.check(&1).is_allowed());
+    // Key 1 is idle at 60 s, not before: a new key must wait that long.
+    hand.advance(Duration::from_secs(10));
+    let d = l.check(&2);
+    assert!(!d.is_allowed());
+    let wait = d.retry_after().unwrap();
+    hand.advance(wait);
+    assert!(
+        l.check(&2).is_allowed(),
+        "retry hint {wait:?} came before the tracked key went idle"
+    );
+}
+
+#[test]
 fn two_threads_on_one_key_never_admit_beyond_the_burst() {
     for _ in 0..50 {
         let (l, hand) = limiter(Quota::per_minute(10), 4, OnFull::RejectNewKeys);
