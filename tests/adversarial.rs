@@ -82,3 +82,36 @@ fn threads_flooding_distinct_keys_never_exceed_max_keys() {
         assert_eq!(l.len(), 1);
     }
 }
+
+#[test]
+fn numeric_edges_of_a_quota_decide_without_panicking() {
+    let quotas = [
+        Quota::try_new(u32::MAX, Duration::from_secs(u64::MAX)),
+        Quota::try_new(1, Duration::MAX),
+        Quota::try_new(1_000_000_000, Duration::from_secs(1)),
+        Quota::try_new(u32::MAX, Duration::from_secs(5)),
+        Quota::try_new(1, Duration::from_nanos(1)),
+    ];
+    let mut built = 0;
+    for q in quotas.into_iter().flatten() {
+        for burst in [1, 2, u32::MAX] {
+            let Ok(q) = q.clone().try_burst(burst) else {
+                continue;
+            };
+            for max_keys in [1, usize::MAX] {
+                let (l, hand) = limiter(q.clone(), max_keys, OnFull::RejectNewKeys);
+                let _ = l.check_n(&1, u32::MAX);
+                let _ = l.check_n(&1, 0);
+                let _ = l.check(&1);
+                let d = l.check(&2);
+                let _ = d.retry_after();
+                hand.advance(Duration::from_secs(u64::MAX / 4));
+                let _ = l.check(&1);
+                let _ = l.peek(&3);
+                let _ = l.evict_idle();
+                built += 1;
+            }
+        }
+    }
+    assert!(built >= 12, "{built}");
+}
