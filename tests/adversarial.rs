@@ -115,3 +115,38 @@ fn numeric_edges_of_a_quota_decide_without_panicking() {
     }
     assert!(built >= 12, "{built}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_new_key_waiting_on_a_full_store_is_admitted_when_room_is_made_in_order() {
+    let l = Arc::new(
+        RateLimiter::<u64>::builder(Quota::per_minute(2))
+            .clock(Clock::tokio())
+            .max_keys(1)
+            .on_full(OnFull::RejectNewKeys)
+            .build(),
+    );
+    assert!(l.check(&1).is_allowed());
+    assert!(l.check(&1).is_allowed());
+    let start = tokio::time::Instant::now();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..3u64 {
+        let (l, order) = (l.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            l.until_ready(&2).await;
+            order.lock().unwrap().push((i, start.elapsed()));
+        }));
+        tokio::task::yield_now().await;
+    }
+    // The middle waiter gives up; the others keep their order.
+    tasks[1].abort();
+    for t in tasks {
+        let _ = t.await;
+    }
+    let order = order.lock().unwrap().clone();
+    // Key 1 is idle at 60 s; key 2 then admits one request each 30 s.
+    assert_eq!(
+        order,
+        [(0, Duration::from_secs(60)), (2, Duration::from_secs(60))]
+    );
+}
