@@ -228,7 +228,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 }
             }
             return Err(Full {
-                retry_at: self.min_idle(),
+                retry_at: self.retry_at(now),
             });
         }
     }
@@ -418,13 +418,33 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             .hash_one(self.draws.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// The earliest time at which a tracked entry may be idle, as far as the hints know.
-    fn min_idle(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|s| s.min_idle.load(Ordering::Relaxed))
-            .min()
-            .unwrap_or(u64::MAX)
+    /// The earliest time at which a tracked entry goes idle, for a key refused at `now`. The
+    /// shards' hints are lower bounds that go stale when a tracked entry's idle time moves
+    /// later (a key that spends again), and a retry time taken from a stale hint would send
+    /// the client back before there is room. So the shard with the lowest hint is swept (which
+    /// makes its hint exact) until the lowest hint is one made exact here.
+    #[cold]
+    fn retry_at(&self, now: u64) -> u64 {
+        let mut exact = [0u64; 4];
+        loop {
+            let Some((i, shard)) = self
+                .shards
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, s)| s.min_idle.load(Ordering::Relaxed))
+            else {
+                return u64::MAX;
+            };
+            if exact[i / 64] & (1 << (i % 64)) != 0 {
+                return shard.min_idle.load(Ordering::Relaxed);
+            }
+            exact[i / 64] |= 1 << (i % 64);
+            let mut map = write(&shard.map);
+            if self.sweep(shard, &mut map, now) > 0 {
+                // Room was made since the table was found full: retry at once.
+                return now;
+            }
+        }
     }
 
     /// Drops every idle entry now; returns how many entries are left.
