@@ -585,7 +585,7 @@ fn policy_window_states_the_enforced_rate() {
     }
 }
 
-/// Through the layer: the three cases.
+/// Through the layer: the three rounded-interval cases.
 #[tokio::test(start_paused = true)]
 async fn the_policy_field_of_rounded_intervals_states_the_rate() {
     for (quota, expected) in [
