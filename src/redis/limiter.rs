@@ -348,11 +348,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             .check(key, &self.inner.gcras, now, cost)
     }
 
-    /// The decision of Redis, or of the failure policy.
-    pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
+    /// The script's arguments after the key: the cost (negative for a refund), the time sent
+    /// (empty: the server's clock), then each quota's interval and tolerance in microseconds.
+    /// Returns them with how many are used.
+    fn script_args<'a>(&self, cost: Arg<'a>, now: u64) -> ([Arg<'a>; 3 + 2 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
         let mut args = [Arg::Int(0); 3 + 2 * MAX_QUOTAS];
-        args[0] = Arg::Int(u64::from(cost));
+        args[0] = cost;
         args[1] = if inner.local_time {
             Arg::Int(now / MICRO)
         } else {
@@ -363,7 +365,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             args[3 + 2 * i] = Arg::Int(g.interval / MICRO);
             args[4 + 2 * i] = Arg::Int(g.tolerance / MICRO);
         }
-        let n = 3 + 2 * inner.gcras.len();
+        (args, 3 + 2 * inner.gcras.len())
+    }
+
+    /// The decision of Redis, or of the failure policy.
+    pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
+        let inner = &*self.inner;
+        let (args, n) = self.script_args(Arg::Int(u64::from(cost)), now);
         let reply = inner.store.eval(&self.redis_key(key), &args[..n]).await;
         let decision = reply.and_then(|r| {
             let d = self.decision_of(&r);
@@ -404,19 +412,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let now = self.now();
         // A negative cost is a refund to the script.
         let back = format!("-{cost}");
-        let mut args = [Arg::Int(0); 3 + 2 * MAX_QUOTAS];
-        args[0] = Arg::Bytes(back.as_bytes());
-        args[1] = if inner.local_time {
-            Arg::Int(now / MICRO)
-        } else {
-            Arg::Bytes(b"")
-        };
-        args[2] = Arg::Int(inner.gcras.len() as u64);
-        for (i, g) in inner.gcras.iter().enumerate() {
-            args[3 + 2 * i] = Arg::Int(g.interval / MICRO);
-            args[4 + 2 * i] = Arg::Int(g.tolerance / MICRO);
-        }
-        let n = 3 + 2 * inner.gcras.len();
+        let (args, n) = self.script_args(Arg::Bytes(back.as_bytes()), now);
         let Some(reply) = inner.store.eval(&self.redis_key(key), &args[..n]).await else {
             return;
         };
