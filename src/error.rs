@@ -76,6 +76,19 @@ pub enum ConfigError {
     /// A setting of the memory store (`max_keys`, `on_full`) was given to a layer whose limits
     /// live in Redis, which expires idle keys itself.
     MemoryOnly(&'static str),
+    /// A change while serving gave a policy a different number of quotas than it was built
+    /// with: each new quota replaces the one at its position, whose per-key state it keeps.
+    QuotaCountChanged {
+        /// How many quotas the policy has.
+        was: usize,
+        /// How many the change gave.
+        got: usize,
+    },
+    /// A change while serving named a tier (policy) the layer does not have.
+    UnknownTier(String),
+    /// A change while serving asked for something the layer was not built with (a waiting
+    /// queue on a layer that rejects at once, say); the setting named cannot change.
+    NotChangeable(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -138,6 +151,14 @@ impl fmt::Display for ConfigError {
                 f,
                 "{setting} applies to the memory store only; Redis expires idle keys itself"
             ),
+            ConfigError::QuotaCountChanged { was, got } => write!(
+                f,
+                "a policy built with {was} quotas can only be given {was} while serving (got {got})"
+            ),
+            ConfigError::UnknownTier(name) => write!(f, "the layer has no tier named {name:?}"),
+            ConfigError::NotChangeable(what) => {
+                write!(f, "{what} cannot be changed while serving")
+            }
         }
     }
 }

@@ -5,6 +5,8 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, MAX_QUOTAS};
@@ -56,18 +58,49 @@ impl<K> Clone for RateLimiter<K> {
 impl<K> fmt::Debug for RateLimiter<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("quotas", &self.inner.quotas)
+            .field("quotas", &self.inner.limits.load().quotas)
             .finish_non_exhaustive()
     }
 }
 
 struct Inner<K> {
-    quotas: Box<[Quota]>,
-    gcras: Box<[Gcra]>,
+    /// The quotas in force: read once per decision, replaced whole by
+    /// [`RateLimiter::set_quotas`].
+    limits: ArcSwap<Limits>,
     store: Store<K>,
     clock: Clock,
     /// The tasks waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
+}
+
+/// A set of quotas and the numbers the algorithm takes from them, swapped as one.
+struct Limits {
+    quotas: Arc<[Quota]>,
+    gcras: Box<[Gcra]>,
+}
+
+impl Limits {
+    fn new(quotas: Vec<Quota>) -> Self {
+        let gcras = quotas.iter().map(Quota::gcra).collect();
+        Limits {
+            quotas: quotas.into(),
+            gcras,
+        }
+    }
+}
+
+/// The checks every set of quotas passes, at build time and when replaced.
+pub(crate) fn check_quotas(quotas: &[Quota]) -> Result<(), ConfigError> {
+    if quotas.is_empty() {
+        return Err(ConfigError::NoQuota);
+    }
+    if quotas.len() > MAX_QUOTAS {
+        return Err(ConfigError::TooManyQuotas {
+            got: quotas.len(),
+            max: MAX_QUOTAS,
+        });
+    }
+    Ok(())
 }
 
 enum Store<K> {
@@ -128,21 +161,12 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
 
     /// Builds the limiter, or says which setting is wrong.
     pub fn try_build(self) -> Result<RateLimiter<K>, ConfigError> {
-        if self.quotas.is_empty() {
-            return Err(ConfigError::NoQuota);
-        }
-        if self.quotas.len() > MAX_QUOTAS {
-            return Err(ConfigError::TooManyQuotas {
-                got: self.quotas.len(),
-                max: MAX_QUOTAS,
-            });
-        }
+        check_quotas(&self.quotas)?;
         if self.max_keys == 0 {
             return Err(ConfigError::ZeroMaxKeys);
         }
-        let gcras: Box<[Gcra]> = self.quotas.iter().map(Quota::gcra).collect();
         let direct = std::mem::size_of::<K>() == 0;
-        let store = match (direct, gcras.len() == 1) {
+        let store = match (direct, self.quotas.len() == 1) {
             (true, true) => Store::DirectOne(One::idle()),
             (true, false) => Store::DirectMany(Many::idle()),
             (false, true) => Store::One(MemoryStore::new(self.max_keys, self.on_full)),
@@ -150,8 +174,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
         };
         Ok(RateLimiter {
             inner: Arc::new(Inner {
-                quotas: self.quotas.into_boxed_slice(),
-                gcras,
+                limits: ArcSwap::from_pointee(Limits::new(self.quotas)),
                 store,
                 clock: self.clock.unwrap_or_default(),
                 waiters: Lines::default(),
@@ -210,7 +233,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         let now = self.inner.clock.now();
         // The global limiter's whole state is one word: decide it here, inlined.
         if let Store::DirectOne(slot) = &self.inner.store {
-            return slot.decide(&self.inner.gcras, now, cost);
+            return slot.decide(&self.inner.limits.load().gcras, now, cost);
         }
         self.decide_at(key, now, cost)
     }
@@ -222,7 +245,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
 
     #[inline]
     pub(crate) fn decide_at(&self, key: &K, now: u64, cost: u32) -> Decision {
-        let gcras = &self.inner.gcras;
+        let limits = self.inner.limits.load();
+        let gcras = &limits.gcras;
         match &self.inner.store {
             Store::One(s) => s.decide(key, gcras, &self.inner.clock, now, cost),
             Store::Many(s) => s.decide(key, gcras, &self.inner.clock, now, cost),
@@ -239,7 +263,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
             return;
         }
         let now = self.inner.clock.now();
-        let gcras = &self.inner.gcras;
+        let limits = self.inner.limits.load();
+        let gcras = &limits.gcras;
         match &self.inner.store {
             Store::One(s) => s.refund(key, gcras, now, cost),
             Store::Many(s) => s.refund(key, gcras, now, cost),
@@ -286,14 +311,83 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
         let inner = &*self.inner;
+        let limits = inner.limits.load_full();
         let check = || std::future::ready(self.check_n(key, cost));
-        crate::wait::until_admitted(&inner.waiters, key, &inner.gcras, &inner.clock, cost, check)
-            .await
+        crate::wait::until_admitted(
+            &inner.waiters,
+            key,
+            &limits.gcras,
+            &inner.clock,
+            cost,
+            check,
+        )
+        .await
     }
 
-    /// The quotas, in the order given.
-    pub fn quotas(&self) -> &[Quota] {
-        &self.inner.quotas
+    /// The quotas in force, in the order given (the latest set by
+    /// [`set_quotas`](Self::set_quotas)).
+    pub fn quotas(&self) -> Arc<[Quota]> {
+        self.inner.limits.load().quotas.clone()
+    }
+
+    /// Replaces the quotas of this limiter and of every clone of it, from the next decision
+    /// on, keeping the state of every key.
+    ///
+    /// The new quotas must be as many as the limiter was built with (each one replaces the
+    /// quota at its position, whose per-key times it takes over), and valid; otherwise this
+    /// returns a [`ConfigError`] and the quotas in force stay.
+    ///
+    /// # A key in the middle of a burst
+    /// A key's state is a time, its theoretical arrival time, and a change carries it over
+    /// exactly: what the key spent is still spent, counted in time, and is earned back at the
+    /// new rate. Two rules follow, in memory and in Redis alike:
+    /// * **No free burst on change.** Raising the rate or the burst gives a key only what its
+    ///   time allows under the new quota: a key that had spent its whole burst of 10 at 10/s
+    ///   (1 s ahead of now) has spent all of a new burst of 10 at 100/s too (its 1 s is ten
+    ///   new bursts) and earns one request back each new interval.
+    /// * **No punishment beyond the new quota.** A key is never held further ahead of now
+    ///   than the new quota's tolerance (`burst × interval`): lowering the limits leaves a
+    ///   busy key with at most "burst spent", never a debt from the old rate. Concretely,
+    ///   each decision reads a time more than the tolerance ahead as exactly the tolerance
+    ///   ahead.
+    ///
+    /// Requests already decided keep their decision; waiters of
+    /// [`until_ready`](Self::until_ready) decide again under the new quotas when their turn
+    /// comes.
+    ///
+    /// ```
+    /// use tollgate::{Clock, Quota, RateLimiter};
+    ///
+    /// let (clock, _time) = Clock::manual();
+    /// let limiter = RateLimiter::<&str>::builder(Quota::per_second(2))
+    ///     .clock(clock)
+    ///     .build();
+    /// let handle = limiter.clone();
+    /// assert!(limiter.check(&"k").is_allowed());
+    /// assert!(limiter.check(&"k").is_allowed());
+    /// assert!(!limiter.check(&"k").is_allowed());
+    ///
+    /// // During an incident: at most 1 per second, at once, for every clone.
+    /// handle.set_quotas([Quota::per_second(1)]).unwrap();
+    /// assert_eq!(limiter.quotas()[0], Quota::per_second(1));
+    /// // Still spent: the key's time (1 s ahead) is the new burst's whole tolerance.
+    /// assert!(!limiter.check(&"k").is_allowed());
+    /// // An invalid change is refused and the quotas in force stay.
+    /// assert!(handle.set_quotas([]).is_err());
+    /// assert_eq!(limiter.quotas()[0], Quota::per_second(1));
+    /// ```
+    pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
+        let quotas: Vec<Quota> = quotas.into_iter().collect();
+        check_quotas(&quotas)?;
+        let now = self.inner.limits.load().gcras.len();
+        if quotas.len() != now {
+            return Err(ConfigError::QuotaCountChanged {
+                was: now,
+                got: quotas.len(),
+            });
+        }
+        self.inner.limits.store(Arc::new(Limits::new(quotas)));
+        Ok(())
     }
 
     /// The clock decisions are made with.

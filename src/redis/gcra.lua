@@ -64,10 +64,21 @@ if cost < 0 then
 end
 
 local new = {}
+local clamped = false
 for q = 1, n do
   local interval = tonumber(ARGV[2 + 2 * q])
   local tolerance = tonumber(ARGV[3 + 2 * q])
   local tat = tats[q] or 0
+  -- A TAT more than the tolerance ahead only exists after the quota was replaced by a
+  -- stricter one: it is brought back to exactly the tolerance ahead, and stored so even
+  -- when the request is rejected (src/gcra.rs `Gcra::held`).
+  if tat > now + tolerance then
+    tat = now + tolerance
+    if cost > 0 then
+      tats[q] = tat
+      clamped = true
+    end
+  end
   local inc = cost * interval
   if inc > tolerance then
     outcome = 2
@@ -96,6 +107,15 @@ if outcome == 0 and cost > 0 then
   local ttl = math.ceil((horizon - now) / 1000)
   if ttl < 1 then ttl = 1 end
   redis.call('SET', KEYS[1], table.concat(words, ' '), 'PX', ttl)
+elseif clamped then
+  local words = {}
+  local horizon = now
+  for q = 1, n do
+    local tat = tats[q] or 0
+    words[q] = string.format('%.0f', tat)
+    if tat > horizon then horizon = tat end
+  end
+  redis.call('SET', KEYS[1], table.concat(words, ' '), 'PX', math.ceil((horizon - now) / 1000))
 end
 
 local reply = {outcome, retry}
@@ -104,6 +124,7 @@ for q = 1, n do
   local tolerance = tonumber(ARGV[3 + 2 * q])
   local ahead = (tats[q] or 0) - now
   if ahead < 0 then ahead = 0 end
+  if ahead > tolerance then ahead = tolerance end
   local remaining = 0
   if tolerance > ahead then remaining = math.floor((tolerance - ahead) / interval) end
   reply[1 + 2 * q] = remaining

@@ -7,6 +7,8 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
+
 use super::deny::DenyCache;
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
 use super::store::{Arg, FailMode, RedisStore, RETRY_WHEN_UNAVAILABLE};
@@ -86,7 +88,7 @@ impl<K> fmt::Debug for RedisRateLimiter<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisRateLimiter")
             .field("name", &self.inner.name)
-            .field("quotas", &self.inner.quotas)
+            .field("quotas", &self.inner.limits.load().quotas)
             .field("store", &self.inner.store)
             .finish_non_exhaustive()
     }
@@ -94,9 +96,9 @@ impl<K> fmt::Debug for RedisRateLimiter<K> {
 
 struct Inner<K> {
     name: Box<str>,
-    quotas: Box<[Quota]>,
-    /// The quotas rounded to whole microseconds, in nanoseconds.
-    gcras: Box<[Gcra]>,
+    /// The quotas in force: read once per decision, replaced whole by
+    /// [`RedisRateLimiter::set_quotas`].
+    limits: ArcSwap<Limits>,
     store: RedisStore,
     /// `<prefix><name length>:<name>:`, with an unclosed `{` closed.
     key_prefix: Box<[u8]>,
@@ -108,6 +110,27 @@ struct Inner<K> {
     deny: Option<DenyCache<K>>,
     /// The tasks of this process waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
+}
+
+/// A set of quotas and their numbers for the script, swapped as one.
+struct Limits {
+    quotas: Arc<[Quota]>,
+    /// The quotas rounded to whole microseconds, in nanoseconds.
+    gcras: Box<[Gcra]>,
+}
+
+impl Limits {
+    fn new(quotas: Vec<Quota>) -> Result<Self, ConfigError> {
+        crate::limiter::check_quotas(&quotas)?;
+        let gcras = quotas
+            .iter()
+            .map(micros)
+            .collect::<Result<Box<[Gcra]>, _>>()?;
+        Ok(Limits {
+            quotas: quotas.into(),
+            gcras,
+        })
+    }
 }
 
 /// Builds a [`RedisRateLimiter`].
@@ -158,21 +181,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
 
     /// Builds the limiter, or says which setting is wrong.
     pub fn try_build(self) -> Result<RedisRateLimiter<K>, ConfigError> {
-        if self.quotas.is_empty() {
-            return Err(ConfigError::NoQuota);
-        }
-        if self.quotas.len() > MAX_QUOTAS {
-            return Err(ConfigError::TooManyQuotas {
-                got: self.quotas.len(),
-                max: MAX_QUOTAS,
-            });
-        }
+        let limits = Limits::new(self.quotas)?;
         crate::headers::check_name(&self.name)?;
-        let gcras = self
-            .quotas
-            .iter()
-            .map(micros)
-            .collect::<Result<Box<[Gcra]>, _>>()?;
         let mut key_prefix = self.store.prefix.to_vec();
         RedisKey::write_key(&self.name.len(), &mut key_prefix);
         key_prefix.push(b':');
@@ -186,8 +196,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 name: self.name.as_ref().into(),
-                quotas: self.quotas.into_boxed_slice(),
-                gcras,
+                limits: ArcSwap::from_pointee(limits),
                 local_time: !clock.is_system(),
                 clock,
                 key_prefix: key_prefix.into_boxed_slice(),
@@ -296,14 +305,55 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
         let inner = &*self.inner;
+        let limits = inner.limits.load_full();
         let check = || self.check_n(key, cost);
-        crate::wait::until_admitted(&inner.waiters, key, &inner.gcras, &inner.clock, cost, check)
-            .await
+        crate::wait::until_admitted(
+            &inner.waiters,
+            key,
+            &limits.gcras,
+            &inner.clock,
+            cost,
+            check,
+        )
+        .await
     }
 
-    /// The quotas, in the order given.
-    pub fn quotas(&self) -> &[Quota] {
-        &self.inner.quotas
+    /// The quotas in force, in the order given (the latest set by
+    /// [`set_quotas`](Self::set_quotas)).
+    pub fn quotas(&self) -> Arc<[Quota]> {
+        self.inner.limits.load().quotas.clone()
+    }
+
+    /// Replaces the quotas of this limiter and of every clone of it, from its next decision
+    /// on; the state in Redis is kept.
+    ///
+    /// The quotas travel with each script call, so an instance decides with the quotas its
+    /// own limiter holds: to change a limit shared by several instances, change it on each
+    /// (they read the same configuration, say). Each instance applies the change from its
+    /// next decision on; until every instance has it, each decides its own requests with the
+    /// quotas it holds, on the same stored times. The rules for a key in the middle of a
+    /// burst are those of [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas), and the
+    /// script applies them too (no free burst; a key is never held more than the new
+    /// tolerance ahead).
+    ///
+    /// The local deny cache checks every rejection it answers against the quotas in force, so
+    /// a rejection remembered under stricter quotas is not answered again once the quotas are
+    /// raised: the next request asks Redis.
+    ///
+    /// The new quotas must be as many as the limiter was built with, and valid for the store
+    /// (whole microseconds); otherwise this returns a [`ConfigError`] and the quotas in force
+    /// stay.
+    pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
+        let limits = Limits::new(quotas.into_iter().collect())?;
+        let was = self.inner.limits.load().gcras.len();
+        if limits.gcras.len() != was {
+            return Err(ConfigError::QuotaCountChanged {
+                was,
+                got: limits.gcras.len(),
+            });
+        }
+        self.inner.limits.store(Arc::new(limits));
+        Ok(())
     }
 
     /// The policy name, part of every Redis key.
@@ -342,16 +392,19 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         if cost == 0 {
             return None;
         }
-        self.inner
-            .deny
-            .as_ref()?
-            .check(key, &self.inner.gcras, now, cost)
+        let deny = self.inner.deny.as_ref()?;
+        deny.check(key, &self.inner.limits.load().gcras, now, cost)
     }
 
     /// The script's arguments after the key: the cost (negative for a refund), the time sent
     /// (empty: the server's clock), then each quota's interval and tolerance in microseconds.
     /// Returns them with how many are used.
-    fn script_args<'a>(&self, cost: Arg<'a>, now: u64) -> ([Arg<'a>; 3 + 2 * MAX_QUOTAS], usize) {
+    fn script_args<'a>(
+        &self,
+        gcras: &[Gcra],
+        cost: Arg<'a>,
+        now: u64,
+    ) -> ([Arg<'a>; 3 + 2 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
         let mut args = [Arg::Int(0); 3 + 2 * MAX_QUOTAS];
         args[0] = cost;
@@ -360,21 +413,23 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         } else {
             Arg::Bytes(b"")
         };
-        args[2] = Arg::Int(inner.gcras.len() as u64);
-        for (i, g) in inner.gcras.iter().enumerate() {
+        args[2] = Arg::Int(gcras.len() as u64);
+        for (i, g) in gcras.iter().enumerate() {
             args[3 + 2 * i] = Arg::Int(g.interval / MICRO);
             args[4 + 2 * i] = Arg::Int(g.tolerance / MICRO);
         }
-        (args, 3 + 2 * inner.gcras.len())
+        (args, 3 + 2 * gcras.len())
     }
 
     /// The decision of Redis, or of the failure policy.
     pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
         let inner = &*self.inner;
-        let (args, n) = self.script_args(Arg::Int(u64::from(cost)), now);
+        // One set of quotas for the whole decision, whatever changes while it is on its way.
+        let limits = inner.limits.load_full();
+        let (args, n) = self.script_args(&limits.gcras, Arg::Int(u64::from(cost)), now);
         let reply = inner.store.eval(&self.redis_key(key), &args[..n]).await;
         let decision = reply.and_then(|r| {
-            let d = self.decision_of(&r);
+            let d = decision_of(&limits.gcras, &r);
             if d.is_none() {
                 inner.store.bad_reply();
             }
@@ -393,7 +448,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 d
             }
             None => Decision::degraded(
-                &inner.gcras,
+                &limits.gcras,
                 inner.store.on_failure == FailMode::Open,
                 RETRY_WHEN_UNAVAILABLE.as_nanos() as u64,
             ),
@@ -412,11 +467,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let now = self.now();
         // A negative cost is a refund to the script.
         let back = format!("-{cost}");
-        let (args, n) = self.script_args(Arg::Bytes(back.as_bytes()), now);
+        let limits = inner.limits.load_full();
+        let (args, n) = self.script_args(&limits.gcras, Arg::Bytes(back.as_bytes()), now);
         let Some(reply) = inner.store.eval(&self.redis_key(key), &args[..n]).await else {
             return;
         };
-        match self.decision_of(&reply) {
+        match decision_of(&limits.gcras, &reply) {
             Some(d) => {
                 if let Some(deny) = &inner.deny {
                     deny.admitted(key, now, &d);
@@ -425,33 +481,32 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             None => inner.store.bad_reply(),
         }
     }
+}
 
-    /// Maps the script's reply onto a decision; `None` when it does not fit.
-    fn decision_of(&self, r: &[i64]) -> Option<Decision> {
-        let gcras = &self.inner.gcras;
-        if r.len() != 2 + 2 * gcras.len() {
+/// Maps the script's reply onto a decision under `gcras`; `None` when it does not fit.
+fn decision_of(gcras: &[Gcra], r: &[i64]) -> Option<Decision> {
+    if r.len() != 2 + 2 * gcras.len() {
+        return None;
+    }
+    let outcome = match r[0] {
+        0 => Outcome::Allowed,
+        1 => Outcome::Limited,
+        2 => Outcome::Exceeds,
+        _ => return None,
+    };
+    let ns = |v: i64| u64::try_from(v).ok()?.checked_mul(MICRO);
+    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+    for (i, g) in gcras.iter().enumerate() {
+        // The script's `remaining` follows from the time ahead; keep its consistency check.
+        let state = QuotaState::ahead_by(g, ns(r[3 + 2 * i])?);
+        if state.remaining() != u64::try_from(r[2 + 2 * i]).ok()? {
             return None;
         }
-        let outcome = match r[0] {
-            0 => Outcome::Allowed,
-            1 => Outcome::Limited,
-            2 => Outcome::Exceeds,
-            _ => return None,
-        };
-        let ns = |v: i64| u64::try_from(v).ok()?.checked_mul(MICRO);
-        let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-        for (i, g) in gcras.iter().enumerate() {
-            // The script's `remaining` follows from the time ahead; keep its consistency check.
-            let state = QuotaState::ahead_by(g, ns(r[3 + 2 * i])?);
-            if state.remaining() != u64::try_from(r[2 + 2 * i]).ok()? {
-                return None;
-            }
-            quotas[i] = state;
-        }
-        Some(Decision::from_store(
-            outcome,
-            ns(r[1])?,
-            &quotas[..gcras.len().min(MAX_QUOTAS)],
-        ))
+        quotas[i] = state;
     }
+    Some(Decision::from_store(
+        outcome,
+        ns(r[1])?,
+        &quotas[..gcras.len().min(MAX_QUOTAS)],
+    ))
 }
