@@ -195,7 +195,7 @@ pub use error::ConfigError;
 pub use gcra::{Decision, Decisions, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
 pub use quota::Quota;
-pub use rate_limit::{MissingKey, Policy, RateLimitLayer};
+pub use rate_limit::{MissingKey, Policy, RateLimitHandle, RateLimitLayer};
 pub use shape::{PoliteLayer, ShapeLayer, Shaper};
 
 #[cfg(doctest)]

@@ -254,3 +254,144 @@ async fn a_waiter_decides_under_the_new_quota_when_its_turn_comes() {
     // one request every 100 ms, not one a second.
     assert_eq!(waiter.await.unwrap(), 1200 * MS);
 }
+
+#[cfg(feature = "axum")]
+mod layer {
+    use std::convert::Infallible;
+
+    use axum::body::Body;
+    use axum::routing::get;
+    use axum::Router;
+    use http::{Request, StatusCode};
+    use tollgate::key::Header;
+    use tollgate::{Clock, ConfigError, Policy, Quota, RateLimitLayer};
+    use tower::ServiceExt;
+
+    use super::MS;
+
+    fn req(uri: &str, user: &str) -> Request<Body> {
+        Request::get(uri)
+            .header("x-user", user)
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    /// How many requests of `user` on `uri` are answered 200 in a row.
+    async fn served(app: &Router, uri: &str, user: &str) -> u32 {
+        let mut n = 0;
+        while n < 1_000 {
+            let resp = app.clone().oneshot(req(uri, user)).await.unwrap();
+            if resp.status() != StatusCode::OK {
+                assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+
+    fn layer() -> RateLimitLayer<Header> {
+        RateLimitLayer::new(Policy::new("free", Quota::per_second(2)))
+            .tier(Policy::new("pro", Quota::per_second(10)))
+            .select_tier(|req| {
+                req.headers
+                    .get("x-user")
+                    .is_some_and(|u| u.as_bytes().starts_with(b"pro"))
+                    .then_some("pro")
+            })
+            .key(Header::new("x-user"))
+            .clock(Clock::tokio())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_reaches_every_route_and_clone_of_the_layer_keeping_key_state() {
+        let layer = layer();
+        let handle = layer.handle().unwrap();
+        // Two routes, each with its own clone of the layer: one state.
+        let app = Router::new()
+            .route("/a", get(|| async { "a" }).layer(layer.clone()))
+            .route("/b", get(|| async { "b" }).layer(layer));
+        assert_eq!(served(&app, "/a", "ann").await, 2);
+        assert_eq!(served(&app, "/b", "pro-bob").await, 10);
+        handle
+            .set_policy(Policy::new("free", Quota::per_second(4)))
+            .unwrap();
+        // ann spent 1 s of time; at 4/s the whole tolerance is 1 s: nothing free.
+        assert_eq!(served(&app, "/b", "ann").await, 0);
+        assert_eq!(served(&app, "/a", "cid").await, 4);
+        tokio::time::sleep(500 * MS).await;
+        assert_eq!(served(&app, "/a", "ann").await, 2);
+        // The other tier is as it was.
+        assert_eq!(served(&app, "/a", "pro-dee").await, 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_header_fields_describe_the_new_quotas() {
+        let layer = layer();
+        let handle = layer.handle().unwrap();
+        let app = Router::new().route("/", get(|| async { "ok" }).layer(layer));
+        let policy = |resp: &http::Response<Body>| {
+            resp.headers()["ratelimit-policy"]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        let resp = app.clone().oneshot(req("/", "ann")).await.unwrap();
+        assert_eq!(policy(&resp), r#""free";q=2;w=1"#);
+        handle
+            .set_quotas("free", [Quota::per_minute(30).burst(5)])
+            .unwrap();
+        let resp = app.clone().oneshot(req("/", "bob")).await.unwrap();
+        assert_eq!(policy(&resp), r#""free";q=5;w=10"#);
+        assert_eq!(resp.headers()["ratelimit"], r#""free";r=4;t=2"#);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_invalid_change_is_refused_and_the_layer_serves_on_as_before() {
+        let layer = layer();
+        let handle = layer.handle().unwrap();
+        let app = Router::new().route("/", get(|| async { "ok" }).layer(layer));
+        assert_eq!(
+            handle.set_quotas("gold", [Quota::per_second(1)]),
+            Err(ConfigError::UnknownTier("gold".into()))
+        );
+        assert_eq!(
+            handle.set_quotas("free", [Quota::per_second(1), Quota::per_day(5)]),
+            Err(ConfigError::QuotaCountChanged { was: 1, got: 2 })
+        );
+        assert_eq!(handle.set_quotas("free", []), Err(ConfigError::NoQuota));
+        assert_eq!(handle.policies()[0].quotas(), [Quota::per_second(2)]);
+        assert_eq!(served(&app, "/", "ann").await, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_requests_during_changes_never_exceed_the_larger_tolerance() {
+        let layer = RateLimitLayer::new(Quota::per_second(10)).clock(Clock::tokio());
+        let handle = layer.handle().unwrap();
+        let app = Router::new().route("/", get(|| async { "ok" }).layer(layer));
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let app = app.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut ok = 0u32;
+                for _ in 0..50 {
+                    let resp = app.clone().oneshot(req("/", "x")).await.unwrap();
+                    ok += u32::from(resp.status() == StatusCode::OK);
+                    tokio::task::yield_now().await;
+                }
+                Ok::<_, Infallible>(ok)
+            }));
+        }
+        for i in 0..50 {
+            // Burst 10 at 10/s and burst 20 at 20/s: 1 s of tolerance either way.
+            let n = if i % 2 == 0 { 20 } else { 10 };
+            handle.set_default_quotas([Quota::per_second(n)]).unwrap();
+            tokio::task::yield_now().await;
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap().unwrap();
+        }
+        assert!((10..=20).contains(&total), "{total}");
+    }
+}

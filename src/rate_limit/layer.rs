@@ -2,12 +2,14 @@ use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use http::Method;
 use tower_layer::Layer;
 
+use super::handle::RateLimitHandle;
 use super::policy::Policy;
 use super::service::RateLimit;
-use super::shared::{Answers, CostFn, SelectFn, Shared, SkipFn, Tier};
+use super::shared::{Answers, CostFn, LiveTier, SelectFn, Shared, SkipFn, Tier};
 use super::store::{Backend, Memory};
 use crate::clock::Clock;
 use crate::error::ConfigError;
@@ -321,6 +323,34 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         Ok(found.map(|i| shared.limiters[i].clone()))
     }
 
+    /// A handle that replaces the quotas of this layer's policies while it serves, for every
+    /// clone of the layer and every service it made; see [`RateLimitHandle`].
+    ///
+    /// Returns the layer's configuration error, if it has one.
+    ///
+    /// ```
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new(Policy::new("api", Quota::per_second(100)));
+    /// let handle = layer.handle().unwrap();
+    /// // Later, during an incident:
+    /// handle.set_quotas("api", [Quota::per_second(10)]).unwrap();
+    /// assert_eq!(handle.policy("api").unwrap().quotas(), [Quota::per_second(10)]);
+    /// ```
+    pub fn handle(&self) -> Result<RateLimitHandle, ConfigError>
+    where
+        E: Clone,
+    {
+        let shared = self.shared()?;
+        let limiters = shared.limiters.clone();
+        Ok(RateLimitHandle::new(
+            shared.answers.clone(),
+            Arc::new(move |tier: usize, quotas: &[crate::Quota]| {
+                B::set_quotas(&limiters[tier], quotas)
+            }),
+        ))
+    }
+
     fn shared(&self) -> Result<Arc<SharedState<E, B>>, ConfigError>
     where
         E: Clone,
@@ -349,7 +379,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             )?);
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
-                headers: policy.headers(),
+                live: ArcSwap::from_pointee(LiveTier::new(policy.clone())),
             });
         }
         Ok(Shared {

@@ -4,10 +4,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 
 use super::future::RateHeaders;
+use super::policy::Policy;
 use crate::gcra::{Decision, Outcome};
 use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
@@ -23,10 +25,26 @@ pub(crate) type CostFn = dyn Fn(&RequestHead<'_>) -> u32 + Send + Sync;
 /// Whether a request goes through uncounted.
 pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 
-/// How one policy of a layer answers: its name and its header fields.
+/// How one policy of a layer answers: its name and, replaced with its quotas while serving,
+/// the policy in force and its header fields.
 pub(crate) struct Tier {
     pub(crate) name: Box<str>,
+    pub(crate) live: ArcSwap<LiveTier>,
+}
+
+/// The policy of a tier as it is now, and the header fields that describe it.
+pub(crate) struct LiveTier {
+    pub(crate) policy: Policy,
     pub(crate) headers: PolicyHeaders,
+}
+
+impl LiveTier {
+    pub(crate) fn new(policy: Policy) -> Self {
+        LiveTier {
+            headers: policy.headers(),
+            policy,
+        }
+    }
 }
 
 /// Everything a layer's services share; `L` is the limiter type of the layer's store.
@@ -175,9 +193,10 @@ impl Answers {
 impl RateHeaders {
     fn new(shared: &Answers, tier: &Tier, d: &Decision) -> Self {
         RateHeaders {
-            ietf: shared
-                .headers
-                .then(|| (tier.headers.policy(), tier.headers.ratelimit(d))),
+            ietf: shared.headers.then(|| {
+                let live = tier.live.load();
+                (live.headers.policy(), live.headers.ratelimit(d))
+            }),
             legacy: shared.legacy_headers.then(|| crate::headers::Legacy::of(d)),
         }
     }

@@ -38,6 +38,10 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
         on_full: Option<OnFull>,
     ) -> Result<Self::Limiter, ConfigError>;
 
+    /// Replaces the quotas of `limiter` (and its clones) while serving.
+    #[doc(hidden)]
+    fn set_quotas(limiter: &Self::Limiter, quotas: &[Quota]) -> Result<(), ConfigError>;
+
     /// Decides `cost` for `key`: at once, or with a future.
     #[doc(hidden)]
     fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> Answer<Self::Later>;
@@ -117,6 +121,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
             builder = builder.clock(clock.clone());
         }
         builder.try_build()
+    }
+
+    fn set_quotas(limiter: &RateLimiter<K>, quotas: &[Quota]) -> Result<(), ConfigError> {
+        limiter.set_quotas(quotas.iter().cloned())
     }
 
     #[inline]
