@@ -190,7 +190,7 @@ mod wait;
 mod axum_support;
 
 pub use clock::{Clock, ManualClock};
-pub use concurrency::ConcurrencyLimitLayer;
+pub use concurrency::{ConcurrencyHandle, ConcurrencyLimitLayer};
 pub use error::ConfigError;
 pub use gcra::{Decision, Decisions, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};

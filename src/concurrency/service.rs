@@ -9,6 +9,7 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::control::{Classifier, Control, Priority};
 use super::future::ResponseFuture;
+use super::handle::Live;
 use super::permit::{Attempt, GlobalLimit, KeyedLimit, Waiter};
 use crate::headers::RATELIMIT_POLICY;
 use crate::key::missing::Resolved;
@@ -26,16 +27,14 @@ pub(crate) struct Shared<E: KeyExtractor> {
     pub(crate) limit: Limit<E::Key>,
     /// 503 for a global limit, 429 for a limit per key.
     pub(crate) status: StatusCode,
-    /// How many may wait, if waiting is on.
-    pub(crate) max_waiting: Option<usize>,
-    pub(crate) max_wait: Duration,
+    /// The queue bounds and the policy field, changed while serving by a
+    /// [`ConcurrencyHandle`](super::ConcurrencyHandle).
+    pub(crate) live: Arc<Live>,
     pub(crate) retry_after: Duration,
     pub(crate) release_on_headers: bool,
     /// How long a response body may hold its permit, if bounded.
     pub(crate) max_hold: Option<Duration>,
     pub(crate) policy_name: Option<Box<str>>,
-    /// The `RateLimit-Policy` item, when configured.
-    pub(crate) policy: Option<Arc<HeaderValue>>,
     /// An adaptive limit or priorities (see `control.rs`).
     pub(crate) control: Option<Arc<Control>>,
     pub(crate) classify: Option<Classifier>,
@@ -49,7 +48,9 @@ impl<E: KeyExtractor> Shared<E> {
         head: &RequestHead<'_>,
     ) -> Attempt {
         match self.core.resolve(head) {
-            Resolved::Key(key) => keyed.try_acquire(key, self.max_waiting, self.priority(head)),
+            Resolved::Key(key) => {
+                keyed.try_acquire(key, self.live.max_waiting(), self.priority(head))
+            }
             Resolved::Pass => Attempt::Unlimited,
             Resolved::Reject(_) => Attempt::MissingKey,
         }
@@ -76,9 +77,9 @@ impl<E: KeyExtractor> Shared<E> {
                 self.core.reject(kind, self.status, wait, policy, protocol)
             }
         };
-        if let Some(policy) = &self.policy {
+        if let Some(policy) = &self.live.policy {
             resp.headers_mut()
-                .append(&RATELIMIT_POLICY, HeaderValue::clone(policy));
+                .append(&RATELIMIT_POLICY, HeaderValue::clone(&policy.load()));
         }
         resp
     }
@@ -120,7 +121,7 @@ where
                     Some(_) => shared.priority(&RequestHead::new(&req)),
                     None => Priority::Critical,
                 };
-                global.try_acquire(shared.max_waiting, priority)
+                global.try_acquire(shared.live.max_waiting(), priority)
             }
             Limit::Keyed(keyed) => shared.try_acquire_keyed(keyed, &RequestHead::new(&req)),
         };
@@ -135,7 +136,7 @@ where
         ResponseFuture::called(
             self.inner.call(req),
             permit,
-            shared.policy.clone(),
+            shared.live.policy(),
             shared.release_on_headers,
             shared.max_hold,
         )
@@ -163,12 +164,12 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
         S: Service<Request<ReqBody>> + Clone,
     {
         let shared = self.shared.clone();
-        let policy = shared.policy.clone();
+        let policy = shared.live.policy();
         let release_on_headers = shared.release_on_headers;
         let max_hold = shared.max_hold;
         let protocol = Protocol::of(&RequestHead::new(&req));
         let wait = Box::pin(async move {
-            match waiter.acquire(shared.max_wait).await {
+            match waiter.acquire(shared.live.max_wait()).await {
                 Some(permit) => Ok(permit),
                 None => Err(shared.reject(RejectionKind::Concurrency, protocol)),
             }
