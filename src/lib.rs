@@ -196,7 +196,7 @@ pub use gcra::{Decision, Decisions, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
 pub use quota::Quota;
 pub use rate_limit::{MissingKey, Policy, RateLimitHandle, RateLimitLayer};
-pub use shape::{PoliteLayer, ShapeLayer, Shaper};
+pub use shape::{PoliteLayer, ShapeHandle, ShapeLayer, Shaper};
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -195,3 +195,85 @@ async fn the_policy_field_follows_the_new_max() {
         r#""conc";q=7;qu="concurrent-requests""#
     );
 }
+
+mod shaping {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+    use tollgate::{Quota, ShapeLayer, Shaper};
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Departure times (ms from `start`) of slots taken in order.
+    async fn departures(slots: Vec<tollgate::shape::Slot>, start: Instant) -> Vec<u128> {
+        let mut tasks = Vec::new();
+        for slot in slots {
+            tasks.push(tokio::spawn(async move {
+                slot.await;
+                start.elapsed().as_millis()
+            }));
+        }
+        let mut at = Vec::new();
+        for t in tasks {
+            at.push(t.await.unwrap());
+        }
+        at
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_faster_rate_keeps_the_head_in_place_and_spaces_the_rest_at_the_new_interval() {
+        let shaper = Shaper::<u64>::new(Quota::per_second(1));
+        let start = Instant::now();
+        let slots: Vec<_> = (0..4).map(|_| shaper.until_slot(&1)).collect();
+        let run = tokio::spawn(departures(slots, start));
+        tokio::time::sleep(500 * MS).await;
+        shaper.clone().set_quota(Quota::per_second(10)).unwrap();
+        // The first left at 0; the head (due at 1 s) keeps its time; then 100 ms apart.
+        assert_eq!(run.await.unwrap(), [0, 1000, 1100, 1200]);
+        // A newcomer after the queue drained: one new interval after the last.
+        let next = shaper.until_slot(&1);
+        next.await;
+        assert_eq!(start.elapsed(), 1300 * MS);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slower_rate_spaces_waiters_further_apart_without_reordering_them() {
+        let shaper = Shaper::<u64>::new(Quota::per_second(10));
+        let start = Instant::now();
+        let slots: Vec<_> = (0..4).map(|_| shaper.until_slot(&1)).collect();
+        let run = tokio::spawn(departures(slots, start));
+        tokio::time::sleep(50 * MS).await;
+        shaper.set_quota(Quota::per_second(2)).unwrap();
+        assert_eq!(run.await.unwrap(), [0, 100, 600, 1100]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shorter_queue_bound_keeps_the_waiters_and_refuses_newcomers() {
+        let shaper = Shaper::<u64>::builder(Quota::per_second(10))
+            .max_queue(5)
+            .build();
+        let start = Instant::now();
+        let slots: Vec<_> = (0..5).map(|_| shaper.reserve(&1).unwrap()).collect();
+        shaper.set_bounds(Some(2), None).unwrap();
+        let full = shaper.reserve(&1).unwrap_err();
+        // Four wait (the first leaves at once), more than the new bound of two: refused, and
+        // told to come back when the first waiter leaves, as for any full queue.
+        assert_eq!(full.retry_after(), 100 * MS);
+        assert_eq!(departures(slots, start).await, [0, 100, 200, 300, 400]);
+        assert!(shaper.reserve(&1).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_layer_handle_changes_the_shaper_and_the_policy_field() {
+        let layer = ShapeLayer::new(Quota::per_second(10)).max_queue(4);
+        let handle = layer.handle().unwrap();
+        handle.set_quota(Quota::per_second(2)).unwrap();
+        handle
+            .set_bounds(Some(1), Some(Duration::from_secs(1)))
+            .unwrap();
+        let shaper = layer.shaper().unwrap();
+        assert_eq!(shaper.quota(), Quota::per_second(2));
+        assert!(handle.set_quota(Quota::per_second(1).burst(1)).is_ok());
+        assert!(format!("{shaper:?}").contains("max_queue: Some(1)"));
+    }
+}

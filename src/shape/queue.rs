@@ -80,6 +80,8 @@ pub(crate) struct Queue {
     waiters: VecDeque<Waiter>,
     /// The ticket of the next waiter to join.
     ticket: u64,
+    /// The interval `next` was spaced with (0: not yet); see [`Queue::follow`].
+    spaced: u64,
 }
 
 impl Queue {
@@ -90,6 +92,27 @@ impl Queue {
 
     fn len(&self) -> u64 {
         self.waiters.len() as u64
+    }
+
+    /// Re-spaces the schedule after the shaper's interval changed while serving: the head
+    /// keeps its virtual time (its place and its slot) and those behind it follow one new
+    /// interval apart; with nobody waiting, the next newcomer comes one new interval after
+    /// the last one to leave. Called under the queue's lock before anything reads positions.
+    fn follow(&mut self, t: &Timing) {
+        if self.spaced == t.interval {
+            return;
+        }
+        if self.spaced != 0 && self.next != 0 {
+            let len = self.len();
+            let (old, new) = (self.spaced, t.interval);
+            self.next = if len == 0 {
+                self.next.saturating_sub(old).saturating_add(new)
+            } else {
+                let head = self.next.saturating_sub(len.saturating_mul(old));
+                head.saturating_add(len.saturating_mul(new))
+            };
+        }
+        self.spaced = t.interval;
     }
 
     /// The virtual time of the waiter at `pos`.
@@ -129,6 +152,7 @@ impl Queue {
         now: u64,
         leave_now: bool,
     ) -> Join {
+        self.follow(t);
         let v = self.newcomer(now);
         let slot = v.saturating_sub(t.ahead);
         let wait = slot.saturating_sub(now);
@@ -179,6 +203,7 @@ impl Queue {
 
     /// The waiter holding `ticket` asks for its turn at `now`; `waker` is stored if it must wait.
     pub(crate) fn turn(&mut self, t: &Timing, ticket: u64, now: u64, waker: &Waker) -> Turn {
+        self.follow(t);
         let Some(pos) = self.position(ticket) else {
             // Only the waiter itself removes its ticket, so this cannot happen; leaving is the
             // answer that cannot hang.
@@ -207,6 +232,7 @@ impl Queue {
     /// The waiter holding `ticket` gives up: it leaves the queue and its slot goes to the ones
     /// behind. Returns the waker of the new head when the head gave up.
     pub(crate) fn cancel(&mut self, t: &Timing, ticket: u64) -> Option<Waker> {
+        self.follow(t);
         let pos = self.position(ticket)?;
         self.waiters.remove(pos);
         self.next = self.next.saturating_sub(t.interval);
