@@ -33,7 +33,7 @@ pub(crate) struct Fields {
 }
 
 impl Fields {
-    pub(crate) fn of<K: std::hash::Hash + Eq + Clone + Send + Sync>(
+    pub(crate) fn of<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
         shaper: &Shaper<K>,
         name: &str,
         on: bool,
