@@ -179,6 +179,7 @@ pub mod rate_limit;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 pub mod response;
+pub mod settings;
 pub mod shape;
 pub mod store;
 #[cfg(feature = "stream")]

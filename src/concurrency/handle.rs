@@ -125,6 +125,11 @@ impl ConcurrencyHandle {
         }
     }
 
+    /// Whether the layer was built with a queue, whose bounds may change.
+    pub(crate) fn has_queue(&self) -> bool {
+        self.live.max_waiting.is_some()
+    }
+
     /// The maximum in force.
     pub fn max(&self) -> usize {
         self.control.cap()
