@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, MAX_QUOTAS};
 use crate::quota::Quota;
-use crate::store::memory::{Many, MemoryStore, One, Slot};
+use crate::store::memory::{Many, MemoryStore, Mixed, One, Slot};
 use crate::store::OnFull;
 use crate::wait::Lines;
 
@@ -73,18 +74,22 @@ struct Inner<K> {
     waiters: Lines<K>,
 }
 
-/// A set of quotas and the numbers the algorithm takes from them, swapped as one.
+/// A set of quotas and the numbers the algorithms take from them, swapped as one.
 struct Limits {
     quotas: Arc<[Quota]>,
+    /// The quotas as GCRA when every quota is one (else empty).
     gcras: Box<[Gcra]>,
+    rules: Box<[Rule]>,
 }
 
 impl Limits {
     fn new(quotas: Vec<Quota>) -> Self {
-        let gcras = quotas.iter().map(Quota::gcra).collect();
+        let rules: Box<[Rule]> = quotas.iter().map(Quota::rule).collect();
+        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
         Limits {
             quotas: quotas.into(),
             gcras,
+            rules,
         }
     }
 }
@@ -103,12 +108,33 @@ pub(crate) fn check_quotas(quotas: &[Quota]) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Whether `new` may replace `old` while serving: as many quotas, each of the kind of the
+/// one it replaces (the per-key state of a position is read by its kind).
+pub(crate) fn check_replacement(old: &[Quota], new: &[Quota]) -> Result<(), ConfigError> {
+    check_quotas(new)?;
+    if new.len() != old.len() {
+        return Err(ConfigError::QuotaCountChanged {
+            was: old.len(),
+            got: new.len(),
+        });
+    }
+    if old.iter().zip(new).any(|(o, n)| o.kind() != n.kind()) {
+        return Err(ConfigError::NotChangeable(
+            "the kind (algorithm) of a quota, whose per-key state it keeps,",
+        ));
+    }
+    Ok(())
+}
+
 enum Store<K> {
     One(MemoryStore<K, One>),
     Many(MemoryStore<K, Many>),
+    /// Quotas of other kinds than GCRA among them.
+    Mixed(MemoryStore<K, Mixed>),
     /// A zero-sized key type has a single value (`()` above all): one slot, no map, no lock.
     DirectOne(One),
     DirectMany(Many),
+    DirectMixed(Mixed),
 }
 
 /// Builds a [`RateLimiter`].
@@ -161,20 +187,39 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
 
     /// Builds the limiter, or says which setting is wrong.
     pub fn try_build(self) -> Result<RateLimiter<K>, ConfigError> {
-        check_quotas(&self.quotas)?;
+        if self.quotas.is_empty() {
+            return Err(ConfigError::NoQuota);
+        }
+        if self.quotas.len() > MAX_QUOTAS {
+            return Err(ConfigError::TooManyQuotas {
+                got: self.quotas.len(),
+                max: MAX_QUOTAS,
+            });
+        }
         if self.max_keys == 0 {
             return Err(ConfigError::ZeroMaxKeys);
         }
+        let limits = Limits::new(self.quotas);
+        let (gcras, rules) = (&limits.gcras, &limits.rules);
         let direct = std::mem::size_of::<K>() == 0;
-        let store = match (direct, self.quotas.len() == 1) {
-            (true, true) => Store::DirectOne(One::idle()),
-            (true, false) => Store::DirectMany(Many::idle()),
-            (false, true) => Store::One(MemoryStore::new(self.max_keys, self.on_full)),
-            (false, false) => Store::Many(MemoryStore::new(self.max_keys, self.on_full)),
+        let (max, on_full) = (self.max_keys, self.on_full);
+        let store = if gcras.len() < rules.len() {
+            if direct {
+                Store::DirectMixed(Mixed::idle())
+            } else {
+                Store::Mixed(MemoryStore::new(max, on_full))
+            }
+        } else {
+            match (direct, gcras.len() == 1) {
+                (true, true) => Store::DirectOne(One::idle()),
+                (true, false) => Store::DirectMany(Many::idle()),
+                (false, true) => Store::One(MemoryStore::new(max, on_full)),
+                (false, false) => Store::Many(MemoryStore::new(max, on_full)),
+            }
         };
         Ok(RateLimiter {
             inner: Arc::new(Inner {
-                limits: ArcSwap::from_pointee(Limits::new(self.quotas)),
+                limits: ArcSwap::from_pointee(limits),
                 store,
                 clock: self.clock.unwrap_or_default(),
                 waiters: Lines::default(),
@@ -233,7 +278,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         let now = self.inner.clock.now();
         // The global limiter's whole state is one word: decide it here, inlined.
         if let Store::DirectOne(slot) = &self.inner.store {
-            return slot.decide(&self.inner.limits.load().gcras, now, cost);
+            return slot.decide(&self.inner.limits.load().gcras[0], now, cost);
         }
         self.decide_at(key, now, cost)
     }
@@ -246,12 +291,15 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     #[inline]
     pub(crate) fn decide_at(&self, key: &K, now: u64, cost: u32) -> Decision {
         let limits = self.inner.limits.load();
-        let gcras = &limits.gcras;
+        let (gcras, rules) = (&limits.gcras, &limits.rules);
+        let clock = &self.inner.clock;
         match &self.inner.store {
-            Store::One(s) => s.decide(key, gcras, &self.inner.clock, now, cost),
-            Store::Many(s) => s.decide(key, gcras, &self.inner.clock, now, cost),
-            Store::DirectOne(slot) => slot.decide(gcras, now, cost),
+            Store::One(s) => s.decide(key, &gcras[0], clock, now, cost),
+            Store::Many(s) => s.decide(key, gcras, clock, now, cost),
+            Store::Mixed(s) => s.decide(key, rules, clock, now, cost),
+            Store::DirectOne(slot) => slot.decide(&gcras[0], now, cost),
             Store::DirectMany(slot) => slot.decide(gcras, now, cost),
+            Store::DirectMixed(slot) => slot.decide(rules, now, cost),
         }
     }
 
@@ -264,12 +312,14 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         }
         let now = self.inner.clock.now();
         let limits = self.inner.limits.load();
-        let gcras = &limits.gcras;
+        let (gcras, rules) = (&limits.gcras, &limits.rules);
         match &self.inner.store {
-            Store::One(s) => s.refund(key, gcras, now, cost),
+            Store::One(s) => s.refund(key, &gcras[0], now, cost),
             Store::Many(s) => s.refund(key, gcras, now, cost),
-            Store::DirectOne(slot) => slot.refund(gcras, now, cost),
+            Store::Mixed(s) => s.refund(key, rules, now, cost),
+            Store::DirectOne(slot) => slot.refund(&gcras[0], now, cost),
             Store::DirectMany(slot) => slot.refund(gcras, now, cost),
+            Store::DirectMixed(slot) => slot.refund(rules, now, cost),
         }
     }
 
@@ -316,14 +366,13 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         crate::wait::until_admitted(
             &inner.waiters,
             key,
-            &limits.gcras,
+            &limits.rules,
             &inner.clock,
             cost,
             check,
         )
         .await
     }
-
     /// The quotas in force, in the order given (the latest set by
     /// [`set_quotas`](Self::set_quotas)).
     pub fn quotas(&self) -> Arc<[Quota]> {
@@ -333,9 +382,15 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// Replaces the quotas of this limiter and of every clone of it, from the next decision
     /// on, keeping the state of every key.
     ///
-    /// The new quotas must be as many as the limiter was built with (each one replaces the
-    /// quota at its position, whose per-key times it takes over), and valid; otherwise this
-    /// returns a [`ConfigError`] and the quotas in force stay.
+    /// The new quotas must be as many as the limiter was built with, each of the
+    /// [kind](Quota::kind) of the one it replaces (it takes over that quota's per-key state),
+    /// and valid; otherwise this returns a [`ConfigError`] and the quotas in force stay.
+    ///
+    /// # Window quotas
+    /// A fixed window, sliding log or sliding window keeps the requests it counted: a new
+    /// count applies to them at once (a key over a lower count is rejected until enough of
+    /// them leave the window, never longer than one window), and a new period applies from
+    /// the key's next window (fixed) or to the times and counts already kept (sliding).
     ///
     /// # A key in the middle of a burst
     /// A key's state is a time, its theoretical arrival time, and a change carries it over
@@ -378,14 +433,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// ```
     pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
-        check_quotas(&quotas)?;
-        let now = self.inner.limits.load().gcras.len();
-        if quotas.len() != now {
-            return Err(ConfigError::QuotaCountChanged {
-                was: now,
-                got: quotas.len(),
-            });
-        }
+        check_replacement(&self.inner.limits.load().quotas, &quotas)?;
         self.inner.limits.store(Arc::new(Limits::new(quotas)));
         Ok(())
     }
@@ -400,8 +448,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         match &self.inner.store {
             Store::One(s) => s.len(),
             Store::Many(s) => s.len(),
+            Store::Mixed(s) => s.len(),
             Store::DirectOne(slot) => usize::from(slot.horizon() > self.inner.clock.now()),
             Store::DirectMany(slot) => usize::from(slot.horizon() > self.inner.clock.now()),
+            Store::DirectMixed(slot) => usize::from(slot.horizon() > self.inner.clock.now()),
         }
     }
 
@@ -418,8 +468,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         match &self.inner.store {
             Store::One(s) => s.evict_idle(now),
             Store::Many(s) => s.evict_idle(now),
+            Store::Mixed(s) => s.evict_idle(now),
             Store::DirectOne(slot) => usize::from(slot.horizon() > now),
             Store::DirectMany(slot) => usize::from(slot.horizon() > now),
+            Store::DirectMixed(slot) => usize::from(slot.horizon() > now),
         }
     }
 }

@@ -11,7 +11,9 @@
 //! `Serialize` and `Deserialize`. Durations are strings: an integer and a unit, `ns`, `us`,
 //! `ms`, `s`, `m`, `h` or `d`, repeated from the largest unit down (`"500ms"`, `"1s"`,
 //! `"1h30m"`); they are written back in that form, in the largest units that fit.
-//! A quota reads `count` requests `per` period, with an optional `burst` and `name`. Values
+//! A quota reads `count` requests `per` period, with an optional `burst` and `name`, and a
+//! `kind`: `"gcra"` (the default), `"fixed_window"`, `"sliding_log"` or `"sliding_window"`
+//! (then `per` is the window, and there is no burst). Values
 //! are checked as the builders check them, and an error names the field (a format such as
 //! TOML adds where it is); unknown fields are errors, so that a misspelt limit is never
 //! silently ignored.
@@ -282,11 +284,23 @@ mod quota_serde {
     use serde::de::Error as _;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    use crate::{Policy, Quota};
+    use crate::{Policy, Quota, QuotaKind};
+
+    /// The algorithm, by name.
+    #[derive(Serialize, Deserialize, PartialEq, Eq, Clone, Copy)]
+    #[serde(rename_all = "snake_case")]
+    enum Kind {
+        Gcra,
+        FixedWindow,
+        SlidingLog,
+        SlidingWindow,
+    }
 
     #[derive(Serialize, Deserialize)]
     #[serde(deny_unknown_fields)]
     struct QuotaForm {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<Kind>,
         count: u32,
         #[serde(with = "super::duration")]
         per: Duration,
@@ -298,7 +312,14 @@ mod quota_serde {
 
     impl Serialize for Quota {
         fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let kind = match self.kind() {
+                QuotaKind::FixedWindow => Some(Kind::FixedWindow),
+                QuotaKind::SlidingLog => Some(Kind::SlidingLog),
+                QuotaKind::SlidingWindow => Some(Kind::SlidingWindow),
+                _ => None,
+            };
             QuotaForm {
+                kind,
                 count: self.count(),
                 per: self.period(),
                 burst: (self.burst_size() != self.count()).then_some(self.burst_size()),
@@ -314,7 +335,13 @@ mod quota_serde {
             let named =
                 |e: crate::ConfigError, field: &str| D::Error::custom(format!("{field}: {e}"));
             let field = if f.count == 0 { "count" } else { "per" };
-            let mut q = Quota::try_new(f.count, f.per).map_err(|e| named(e, field))?;
+            let made = match f.kind.unwrap_or(Kind::Gcra) {
+                Kind::Gcra => Quota::try_new(f.count, f.per),
+                Kind::FixedWindow => Quota::try_fixed_window(f.count, f.per),
+                Kind::SlidingLog => Quota::try_sliding_log(f.count, f.per),
+                Kind::SlidingWindow => Quota::try_sliding_window(f.count, f.per),
+            };
+            let mut q = made.map_err(|e| named(e, field))?;
             if let Some(b) = f.burst {
                 q = q.try_burst(b).map_err(|e| named(e, "burst"))?;
             }

@@ -255,6 +255,45 @@ async fn a_waiter_decides_under_the_new_quota_when_its_turn_comes() {
     assert_eq!(waiter.await.unwrap(), 1200 * MS);
 }
 
+#[test]
+fn a_window_quota_keeps_its_count_and_a_lower_count_holds_the_key_until_the_window_ends() {
+    let (clock, time) = Clock::manual();
+    let l = RateLimiter::<u64>::builder(Quota::fixed_window(5, Duration::from_secs(60)))
+        .quota(Quota::per_second(100))
+        .clock(clock)
+        .build();
+    assert_eq!(admitted(&l, &1), 5);
+    l.set_quotas([
+        Quota::fixed_window(3, Duration::from_secs(60)),
+        Quota::per_second(100),
+    ])
+    .unwrap();
+    let d = l.check(&1);
+    assert_eq!(d.remaining(), 0);
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(60)));
+    l.set_quotas([
+        Quota::fixed_window(8, Duration::from_secs(60)),
+        Quota::per_second(100),
+    ])
+    .unwrap();
+    assert_eq!(admitted(&l, &1), 3);
+    time.advance(Duration::from_secs(60));
+    assert_eq!(admitted(&l, &1), 8);
+}
+
+#[test]
+fn a_quota_cannot_change_its_kind_while_serving() {
+    let (clock, _time) = Clock::manual();
+    let l = RateLimiter::<u64>::builder(Quota::sliding_log(5, Duration::from_secs(1)))
+        .clock(clock)
+        .build();
+    assert!(matches!(
+        l.set_quotas([Quota::per_second(5)]),
+        Err(ConfigError::NotChangeable(_))
+    ));
+    assert_eq!(l.quotas()[0], Quota::sliding_log(5, Duration::from_secs(1)));
+}
+
 #[cfg(feature = "axum")]
 mod layer {
     use std::convert::Infallible;

@@ -21,9 +21,13 @@ async fn store(server: &RedisServer) -> RedisStore {
         .timeout(Duration::from_secs(2))
 }
 
+/// A limiter named after its test, so that tests never share a key even on one server.
 fn limiter(store: &RedisStore, quota: Quota, clock: &Clock) -> RedisRateLimiter<&'static str> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::thread::current().name().hash(&mut h);
     RedisRateLimiter::<&str>::builder(store.clone(), quota)
-        .name("live")
+        .name(format!("live-{:x}", h.finish()))
         .clock(clock.clone())
         .build()
 }
@@ -135,4 +139,31 @@ async fn an_invalid_change_is_refused_and_the_old_quotas_stay_on_redis() {
     );
     assert_eq!(*l.quotas(), [Quota::per_second(3)][..]);
     assert_eq!(admitted(&l, "k").await, 3);
+}
+
+#[tokio::test]
+async fn a_window_quota_over_a_lower_count_reports_none_remaining_on_redis() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, time) = Clock::manual();
+    time.advance(Duration::from_secs(1_000));
+    let l = limiter(
+        &store,
+        Quota::fixed_window(5, Duration::from_secs(60)),
+        &clock,
+    );
+    assert_eq!(admitted(&l, "k").await, 5);
+    l.set_quotas([Quota::fixed_window(3, Duration::from_secs(60))])
+        .unwrap();
+    let d = l.check(&"k").await;
+    assert!(!d.is_degraded());
+    assert_eq!(d.remaining(), 0);
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(60)));
+    l.set_quotas([Quota::fixed_window(8, Duration::from_secs(60))])
+        .unwrap();
+    assert_eq!(admitted(&l, "k").await, 3);
+    assert!(matches!(
+        l.set_quotas([Quota::per_second(8)]),
+        Err(ConfigError::NotChangeable(_))
+    ));
 }

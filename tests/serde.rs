@@ -46,6 +46,9 @@ fn quotas_round_trip_through_toml_and_json() {
         Quota::per_second(10).burst(25),
         Quota::per_day(10_000).named("daily"),
         Quota::new(250, Duration::from_millis(500)).burst(1),
+        Quota::fixed_window(100, Duration::from_secs(60)),
+        Quota::sliding_log(5, Duration::from_secs(1)).named("log"),
+        Quota::sliding_window(1000, Duration::from_secs(3600)),
     ] {
         let json = serde_json::to_string(&q).unwrap();
         assert_eq!(serde_json::from_str::<Quota>(&json).unwrap(), q, "{json}");
@@ -72,6 +75,12 @@ fn invalid_quotas_are_errors_that_name_the_field() {
     assert!(err(r#"{"count":5,"per":"soon"}"#).contains("invalid duration"));
     assert!(err(r#"{"count":5}"#).contains("missing field `per`"));
     assert!(err(r#"{"count":5,"per":"1s","brust":3}"#).contains("unknown field `brust`"));
+    assert!(err(r#"{"kind":"fixed_window","count":5,"per":"1s","burst":3}"#).starts_with("burst:"));
+    assert!(err(r#"{"kind":"leaky","count":5,"per":"1s"}"#).contains("unknown variant"));
+    assert_eq!(
+        serde_json::to_string(&Quota::sliding_window(5, Duration::from_secs(1))).unwrap(),
+        r#"{"kind":"sliding_window","count":5,"per":"1s"}"#
+    );
     // TOML says where.
     #[derive(Debug, serde::Deserialize)]
     #[allow(dead_code)]

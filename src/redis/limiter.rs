@@ -12,6 +12,7 @@ use arc_swap::ArcSwap;
 use super::deny::DenyCache;
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
 use super::store::{Arg, FailMode, RedisStore, RETRY_WHEN_UNAVAILABLE};
+use crate::algo::{Rule, Window};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
@@ -54,8 +55,10 @@ const MICRO: u64 = 1_000;
 ///
 /// # Keys
 /// The Redis key of a limiter key is `<prefix><name length>:<name>:<key>` (see [`RedisKey`]),
-/// e.g. `tollgate:3:api:42`; it holds the times of all the policy's quotas (so they share one
-/// Cluster slot), and expires when the key is back to its full burst. The bytes of a key never
+/// e.g. `tollgate:3:api:42`; it holds the state of all the policy's quotas (so they share one
+/// Cluster slot), and expires when the key is back to its full burst. It is a string, or, when
+/// the policy has a [`sliding_log`](Quota::sliding_log) quota, a sorted set holding one member
+/// per admitted unit (`<time>:<index>`, never two alike) beside the other quotas' state. The bytes of a key never
 /// form a Cluster hash tag: a key with a `{` is written after `{}`, so Redis hashes the whole
 /// name ([`RedisKey`] says more).
 ///
@@ -71,7 +74,17 @@ const MICRO: u64 = 1_000;
 /// While Redis keeps the key this is exact (its stored times only grow); after Redis lost the
 /// key's state (restart without persistence, `FLUSHALL`, eviction, failover), a limiter may
 /// still reject for up to that age what Redis would admit, never longer. See
-/// [`local_rejections`](Self::local_rejections).
+/// [`local_rejections`](Self::local_rejections). The deny cache serves policies whose quotas
+/// are all GCRA; a policy with a window quota asks Redis for every decision.
+///
+/// # Window quotas
+/// Windows are counted in whole microseconds (a window is rounded up to the microsecond).
+/// The script's numbers are Lua doubles, exact below 2^53: a
+/// [`sliding_window`](Quota::sliding_window) quota whose `count × window` in microseconds
+/// reaches 2^52 is a configuration error
+/// ([`ConfigError::WindowTooLongForStore`]; for one day, counts up to 52 000). Changing a
+/// policy's quotas under the same name while keys are live mixes two layouts: give the new
+/// policy a new name.
 pub struct RedisRateLimiter<K> {
     inner: Arc<Inner<K>>,
 }
@@ -116,18 +129,22 @@ struct Inner<K> {
 struct Limits {
     quotas: Arc<[Quota]>,
     /// The quotas rounded to whole microseconds, in nanoseconds.
+    rules: Box<[Rule]>,
+    /// The same as GCRA, when every quota is one (the deny cache decides those locally).
     gcras: Box<[Gcra]>,
 }
 
 impl Limits {
     fn new(quotas: Vec<Quota>) -> Result<Self, ConfigError> {
         crate::limiter::check_quotas(&quotas)?;
-        let gcras = quotas
+        let rules = quotas
             .iter()
             .map(micros)
-            .collect::<Result<Box<[Gcra]>, _>>()?;
+            .collect::<Result<Box<[Rule]>, _>>()?;
+        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
         Ok(Limits {
             quotas: quotas.into(),
+            rules,
             gcras,
         })
     }
@@ -183,6 +200,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     pub fn try_build(self) -> Result<RedisRateLimiter<K>, ConfigError> {
         let limits = Limits::new(self.quotas)?;
         crate::headers::check_name(&self.name)?;
+        let all_gcra = limits.gcras.len() == limits.rules.len();
         let mut key_prefix = self.store.prefix.to_vec();
         RedisKey::write_key(&self.name.len(), &mut key_prefix);
         key_prefix.push(b':');
@@ -191,7 +209,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         let tag_guard = guard_fixed_part(&mut key_prefix);
         let clock = self.clock.unwrap_or_default();
         let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
-        let deny = (self.store.deny_cache > 0 && max_age > 0)
+        let deny = (all_gcra && self.store.deny_cache > 0 && max_age > 0)
             .then(|| DenyCache::new(self.store.deny_cache, max_age));
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
@@ -209,8 +227,35 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     }
 }
 
-/// A quota in whole microseconds (interval rounded up), expressed in nanoseconds.
-fn micros(q: &Quota) -> Result<Gcra, ConfigError> {
+/// The largest integer the script's numbers (Lua doubles) hold exactly.
+const EXACT: u128 = 1 << 53;
+
+/// A quota in whole microseconds (an interval or a window rounded up), in nanoseconds.
+fn micros(q: &Quota) -> Result<Rule, ConfigError> {
+    let window = |w: &Window, counter: bool| -> Result<Window, ConfigError> {
+        let width = w.width.div_ceil(MICRO);
+        // The counter multiplies counts (up to twice the limit) by widths in the script.
+        if counter && u128::from(w.limit) * u128::from(width) * 2 >= EXACT {
+            return Err(ConfigError::WindowTooLongForStore {
+                count: q.count(),
+                window: q.period(),
+            });
+        }
+        Ok(Window {
+            limit: w.limit,
+            width: width * MICRO,
+        })
+    };
+    match q.rule() {
+        Rule::Gcra(_) => gcra_micros(q).map(Rule::Gcra),
+        Rule::FixedWindow(w) => window(&w, false).map(Rule::FixedWindow),
+        Rule::SlidingLog(w) => window(&w, false).map(Rule::SlidingLog),
+        Rule::SlidingWindow(w) => window(&w, true).map(Rule::SlidingWindow),
+    }
+}
+
+/// A GCRA quota in whole microseconds (interval rounded up), expressed in nanoseconds.
+fn gcra_micros(q: &Quota) -> Result<Gcra, ConfigError> {
     let g = q.gcra();
     let too_fine = ConfigError::RateTooHighForStore {
         count: q.count(),
@@ -310,7 +355,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         crate::wait::until_admitted(
             &inner.waiters,
             key,
-            &limits.gcras,
+            &limits.rules,
             &inner.clock,
             cost,
             check,
@@ -340,18 +385,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// a rejection remembered under stricter quotas is not answered again once the quotas are
     /// raised: the next request asks Redis.
     ///
-    /// The new quotas must be as many as the limiter was built with, and valid for the store
-    /// (whole microseconds); otherwise this returns a [`ConfigError`] and the quotas in force
+    /// The new quotas must be as many as the limiter was built with, each of the kind of the
+    /// one it replaces, and valid for the store (whole microseconds); otherwise this returns a [`ConfigError`] and the quotas in force
     /// stay.
     pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
-        let limits = Limits::new(quotas.into_iter().collect())?;
-        let was = self.inner.limits.load().gcras.len();
-        if limits.gcras.len() != was {
-            return Err(ConfigError::QuotaCountChanged {
-                was,
-                got: limits.gcras.len(),
-            });
-        }
+        let quotas: Vec<Quota> = quotas.into_iter().collect();
+        crate::limiter::check_replacement(&self.inner.limits.load().quotas, &quotas)?;
+        let limits = Limits::new(quotas)?;
         self.inner.limits.store(Arc::new(limits));
         Ok(())
     }
@@ -397,28 +437,36 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     }
 
     /// The script's arguments after the key: the cost (negative for a refund), the time sent
-    /// (empty: the server's clock), then each quota's interval and tolerance in microseconds.
-    /// Returns them with how many are used.
+    /// (empty: the server's clock), then each quota's kind and two numbers (GCRA: interval and
+    /// tolerance in microseconds; a window: its count and width in microseconds). Returns
+    /// them with how many are used.
     fn script_args<'a>(
         &self,
-        gcras: &[Gcra],
+        rules: &[Rule],
         cost: Arg<'a>,
         now: u64,
-    ) -> ([Arg<'a>; 3 + 2 * MAX_QUOTAS], usize) {
+    ) -> ([Arg<'a>; 3 + 3 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
-        let mut args = [Arg::Int(0); 3 + 2 * MAX_QUOTAS];
+        let mut args = [Arg::Int(0); 3 + 3 * MAX_QUOTAS];
         args[0] = cost;
         args[1] = if inner.local_time {
             Arg::Int(now / MICRO)
         } else {
             Arg::Bytes(b"")
         };
-        args[2] = Arg::Int(gcras.len() as u64);
-        for (i, g) in gcras.iter().enumerate() {
-            args[3 + 2 * i] = Arg::Int(g.interval / MICRO);
-            args[4 + 2 * i] = Arg::Int(g.tolerance / MICRO);
+        args[2] = Arg::Int(rules.len() as u64);
+        for (i, r) in rules.iter().enumerate() {
+            let (kind, a, b) = match r {
+                Rule::Gcra(g) => (0, g.interval / MICRO, g.tolerance / MICRO),
+                Rule::FixedWindow(w) => (1, w.limit, w.width / MICRO),
+                Rule::SlidingLog(w) => (2, w.limit, w.width / MICRO),
+                Rule::SlidingWindow(w) => (3, w.limit, w.width / MICRO),
+            };
+            args[3 + 3 * i] = Arg::Int(kind);
+            args[4 + 3 * i] = Arg::Int(a);
+            args[5 + 3 * i] = Arg::Int(b);
         }
-        (args, 3 + 2 * gcras.len())
+        (args, 3 + 3 * rules.len())
     }
 
     /// The decision of Redis, or of the failure policy.
@@ -426,10 +474,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let inner = &*self.inner;
         // One set of quotas for the whole decision, whatever changes while it is on its way.
         let limits = inner.limits.load_full();
-        let (args, n) = self.script_args(&limits.gcras, Arg::Int(u64::from(cost)), now);
+        let (args, n) = self.script_args(&limits.rules, Arg::Int(u64::from(cost)), now);
         let reply = inner.store.eval(&self.redis_key(key), &args[..n]).await;
         let decision = reply.and_then(|r| {
-            let d = decision_of(&limits.gcras, &r);
+            let d = decision_of(&limits.rules, &r);
             if d.is_none() {
                 inner.store.bad_reply();
             }
@@ -448,7 +496,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 d
             }
             None => Decision::degraded(
-                &limits.gcras,
+                &limits.rules,
                 inner.store.on_failure == FailMode::Open,
                 RETRY_WHEN_UNAVAILABLE.as_nanos() as u64,
             ),
@@ -468,11 +516,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         // A negative cost is a refund to the script.
         let back = format!("-{cost}");
         let limits = inner.limits.load_full();
-        let (args, n) = self.script_args(&limits.gcras, Arg::Bytes(back.as_bytes()), now);
+        let (args, n) = self.script_args(&limits.rules, Arg::Bytes(back.as_bytes()), now);
         let Some(reply) = inner.store.eval(&self.redis_key(key), &args[..n]).await else {
             return;
         };
-        match decision_of(&limits.gcras, &reply) {
+        match decision_of(&limits.rules, &reply) {
             Some(d) => {
                 if let Some(deny) = &inner.deny {
                     deny.admitted(key, now, &d);
@@ -483,9 +531,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     }
 }
 
-/// Maps the script's reply onto a decision under `gcras`; `None` when it does not fit.
-fn decision_of(gcras: &[Gcra], r: &[i64]) -> Option<Decision> {
-    if r.len() != 2 + 2 * gcras.len() {
+/// Maps the script's reply onto a decision under `rules`; `None` when it does not fit.
+fn decision_of(rules: &[Rule], r: &[i64]) -> Option<Decision> {
+    if r.len() != 2 + 2 * rules.len() {
         return None;
     }
     let outcome = match r[0] {
@@ -496,17 +544,30 @@ fn decision_of(gcras: &[Gcra], r: &[i64]) -> Option<Decision> {
     };
     let ns = |v: i64| u64::try_from(v).ok()?.checked_mul(MICRO);
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    for (i, g) in gcras.iter().enumerate() {
-        // The script's `remaining` follows from the time ahead; keep its consistency check.
-        let state = QuotaState::ahead_by(g, ns(r[3 + 2 * i])?);
-        if state.remaining() != u64::try_from(r[2 + 2 * i]).ok()? {
-            return None;
-        }
-        quotas[i] = state;
+    for (i, rule) in rules.iter().enumerate() {
+        let remaining = u64::try_from(r[2 + 2 * i]).ok()?;
+        let reset = ns(r[3 + 2 * i])?;
+        quotas[i] = match rule {
+            Rule::Gcra(g) => {
+                // The script's `remaining` follows from the time ahead; keep its
+                // consistency check.
+                let state = QuotaState::ahead_by(g, reset);
+                if state.remaining() != remaining {
+                    return None;
+                }
+                state
+            }
+            Rule::FixedWindow(w) | Rule::SlidingLog(w) | Rule::SlidingWindow(w) => {
+                if remaining > w.limit {
+                    return None;
+                }
+                QuotaState::counted(w.limit, remaining, reset)
+            }
+        };
     }
     Some(Decision::from_store(
         outcome,
         ns(r[1])?,
-        &quotas[..gcras.len().min(MAX_QUOTAS)],
+        &quotas[..rules.len().min(MAX_QUOTAS)],
     ))
 }
