@@ -14,8 +14,8 @@
 //! A quota reads `count` requests `per` period, with an optional `burst` and `name`, and a
 //! `kind`: `"gcra"` (the default), `"fixed_window"`, `"sliding_log"` or `"sliding_window"`
 //! (then `per` is the window, and there is no burst). Values
-//! are checked as the builders check them, and an error names the field (a format such as
-//! TOML adds where it is); unknown fields are errors, so that a misspelt limit is never
+//! are checked as the builders check them, and an error names the field (a duration error
+//! quotes the string instead; a format such as TOML adds where it is); unknown fields are errors, so that a misspelt limit is never
 //! silently ignored.
 //!
 //! ```
@@ -33,7 +33,7 @@
 //! let err = serde_json::from_str::<Quota>(r#"{ "count": 0, "per": "1s" }"#).unwrap_err();
 //! assert!(err.to_string().contains("count"), "{err}");
 //! let err = serde_json::from_str::<Quota>(r#"{ "count": 5, "per": "1 fortnight" }"#);
-//! assert!(err.unwrap_err().to_string().contains("per"));
+//! assert!(err.unwrap_err().to_string().contains("invalid duration \"1 fortnight\""));
 //!
 //! let shape: ShapeSettings =
 //!     serde_json::from_str(r#"{ "rate": { "count": 5, "per": "1s" }, "max_delay": "2s" }"#)
