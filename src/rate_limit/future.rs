@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::shared::Answers;
-use super::store::{Backend, Refunding};
+use super::store::{Answer, Backend, Refunding, Settling};
 use crate::response;
 
 use crate::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
@@ -41,6 +41,9 @@ pub(crate) struct Taken<B: Backend<K>, K> {
     pub(crate) limiter: B::Limiter,
     pub(crate) key: K,
     pub(crate) cost: u32,
+    /// Where the tier's settle rule and header fields are, when the layer settles the cost
+    /// from the response: the answers and the tier's index.
+    pub(crate) settle: Option<(Arc<Answers>, usize)>,
 }
 
 pin_project! {
@@ -79,6 +82,14 @@ pin_project! {
         Refunding {
             refunding: Refunding,
             response: Option<S::Response>,
+        },
+        Settling {
+            settling: Settling,
+            response: Option<S::Response>,
+            // The fields of the reservation, kept in case the store does not answer.
+            headers: Option<RateHeaders>,
+            answers: Arc<Answers>,
+            tier: usize,
         },
         Ready {
             response: Option<S::Response>,
@@ -199,11 +210,11 @@ where
                     taken,
                 } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some(h) = headers.take() {
-                        h.apply(response.headers_mut());
-                    }
                     match taken.take() {
                         Some(t) if response::is_rejection(&response) => {
+                            if let Some(h) = headers.take() {
+                                h.apply(response.headers_mut());
+                            }
                             match B::refund(&t.limiter, t.key, t.cost) {
                                 Some(refunding) => Kind::Refunding {
                                     refunding,
@@ -212,8 +223,69 @@ where
                                 None => return Poll::Ready(Ok(response)),
                             }
                         }
-                        _ => return Poll::Ready(Ok(response)),
+                        Some(Taken {
+                            limiter,
+                            key,
+                            cost,
+                            settle: Some((answers, tier)),
+                        }) => {
+                            // Settled from the response head; see `settle` for the rules.
+                            let (parts, body) = response.into_parts();
+                            let actual = answers
+                                .settle
+                                .as_ref()
+                                .map_or(cost, |rule| rule.actual(&parts, cost));
+                            let mut response = Response::from_parts(parts, body);
+                            if actual == cost {
+                                if let Some(h) = headers.take() {
+                                    h.apply(response.headers_mut());
+                                }
+                                return Poll::Ready(Ok(response));
+                            }
+                            match B::settle(&limiter, key, cost, actual) {
+                                Answer::Now(d) => {
+                                    if let Some(h) = answers.settled_headers(tier, &d) {
+                                        h.apply(response.headers_mut());
+                                    }
+                                    return Poll::Ready(Ok(response));
+                                }
+                                Answer::Later(settling) => Kind::Settling {
+                                    settling,
+                                    response: Some(response),
+                                    headers: headers.take(),
+                                    answers,
+                                    tier,
+                                },
+                            }
+                        }
+                        _ => {
+                            if let Some(h) = headers.take() {
+                                h.apply(response.headers_mut());
+                            }
+                            return Poll::Ready(Ok(response));
+                        }
                     }
+                }
+                KindProj::Settling {
+                    settling,
+                    response,
+                    headers,
+                    answers,
+                    tier,
+                } => {
+                    let settled = ready!(settling.as_mut().poll(cx));
+                    let Some(mut response) = response.take() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    // Redis did not answer: the reservation stands, and so do its fields.
+                    let fields = match settled {
+                        Some(d) => answers.settled_headers(*tier, &d),
+                        None => headers.take(),
+                    };
+                    if let Some(h) = fields {
+                        h.apply(response.headers_mut());
+                    }
+                    return Poll::Ready(Ok(response));
                 }
                 KindProj::Refunding {
                     refunding,

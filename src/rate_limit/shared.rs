@@ -7,7 +7,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 
-use super::future::RateHeaders;
+use super::future::{RateHeaders, Taken};
+use super::settle::SettleRule;
 use crate::gcra::{Decision, Outcome};
 use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
@@ -51,6 +52,8 @@ pub(crate) struct Answers {
     pub(crate) on_reject: Option<OnReject>,
     pub(crate) headers: bool,
     pub(crate) legacy_headers: bool,
+    /// How a reservation is settled from the response, when the layer learns from responses.
+    pub(crate) settle: Option<SettleRule>,
 }
 
 /// What a request needs before the store is asked.
@@ -120,6 +123,32 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     }
 }
 
+impl<E: KeyExtractor, L: Clone> Shared<E, L> {
+    /// Whether an admitted request of `cost` holds something to give back or settle later.
+    #[inline]
+    pub(crate) fn reserves(&self, cost: u32) -> bool {
+        cost > 0 || self.answers.settle.is_some()
+    }
+
+    /// What an admitted request of `cost` took from `key` on tier `tier`.
+    #[inline]
+    pub(crate) fn taken<B>(&self, tier: usize, key: E::Key, cost: u32) -> Taken<B, E::Key>
+    where
+        B: super::store::Backend<E::Key, Limiter = L>,
+    {
+        Taken {
+            limiter: self.limiters[tier].clone(),
+            key,
+            cost,
+            settle: self
+                .answers
+                .settle
+                .is_some()
+                .then(|| (self.answers.clone(), tier)),
+        }
+    }
+}
+
 impl Answers {
     /// Everything after the decision: an admitted request gets the decision in its extensions
     /// and the header fields for its response (`Ok`); a rejected one gets its response (`Err`).
@@ -165,6 +194,11 @@ impl Answers {
             h.apply(resp.headers_mut());
         }
         Err(resp)
+    }
+
+    /// The header fields of tier `tier` reporting `d`: the state after a settlement.
+    pub(crate) fn settled_headers(&self, tier: usize, d: &Decision) -> Option<RateHeaders> {
+        self.rate_headers(&self.tiers[tier], d)
     }
 
     fn rate_headers(&self, tier: &Tier, d: &Decision) -> Option<RateHeaders> {

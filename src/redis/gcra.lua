@@ -4,7 +4,9 @@
 --          separated by spaces. Absent, or a TAT <= now, is an idle key.
 -- ARGV[1]  cost (0 only reports); a negative cost -c gives back a request of cost c admitted
 --          earlier: each TAT moves back by c * interval, never below now, and a TAT already
---          <= now is left as it is (the same rule as src/store/memory.rs `refunded`)
+--          <= now is left as it is (the same rule as src/store/memory.rs `refunded`);
+--          "+c" charges c whatever the limit (a cost settled after the response): each TAT
+--          moves c * interval past max(TAT, now), beyond the tolerance if need be (`charged`)
 -- ARGV[2]  now in microseconds, or "" to use the server's TIME (shared by every instance)
 -- ARGV[3]  number of quotas n, then ARGV[2+2i], ARGV[3+2i]: emission interval and tolerance
 --          of quota i, in microseconds
@@ -14,6 +16,7 @@
 -- Every number stays below 2^53, where Lua's doubles are exact integers.
 
 local cost = tonumber(ARGV[1])
+local force = string.byte(ARGV[1]) == 43
 local now
 if ARGV[2] == '' then
   local t = redis.call('TIME')
@@ -69,13 +72,13 @@ for q = 1, n do
   local tolerance = tonumber(ARGV[3 + 2 * q])
   local tat = tats[q] or 0
   local inc = cost * interval
-  if inc > tolerance then
+  if inc > tolerance and not force then
     outcome = 2
   else
     local base = tat
     if now > base then base = now end
     local ahead = base + inc - now
-    if ahead <= tolerance then
+    if ahead <= tolerance or force then
       new[q] = base + inc
     else
       if outcome == 0 then outcome = 1 end

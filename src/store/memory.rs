@@ -29,6 +29,17 @@ pub(crate) trait Slot: Send + Sync + Sized {
     fn horizon(&self) -> u64;
     /// Gives back `cost` admitted earlier; see [`refunded`]. Atomic for the key.
     fn refund(&self, gcras: &[Gcra], now: u64, cost: u32);
+    /// Takes `cost` whatever the state; see [`charged`]. Atomic for the key.
+    fn charge(&self, gcras: &[Gcra], now: u64, cost: u32);
+}
+
+/// A quota's time once `cost` is taken at `now` whatever the limit (a cost settled after the
+/// response): `cost` emission intervals past the later of `tat` and `now`, beyond the
+/// tolerance if need be, so that the key is in debt and rejected until time pays it off.
+#[inline]
+pub(crate) fn charged(g: &Gcra, tat: u64, now: u64, cost: u32) -> u64 {
+    tat.max(now)
+        .saturating_add(g.interval.saturating_mul(u64::from(cost)))
 }
 
 /// A quota's time once a request of `cost` admitted earlier is given back at `now`: `cost`
@@ -104,6 +115,15 @@ impl Slot for One {
             }
         }
     }
+
+    fn charge(&self, gcras: &[Gcra], now: u64, cost: u32) {
+        let g = &gcras[0];
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                Some(charged(g, tat, now, cost))
+            });
+    }
 }
 
 /// Several quotas: the times change together under the key's own lock.
@@ -144,6 +164,13 @@ impl Slot for Many {
         let mut tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
         for (tat, g) in tats.iter_mut().zip(gcras) {
             *tat = refunded(g, *tat, now, cost);
+        }
+    }
+
+    fn charge(&self, gcras: &[Gcra], now: u64, cost: u32) {
+        let mut tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (tat, g) in tats.iter_mut().zip(gcras) {
+            *tat = charged(g, *tat, now, cost);
         }
     }
 }
@@ -206,6 +233,31 @@ where
         let hash = self.table.hash(key);
         self.table
             .get(hash, key, now, |slot| slot.refund(gcras, now, cost));
+    }
+
+    /// Takes `cost` from `key` whatever its state (see [`charged`]). A key without an entry
+    /// gets one even when the table is full: a debt is never dropped for want of room.
+    pub(crate) fn charge(&self, key: &K, gcras: &[Gcra], clock: &Clock, now: u64, cost: u32) {
+        let hash = self.table.hash(key);
+        let charge = |slot: &V, now: u64| slot.charge(gcras, now, cost);
+        if self.table.get(hash, key, now, |slot| charge(slot, now)).is_some() {
+            return;
+        }
+        let mut tats = [0u64; MAX_QUOTAS];
+        let read = || clock.now().max(now);
+        let _ = self.table.upsert(
+            hash,
+            key,
+            true,
+            read,
+            |slot, now| charge(&*slot, now),
+            |now| {
+                for (tat, g) in tats.iter_mut().zip(gcras) {
+                    *tat = charged(g, 0, now, cost);
+                }
+                Absent::Insert((), V::new(&tats[..gcras.len()]))
+            },
+        );
     }
 
     /// The path of a key without an entry: decided as an idle key; only an admitted request
