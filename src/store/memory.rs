@@ -240,7 +240,11 @@ where
     pub(crate) fn charge(&self, key: &K, gcras: &[Gcra], clock: &Clock, now: u64, cost: u32) {
         let hash = self.table.hash(key);
         let charge = |slot: &V, now: u64| slot.charge(gcras, now, cost);
-        if self.table.get(hash, key, now, |slot| charge(slot, now)).is_some() {
+        if self
+            .table
+            .get(hash, key, now, |slot| charge(slot, now))
+            .is_some()
+        {
             return;
         }
         let mut tats = [0u64; MAX_QUOTAS];
