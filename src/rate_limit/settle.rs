@@ -42,10 +42,11 @@
 //! * A rejection by a layer of this crate inside gives the whole reservation back, as for any
 //!   stacked layer (see [the module docs](super#stacked-limits-are-all-or-nothing)); the
 //!   settle rules are not asked.
-//! * On Redis, a settlement that Redis does not answer within the store's timeout is lost
-//!   (logged as an outage): the reservation stands, and the header fields stay those of the
-//!   reservation. A request admitted while Redis is down (failing open) reserved nothing and
-//!   settles nothing.
+//! * On Redis, a settlement that Redis does not answer within the store's timeout is logged
+//!   as an outage and not retried: the response carries the header fields of the
+//!   reservation, and the key is settled once (the script had reached Redis) or not at all
+//!   (the reservation stands). A request admitted while Redis is down (failing open)
+//!   reserved nothing and settles nothing.
 
 use std::sync::Arc;
 
