@@ -129,3 +129,131 @@ impl SettleRule {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use crate::{Clock, Quota, RateLimiter};
+
+    /// The reference: each quota's theoretical arrival time in whole milliseconds, decided
+    /// all or nothing, refunds never before now, charges beyond the tolerance.
+    struct Model {
+        /// (interval, tolerance) per quota, in ms.
+        quotas: Vec<(u64, u64)>,
+        tats: Vec<u64>,
+        now: u64,
+    }
+
+    impl Model {
+        fn check(&mut self, cost: u64) -> bool {
+            let new: Option<Vec<u64>> = self
+                .quotas
+                .iter()
+                .zip(&self.tats)
+                .map(|(&(t, tau), &tat)| {
+                    let new = tat.max(self.now) + cost * t;
+                    (new - self.now <= tau).then_some(new)
+                })
+                .collect();
+            match new {
+                Some(new) if cost > 0 => {
+                    self.tats = new;
+                    true
+                }
+                Some(_) => true,
+                None => false,
+            }
+        }
+
+        fn settle(&mut self, reserved: u64, actual: u64) {
+            for (&(t, _), tat) in self.quotas.iter().zip(self.tats.iter_mut()) {
+                if actual < reserved && *tat > self.now {
+                    *tat = tat.saturating_sub((reserved - actual) * t).max(self.now);
+                } else if actual > reserved {
+                    *tat = (*tat).max(self.now) + (actual - reserved) * t;
+                }
+            }
+        }
+
+        /// Milliseconds each quota is ahead of now.
+        fn ahead(&self) -> Vec<u64> {
+            self.tats
+                .iter()
+                .map(|t| t.saturating_sub(self.now))
+                .collect()
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A request of this cost, settled at the actual cost if admitted.
+        Request {
+            cost: u32,
+            actual: u32,
+        },
+        Wait {
+            ms: u64,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0u32..6, 0u32..12).prop_map(|(cost, actual)| Op::Request { cost, actual }),
+            1 => (0u64..3_000).prop_map(|ms| Op::Wait { ms }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Reserve, then settle, against the reference, with one quota and with two: the
+        /// same admissions and the same times, debts included.
+        #[test]
+        fn reserve_then_settle_matches_the_reference(
+            two in any::<bool>(),
+            ops in proptest::collection::vec(op(), 1..120),
+        ) {
+            let (clock, hand) = Clock::manual();
+            // 1 per 100 ms, burst 5; and 1 per 250 ms, burst 8.
+            let mut builder = RateLimiter::<u8>::builder(
+                Quota::new(1, Duration::from_millis(100)).burst(5),
+            )
+            .clock(clock);
+            let mut quotas = vec![(100, 500)];
+            if two {
+                builder = builder.quota(Quota::new(1, Duration::from_millis(250)).burst(8));
+                quotas.push((250, 2_000));
+            }
+            let limiter = builder.build();
+            let n = quotas.len();
+            let mut model = Model { quotas, tats: vec![0; n], now: 0 };
+            for op in ops {
+                match op {
+                    Op::Request { cost, actual } => {
+                        let d = limiter.check_n(&1, cost);
+                        let admitted = model.check(u64::from(cost));
+                        prop_assert_eq!(d.is_allowed(), admitted);
+                        if admitted {
+                            limiter.settle(&1, cost, actual);
+                            model.settle(u64::from(cost), u64::from(actual));
+                        }
+                    }
+                    Op::Wait { ms } => {
+                        hand.advance(Duration::from_millis(ms));
+                        model.now += ms;
+                    }
+                }
+                let ahead: Vec<u64> = limiter
+                    .peek(&1)
+                    .states()
+                    .iter()
+                    .map(|s| s.reset_after_nanos() / 1_000_000)
+                    .collect();
+                prop_assert_eq!(ahead, model.ahead());
+            }
+        }
+    }
+}
