@@ -10,6 +10,7 @@ use tower_service::Service;
 
 use super::shared::Answers;
 use super::store::{Answer, Backend, Refunding, Settling};
+use crate::gcra::Decision;
 use crate::response;
 
 use crate::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
@@ -41,9 +42,27 @@ pub(crate) struct Taken<B: Backend<K>, K> {
     pub(crate) limiter: B::Limiter,
     pub(crate) key: K,
     pub(crate) cost: u32,
-    /// Where the tier's settle rule and header fields are, when the layer settles the cost
-    /// from the response: the answers and the tier's index.
-    pub(crate) settle: Option<(Arc<Answers>, usize)>,
+    /// When the layer settles the cost from the response: what it needs then. Boxed, so
+    /// that layers that do not settle carry one word.
+    pub(crate) settle: Option<Box<Settle>>,
+}
+
+/// What settling needs: the tier's rule and header fields, and the admission's decision,
+/// whose fields are rendered only when the cost does not change (or the store does not
+/// answer), so that a settled response renders its fields once.
+pub(crate) struct Settle {
+    pub(crate) answers: Arc<Answers>,
+    pub(crate) tier: usize,
+    /// The admission's decision; filled in when it comes later (Redis).
+    pub(crate) admitted: Option<Decision>,
+}
+
+impl Settle {
+    /// The header fields of the admission.
+    fn admitted_headers(&self) -> Option<RateHeaders> {
+        let d = self.admitted.as_ref()?;
+        self.answers.settled_headers(self.tier, d)
+    }
 }
 
 pin_project! {
@@ -86,10 +105,7 @@ pin_project! {
         Settling {
             settling: Settling,
             response: Option<S::Response>,
-            // The fields of the reservation, kept in case the store does not answer.
-            headers: Option<RateHeaders>,
-            answers: Arc<Answers>,
-            tier: usize,
+            settle: Option<Box<Settle>>,
         },
         Ready {
             response: Option<S::Response>,
@@ -188,11 +204,14 @@ where
                         panic!("ResponseFuture polled after completion");
                     };
                     // A degraded decision (Redis down, failing open) took nothing.
-                    let taken = if decision.is_degraded() {
+                    let mut taken = if decision.is_degraded() {
                         None
                     } else {
                         d.taken.take()
                     };
+                    if let Some(settle) = taken.as_mut().and_then(|t| t.settle.as_mut()) {
+                        settle.admitted = Some(decision);
+                    }
                     match d.answers.finish(*d.tier, decision, &mut request) {
                         Ok(headers) => Kind::Inner {
                             future: service.call(request),
@@ -227,36 +246,37 @@ where
                             limiter,
                             key,
                             cost,
-                            settle: Some((answers, tier)),
+                            settle: Some(settle),
                         }) => {
                             // Settled from the response head; see `settle` for the rules.
                             let (parts, body) = response.into_parts();
-                            let actual = answers
+                            let actual = settle
+                                .answers
                                 .settle
                                 .as_ref()
                                 .map_or(cost, |rule| rule.actual(&parts, cost));
                             let mut response = Response::from_parts(parts, body);
-                            if actual == cost {
-                                if let Some(h) = headers.take() {
-                                    h.apply(response.headers_mut());
-                                }
-                                return Poll::Ready(Ok(response));
-                            }
-                            match B::settle(&limiter, key, cost, actual) {
-                                Answer::Now(d) => {
-                                    if let Some(h) = answers.settled_headers(tier, &d) {
-                                        h.apply(response.headers_mut());
+                            let fields = if actual == cost {
+                                settle.admitted_headers()
+                            } else {
+                                match B::settle(&limiter, key, cost, actual) {
+                                    Answer::Now(d) => {
+                                        settle.answers.settled_headers(settle.tier, &d)
                                     }
-                                    return Poll::Ready(Ok(response));
+                                    Answer::Later(settling) => {
+                                        kind.set(Kind::Settling {
+                                            settling,
+                                            response: Some(response),
+                                            settle: Some(settle),
+                                        });
+                                        continue;
+                                    }
                                 }
-                                Answer::Later(settling) => Kind::Settling {
-                                    settling,
-                                    response: Some(response),
-                                    headers: headers.take(),
-                                    answers,
-                                    tier,
-                                },
+                            };
+                            if let Some(h) = fields {
+                                h.apply(response.headers_mut());
                             }
+                            return Poll::Ready(Ok(response));
                         }
                         _ => {
                             if let Some(h) = headers.take() {
@@ -269,18 +289,17 @@ where
                 KindProj::Settling {
                     settling,
                     response,
-                    headers,
-                    answers,
-                    tier,
+                    settle,
                 } => {
                     let settled = ready!(settling.as_mut().poll(cx));
-                    let Some(mut response) = response.take() else {
+                    let (Some(mut response), Some(settle)) = (response.take(), settle.take())
+                    else {
                         panic!("ResponseFuture polled after completion");
                     };
                     // Redis did not answer: the reservation stands, and so do its fields.
                     let fields = match settled {
-                        Some(d) => answers.settled_headers(*tier, &d),
-                        None => headers.take(),
+                        Some(d) => settle.answers.settled_headers(settle.tier, &d),
+                        None => settle.admitted_headers(),
                     };
                     if let Some(h) = fields {
                         h.apply(response.headers_mut());

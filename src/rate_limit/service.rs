@@ -59,7 +59,7 @@ where
                 let took = shared.reserves(cost) && !decision.is_degraded();
                 match shared.answers.finish(tier, decision, &mut req) {
                     Ok(headers) => {
-                        let taken = took.then(|| shared.taken(tier, key, cost));
+                        let taken = took.then(|| shared.taken(tier, key, cost, Some(decision)));
                         ResponseFuture::inner(self.inner.call(req), headers, taken)
                     }
                     Err(resp) => ResponseFuture::ready(resp),
@@ -91,7 +91,7 @@ impl<S, E: KeyExtractor, B: Backend<E::Key>> RateLimit<S, E, B> {
         let taken = self
             .shared
             .reserves(cost)
-            .then(|| self.shared.taken(tier, key, cost));
+            .then(|| self.shared.taken(tier, key, cost, None));
         ResponseFuture::later(later, answers, tier, req, service, taken)
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 
-use super::future::{RateHeaders, Taken};
+use super::future::{RateHeaders, Settle, Taken};
 use super::settle::SettleRule;
 use crate::gcra::{Decision, Outcome};
 use crate::headers::PolicyHeaders;
@@ -130,9 +130,16 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
         cost > 0 || self.answers.settle.is_some()
     }
 
-    /// What an admitted request of `cost` took from `key` on tier `tier`.
+    /// What an admitted request of `cost` took from `key` on tier `tier`, with `admitted`,
+    /// the decision that admitted it (`None` while it is to come).
     #[inline]
-    pub(crate) fn taken<B>(&self, tier: usize, key: E::Key, cost: u32) -> Taken<B, E::Key>
+    pub(crate) fn taken<B>(
+        &self,
+        tier: usize,
+        key: E::Key,
+        cost: u32,
+        admitted: Option<Decision>,
+    ) -> Taken<B, E::Key>
     where
         B: super::store::Backend<E::Key, Limiter = L>,
     {
@@ -140,11 +147,13 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
             limiter: self.limiters[tier].clone(),
             key,
             cost,
-            settle: self
-                .answers
-                .settle
-                .is_some()
-                .then(|| (self.answers.clone(), tier)),
+            settle: self.answers.settle.is_some().then(|| {
+                Box::new(Settle {
+                    answers: self.answers.clone(),
+                    tier,
+                    admitted,
+                })
+            }),
         }
     }
 }
@@ -161,7 +170,9 @@ impl Answers {
     ) -> Result<Option<RateHeaders>, Response<B>> {
         let tier = &self.tiers[tier];
         // A degraded decision knows nothing of the quotas: no fields that would say otherwise.
-        let headers = if decision.is_degraded() {
+        // An admission that will be settled renders its fields when it is (see `Settle`).
+        let settles = self.settle.is_some() && decision.is_allowed();
+        let headers = if decision.is_degraded() || settles {
             None
         } else {
             self.rate_headers(tier, &decision)
