@@ -496,3 +496,15 @@ async fn the_largest_actual_cost_saturates_instead_of_wrapping() {
     let want = (u64::from(u32::MAX) * 600 / 1000 - 60 + 1).to_string();
     assert_eq!(field(&resp, "retry-after"), Some(want.as_str()));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_key_in_debt_rejects_even_a_request_that_reserves_nothing() {
+    let handler = Handler::new(Duration::ZERO);
+    let limit = tokens(0);
+    let mut svc = limit.clone().layer(handler.clone());
+    assert_eq!(call(&mut svc, req("k", 200, Some("250"))).await.status(), 200);
+    let resp = call(&mut svc, req("k", 200, Some("1"))).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(&resp, "retry-after"), Some("90"));
+    assert_eq!(handler.calls(), 1);
+}

@@ -219,7 +219,9 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
-    /// How many units each request costs (1 by default; 0 only reports, never rejects).
+    /// How many units each request costs (1 by default; 0 only reports, and is rejected only
+    /// by a key in debt, see [`settle`](Self::settle)). With `settle` or
+    /// [`count_if`](Self::count_if) this is the reservation, settled after the response.
     pub fn cost<F>(mut self, f: F) -> Self
     where
         F: Fn(&RequestHead<'_>) -> u32 + Send + Sync + 'static,

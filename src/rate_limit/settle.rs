@@ -16,7 +16,8 @@
 //!    back (the rule of stacked layers: each quota's time moves back, never before now); a
 //!    larger one charges the difference **even over the limit**: the key goes into debt, and
 //!    its next requests are rejected, with a true `Retry-After`, until the debt is paid off
-//!    by time. Equal: nothing to do.
+//!    by time (even a request of cost 0, which asks for nothing but must not pass a key in
+//!    debt unseen). Equal: nothing to do.
 //!
 //! The settlement is done before the response is returned (in memory at once; on Redis one
 //! script call, whose round trip the response waits for), so the next request of the key, sent
