@@ -339,3 +339,40 @@ async fn a_settlement_redis_does_not_answer_leaves_the_reservation_and_its_field
     let now = left(&limit, "tokens", "k").await;
     assert!(now == [90] || now == [50], "{now:?}");
 }
+
+#[tokio::test]
+async fn a_charge_goes_beyond_the_limit_of_every_quota_kind_on_redis() {
+    let server = RedisServer::start();
+    let minute = Duration::from_secs(60);
+    for (name, quota, retry) in [
+        ("fixed", Quota::fixed_window(10, minute), "60"),
+        ("log", Quota::sliding_log(10, minute), "60"),
+        ("counter", Quota::sliding_window(10, minute), "99"),
+    ] {
+        let (limit, _hand) = on(store(&server).await, Policy::new(name, quota));
+        let limit = limit.cost(|_| 1).settle(ActualCost::of);
+        let mut svc = limit.clone().layer(Handler::open());
+        let resp = call(&mut svc, req("k", 200, 25)).await;
+        assert_eq!(resp.status(), 200);
+        let resp = call(&mut svc, req("k", 200, 1)).await;
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "{name}");
+        assert_eq!(field(&resp, "retry-after"), Some(retry), "{name}");
+    }
+    // A huge charge on a log logs at most its limit: one script call, no flood of entries.
+    let (limit, _hand) = on(
+        store(&server).await,
+        Policy::new("huge", Quota::sliding_log(10, minute)),
+    );
+    let limit = limit.cost(|_| 1).settle(ActualCost::of);
+    let mut svc = limit.clone().layer(Handler::open());
+    assert_eq!(call(&mut svc, req("k", 200, u32::MAX)).await.status(), 200);
+    let key = limit
+        .limiter("huge")
+        .unwrap()
+        .unwrap()
+        .redis_key(&Box::from(&b"k"[..]));
+    let key = String::from_utf8(key).unwrap();
+    // The reservation's entry, ten charged, and the member that holds the words.
+    let members = server.cli(&["ZCARD", &key]).unwrap();
+    assert_eq!(members.trim(), "12");
+}

@@ -502,9 +502,34 @@ async fn a_key_in_debt_rejects_even_a_request_that_reserves_nothing() {
     let handler = Handler::new(Duration::ZERO);
     let limit = tokens(0);
     let mut svc = limit.clone().layer(handler.clone());
-    assert_eq!(call(&mut svc, req("k", 200, Some("250"))).await.status(), 200);
+    assert_eq!(
+        call(&mut svc, req("k", 200, Some("250"))).await.status(),
+        200
+    );
     let resp = call(&mut svc, req("k", 200, Some("1"))).await;
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(field(&resp, "retry-after"), Some("90"));
     assert_eq!(handler.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_charge_goes_beyond_the_limit_of_every_quota_kind() {
+    let minute = Duration::from_secs(60);
+    for (quota, retry) in [
+        (Quota::fixed_window(10, minute), "60"),
+        (Quota::sliding_log(10, minute), "60"),
+        // 25 counted in the first minute weigh 25 × (60 − e) / 60 in the second: one more
+        // fits once that is at most 9, at e = 38.4 s.
+        (Quota::sliding_window(10, minute), "99"),
+    ] {
+        let limit = layer(Policy::new("tokens", quota.clone()))
+            .cost(|_| 1)
+            .settle(ActualCost::of);
+        let mut svc = limit.clone().layer(Handler::new(Duration::ZERO));
+        let resp = call(&mut svc, req("k", 200, Some("25"))).await;
+        assert_eq!(resp.status(), 200);
+        let resp = call(&mut svc, req("k", 200, Some("1"))).await;
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "{quota:?}");
+        assert_eq!(field(&resp, "retry-after"), Some(retry), "{quota:?}");
+    }
 }
