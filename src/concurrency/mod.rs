@@ -210,7 +210,7 @@ mod layer;
 mod permit;
 mod service;
 
-pub use adaptive::{Aimd, Gradient2, LimitAlgorithm, Sample};
+pub use adaptive::{Aimd, Gradient2, LimitAlgorithm, Sample, Vegas};
 pub use body::ResponseBody;
 pub use control::Priority;
 pub use future::ResponseFuture;
