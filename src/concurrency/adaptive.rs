@@ -571,9 +571,11 @@ impl LimitAlgorithm for Gradient2 {
 /// above.
 ///
 /// Against the simulated backend of `tests/adaptive.rs` (20 requests at once in 10 ms, driven
-/// by 200 clients), the limit comes down from 500 to between 20 and 30 within 2 s; it grows
-/// from 4 to a capacity of 50 within 1 s; after a step of the capacity up (20 → 80) it follows
-/// within 1 s, and down (80 → 10) within 5 s: down is `log` per round trip.
+/// by 200 clients, on a paused clock), the limit comes down from 500 to between 20 and 30
+/// within 1.5 s (most of it the warm-up before the first measurement); it grows from 4 to a
+/// capacity of 50 within 0.5 s; it follows a step of the capacity up (20 → 80) within 0.5 s,
+/// and down (80 → 10) within 4 s: down is `log` per round trip, slower than
+/// [`Gradient2`]'s.
 ///
 /// Defaults: limit 20, between 4 and 1000, smoothing 1.
 ///

@@ -212,7 +212,7 @@ mod service;
 
 pub use adaptive::{Aimd, Gradient2, LimitAlgorithm, Sample, Vegas};
 pub use body::ResponseBody;
-pub use control::Priority;
+pub use control::{Priority, Shares};
 pub use future::ResponseFuture;
 pub use layer::{ConcurrencyLimitLayer, DEFAULT_RETRY_AFTER};
 pub use service::ConcurrencyLimit;
