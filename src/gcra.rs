@@ -31,6 +31,10 @@ pub(crate) struct Gcra {
     pub(crate) tolerance: u64,
     /// `tau / T`, kept so that no decision divides for it.
     burst: u64,
+    /// The furthest time a key could hold from a quota this one replaced while serving (0:
+    /// none). Only until the tolerance ahead of now passes it is a key held to the tolerance;
+    /// after that, a time further ahead can only be a debt charged on purpose, which stands.
+    horizon: u64,
 }
 
 /// What one quota says about one request.
@@ -51,7 +55,16 @@ impl Gcra {
             interval,
             tolerance,
             burst: tolerance / interval,
+            horizon: 0,
         }
+    }
+
+    /// This quota as the replacement, at `now`, of `old` at the same position: the times a
+    /// key earned under `old` (at most its tolerance ahead of now, or what an earlier
+    /// replacement left) are held to this quota's tolerance.
+    pub(crate) fn replacing(mut self, old: &Gcra, now: u64) -> Self {
+        self.horizon = old.horizon.max(now.saturating_add(old.tolerance));
+        self
     }
 
     /// The burst, in requests.
@@ -65,10 +78,22 @@ impl Gcra {
     /// Only a quota replaced while serving by one with a smaller tolerance leaves a key
     /// further ahead (its time was earned under the old quota); the key is then brought back
     /// to exactly the tolerance ahead, "burst spent", rather than paying a debt the new quota
-    /// could never have let it build.
+    /// could never have let it build. A time further ahead once no replaced quota can explain
+    /// it (see `horizon`) is a debt charged after a response, and is kept.
     #[inline]
     pub(crate) fn held(&self, tat: u64, now: u64) -> u64 {
-        tat.min(now.saturating_add(self.tolerance))
+        if self.holds(now) {
+            tat.min(now.saturating_add(self.tolerance))
+        } else {
+            tat
+        }
+    }
+
+    /// Whether a key may still hold, at `now`, a time earned under a replaced quota beyond
+    /// this one's tolerance (and is then held to it).
+    #[inline]
+    pub(crate) fn holds(&self, now: u64) -> bool {
+        now.saturating_add(self.tolerance) < self.horizon
     }
 
     /// Decides a request of `cost` against stored `tat` at `now`.
@@ -132,8 +157,9 @@ impl QuotaState {
         QuotaState {
             interval: g.interval,
             tolerance: g.tolerance,
-            // Never more than the tolerance, as `Gcra::step` reads it.
-            ahead: tat.saturating_sub(now).min(g.tolerance),
+            // As `Gcra::step` reads it: a time earned under a replaced quota is held to the
+            // tolerance, a debt is not.
+            ahead: g.held(tat, now).saturating_sub(now),
         }
     }
 

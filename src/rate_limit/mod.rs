@@ -91,6 +91,7 @@ mod handle;
 mod layer;
 pub(crate) mod policy;
 mod service;
+pub mod settle;
 mod shared;
 pub(crate) mod store;
 
@@ -100,4 +101,5 @@ pub use handle::RateLimitHandle;
 pub use layer::RateLimitLayer;
 pub use policy::Policy;
 pub use service::RateLimit;
-pub use store::{Answer, Backend, Handover, Memory, Never, Refunding};
+pub use settle::ActualCost;
+pub use store::{Answer, Backend, Handover, Memory, Never, Refunding, Settling};

@@ -7,17 +7,23 @@
 --          of cost at score <time>, and the words as the member "w<words>" at score -inf.
 --          Times in microseconds. Absent is an idle key.
 -- ARGV[1]  cost (0 only reports); a negative cost -c gives back a request of cost c admitted
---          earlier (src/algo/mod.rs `KeyState::refund`; the log loses its newest c entries)
+--          earlier (src/algo/mod.rs `KeyState::refund`; the log loses its newest c entries);
+--          "+c" charges c whatever the limit (a cost settled after the response): decided as
+--          if every quota admitted it, beyond the limit if need be (`KeyState::charge`)
 -- ARGV[2]  now in microseconds, or "" to use the server's TIME (shared by every instance)
 -- ARGV[3]  number of quotas n, then for quota i: ARGV[1+3i] kind (0 GCRA, 1 fixed window,
 --          2 sliding log, 3 sliding counter), ARGV[2+3i], ARGV[3+3i]: GCRA emission interval
 --          and tolerance, or a window's count and width, in microseconds
+-- ARGV[4+3n] bit q-1 set: GCRA quota q was replaced while serving and a key may still hold a
+--          time earned under the old quota beyond this one's tolerance (src/gcra.rs
+--          `Gcra::holds`); such a time is held to the tolerance
 --
 -- Returns {outcome, retry_after, remaining_1, reset_after_1, ..., remaining_n, reset_after_n}
 -- with outcome 0 = allowed, 1 = limited, 2 = never admissible; times in microseconds.
 -- Every number stays below 2^53, where Lua's doubles are exact integers.
 
 local cost = tonumber(ARGV[1])
+local force = string.byte(ARGV[1]) == 43
 local now
 if ARGV[2] == '' then
   local t = redis.call('TIME')
@@ -32,12 +38,15 @@ local function fmt(x) return string.format('%.0f', x) end
 
 local kind, pa, pb = {}, {}, {}
 local log_width = nil
+local log_limit = 0
 for q = 1, n do
   kind[q] = tonumber(ARGV[1 + 3 * q])
   pa[q] = tonumber(ARGV[2 + 3 * q])
   pb[q] = tonumber(ARGV[3 + 3 * q])
   if kind[q] == 2 and (log_width == nil or pb[q] > log_width) then log_width = pb[q] end
+  if kind[q] == 2 and pa[q] > log_limit then log_limit = pa[q] end
 end
+local hold = tonumber(ARGV[4 + 3 * n]) or 0
 local WORDS = {[0] = 1, [1] = 2, [2] = 0, [3] = 3}
 
 -- floor(a / b) for integers a >= 0, b > 0 below 2^53, exactly.
@@ -111,23 +120,23 @@ local function step(q, c)
   local k, a, b, s = kind[q], pa[q], pb[q], st[q]
   if k == 0 then
     local inc = c * a
-    if inc > b then return 'never' end
+    if inc > b and not force then return 'never' end
     local base = s[1]
     if now > base then base = now end
     local ahead = base + inc - now
-    if ahead <= b then return 'allow', {base + inc, 0, 0} end
+    if ahead <= b or force then return 'allow', {base + inc, 0, 0} end
     return 'deny', ahead - b
   end
-  if c > a then return 'never' end
+  if c > a and not force then return 'never' end
   if k == 1 then
     local start, used = fixed_current(s, b)
-    if used + c <= a then return 'allow', {start, used + c, 0} end
+    if used + c <= a or force then return 'allow', {start, used + c, 0} end
     local r = start + b - now
     if r < 1 then r = 1 end
     return 'deny', r
   elseif k == 2 then
     local cnt = log_count(b)
-    if cnt + c <= a then return 'allow', {0, 0, 0} end
+    if cnt + c <= a or force then return 'allow', {0, 0, 0} end
     local kth = cnt + c - a
     local t = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - b), '+inf', 'WITHSCORES',
       'LIMIT', kth - 1, 1)
@@ -136,7 +145,7 @@ local function step(q, c)
     return 'deny', r
   else
     local start, prev, cur = counter_current(s, b)
-    if (cur + c) * b + counter_weighted(start, prev, b) <= a * b then
+    if force or (cur + c) * b + counter_weighted(start, prev, b) <= a * b then
       return 'allow', {start, prev, cur + c}
     end
     local function first_fit(count, room)
@@ -163,7 +172,8 @@ local function figures(q)
   if k == 0 then
     local ahead = s[1] - now
     if ahead < 0 then ahead = 0 end
-    if ahead > b then ahead = b end
+    -- A time earned under a replaced quota reads as held to the tolerance; a debt does not.
+    if ahead > b and math.floor(hold / 2 ^ (q - 1)) % 2 == 1 then ahead = b end
     local remaining = 0
     if b > ahead then remaining = idiv(b - ahead, a) end
     return remaining, ahead
@@ -276,13 +286,14 @@ end
 
 -- ---- decision ----
 
--- A GCRA TAT more than the tolerance ahead only exists after the quota was replaced while
--- serving by a stricter one: it is brought back to exactly the tolerance ahead, and stored so
--- even when the request is rejected (src/gcra.rs `Gcra::held`).
+-- A GCRA TAT more than the tolerance ahead, while a replaced quota may explain it, was earned
+-- under that quota: it is brought back to exactly the tolerance ahead, and stored so even when
+-- the request is rejected (src/gcra.rs `Gcra::held`). Otherwise it is a debt a charge made
+-- after a response ("+c"), which stands; a charge itself is never held.
 local clamped = false
-if cost > 0 then
+if cost > 0 and not force then
   for q = 1, n do
-    if kind[q] == 0 and st[q][1] > now + pb[q] then
+    if kind[q] == 0 and math.floor(hold / 2 ^ (q - 1)) % 2 == 1 and st[q][1] > now + pb[q] then
       st[q] = {now + pb[q], 0, 0}
       clamped = true
     end
@@ -314,7 +325,10 @@ if outcome == 0 and cost > 0 then
     local stamp = fmt(at)
     local have = redis.call('ZCOUNT', key, at, at)
     local args = {}
-    for i = 0, cost - 1 do
+    -- A charge logs at most the largest limit: more entries at one time change no decision.
+    local logged = cost
+    if force and logged > log_limit then logged = log_limit end
+    for i = 0, logged - 1 do
       args[#args + 1] = at
       args[#args + 1] = stamp .. ':' .. string.format('%010d', have + i)
     end

@@ -136,11 +136,17 @@ struct Limits {
 
 impl Limits {
     fn new(quotas: Vec<Quota>) -> Result<Self, ConfigError> {
+        Limits::replacing(quotas, &[], 0)
+    }
+
+    /// `quotas` in place of the rules `old`, at `now` (see [`Gcra::replacing`]).
+    fn replacing(quotas: Vec<Quota>, old: &[Rule], now: u64) -> Result<Self, ConfigError> {
         crate::limiter::check_quotas(&quotas)?;
-        let rules = quotas
+        let mut rules = quotas
             .iter()
             .map(micros)
             .collect::<Result<Box<[Rule]>, _>>()?;
+        Rule::replacing(&mut rules, old, now);
         let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
         Ok(Limits {
             quotas: quotas.into(),
@@ -390,8 +396,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// stay.
     pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
-        crate::limiter::check_replacement(&self.inner.limits.load().quotas, &quotas)?;
-        let limits = Limits::new(quotas)?;
+        let old = self.inner.limits.load();
+        crate::limiter::check_replacement(&old.quotas, &quotas)?;
+        let limits = Limits::replacing(quotas, &old.rules, self.now())?;
         self.inner.limits.store(Arc::new(limits));
         Ok(())
     }
@@ -445,9 +452,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         rules: &[Rule],
         cost: Arg<'a>,
         now: u64,
-    ) -> ([Arg<'a>; 3 + 3 * MAX_QUOTAS], usize) {
+    ) -> ([Arg<'a>; 4 + 3 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
-        let mut args = [Arg::Int(0); 3 + 3 * MAX_QUOTAS];
+        let mut args = [Arg::Int(0); 4 + 3 * MAX_QUOTAS];
+        // Bit i: quota i holds a key to its tolerance (see `Gcra::holds`).
+        let mut hold = 0;
         args[0] = cost;
         args[1] = if inner.local_time {
             Arg::Int(now / MICRO)
@@ -465,8 +474,14 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             args[3 + 3 * i] = Arg::Int(kind);
             args[4 + 3 * i] = Arg::Int(a);
             args[5 + 3 * i] = Arg::Int(b);
+            if let Rule::Gcra(g) = r {
+                if g.holds(now) {
+                    hold |= 1 << i;
+                }
+            }
         }
-        (args, 3 + 3 * rules.len())
+        args[3 + 3 * rules.len()] = Arg::Int(hold);
+        (args, 4 + 3 * rules.len())
     }
 
     /// The decision of Redis, or of the failure policy.
@@ -511,22 +526,45 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         if cost == 0 {
             return;
         }
+        // A negative cost is a refund to the script.
+        self.adjust(key, &format!("-{cost}")).await;
+    }
+
+    /// Settles a request that reserved `reserved` for `key` at the `actual` cost known after
+    /// its response, in one script call: gives back the difference (as [`refund`]), or charges
+    /// it even over the limit (the key goes into debt). Returns the key's state after
+    /// settling; `None` when Redis did not answer in time (the reservation stands).
+    ///
+    /// [`refund`]: Self::refund
+    pub(crate) async fn settle(&self, key: &K, reserved: u32, actual: u32) -> Option<Decision> {
+        let cost = match actual.cmp(&reserved) {
+            std::cmp::Ordering::Less => format!("-{}", reserved - actual),
+            // "+c" charges c whatever the limit.
+            std::cmp::Ordering::Greater => format!("+{}", actual - reserved),
+            std::cmp::Ordering::Equal => "0".to_owned(),
+        };
+        self.adjust(key, &cost).await
+    }
+
+    /// Runs the script with a signed cost that moves the key's times whatever the limit (a
+    /// refund, or a charge), and brings a cached rejection of the key up to date.
+    async fn adjust(&self, key: &K, cost: &str) -> Option<Decision> {
         let inner = &*self.inner;
         let now = self.now();
-        // A negative cost is a refund to the script.
-        let back = format!("-{cost}");
         let limits = inner.limits.load_full();
-        let (args, n) = self.script_args(&limits.rules, Arg::Bytes(back.as_bytes()), now);
-        let Some(reply) = inner.store.eval(&self.redis_key(key), &args[..n]).await else {
-            return;
-        };
+        let (args, n) = self.script_args(&limits.rules, Arg::Bytes(cost.as_bytes()), now);
+        let reply = inner.store.eval(&self.redis_key(key), &args[..n]).await?;
         match decision_of(&limits.rules, &reply) {
             Some(d) => {
                 if let Some(deny) = &inner.deny {
                     deny.admitted(key, now, &d);
                 }
+                Some(d)
             }
-            None => inner.store.bad_reply(),
+            None => {
+                inner.store.bad_reply();
+                None
+            }
         }
     }
 }
