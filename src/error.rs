@@ -76,6 +76,11 @@ pub enum ConfigError {
     /// A setting of the memory store (`max_keys`, `on_full`) was given to a layer whose limits
     /// live in Redis, which expires idle keys itself.
     MemoryOnly(&'static str),
+    /// A warm-up period was zero or longer than
+    /// [`MAX_WARM_UP_PERIOD`](crate::warmup::MAX_WARM_UP_PERIOD).
+    InvalidWarmUpPeriod(Duration),
+    /// A warm-up cold factor was zero: a cold key runs at `rate / cold_factor`, at least 1.
+    InvalidColdFactor(u32),
 }
 
 impl fmt::Display for ConfigError {
@@ -138,6 +143,14 @@ impl fmt::Display for ConfigError {
                 f,
                 "{setting} applies to the memory store only; Redis expires idle keys itself"
             ),
+            ConfigError::InvalidWarmUpPeriod(period) => write!(
+                f,
+                "warm-up period {period:?} must be longer than zero and at most {:?}",
+                crate::warmup::MAX_WARM_UP_PERIOD
+            ),
+            ConfigError::InvalidColdFactor(factor) => {
+                write!(f, "warm-up cold factor {factor} must be at least 1")
+            }
         }
     }
 }
