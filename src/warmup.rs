@@ -514,7 +514,13 @@ mod tests {
         let gaps: Vec<u64> = admitted.windows(2).map(|p| p[1] - p[0]).collect();
         assert_eq!(
             gaps,
-            [1_333_333_334, 1_000_000_000, 666_666_666, 500_000_000, 500_000_000]
+            [
+                1_333_333_334,
+                1_000_000_000,
+                666_666_666,
+                500_000_000,
+                500_000_000
+            ]
         );
     }
 
@@ -596,7 +602,10 @@ mod tests {
                 retry_after: 833_333_334
             }
         );
-        assert!(matches!(w.step(s, now + 833_333_334, 1), WarmStep::Allow(_)));
+        assert!(matches!(
+            w.step(s, now + 833_333_334, 1),
+            WarmStep::Allow(_)
+        ));
         assert_eq!(
             w.step(s, now + 833_333_333, 1),
             WarmStep::Deny { retry_after: 1 }
@@ -766,8 +775,8 @@ mod model {
             }
             if cost > 0.0 {
                 let spend = cost.min(stored);
-                let price = self.stored_permits_to_wait_time(stored, spend)
-                    + (cost - spend) * self.t;
+                let price =
+                    self.stored_permits_to_wait_time(stored, spend) + (cost - spend) * self.t;
                 self.next_free = next + price;
                 self.stored = stored - spend;
             }
