@@ -104,6 +104,8 @@ pub enum ConfigError {
     InvalidWarmUpPeriod(Duration),
     /// A warm-up cold factor was zero: a cold key runs at `rate / cold_factor`, at least 1.
     InvalidColdFactor(u32),
+    /// Warm-up was set on a window quota: only a GCRA quota warms up.
+    WarmUpOnWindow,
 }
 
 impl fmt::Display for ConfigError {
@@ -189,6 +191,9 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::InvalidColdFactor(factor) => {
                 write!(f, "warm-up cold factor {factor} must be at least 1")
+            }
+            ConfigError::WarmUpOnWindow => {
+                f.write_str("warm-up applies to a GCRA quota, not to a window quota")
             }
         }
     }

@@ -155,12 +155,12 @@ impl WarmUp {
         self.cold_factor
     }
 
-    /// The curve for emission interval `interval`, in units of `unit` (1 ns in memory, 1 µs
-    /// in Redis).
+    /// The curve for emission interval `interval` (ns), computed in units of `unit` (1 µs for
+    /// quotas, 1 ns for shapers).
     pub(crate) fn curve(&self, interval: u64, unit: Duration) -> Curve {
-        let period = self.period.as_nanos() / unit.as_nanos().max(1);
-        // At most 2^60: validated at construction.
-        Curve::new(interval, period as u64, self.cold_factor)
+        // At most 2^60 ns: validated at construction.
+        let period = self.period.as_nanos() as u64;
+        Curve::new(interval, period, self.cold_factor, unit.as_nanos() as u64)
     }
 }
 
@@ -188,33 +188,45 @@ fn mul_div_ceil(x: u64, y: u64, d: u64) -> u64 {
     u64::try_from(q).unwrap_or(u64::MAX)
 }
 
-/// The warm-up curve in integers of one time unit. Stored permits are measured in time
-/// (`permits × T`); the state keeps the *deficit* `max − stored`, so that 0 is fully cold.
+/// The warm-up curve in integers of one time unit (`unit` ns: 1 µs for quotas, in memory as
+/// in Redis, so that both stores compute the same floors; 1 ns for the shaper). Stored permits
+/// are measured in time (`permits × T`), in units; the state keeps the *deficit*
+/// `max − stored`, so that 0 is fully cold. What goes in and out (idle time, prices, budgets)
+/// is in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Curve {
-    /// `T`: the stable cost of one request.
+    /// `T` in ns: the stable cost of one request.
     pub(crate) interval: u64,
-    /// `W`.
+    /// Nanoseconds per unit.
+    pub(crate) unit: u64,
+    /// `T` in units (rounded up): the stored permits one request spends.
+    pub(crate) interval_units: u64,
+    /// `W`, in units.
     pub(crate) period: u64,
     /// `f`.
     pub(crate) cold_factor: u64,
-    /// Stored permits, in time, below which a request costs `T`: `W / 2`.
+    /// Stored permits, in time units, below which a request costs `T`: `W / 2`.
     pub(crate) threshold: u64,
-    /// Width of the warm zone, in time: `2W / (f + 1)`.
+    /// Width of the warm zone, in time units: `2W / (f + 1)`.
     pub(crate) zone: u64,
     /// `threshold + zone`: the most an idle key stores.
     pub(crate) max: u64,
 }
 
 impl Curve {
-    pub(crate) fn new(interval: u64, period: u64, cold_factor: u32) -> Self {
+    /// The curve for emission interval `interval` and warm-up `period` (both in ns), cold
+    /// factor `cold_factor`, computed in units of `unit` ns.
+    pub(crate) fn new(interval: u64, period: u64, cold_factor: u32, unit: u64) -> Self {
+        let unit = unit.max(1);
         let interval = interval.max(1);
-        let period = period.max(1);
+        let period = (period / unit).max(1);
         let cold_factor = u64::from(cold_factor.max(1));
         let threshold = period / 2;
         let zone = mul_div(2, period, cold_factor + 1);
         Curve {
             interval,
+            unit,
+            interval_units: interval.div_ceil(unit),
             period,
             cold_factor,
             threshold,
@@ -223,9 +235,10 @@ impl Curve {
         }
     }
 
-    /// The deficit after `idle` time units without a request.
+    /// The deficit after `idle` nanoseconds without a request.
     #[inline]
     pub(crate) fn regain(&self, deficit: u64, idle: u64) -> u64 {
+        let idle = idle / self.unit;
         if deficit == 0 || idle == 0 {
             return deficit;
         }
@@ -233,18 +246,19 @@ impl Curve {
         deficit.saturating_sub(gained)
     }
 
-    /// Time until a key with `deficit`, idle from now on, is fully cold (the same as a key
-    /// never seen).
+    /// Nanoseconds until a key with `deficit`, idle from now on, is fully cold (the same as a
+    /// key never seen).
     #[inline]
     pub(crate) fn cold_in(&self, deficit: u64) -> u64 {
         if deficit == 0 || self.max == 0 {
             0
         } else {
-            mul_div_ceil(deficit.min(self.max), self.period, self.max)
+            mul_div_ceil(deficit.min(self.max), self.period, self.max).saturating_mul(self.unit)
         }
     }
 
-    /// The surcharge integral: `⌊(f − 1)·x² / (2·zone)⌋` for `x` stored above the threshold.
+    /// The surcharge integral, in units: `⌊(f − 1)·x² / (2·zone)⌋` for `x` stored above the
+    /// threshold.
     #[inline]
     fn surcharge_to(&self, x: u64) -> u64 {
         if self.zone == 0 || self.cold_factor == 1 || x == 0 {
@@ -253,7 +267,7 @@ impl Curve {
         mul_div(x, (self.cold_factor - 1) * x, 2 * self.zone)
     }
 
-    /// Stored permits above the threshold, in time, for a key with `deficit`.
+    /// Stored permits above the threshold, in time units, for a key with `deficit`.
     #[inline]
     fn above(&self, deficit: u64) -> u64 {
         self.max
@@ -261,30 +275,33 @@ impl Curve {
             .saturating_sub(self.threshold)
     }
 
-    /// What `cost` requests cost when taken at once by a key with `deficit`: the time they add
-    /// to `tat`, and the deficit afterwards.
+    /// What `cost` requests cost when taken at once by a key with `deficit`: the nanoseconds
+    /// they add to `tat`, and the deficit afterwards.
     #[inline]
     pub(crate) fn price(&self, deficit: u64, cost: u64) -> (u64, u64) {
         let stable = self.interval.saturating_mul(cost);
         let stored = self.max.saturating_sub(deficit);
-        let spent = stable.min(stored);
+        let spent = self.interval_units.saturating_mul(cost).min(stored);
         let a = self.above(deficit);
         let k = a.min(spent);
         let extra = self.surcharge_to(a) - self.surcharge_to(a - k);
-        (stable.saturating_add(extra), deficit + spent)
+        (
+            stable.saturating_add(extra.saturating_mul(self.unit)),
+            deficit + spent,
+        )
     }
 
-    /// The surcharge (beyond `T` each) of `n` requests taken one after another by a key with
-    /// `deficit`; the same as taking them at once.
+    /// The surcharge in ns (beyond `T` each) of `n` requests taken one after another by a key
+    /// with `deficit`; the same as taking them at once.
     #[inline]
     fn surcharge(&self, deficit: u64, n: u64) -> u64 {
         let a = self.above(deficit);
-        let k = a.min(self.interval.saturating_mul(n));
-        self.surcharge_to(a) - self.surcharge_to(a - k)
+        let k = a.min(self.interval_units.saturating_mul(n));
+        (self.surcharge_to(a) - self.surcharge_to(a - k)).saturating_mul(self.unit)
     }
 
     /// The most requests of cost 1 that a key with `deficit` can take one after another
-    /// within `budget` time: the largest `n` with `n·T + surcharge(n) <= budget`.
+    /// within `budget` ns: the largest `n` with `n·T + surcharge(n) <= budget`.
     pub(crate) fn fits(&self, deficit: u64, budget: u64) -> u64 {
         let t = self.interval;
         let fits = |n: u64| {
@@ -308,16 +325,16 @@ impl Curve {
         lo
     }
 
-    /// The cost of the next request of cost 1 at `stored` permits (in time) on the line of the
-    /// model: `T` at or below the threshold, rising to `f·T` at `max`. For documentation and
+    /// The cost in units of the next request of cost 1 at `stored` permits (in time units) on
+    /// the line of the model: `T` at or below the threshold, rising to `f·T` at `max`. For
     /// tests; decisions charge the area under this line.
     #[cfg(test)]
     fn height(&self, stored: u64) -> u64 {
         let x = stored.saturating_sub(self.threshold);
         if self.zone == 0 {
-            return self.interval;
+            return self.interval_units;
         }
-        self.interval + mul_div(self.interval * (self.cold_factor - 1), x, self.zone)
+        self.interval_units + mul_div(self.interval_units * (self.cold_factor - 1), x, self.zone)
     }
 }
 
@@ -352,6 +369,11 @@ pub(crate) enum WarmStep {
 impl WarmGcra {
     pub(crate) fn new(curve: Curve, tolerance: u64) -> Self {
         WarmGcra { curve, tolerance }
+    }
+
+    /// The burst, in requests (`q` in `RateLimit-Policy`).
+    pub(crate) fn burst(&self) -> u64 {
+        self.tolerance / self.curve.interval
     }
 
     /// The state as of `now`: an idle key regains permits and its `tat` moves up to `now`.
@@ -437,7 +459,7 @@ mod tests {
 
     /// Guava's `RateLimiter.create(2, 3, SECONDS)`.
     fn guava() -> Curve {
-        Curve::new(S / 2, 3 * S, 3)
+        Curve::new(S / 2, 3 * S, 3, 1)
     }
 
     #[test]
@@ -538,7 +560,7 @@ mod tests {
 
     #[test]
     fn cold_factor_1_is_plain_gcra() {
-        let c = Curve::new(100, 10_000, 1);
+        let c = Curve::new(100, 10_000, 1, 1);
         let mut d = 0;
         for _ in 0..300 {
             let (p, next) = c.price(d, 1);
@@ -666,7 +688,7 @@ mod tests {
             (1, max_period, 2),
             (S, 1, 3),
         ] {
-            let c = Curve::new(t, period, f);
+            let c = Curve::new(t, period, f, 1);
             let w = WarmGcra::new(c, t);
             for d in [0, 1, c.max / 2, c.max] {
                 let s = WarmState { tat: 0, deficit: d };
@@ -801,7 +823,7 @@ mod model {
             let t = t_us * 1_000;
             let w = w_ms * 1_000_000;
             let tau = burst * t;
-            let g = WarmGcra::new(Curve::new(t, w, cold), tau);
+            let g = WarmGcra::new(Curve::new(t, w, cold, 1), tau);
             let mut r = Reference::new(t as f64, w as f64, f64::from(cold), tau as f64);
             let mut s = WarmState::default();
             let mut now = 1_000_000_000u64;
