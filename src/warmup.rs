@@ -71,18 +71,24 @@
 //!
 //! # Exact integers
 //!
-//! The state is two integers per key: `tat` and the *deficit* `max − stored`, with stored
+//! The state is two integers per key: `tat` (ns) and the *deficit* `max − stored`, with stored
 //! permits measured in time (`permits × T`, so `threshold = W/2` and `max = W/2 + 2W/(f+1)`,
 //! independent of the rate). A deficit of 0 is fully cold, which makes an absent key and a key
 //! idle long enough the same state: such entries are dropped without changing any decision.
 //! The surcharge of taking `k` from `a` above the threshold is `G(a) − G(a − k)` with
 //! `G(x) = ⌊(f − 1)·x² / (2·(max − threshold))⌋`, so costs add up exactly (two requests of
-//! cost 1 cost what one of cost 2 does). Products are taken in 128 bits in memory; the Redis
-//! script computes the same floors exactly with a long multiplication, so both stores reach the
-//! same decisions. No floating point is involved anywhere.
+//! cost 1 cost what one of cost 2 does).
+//!
+//! For a quota the curve is computed in whole microseconds, in memory as in Redis (whose clock
+//! counts microseconds): the deficit, the surcharge and the idle time that cools a key are
+//! whole microseconds, with the same floors in both stores, so a policy decides alike in
+//! memory and in Redis, to the microsecond. Products are taken in 128 bits in memory; the
+//! Redis script takes the same floors exactly with a long multiplication beyond 2^52, where
+//! its numbers (Lua doubles) stop being exact. No floating point is involved anywhere. The
+//! shaper computes its curve in nanoseconds.
 //!
 //! Against the real-valued formulas (Guava computes in `double`), each floor loses less than
-//! one time unit (1 ns in memory, 1 µs in Redis), and an error of one unit in the stored
+//! one time unit (1 µs for a quota, 1 ns for a shaper), and an error of one unit in the stored
 //! permits moves the next surcharge by at most `f − 1` units: a key's `tat` stays within
 //! `2·(f + 1)` units per admitted request of the real-valued model, and the two differ only
 //! on requests that arrive within that margin of the boundary. Property tests check this

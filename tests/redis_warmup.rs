@@ -181,3 +181,34 @@ fn the_scripts_long_multiplication_is_exact_below_2_to_the_52() {
         )
         .unwrap();
 }
+
+#[tokio::test]
+async fn extreme_warm_up_settings_stay_exact_in_the_script() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let max = tollgate::warmup::MAX_WARM_UP_PERIOD;
+    for (i, quota) in [
+        Quota::per_second(1).warm_up(max, 3),
+        Quota::per_second(1000).burst(1000).warm_up(max, u32::MAX),
+        Quota::per_day(1).burst(1 << 15).warm_up(max, 2),
+        Quota::per_second(1).warm_up(Duration::from_micros(1), 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // The server's own clock (about 1.8e15 µs since 1970), as in production.
+        let redis = RedisRateLimiter::<u8>::builder(store.clone(), quota.clone())
+            .name(format!("edge-{i}"))
+            .build();
+        for cost in [0, 1, 2, u32::MAX] {
+            let d = redis.check_n(&0, cost).await;
+            assert!(
+                !d.is_degraded(),
+                "quota {i}, cost {cost}: the script failed"
+            );
+        }
+        let d = redis.peek(&0).await;
+        assert!(!d.is_degraded());
+        assert!(d.remaining() <= u64::from(quota.burst_size()));
+    }
+}
