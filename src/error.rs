@@ -90,9 +90,9 @@ pub enum ConfigError {
         /// The most a sliding log may count.
         max: u32,
     },
-    /// A window quota kept in Redis whose `count × window` (in microseconds) reaches 2^52: the
-    /// script's numbers are Lua doubles, exact only below 2^53 (for a window of one day, a
-    /// count of at most 52 000).
+    /// A sliding-window counter kept in Redis whose `count × window` (in microseconds) reaches
+    /// 2^52: the script's numbers are Lua doubles, exact only below 2^53 (for a window of one
+    /// day, a count of at most 52 000).
     WindowTooLongForStore {
         /// The requested count.
         count: u32,
@@ -176,7 +176,7 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::WindowTooLongForStore { count, window } => write!(
                 f,
-                "a window quota of {count} per {window:?} is too large for the store's exact \
+                "a sliding window of {count} per {window:?} is too large for the store's exact \
                  arithmetic (count × window in microseconds must stay below 2^52)"
             ),
             ConfigError::LogTooLong { count, max } => write!(

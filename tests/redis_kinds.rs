@@ -144,7 +144,7 @@ async fn a_window_policy_in_a_string_key_expires_when_idle() {
 }
 
 #[test]
-fn a_counter_too_large_for_exact_script_arithmetic_is_a_configuration_error() {
+fn a_sliding_counter_too_large_for_exact_script_arithmetic_is_a_configuration_error() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -163,8 +163,17 @@ fn a_counter_too_large_for_exact_script_arithmetic_is_a_configuration_error() {
         }
     );
     assert!(
-        RedisRateLimiter::<u8>::builder(store, Quota::sliding_window(50_000, day))
+        RedisRateLimiter::<u8>::builder(store.clone(), Quota::sliding_window(50_000, day))
             .try_build()
             .is_ok()
     );
+    // The other window kinds multiply nothing: any count fits.
+    for q in [
+        Quota::fixed_window(u32::MAX, day),
+        Quota::sliding_log(Quota::MAX_LOG_COUNT, day),
+    ] {
+        assert!(RedisRateLimiter::<u8>::builder(store.clone(), q)
+            .try_build()
+            .is_ok());
+    }
 }

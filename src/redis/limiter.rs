@@ -54,8 +54,10 @@ const MICRO: u64 = 1_000;
 ///
 /// # Keys
 /// The Redis key of a limiter key is `<prefix><name length>:<name>:<key>` (see [`RedisKey`]),
-/// e.g. `tollgate:3:api:42`; it holds the times of all the policy's quotas (so they share one
-/// Cluster slot), and expires when the key is back to its full burst. The bytes of a key never
+/// e.g. `tollgate:3:api:42`; it holds the state of all the policy's quotas (so they share one
+/// Cluster slot), and expires when the key is back to its full burst. It is a string, or, when
+/// the policy has a [`sliding_log`](Quota::sliding_log) quota, a sorted set holding one member
+/// per admitted unit (`<time>:<index>`, never two alike) beside the other quotas' state. The bytes of a key never
 /// form a Cluster hash tag: a key with a `{` is written after `{}`, so Redis hashes the whole
 /// name ([`RedisKey`] says more).
 ///
@@ -71,7 +73,17 @@ const MICRO: u64 = 1_000;
 /// While Redis keeps the key this is exact (its stored times only grow); after Redis lost the
 /// key's state (restart without persistence, `FLUSHALL`, eviction, failover), a limiter may
 /// still reject for up to that age what Redis would admit, never longer. See
-/// [`local_rejections`](Self::local_rejections).
+/// [`local_rejections`](Self::local_rejections). The deny cache serves policies whose quotas
+/// are all GCRA; a policy with a window quota asks Redis for every decision.
+///
+/// # Window quotas
+/// Windows are counted in whole microseconds (a window is rounded up to the microsecond).
+/// The script's numbers are Lua doubles, exact below 2^53: a
+/// [`sliding_window`](Quota::sliding_window) quota whose `count × window` in microseconds
+/// reaches 2^52 is a configuration error
+/// ([`ConfigError::WindowTooLongForStore`]; for one day, counts up to 52 000). Changing a
+/// policy's quotas under the same name while keys are live mixes two layouts: give the new
+/// policy a new name.
 pub struct RedisRateLimiter<K> {
     inner: Arc<Inner<K>>,
 }
@@ -212,10 +224,10 @@ const EXACT: u128 = 1 << 53;
 
 /// A quota in whole microseconds (an interval or a window rounded up), in nanoseconds.
 fn micros(q: &Quota) -> Result<Rule, ConfigError> {
-    let window = |w: &Window| -> Result<Window, ConfigError> {
+    let window = |w: &Window, counter: bool| -> Result<Window, ConfigError> {
         let width = w.width.div_ceil(MICRO);
-        // The counter multiplies counts by widths in the script.
-        if u128::from(w.limit) * u128::from(width) * 2 >= EXACT {
+        // The counter multiplies counts (up to twice the limit) by widths in the script.
+        if counter && u128::from(w.limit) * u128::from(width) * 2 >= EXACT {
             return Err(ConfigError::WindowTooLongForStore {
                 count: q.count(),
                 window: q.period(),
@@ -228,9 +240,9 @@ fn micros(q: &Quota) -> Result<Rule, ConfigError> {
     };
     match q.rule() {
         Rule::Gcra(_) => gcra_micros(q).map(Rule::Gcra),
-        Rule::FixedWindow(w) => window(&w).map(Rule::FixedWindow),
-        Rule::SlidingLog(w) => window(&w).map(Rule::SlidingLog),
-        Rule::SlidingWindow(w) => window(&w).map(Rule::SlidingWindow),
+        Rule::FixedWindow(w) => window(&w, false).map(Rule::FixedWindow),
+        Rule::SlidingLog(w) => window(&w, false).map(Rule::SlidingLog),
+        Rule::SlidingWindow(w) => window(&w, true).map(Rule::SlidingWindow),
         Rule::WarmUp(_) => {
             let g = gcra_micros(q)?;
             // The script computes the curve in whole microseconds: the period is rounded down
