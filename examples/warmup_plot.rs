@@ -5,20 +5,26 @@
 //! cargo run --example warmup_plot -- OUT.svg # writes the plot elsewhere
 //! ```
 //!
-//! A shaper at 100 requests per second with a 4 s warm-up and cold factor 3 is kept busy (a
-//! request always waiting) from 0 to 6 s, left idle for 3 s, busy again from 9 to 13 s, idle
-//! for 7 s, and busy from 20 to 24 s. Everything runs on tokio's paused clock, so the figures
-//! are exact and the run takes no real time. The plot shows the departures per 100 ms, scaled
-//! to requests per second, beside the curve the model predicts: a cold key starts at a third of
-//! the rate and reaches it after spending the warm-up period's worth of stored permits; a 3 s
-//! pause cools it part way (it resumes at about half the rate), a 7 s pause completely.
+//! Two front ends of the same curve, 100 requests per second with a 4 s warm-up and cold
+//! factor 3, go through the same phases: busy from 0 to 6 s, idle for 3 s, busy again from 9 to
+//! 13 s, idle for 7 s, and busy from 20 to 24 s.
+//!
+//! * a rate limit, `RateLimiter` with `Quota::per_second(100).burst(1).warm_up(..)`, asked
+//!   every 100 µs while busy (a flood: what it admits is its limit);
+//! * a shaper, `Shaper` with `.warm_up(..)`, with a request always waiting while busy.
+//!
+//! Everything runs on a manual clock or tokio's paused clock, so the figures are exact and the
+//! run takes no real time. The plot shows what each admits per 100 ms, scaled to requests per
+//! second: a cold key starts at a third of the rate and reaches it after spending the warm-up
+//! period's worth of stored permits; a 3 s pause cools it part way (it resumes at about half
+//! the rate), a 7 s pause completely.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tollgate::shape::Shaper;
-use tollgate::Quota;
+use tollgate::{Clock, Quota, RateLimiter};
 
 /// Requests per second when warm.
 const RATE: u32 = 100;
@@ -27,6 +33,28 @@ const BUSY: [(f64, f64); 3] = [(0.0, 6.0), (9.0, 13.0), (20.0, 24.0)];
 const END: f64 = 24.0;
 /// Width of a bucket of the plot, in seconds.
 const BUCKET: f64 = 0.1;
+
+/// The times a rate limit with warm-up admits requests, asked every 100 µs during the phases
+/// of [`BUSY`], in seconds.
+pub fn admissions() -> Vec<f64> {
+    let quota = Quota::per_second(RATE)
+        .burst(1)
+        .warm_up(Duration::from_secs(4), 3);
+    let (clock, time) = Clock::manual();
+    let limiter = RateLimiter::<u8>::builder(quota).clock(clock).build();
+    let mut out = Vec::new();
+    let step = Duration::from_micros(100);
+    for (from, to) in BUSY {
+        time.set(Duration::from_secs_f64(from));
+        while time.now().as_secs_f64() < to {
+            if limiter.check(&0).is_allowed() {
+                out.push(time.now().as_secs_f64());
+            }
+            time.advance(step);
+        }
+    }
+    out
+}
 
 /// The departure times of a shaper kept busy during the phases of [`BUSY`], in seconds.
 pub async fn departures() -> Vec<f64> {
@@ -62,8 +90,9 @@ pub fn rates(times: &[f64]) -> Vec<f64> {
     counts.iter().map(|&c| f64::from(c) / BUCKET).collect()
 }
 
-/// The plot: the measured rate per bucket and the warm rate, as an SVG document.
-pub fn svg(rates: &[f64]) -> String {
+/// The plot: the rate per bucket of the rate limit and of the shaper, and the warm rate, as an
+/// SVG document.
+pub fn svg(limited: &[f64], shaped: &[f64]) -> String {
     let (w, h) = (720.0, 300.0);
     let (left, right, top, bottom) = (50.0, 15.0, 20.0, 40.0);
     let max_rate = f64::from(RATE) * 1.2;
@@ -120,26 +149,28 @@ pub fn svg(rates: &[f64]) -> String {
         r##"<line x1="{left}" x2="{:.1}" y1="{warm:.1}" y2="{warm:.1}" stroke="#999" stroke-dasharray="4 3"/>"##,
         w - right
     );
-    let mut points = String::new();
-    for (i, r) in rates.iter().enumerate() {
-        let t0 = i as f64 * BUCKET;
+    for (rates, colour, dash) in [(shaped, "#e08a1e", "none"), (limited, "#1f5fbf", "5 3")] {
+        let mut points = String::new();
+        for (i, r) in rates.iter().enumerate() {
+            let t0 = i as f64 * BUCKET;
+            let _ = write!(
+                points,
+                "{:.1},{:.1} {:.1},{:.1} ",
+                x(t0),
+                y(*r),
+                x(t0 + BUCKET),
+                y(*r)
+            );
+        }
         let _ = write!(
-            points,
-            "{:.1},{:.1} {:.1},{:.1} ",
-            x(t0),
-            y(*r),
-            x(t0 + BUCKET),
-            y(*r)
+            s,
+            r##"<polyline fill="none" stroke="{colour}" stroke-dasharray="{dash}" stroke-width="1.5" points="{}"/>"##,
+            points.trim_end()
         );
     }
     let _ = write!(
         s,
-        r##"<polyline fill="none" stroke="#1f5fbf" stroke-width="1.5" points="{}"/>"##,
-        points.trim_end()
-    );
-    let _ = write!(
-        s,
-        r##"<text x="{:.1}" y="{:.1}" fill="#666">rate 100/s, warm-up 4 s, cold factor 3</text>"##,
+        r##"<text x="{:.1}" y="{:.1}" fill="#666">rate 100/s, warm-up 4 s, cold factor 3: <tspan fill="#1f5fbf">rate limit (dashed)</tspan>, <tspan fill="#e08a1e">shaper</tspan></text>"##,
         left + 8.0,
         top + 12.0
     );
@@ -147,15 +178,23 @@ pub fn svg(rates: &[f64]) -> String {
     s
 }
 
-/// The table printed: the rate over each second.
-pub fn table(times: &[f64]) -> String {
-    let mut out = String::from("| second | admitted |\n|---:|---:|\n");
-    for sec in 0..END as u32 {
-        let n = times
+/// The table printed: what each admitted in each second.
+pub fn table(limited: &[f64], shaped: &[f64]) -> String {
+    let mut out = String::from("| second | rate limit | shaper |\n|---:|---:|---:|\n");
+    let count = |times: &[f64], sec: u32| {
+        times
             .iter()
             .filter(|&&t| t >= f64::from(sec) && t < f64::from(sec + 1))
-            .count();
-        let _ = writeln!(out, "| {sec}–{} | {n} |", sec + 1);
+            .count()
+    };
+    for sec in 0..END as u32 {
+        let _ = writeln!(
+            out,
+            "| {sec}–{} | {} | {} |",
+            sec + 1,
+            count(limited, sec),
+            count(shaped, sec)
+        );
     }
     out
 }
@@ -169,9 +208,10 @@ fn main() {
         .start_paused(true)
         .build()
         .expect("a tokio runtime");
-    let times = runtime.block_on(departures());
-    print!("{}", table(&times));
-    if let Err(e) = std::fs::write(&out, svg(&rates(&times))) {
+    let shaped = runtime.block_on(departures());
+    let limited = admissions();
+    print!("{}", table(&limited, &shaped));
+    if let Err(e) = std::fs::write(&out, svg(&rates(&limited), &rates(&shaped))) {
         eprintln!("could not write {out}: {e}");
         std::process::exit(1);
     }

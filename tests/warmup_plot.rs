@@ -1,21 +1,26 @@
 //! `cargo run --example warmup_plot`, replayed: the table it prints (and docs/bench/warmup.md
-//! shows) is what the shaper does, second by second, on tokio's paused clock.
+//! shows) is what the rate limit and the shaper do, second by second, on a manual clock and
+//! tokio's paused clock.
 
 #[path = "../examples/warmup_plot.rs"]
 #[allow(dead_code)]
 mod warmup_plot;
 
-#[tokio::test(start_paused = true)]
-async fn the_plotted_run_admits_what_docs_bench_warmup_md_shows() {
-    let times = warmup_plot::departures().await;
-    let per_second: Vec<usize> = (0..24)
+fn per_second(times: &[f64]) -> Vec<usize> {
+    (0..24)
         .map(|s| {
             let s = f64::from(s);
             times.iter().filter(|&&t| t >= s && t < s + 1.0).count()
         })
-        .collect();
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_plotted_run_admits_what_docs_bench_warmup_md_shows() {
+    let shaped = warmup_plot::departures().await;
+    let limited = warmup_plot::admissions();
     assert_eq!(
-        per_second,
+        per_second(&shaped),
         [
             36, 41, 50, 73, 100, 100, // cold start: a third of the rate, full after 4 s
             0, 0, 0, // 3 s idle: half way cold
@@ -24,13 +29,20 @@ async fn the_plotted_run_admits_what_docs_bench_warmup_md_shows() {
             36, 41, 50, 73, // the same slow start
         ]
     );
-    let table = warmup_plot::table(&times);
-    assert!(table.starts_with("| second | admitted |\n|---:|---:|\n| 0–1 | 36 |\n"));
+    assert_eq!(
+        per_second(&limited),
+        [
+            36, 41, 50, 73, 99, 100, 0, 0, 0, 58, 91, 100, 100, 0, 0, 0, 0, 0, 0, 0, 36, 41, 50,
+            73,
+        ]
+    );
+    let table = warmup_plot::table(&limited, &shaped);
     let doc = std::fs::read_to_string("docs/bench/warmup.md").unwrap();
     assert!(
         doc.contains(table.trim_end()),
         "docs/bench/warmup.md is stale"
     );
-    let svg = warmup_plot::svg(&warmup_plot::rates(&times));
+    let svg = warmup_plot::svg(&warmup_plot::rates(&limited), &warmup_plot::rates(&shaped));
     assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+    assert_eq!(svg.matches("<polyline").count(), 2);
 }
