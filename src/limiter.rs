@@ -1,4 +1,5 @@
-//! [`RateLimiter`]: the keyed GCRA limiter, usable without HTTP.
+//! [`RateLimiter`]: the keyed limiter (GCRA or any [`QuotaKind`](crate::QuotaKind)), usable
+//! without HTTP.
 
 use std::fmt;
 use std::hash::Hash;
@@ -17,7 +18,8 @@ use crate::wait::Lines;
 /// The default bound on tracked keys.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-/// A keyed GCRA rate limiter: one or more quotas per key, decided together.
+/// A keyed rate limiter: one or more quotas per key, of any [`QuotaKind`](crate::QuotaKind),
+/// decided together.
 ///
 /// Cheap to clone; clones share state. The HTTP layer is built on it, and it serves on its own
 /// wherever requests are not HTTP: queue consumers, outbound calls, background jobs.
