@@ -420,6 +420,17 @@ impl WarmGcra {
         }
     }
 
+    /// The state once `cost` is taken at `now` whatever the limit (a cost settled after the
+    /// response): priced on the curve, beyond the tolerance if need be.
+    pub(crate) fn charged(&self, s: WarmState, now: u64, cost: u32) -> WarmState {
+        let s = self.resync(s, now);
+        let (price, deficit) = self.curve.price(s.deficit, u64::from(cost));
+        WarmState {
+            tat: s.tat.saturating_add(price),
+            deficit,
+        }
+    }
+
     /// How many requests of cost 1, sent one after another now, would be admitted.
     pub(crate) fn remaining(&self, s: WarmState, now: u64) -> u64 {
         let s = self.resync(s, now);

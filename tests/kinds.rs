@@ -24,7 +24,7 @@ fn window_quotas_reject_zero_counts_zero_windows_and_a_burst_in_any_order() {
         assert_eq!(make(1, Duration::MAX), Err(ConfigError::WindowTooLong));
         // A window of one nanosecond and one of a century are fine.
         assert!(make(1, Duration::from_nanos(1)).is_ok());
-        assert!(make(u32::MAX.min(Quota::MAX_LOG_COUNT), SEC * 86_400 * 36_500).is_ok());
+        assert!(make(Quota::MAX_LOG_COUNT, SEC * 86_400 * 36_500).is_ok());
         // A burst is GCRA's alone, named before or after.
         let q = make(5, SEC).unwrap();
         assert_eq!(q.clone().try_burst(5), Err(ConfigError::BurstOnWindow));
