@@ -101,6 +101,13 @@ pub enum ConfigError {
         /// The requested window.
         window: Duration,
     },
+    /// A warm-up period was zero or longer than
+    /// [`MAX_WARM_UP_PERIOD`](crate::warmup::MAX_WARM_UP_PERIOD).
+    InvalidWarmUpPeriod(Duration),
+    /// A warm-up cold factor was zero: a cold key runs at `rate / cold_factor`, at least 1.
+    InvalidColdFactor(u32),
+    /// Warm-up was set on a window quota: only a GCRA quota warms up.
+    WarmUpOnWindow,
 }
 
 impl fmt::Display for ConfigError {
@@ -183,6 +190,17 @@ impl fmt::Display for ConfigError {
                 "a sliding log keeps one time per request: a count of {count} is above the \
                  most it may hold ({max}); use a sliding window counter"
             ),
+            ConfigError::InvalidWarmUpPeriod(period) => write!(
+                f,
+                "warm-up period {period:?} must be longer than zero and at most {:?}",
+                crate::warmup::MAX_WARM_UP_PERIOD
+            ),
+            ConfigError::InvalidColdFactor(factor) => {
+                write!(f, "warm-up cold factor {factor} must be at least 1")
+            }
+            ConfigError::WarmUpOnWindow => {
+                f.write_str("warm-up applies to a GCRA quota, not to a window quota")
+            }
         }
     }
 }

@@ -188,6 +188,7 @@ pub mod store;
 pub mod stream;
 
 mod wait;
+pub mod warmup;
 
 #[cfg(feature = "axum")]
 mod axum_support;

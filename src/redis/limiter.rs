@@ -17,6 +17,7 @@ use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
 use crate::limiter::InsufficientCapacity;
 use crate::quota::Quota;
 use crate::wait::Lines;
+use crate::warmup::{Curve, WarmGcra};
 
 const MICRO: u64 = 1_000;
 
@@ -242,6 +243,15 @@ fn micros(q: &Quota) -> Result<Rule, ConfigError> {
         Rule::FixedWindow(w) => window(&w, false).map(Rule::FixedWindow),
         Rule::SlidingLog(w) => window(&w, false).map(Rule::SlidingLog),
         Rule::SlidingWindow(w) => window(&w, true).map(Rule::SlidingWindow),
+        Rule::WarmUp(_) => {
+            let g = gcra_micros(q)?;
+            // The script computes the curve in whole microseconds: the period is rounded down
+            // to one (at least 1 µs).
+            let w = q.warm_up_settings().ok_or(ConfigError::WarmUpOnWindow)?;
+            let period = (w.period().as_nanos() / u128::from(MICRO)).max(1) as u64;
+            let curve = Curve::new(g.interval, period * MICRO, w.cold_factor(), MICRO);
+            Ok(Rule::WarmUp(WarmGcra::new(curve, g.tolerance)))
+        }
     }
 }
 
@@ -395,11 +405,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
 
     /// The script's arguments after the key: the cost (negative for a refund), the time sent
     /// (empty: the server's clock), then each quota's kind and two numbers (GCRA: interval and
-    /// tolerance in microseconds; a window: its count and width in microseconds). Returns
-    /// them with how many are used.
-    fn script_args<'a>(&self, cost: Arg<'a>, now: u64) -> ([Arg<'a>; 3 + 3 * MAX_QUOTAS], usize) {
+    /// tolerance in microseconds; a window: its count and width in microseconds; warm-up: as
+    /// GCRA), then for each warm-up quota in order its period in microseconds and its cold
+    /// factor. Returns them with how many are used.
+    fn script_args<'a>(&self, cost: Arg<'a>, now: u64) -> ([Arg<'a>; 3 + 5 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
-        let mut args = [Arg::Int(0); 3 + 3 * MAX_QUOTAS];
+        let mut args = [Arg::Int(0); 3 + 5 * MAX_QUOTAS];
         args[0] = cost;
         args[1] = if inner.local_time {
             Arg::Int(now / MICRO)
@@ -413,12 +424,21 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 Rule::FixedWindow(w) => (1, w.limit, w.width / MICRO),
                 Rule::SlidingLog(w) => (2, w.limit, w.width / MICRO),
                 Rule::SlidingWindow(w) => (3, w.limit, w.width / MICRO),
+                Rule::WarmUp(g) => (4, g.curve.interval / MICRO, g.tolerance / MICRO),
             };
             args[3 + 3 * i] = Arg::Int(kind);
             args[4 + 3 * i] = Arg::Int(a);
             args[5 + 3 * i] = Arg::Int(b);
         }
-        (args, 3 + 3 * inner.rules.len())
+        let mut used = 3 + 3 * inner.rules.len();
+        for r in inner.rules.iter() {
+            if let Rule::WarmUp(g) = r {
+                args[used] = Arg::Int(g.curve.period);
+                args[used + 1] = Arg::Int(g.curve.cold_factor);
+                used += 2;
+            }
+        }
+        (args, used)
     }
 
     /// The decision of Redis, or of the failure policy.
@@ -534,6 +554,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                         return None;
                     }
                     QuotaState::counted(w.limit, remaining, reset)
+                }
+                Rule::WarmUp(g) => {
+                    if remaining > g.burst() {
+                        return None;
+                    }
+                    QuotaState::counted(g.burst(), remaining, reset)
                 }
             };
         }

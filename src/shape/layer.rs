@@ -28,6 +28,7 @@ pub struct ShapeLayer<E: KeyExtractor = Global> {
     quota: Quota,
     common: Common<E>,
     no_delay_burst: u32,
+    warm_up: Option<(Duration, u32)>,
     max_queue: Option<usize>,
     max_delay: Option<Duration>,
     max_keys: usize,
@@ -62,6 +63,7 @@ impl ShapeLayer<Global> {
             quota,
             common: Common::new(Global),
             no_delay_burst: 0,
+            warm_up: None,
             max_queue: None,
             max_delay: None,
             max_keys: DEFAULT_MAX_KEYS,
@@ -89,6 +91,7 @@ impl<E: KeyExtractor> ShapeLayer<E> {
             quota: self.quota,
             common: self.common.rekey(extractor),
             no_delay_burst: self.no_delay_burst,
+            warm_up: self.warm_up,
             max_queue: self.max_queue,
             max_delay: self.max_delay,
             max_keys: self.max_keys,
@@ -108,6 +111,20 @@ impl<E: KeyExtractor> ShapeLayer<E> {
     /// `nodelay`) is `.max_queue(B)`.
     pub fn no_delay_burst(mut self, n: u32) -> Self {
         self.no_delay_burst = n;
+        self.changed()
+    }
+
+    /// Forwards slowly after idleness: a key's first departures are spaced `cold_factor`
+    /// times wider than the quota's interval, narrowing to the interval over `period` of
+    /// steady traffic (Sentinel's warm-up with queue). A key left idle cools down again over
+    /// `period`. The spacing follows the same curve as a warm-up quota; see
+    /// [`crate::warmup`] for the formula, and [`ShaperBuilder::warm_up`](super::ShaperBuilder::warm_up).
+    ///
+    /// The queue bounds count the same: a cold key's waiters wait longer, so
+    /// [`max_delay`](Self::max_delay) admits fewer of them. Invalid values are reported by
+    /// [`validate`](Self::validate), or when the layer is applied.
+    pub fn warm_up(mut self, period: Duration, cold_factor: u32) -> Self {
+        self.warm_up = Some((period, cold_factor));
         self.changed()
     }
 
@@ -207,6 +224,9 @@ impl<E: KeyExtractor> ShapeLayer<E> {
         let mut builder = Shaper::<E::Key>::builder(self.quota.clone())
             .no_delay_burst(self.no_delay_burst)
             .max_keys(self.max_keys);
+        if let Some((period, cold_factor)) = self.warm_up {
+            builder = builder.warm_up(period, cold_factor);
+        }
         if self.max_queue.is_none() && self.max_delay.is_none() {
             let one_period = self.quota.count().saturating_sub(1).max(1);
             builder = builder.max_queue(one_period as usize);

@@ -17,6 +17,7 @@ use crate::error::ConfigError;
 use crate::keyed::{Absent, Entry, OnFull, Table};
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::quota::Quota;
+use crate::warmup::WarmUp;
 
 /// How late a departure may be and still be caught up. It covers tokio's 1 ms timer ticks
 /// and a busy runtime's scheduling delays (several ms on a loaded machine); a schedule that
@@ -72,6 +73,7 @@ impl<K> fmt::Debug for Shaper<K> {
         f.debug_struct("Shaper")
             .field("quota", &self.inner.quota)
             .field("no_delay_burst", &self.inner.no_delay_burst)
+            .field("warm_up", &self.inner.warm_up)
             .field("bounds", &self.inner.core.bounds)
             .finish_non_exhaustive()
     }
@@ -80,6 +82,7 @@ impl<K> fmt::Debug for Shaper<K> {
 struct Inner<K> {
     quota: Quota,
     no_delay_burst: u32,
+    warm_up: Option<WarmUp>,
     core: Arc<Core>,
     table: Table<K, LaneEntry>,
 }
@@ -120,6 +123,7 @@ pub struct ShaperBuilder<K> {
     key: PhantomData<fn() -> K>,
     quota: Quota,
     no_delay_burst: u32,
+    warm_up: Option<(Duration, u32)>,
     bounds: Bounds,
     max_keys: usize,
 }
@@ -133,6 +137,40 @@ impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
     /// its allowance back at one request per interval. This is nginx `limit_req ... delay=n`.
     pub fn no_delay_burst(mut self, n: u32) -> Self {
         self.no_delay_burst = n;
+        self
+    }
+
+    /// Makes a key's queue drain slowly after idleness: the first departures are spaced
+    /// `cold_factor` times wider than the quota's interval, and the spacing narrows to the
+    /// interval over `period` of steady departures (Sentinel's warm-up with queue). The
+    /// spacing follows the same curve as a warm-up quota; see [`crate::warmup`] for the
+    /// formula. A key that stays idle cools down again over `period`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{shape::Shaper, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// // 2 per second, warming up over 3 s from a third of that (Guava's example).
+    /// let shaper = Shaper::<u8>::builder(Quota::per_second(2))
+    ///     .warm_up(Duration::from_secs(3), 3)
+    ///     .build();
+    /// let start = tokio::time::Instant::now();
+    /// let mut left = Vec::new();
+    /// for _ in 0..5 {
+    ///     shaper.until_slot(&0).await;
+    ///     left.push(start.elapsed().as_millis());
+    /// }
+    /// // Spaced 1333.3, 1000, 666.7, then 500 ms (tokio's timer fires on whole ms).
+    /// assert_eq!(left, [0, 1334, 2334, 3000, 3500]);
+    /// # }
+    /// ```
+    ///
+    /// Invalid values (a zero or too long period, a zero cold factor) are reported by
+    /// [`try_build`](Self::try_build).
+    pub fn warm_up(mut self, period: Duration, cold_factor: u32) -> Self {
+        self.warm_up = Some((period, cold_factor));
         self
     }
 
@@ -188,12 +226,18 @@ impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
             .filter(|&a| a <= u64::MAX / 4)
             .ok_or(ConfigError::ToleranceTooLong)?;
         let catch_up = CATCH_UP.as_nanos() as u64;
+        let warm_up = match self.warm_up {
+            Some((period, cold_factor)) => Some(WarmUp::try_new(period, cold_factor)?),
+            None => None,
+        };
+        let timing = Timing {
+            interval,
+            ahead,
+            catch_up,
+            warm: warm_up.map(|w| w.curve(interval, Duration::from_nanos(1))),
+        };
         let core = Arc::new(Core {
-            timing: Timing {
-                interval,
-                ahead,
-                catch_up,
-            },
+            timing,
             bounds: self.bounds,
             clock: Clock::tokio(),
         });
@@ -201,6 +245,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
             inner: Arc::new(Inner {
                 quota: self.quota,
                 no_delay_burst: self.no_delay_burst,
+                warm_up,
                 core,
                 table: Table::new(self.max_keys, OnFull::EvictNearestIdle),
             }),
@@ -266,6 +311,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
             key: PhantomData,
             quota,
             no_delay_burst: 0,
+            warm_up: None,
             bounds: Bounds::default(),
             max_keys: DEFAULT_MAX_KEYS,
         }
@@ -349,7 +395,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
                 let (join, room) = enter(&lane, now);
                 let entry = LaneEntry {
                     lane: lane.clone(),
-                    interval: core.timing.interval,
+                    timing: core.timing,
                 };
                 Absent::Insert((join, room, lane), entry)
             },
@@ -539,8 +585,8 @@ impl Drop for Slot {
         if let Some(lane) = self.lane.take() {
             let (next_head, idle_at) = {
                 let mut queue = lock(&lane);
-                let next_head = queue.cancel(&self.core.timing, self.ticket);
-                (next_head, queue.horizon())
+                let next_head = queue.cancel(self.ticket);
+                (next_head, queue.idle_at(&self.core.timing))
             };
             if let Some((table, hash)) = &self.hint {
                 table.lower(*hash, idle_at);
@@ -555,25 +601,27 @@ impl Drop for Slot {
 /// A key's queue as the keyed table sees it.
 struct LaneEntry {
     lane: Lane,
-    /// The shaper's emission interval.
-    interval: u64,
+    /// The shaper's timing.
+    timing: Timing,
 }
 
 impl Entry for LaneEntry {
-    /// When the schedule ends; a queue with waiters is idle only once they have left.
+    /// When the schedule ends (and with warm-up, the key is fully cold again); a queue with
+    /// waiters is idle only once they have left.
     fn idle_at(&self) -> u64 {
-        lock(&self.lane).horizon()
+        lock(&self.lane).idle_at(&self.timing)
     }
 
     fn is_idle(&self, now: u64) -> bool {
-        lock(&self.lane).is_idle(now)
+        lock(&self.lane).is_idle(&self.timing, now)
     }
 
     /// Nobody waiting and the schedule at most one interval ahead: forgetting the key lets its
-    /// next request leave at most one interval early, once.
+    /// next request leave at most one interval early, once. (With warm-up, a forgotten key
+    /// starts cold: slower, never faster.)
     fn evictable(&self, now: u64) -> bool {
         let q = lock(&self.lane);
-        q.is_empty() && q.horizon() <= now.saturating_add(self.interval)
+        q.is_empty() && q.horizon() <= now.saturating_add(self.timing.interval)
     }
 }
 
