@@ -328,7 +328,9 @@ fn main() {
         let no_load_ms = ms(no_load.p50);
         rows.push(no_load);
         rows.push(run("(a) no limit", app(), CLIENTS, SECS).await);
-        let tower = |n| app().layer(tower::limit::ConcurrencyLimitLayer::new(n));
+        // The global form: `ConcurrencyLimitLayer` makes a semaphore each time it wraps a
+        // service, and axum wraps each route's service apart, so it would not limit at all.
+        let tower = |n| app().layer(tower::limit::GlobalConcurrencyLimitLayer::new(n));
         rows.push(run("(b) tower ConcurrencyLimit(50), waits", tower(50), CLIENTS, SECS).await);
         rows.push(run("(c) tower ConcurrencyLimit(5), waits", tower(5), CLIENTS, SECS).await);
         rows.push(run("tower ConcurrencyLimit(20), waits", tower(20), CLIENTS, SECS).await);
