@@ -76,6 +76,13 @@ pub enum ConfigError {
     /// A setting of the memory store (`max_keys`, `on_full`) was given to a layer whose limits
     /// live in Redis, which expires idle keys itself.
     MemoryOnly(&'static str),
+    /// An allow-list entry could not be parsed as an address or CIDR range.
+    InvalidAllowedIp(String),
+    /// `allow_key(..)` was called before `.key(..)` changed the key type, so its keys no
+    /// longer fit: allow keys after `.key(..)`.
+    AllowKeyBeforeKey,
+    /// A penalty box setting cannot work; the text says which and why.
+    InvalidPenaltyBox(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -138,6 +145,14 @@ impl fmt::Display for ConfigError {
                 f,
                 "{setting} applies to the memory store only; Redis expires idle keys itself"
             ),
+            ConfigError::InvalidAllowedIp(s) => {
+                write!(f, "allow-list entry {s:?} is not an IP address or CIDR range")
+            }
+            ConfigError::AllowKeyBeforeKey => f.write_str(
+                "allow_key(..) names a key of the type before .key(..) changed it: call \
+                 allow_key after key",
+            ),
+            ConfigError::InvalidPenaltyBox(why) => write!(f, "penalty box: {why}"),
         }
     }
 }

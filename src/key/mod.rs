@@ -19,6 +19,7 @@
 
 use std::fmt;
 use std::hash::Hash;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{Extensions, HeaderMap, HeaderName, Method, Request, Uri};
@@ -30,6 +31,7 @@ pub(crate) mod missing;
 
 pub use bounded::{bounded_bytes, bounded_str, MAX_KEY_BYTES};
 pub use grpc::{GrpcMethod, Metadata};
+pub(crate) use ip::{peer_addr, Cidr};
 pub use ip::{ClientIp, ForwardedHeader, IpKey, PeerIp};
 pub use missing::MissingKey;
 
@@ -116,12 +118,28 @@ pub trait KeyExtractor: Send + Sync + 'static {
 
     /// Extracts the key of `req`.
     fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError>;
+
+    /// The client address this extractor resolves for `req`, full (not grouped) and in
+    /// canonical form (IPv4-mapped IPv6 as IPv4), if it resolves one; `None` by default.
+    ///
+    /// A layer's allow list matches its IP ranges against this address, so that an address
+    /// behind proxies is found exactly as the key is: [`ClientIp`] answers the address it
+    /// trusts (never a header from an untrusted peer), [`PeerIp`](struct@PeerIp) the peer, tuples and
+    /// [`KeyExtractorExt::or`] the first part that answers. When no part answers, the allow
+    /// list uses the TCP peer address.
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        let _ = req;
+        None
+    }
 }
 
 impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
     type Key = E::Key;
     fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
         (**self).extract(req)
+    }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        (**self).client_ip(req)
     }
 }
 
@@ -170,6 +188,9 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
             Ok(k) => Ok(Either::First(k)),
             Err(_) => self.1.extract(req).map(Either::Second),
         }
+    }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        self.0.client_ip(req).or_else(|| self.1.client_ip(req))
     }
 }
 
@@ -221,6 +242,9 @@ where
     type Key = T;
     fn extract(&self, req: &RequestHead<'_>) -> Result<T, KeyError> {
         self.0.extract(req).map(&self.1)
+    }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        self.0.client_ip(req)
     }
 }
 
@@ -351,6 +375,9 @@ macro_rules! tuple_extractor {
             type Key = ($($name::Key,)+);
             fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
                 Ok(($(self.$idx.extract(req)?,)+))
+            }
+            fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+                None$(.or_else(|| self.$idx.client_ip(req)))+
             }
         }
     };

@@ -251,6 +251,39 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
+    /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
+    /// without any limit: not counted, never rejected or banned, no `RateLimit` fields.
+    ///
+    /// The address matched is the one the key extractor resolves
+    /// ([`KeyExtractor::client_ip`](crate::key::KeyExtractor::client_ip)):
+    /// with [`key::ClientIp`](crate::key::ClientIp) the client behind your trusted proxies, so
+    /// a forwarding header is believed only from a proxy you trust; with any other extractor
+    /// the TCP peer. IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) match IPv4 ranges. Every
+    /// layer of the crate has the same allow list. An entry that is not an address or range is
+    /// a [`ConfigError::InvalidAllowedIp`], reported by [`validate`](Self::validate) and when
+    /// the layer is applied.
+    ///
+    /// ```
+    /// use tollgate::{key, Quota, RateLimitLayer};
+    /// let login = RateLimitLayer::new(Quota::per_minute(5))
+    ///     .key(key::ClientIp::new().trust_proxy("10.0.0.0/8"))
+    ///     .allow_ip("203.0.113.0/24"); // the office
+    /// # let _ = login;
+    /// ```
+    #[track_caller]
+    pub fn allow_ip(mut self, cidr: &str) -> Self {
+        self.common.allow_ip(cidr);
+        self.changed()
+    }
+
+    /// Lets requests whose key is `key` through without any limit (an internal API key, a
+    /// monitoring user). Call it after [`key`](Self::key): a key of an earlier key type is
+    /// reported as [`ConfigError::AllowKeyBeforeKey`].
+    pub fn allow_key(mut self, key: E::Key) -> Self {
+        self.common.allow_key(key);
+        self.changed()
+    }
+
     /// Builds rejection responses with `hook` instead of the default plain-text 429.
     pub fn on_reject(mut self, hook: OnReject) -> Self {
         self.common.on_reject = Some(hook);
