@@ -196,7 +196,7 @@ impl<E: KeyExtractor> Core<E> {
     /// the request still gets what the policy says.
     #[inline]
     pub(crate) fn resolve(&self, head: &RequestHead<'_>) -> Resolved<E::Key> {
-        if self.allow.has_ips() && self.allow.allows_ip(&self.extractor, head) {
+        if self.allows_address(head) {
             return Resolved::Pass;
         }
         match self.extractor.extract(head) {
@@ -209,6 +209,13 @@ impl<E: KeyExtractor> Core<E> {
                 self.on_missing.apply()
             }
         }
+    }
+
+    /// Whether the allow list lets the request's client address through, for a layer that
+    /// needs no key (a global concurrency limit).
+    #[inline]
+    pub(crate) fn allows_address(&self, head: &RequestHead<'_>) -> bool {
+        self.allow.has_ips() && self.allow.allows_ip(&self.extractor, head)
     }
 
     /// Logs a key error that no client can avoid, once per layer.

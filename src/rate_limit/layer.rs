@@ -13,6 +13,8 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor, MissingKey, RequestHead};
 use crate::layer::common::{Common, Lazy};
+use crate::limiter::DEFAULT_MAX_KEYS;
+use crate::penalty::{Penalties, PenaltyBox};
 use crate::response::OnReject;
 use crate::store::OnFull;
 
@@ -49,6 +51,7 @@ struct Settings {
     clock: Option<Clock>,
     max_keys: Option<usize>,
     on_full: Option<OnFull>,
+    penalty: Option<PenaltyBox>,
 }
 
 /// The state of a layer, built once, shared by every service it makes.
@@ -84,6 +87,7 @@ impl RateLimitLayer<Global> {
                 clock: None,
                 max_keys: None,
                 on_full: None,
+                penalty: None,
             },
             common,
             store: Memory,
@@ -332,6 +336,58 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
+    /// Bans keys that keep getting rejected: after `penalty`'s number of rejections within its
+    /// window, a key's requests are answered at once (429, or the box's status, with the
+    /// `Retry-After` of the ban) without reaching the quotas or the handler, for a ban that
+    /// doubles with each repeat offence up to a cap. See [`crate::penalty`] for the rules.
+    ///
+    /// One penalty box per layer, shared by its tiers: a key banned on one tier is banned on
+    /// all. With the memory store the state is kept beside the quotas, within
+    /// [`max_keys`](Self::max_keys); with Redis it is kept in Redis and decided in the same
+    /// script call as the quotas. Strikes found elsewhere (a failed login) are recorded with
+    /// [`penalties`](Self::penalties).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{key, PenaltyBox, Quota, RateLimitLayer};
+    ///
+    /// // Three rejections within 10 minutes: banned 15 minutes, then 30, 60, … up to a day.
+    /// let login = RateLimitLayer::new(Quota::per_minute(5))
+    ///     .key(key::PeerIp)
+    ///     .penalty_box(PenaltyBox::new(3, Duration::from_secs(600), Duration::from_secs(900)));
+    /// # let _ = login;
+    /// ```
+    #[track_caller]
+    pub fn penalty_box(mut self, penalty: PenaltyBox) -> Self {
+        self.common.note("penalty_box", penalty.validate());
+        self.settings.penalty = Some(penalty);
+        self.changed()
+    }
+
+    /// The penalty state of this layer (memory store), to record strikes the layer cannot see
+    /// (a failed login, known once the handler answered), ask about or lift a ban. `None`
+    /// without a [`penalty_box`](Self::penalty_box), or when the layer's store keeps the
+    /// penalty state itself (Redis: see
+    /// `RedisRateLimiter::strike`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{key, PenaltyBox, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::new(Quota::per_minute(5))
+    ///     .key(key::Header::new("x-user"))
+    ///     .penalty_box(PenaltyBox::new(3, Duration::from_secs(600), Duration::from_secs(900)));
+    /// let penalties = layer.penalties()?.expect("a penalty box in memory");
+    /// // In the login handler, after a wrong password:
+    /// penalties.strike(&b"mallory"[..].into());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn penalties(&self) -> Result<Option<Penalties<E::Key>>, ConfigError>
+    where
+        E: Clone,
+    {
+        Ok(self.shared()?.penalty.clone())
+    }
+
     /// Checks the configuration now, for layers built from values read at run time.
     ///
     /// `Layer::layer` panics with the same error otherwise, when the app is assembled.
@@ -379,12 +435,23 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 self.settings.clock.as_ref(),
                 self.settings.max_keys,
                 self.settings.on_full,
+                self.settings.penalty.as_ref(),
             )?);
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
                 headers: policy.headers(),
+                gcras: policy.quotas.iter().map(crate::Quota::gcra).collect(),
             });
         }
+        let penalty = match &self.settings.penalty {
+            Some(p) if B::LOCAL_PENALTIES => {
+                p.validate()?;
+                let clock = self.settings.clock.clone().unwrap_or_default();
+                let max_keys = self.settings.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
+                Some(Penalties::new(p, clock, max_keys))
+            }
+            _ => None,
+        };
         Ok(Shared {
             core,
             limiters: limiters.into_boxed_slice(),
@@ -393,6 +460,10 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 on_reject: self.common.on_reject.clone(),
                 headers: self.settings.headers,
                 legacy_headers: self.settings.legacy_headers,
+                ban_status: self.settings.penalty.as_ref().map_or(
+                    http::StatusCode::TOO_MANY_REQUESTS,
+                    PenaltyBox::answer_status,
+                ),
             }),
             select: self.settings.select.clone(),
             cost: self.settings.cost.clone(),
@@ -400,6 +471,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             skip_methods: self.settings.skip_methods.clone().into_boxed_slice(),
             skip_paths: self.settings.skip_paths.clone().into_boxed_slice(),
             unknown_tier_logged: AtomicBool::new(false),
+            penalty,
         })
     }
 }

@@ -14,6 +14,7 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
 use crate::limiter::InsufficientCapacity;
+use crate::penalty::PenaltyBox;
 use crate::quota::Quota;
 use crate::wait::Lines;
 
@@ -119,6 +120,7 @@ pub struct RedisRateLimiterBuilder<K> {
     quotas: Vec<Quota>,
     name: Cow<'static, str>,
     clock: Option<Clock>,
+    penalty: Option<PenaltyBox>,
 }
 
 impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
@@ -141,6 +143,14 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     /// time is used, as by default.
     pub fn clock(mut self, clock: Clock) -> Self {
         self.clock = Some(clock);
+        self
+    }
+
+    /// Bans keys that keep getting rejected, with the rules of a [`PenaltyBox`]: the ban, the
+    /// strikes and the quotas are decided together, in the one script call of each decision.
+    /// See [`crate::penalty`].
+    pub fn penalty_box(mut self, penalty: PenaltyBox) -> Self {
+        self.penalty = Some(penalty);
         self
     }
 
@@ -168,6 +178,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
             });
         }
         crate::headers::check_name(&self.name)?;
+        if let Some(p) = &self.penalty {
+            p.validate()?;
+            return Err(ConfigError::InvalidPenaltyBox("not available on Redis"));
+        }
         let gcras = self
             .quotas
             .iter()
@@ -229,6 +243,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             quotas: vec![quota],
             name: Cow::Borrowed("default"),
             clock: None,
+            penalty: None,
         }
     }
 

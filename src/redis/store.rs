@@ -304,6 +304,7 @@ where
 {
     type Limiter = super::RedisRateLimiter<K>;
     type Later = Later;
+    const LOCAL_PENALTIES: bool = false;
 
     /// Now when the cache of known rejections already knows (no round trip, no clone of the
     /// inner service); later, after the round trip, otherwise.
@@ -333,6 +334,7 @@ where
         clock: Option<&crate::Clock>,
         max_keys: Option<usize>,
         on_full: Option<crate::store::OnFull>,
+        penalty: Option<&crate::PenaltyBox>,
     ) -> Result<Self::Limiter, crate::ConfigError> {
         // Redis expires idle keys itself: a bound meant for memory must not pass unnoticed.
         if max_keys.is_some() {
@@ -349,6 +351,9 @@ where
         }
         if let Some(clock) = clock {
             builder = builder.clock(clock.clone());
+        }
+        if let Some(penalty) = penalty {
+            builder = builder.penalty_box(penalty.clone());
         }
         builder.try_build()
     }
