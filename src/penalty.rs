@@ -130,7 +130,7 @@ impl PenaltyBox {
         Ok(())
     }
 
-    fn rules(&self) -> Rules {
+    pub(crate) fn rules(&self) -> Rules {
         let max_ban = self.max_ban.unwrap_or(DEFAULT_MAX_BAN.max(self.ban));
         Rules {
             strikes: self.strikes,
