@@ -165,6 +165,23 @@ pub trait KeyExtractorExt: KeyExtractor + Sized {
         Or(self, other)
     }
 
+    /// Keeps `self`'s key, but resolves the client address that allow lists match with
+    /// `client` (see [`KeyExtractor::client_ip`]): for a key that is not an address, behind
+    /// proxies.
+    ///
+    /// ```
+    /// use tollgate::key::{ClientIp, Header, KeyExtractorExt};
+    /// use tollgate::{Quota, RateLimitLayer};
+    /// // Per username; the office is recognised behind our proxy, as `ClientIp` sees it.
+    /// let per_user = RateLimitLayer::new(Quota::per_minute(20))
+    ///     .key(Header::new("x-user").with_client_ip(ClientIp::new().trust_proxy("10.0.0.0/8")))
+    ///     .allow_ip("203.0.113.0/24");
+    /// # let _ = per_user;
+    /// ```
+    fn with_client_ip<C: KeyExtractor>(self, client: C) -> WithClientIp<Self, C> {
+        WithClientIp(self, client)
+    }
+
     /// Transforms the key.
     fn map<F, T>(self, f: F) -> Map<Self, F>
     where
@@ -220,6 +237,21 @@ impl<A: crate::redis::RedisKey, B: crate::redis::RedisKey> crate::redis::RedisKe
                 k.write_key(out);
             }
         }
+    }
+}
+
+/// An extractor whose client address comes from another. See
+/// [`KeyExtractorExt::with_client_ip`].
+#[derive(Debug, Clone)]
+pub struct WithClientIp<E, C>(E, C);
+
+impl<E: KeyExtractor, C: KeyExtractor> KeyExtractor for WithClientIp<E, C> {
+    type Key = E::Key;
+    fn extract(&self, req: &RequestHead<'_>) -> Result<E::Key, KeyError> {
+        self.0.extract(req)
+    }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        self.1.client_ip(req)
     }
 }
 
