@@ -582,3 +582,88 @@ async fn the_shape_layer_does_not_delay_allowed_keys() {
     send(&svc, req("user")).await;
     assert_eq!(start.elapsed(), SEC);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The penalty state against a small reference model, on random histories.
+
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+    use tollgate::penalty::Penalties;
+
+    /// Every strike and ban of one key, kept whole; the rules re-derived from the history.
+    #[derive(Default, Clone)]
+    struct History {
+        /// Strikes that counted, with the time of each.
+        counted: Vec<u64>,
+        /// Bans: (start, end, offence).
+        bans: Vec<(u64, u64, u32)>,
+    }
+
+    const STRIKES: u32 = 3;
+    const WITHIN: u64 = 10;
+    const BAN: u64 = 4;
+    const MAX_BAN: u64 = 20;
+    const FORGET: u64 = 30;
+
+    impl History {
+        fn strike(&mut self, t: u64) -> Strike {
+            if let Some(&(_, end, _)) = self.bans.last() {
+                if end > t {
+                    return Strike::AlreadyBanned(Duration::from_secs(end - t));
+                }
+            }
+            // The current run: counted strikes after the last ban, from the first of a run.
+            let since_ban = self.bans.last().map_or(0, |b| b.0 + 1);
+            let mut run_start = None;
+            let mut in_run = 0;
+            for &s in self.counted.iter().filter(|&&s| s >= since_ban) {
+                match run_start {
+                    Some(r) if s < r + WITHIN => in_run += 1,
+                    _ => {
+                        run_start = Some(s);
+                        in_run = 1;
+                    }
+                }
+            }
+            if run_start.is_some_and(|r| t >= r + WITHIN) {
+                in_run = 0;
+            }
+            self.counted.push(t);
+            if in_run + 1 < STRIKES {
+                return Strike::Counted(in_run + 1);
+            }
+            let offence = match self.bans.last() {
+                Some(&(_, end, n)) if t < end + FORGET => n + 1,
+                _ => 1,
+            };
+            let length = (0..offence - 1).fold(BAN, |l, _| (l * 2).min(MAX_BAN));
+            self.bans.push((t, t + length, offence));
+            Strike::Banned {
+                ban: Duration::from_secs(length),
+                offence,
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn strikes_agree_with_the_model(steps in prop::collection::vec((0u8..3, 0u64..8), 1..120)) {
+            let (clock, time) = Clock::manual();
+            let s = Duration::from_secs;
+            let boxed = PenaltyBox::new(STRIKES, s(WITHIN), s(BAN))
+                .max_ban(s(MAX_BAN))
+                .forget_after(s(FORGET));
+            let penalties = Penalties::<u8>::try_new(&boxed, clock, 1000).unwrap();
+            let mut models = vec![History::default(); 3];
+            let mut t = 0;
+            for (i, (key, dt)) in steps.into_iter().enumerate() {
+                t += dt;
+                time.advance(s(dt));
+                let expected = models[usize::from(key)].strike(t);
+                prop_assert_eq!(penalties.strike(&key), expected, "step {} at {} s", i, t);
+            }
+        }
+    }
+}

@@ -242,3 +242,38 @@ async fn the_http_layer_on_redis_answers_a_ban_with_its_retry_after() {
         assert_eq!(banned.2.as_deref(), Some("\"login\";r=0;t=300"));
     }
 }
+
+#[tokio::test]
+async fn the_script_agrees_with_the_memory_penalty_box_on_a_random_history() {
+    use tollgate::penalty::{Penalties, Strike};
+    let server = RedisServer::start();
+    let (clock, time) = Clock::manual();
+    let boxed = PenaltyBox::new(3, 10 * SEC, 4 * SEC)
+        .max_ban(20 * SEC)
+        .forget_after(30 * SEC);
+    let redis = RedisRateLimiter::<u64>::builder(store(&server).await, Quota::per_minute(2))
+        .clock(clock.clone())
+        .penalty_box(boxed.clone())
+        .build();
+    let memory = Penalties::<u64>::try_new(&boxed, clock, 100).unwrap();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut bans = 0;
+    for step in 0..300 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let key = seed % 3;
+        time.advance(Duration::from_millis(250 * ((seed >> 8) % 16)));
+        let expected = match memory.strike(&key) {
+            Strike::Banned { ban, .. } => {
+                bans += 1;
+                Some(ban)
+            }
+            Strike::AlreadyBanned(left) => Some(left),
+            _ => None,
+        };
+        assert_eq!(redis.strike(&key).await, expected, "step {step}");
+    }
+    // The history went through bans, escalations and forgiveness.
+    assert!(bans >= 10, "{bans} bans");
+}
