@@ -448,6 +448,28 @@ async fn a_banned_decision_says_banned() {
     burst(&svc, "192.0.2.1", 3).await;
 }
 
+#[tokio::test]
+async fn a_ban_inside_gives_back_what_the_layer_outside_took() {
+    let (clock, _time, handler) = setup();
+    let outer = RateLimitLayer::new(Quota::per_minute(3).named("outer")).clock(clock.clone());
+    let inner = login(&clock);
+    let svc = tower::ServiceBuilder::new()
+        .layer(outer)
+        .layer(inner)
+        .service(handler.clone());
+    // Two served, then the inner layer rejects and bans; the outer quota gives each back.
+    assert_eq!(
+        burst(&svc, "192.0.2.1", 20).await,
+        [
+            200, 200, 429, 429, 429, 429, 429, 429, 429, 429, 429, 429, 429, 429, 429, 429, 429,
+            429, 429, 429
+        ]
+    );
+    // The outer layer still has its third request for another client.
+    assert_eq!(burst(&svc, "192.0.2.2", 2).await, [200, 429]);
+    assert_eq!(handler.calls(), 3);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The allow list, on every layer.
 

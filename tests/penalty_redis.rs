@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::redis_server::RedisServer;
+use common::redis_server::{RedisCluster, RedisServer};
 use tollgate::penalty::PenaltyBox;
 use tollgate::redis::{RedisRateLimiter, RedisStore};
 use tollgate::{Clock, ConfigError, ManualClock, Outcome, Quota};
@@ -276,4 +276,36 @@ async fn the_script_agrees_with_the_memory_penalty_box_on_a_random_history() {
     }
     // The history went through bans, escalations and forgiveness.
     assert!(bans >= 10, "{bans} bans");
+}
+
+#[tokio::test]
+async fn on_a_cluster_the_penalty_box_needs_a_hash_tag_in_the_prefix() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let store = RedisStore::connect_cluster(urls.iter().map(String::as_str))
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2));
+    // Without a tag the quota key and the penalty key could be on two nodes.
+    let (clock, time) = Clock::manual();
+    for prefix in ["tollgate:", "app{}:", "app{:"] {
+        let built =
+            RedisRateLimiter::<u64>::builder(store.clone().prefix(prefix), Quota::per_minute(2))
+                .penalty_box(PenaltyBox::new(3, 60 * SEC, 10 * SEC))
+                .try_build();
+        assert!(
+            matches!(built, Err(ConfigError::InvalidPenaltyBox(_))),
+            "{prefix}"
+        );
+    }
+    let limiter = login(store.prefix("app{1}:"), clock);
+    for key in 0..6u64 {
+        assert_eq!(
+            outcomes(&limiter, key, 5).await,
+            [A, A, L, L, B],
+            "key {key}"
+        );
+    }
+    time.advance(10 * SEC);
+    assert_eq!(limiter.ban_left(&0).await, None);
 }
