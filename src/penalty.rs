@@ -47,9 +47,10 @@ use std::time::Duration;
 
 use http::StatusCode;
 
+use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::gcra::{Decision, Gcra, Outcome, QuotaState};
+use crate::gcra::{Decision, Outcome, QuotaState};
 use crate::keyed::{Absent, Entry, OnFull, Table};
 
 /// The longest ban when none is set: one day (or the first ban, if longer).
@@ -188,13 +189,19 @@ pub enum Strike {
     NotRecorded,
 }
 
-/// The decision for a request of a key banned for `left` more nanoseconds, on quotas `gcras`:
+/// The decision for a request of a key banned for `left` more nanoseconds, on quotas `rules`:
 /// nothing remaining on any quota, and no quota back before the ban ends.
-pub(crate) fn banned_decision(gcras: &[Gcra], left: u64) -> Decision {
+pub(crate) fn banned_decision(rules: &[Rule], left: u64) -> Decision {
     let mut states = [QuotaState::default(); crate::gcra::MAX_QUOTAS];
-    let n = gcras.len().min(states.len());
-    for (s, g) in states.iter_mut().zip(gcras) {
-        *s = QuotaState::ahead_by(g, left.max(g.tolerance));
+    let n = rules.len().min(states.len());
+    for (s, r) in states.iter_mut().zip(rules) {
+        *s = match r {
+            Rule::Gcra(g) => QuotaState::ahead_by(g, left.max(g.tolerance)),
+            _ => {
+                let reset = r.spent().reset_after_nanos().max(left);
+                QuotaState::counted(r.limit(), 0, reset)
+            }
+        };
     }
     Decision::from_store(Outcome::Banned, left, &states[..n])
 }

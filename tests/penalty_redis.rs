@@ -309,3 +309,24 @@ async fn on_a_cluster_the_penalty_box_needs_a_hash_tag_in_the_prefix() {
     time.advance(10 * SEC);
     assert_eq!(limiter.ban_left(&0).await, None);
 }
+
+#[tokio::test]
+async fn window_quotas_are_banned_in_the_same_script_call() {
+    let server = RedisServer::start();
+    let (clock, time) = Clock::manual();
+    let limiter =
+        RedisRateLimiter::<u64>::builder(store(&server).await, Quota::sliding_log(2, 60 * SEC))
+            .quota(Quota::fixed_window(5, 3600 * SEC))
+            .name("windows")
+            .clock(clock)
+            .penalty_box(PenaltyBox::new(2, 60 * SEC, 30 * SEC))
+            .build();
+    assert_eq!(outcomes(&limiter, 1, 4).await, [A, A, L, B]);
+    let d = limiter.check(&1).await;
+    assert_eq!((d.outcome(), d.retry_after()), (B, Some(30 * SEC)));
+    assert!(d.states().iter().all(|s| s.remaining() == 0));
+    assert!(d.states().iter().all(|s| s.reset_after() >= 30 * SEC));
+    // After the ban and the log's window: two more (the hour has used four of its five).
+    time.advance(60 * SEC);
+    assert_eq!(outcomes(&limiter, 1, 3).await, [A, A, L]);
+}

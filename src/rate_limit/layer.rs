@@ -440,7 +440,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
                 headers: policy.headers(),
-                gcras: policy.quotas.iter().map(crate::Quota::gcra).collect(),
+                rules: policy.quotas.iter().map(crate::Quota::rule).collect(),
             });
         }
         let penalty = match &self.settings.penalty {

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 
 use super::future::RateHeaders;
-use crate::gcra::{Decision, Gcra, Outcome};
+use crate::algo::Rule;
+use crate::gcra::{Decision, Outcome};
 use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
@@ -29,7 +30,7 @@ pub(crate) struct Tier {
     pub(crate) name: Box<str>,
     pub(crate) headers: PolicyHeaders,
     /// The policy's quotas, for the fields of a banned key's answer.
-    pub(crate) gcras: Box<[Gcra]>,
+    pub(crate) rules: Box<[Rule]>,
 }
 
 /// Everything a layer's services share; `L` is the limiter type of the layer's store.
@@ -132,7 +133,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         let penalty = self.penalty.as_ref()?;
         match penalty.ban_left_at(key, penalty.now()) {
             0 => None,
-            left => Some(banned_decision(&self.answers.tiers[tier].gcras, left)),
+            left => Some(banned_decision(&self.answers.tiers[tier].rules, left)),
         }
     }
 
@@ -149,7 +150,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         }
         match penalty.strike_at(key, penalty.now()).1 {
             0 => decision,
-            left => banned_decision(&self.answers.tiers[tier].gcras, left),
+            left => banned_decision(&self.answers.tiers[tier].rules, left),
         }
     }
 }
