@@ -556,7 +556,8 @@ mod tests {
                 "missing_key",
                 "concurrency_limited",
                 "queue_full",
-                "store_unavailable"
+                "store_unavailable",
+                "banned"
             ]
         );
     }
