@@ -4,7 +4,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::{ResponseFuture, Taken};
+use super::future::ResponseFuture;
 use super::shared::{Prepared, Shared};
 use super::store::{Answer, Backend, Handover, Memory};
 use crate::key::{KeyExtractor, RequestHead};
@@ -63,15 +63,12 @@ where
             Answer::Now(decision) => {
                 let decision = shared.strike(tier, &key, decision);
                 // What was taken goes with the response, to be given back if a layer inside
-                // rejects the request; a cost of 0 or a degraded decision took nothing.
-                let took = cost > 0 && !decision.is_degraded();
+                // rejects the request, or settled from the response; a degraded decision
+                // took nothing, nor did a cost of 0 unless the response may charge it.
+                let took = shared.reserves(cost) && !decision.is_degraded();
                 match shared.answers.finish(tier, decision, &mut req) {
                     Ok(headers) => {
-                        let taken = took.then(|| Taken {
-                            limiter: limiter.clone(),
-                            key,
-                            cost,
-                        });
+                        let taken = took.then(|| shared.taken(tier, key, cost, Some(decision)));
                         ResponseFuture::inner(self.inner.call(req), headers, taken)
                     }
                     Err(resp) => ResponseFuture::ready(resp),
@@ -100,11 +97,10 @@ impl<S, E: KeyExtractor, B: Backend<E::Key>> RateLimit<S, E, B> {
     {
         let (service, later) = B::hand_over(&mut self.inner, later);
         let answers = self.shared.answers.clone();
-        let taken = (cost > 0).then(|| Taken {
-            limiter: self.shared.limiters[tier].clone(),
-            key,
-            cost,
-        });
+        let taken = self
+            .shared
+            .reserves(cost)
+            .then(|| self.shared.taken(tier, key, cost, None));
         ResponseFuture::later(later, answers, tier, req, service, taken)
     }
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 
-use super::future::RateHeaders;
+use super::future::{RateHeaders, Settle, Taken};
+use super::settle::SettleRule;
 use crate::algo::Rule;
 use crate::gcra::{Decision, Outcome};
 use crate::headers::PolicyHeaders;
@@ -59,6 +60,8 @@ pub(crate) struct Answers {
     pub(crate) legacy_headers: bool,
     /// The status of a banned key's answer.
     pub(crate) ban_status: StatusCode,
+    /// How a reservation is settled from the response, when the layer learns from responses.
+    pub(crate) settle: Option<SettleRule>,
 }
 
 /// What a request needs before the store is asked.
@@ -155,6 +158,41 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     }
 }
 
+impl<E: KeyExtractor, L: Clone> Shared<E, L> {
+    /// Whether an admitted request of `cost` holds something to give back or settle later.
+    #[inline]
+    pub(crate) fn reserves(&self, cost: u32) -> bool {
+        cost > 0 || self.answers.settle.is_some()
+    }
+
+    /// What an admitted request of `cost` took from `key` on tier `tier`, with `admitted`,
+    /// the decision that admitted it (`None` while it is to come).
+    #[inline]
+    pub(crate) fn taken<B>(
+        &self,
+        tier: usize,
+        key: E::Key,
+        cost: u32,
+        admitted: Option<Decision>,
+    ) -> Taken<B, E::Key>
+    where
+        B: super::store::Backend<E::Key, Limiter = L>,
+    {
+        Taken {
+            limiter: self.limiters[tier].clone(),
+            key,
+            cost,
+            settle: self.answers.settle.is_some().then(|| {
+                Box::new(Settle {
+                    answers: self.answers.clone(),
+                    tier,
+                    admitted,
+                })
+            }),
+        }
+    }
+}
+
 impl Answers {
     /// Everything after the decision: an admitted request gets the decision in its extensions
     /// and the header fields for its response (`Ok`); a rejected one gets its response (`Err`).
@@ -167,7 +205,9 @@ impl Answers {
     ) -> Result<Option<RateHeaders>, Response<B>> {
         let tier = &self.tiers[tier];
         // A degraded decision knows nothing of the quotas: no fields that would say otherwise.
-        let headers = if decision.is_degraded() {
+        // An admission that will be settled renders its fields when it is (see `Settle`).
+        let settles = self.settle.is_some() && decision.is_allowed();
+        let headers = if decision.is_degraded() || settles {
             None
         } else {
             self.rate_headers(tier, &decision)
@@ -201,6 +241,11 @@ impl Answers {
             h.apply(resp.headers_mut());
         }
         Err(resp)
+    }
+
+    /// The header fields of tier `tier` reporting `d`: the state after a settlement.
+    pub(crate) fn settled_headers(&self, tier: usize, d: &Decision) -> Option<RateHeaders> {
+        self.rate_headers(&self.tiers[tier], d)
     }
 
     fn rate_headers(&self, tier: &Tier, d: &Decision) -> Option<RateHeaders> {
