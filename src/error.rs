@@ -108,6 +108,13 @@ pub enum ConfigError {
     InvalidColdFactor(u32),
     /// Warm-up was set on a window quota: only a GCRA quota warms up.
     WarmUpOnWindow,
+    /// An allow-list entry could not be parsed as an address or CIDR range.
+    InvalidAllowedIp(String),
+    /// `allow_key(..)` was called before `.key(..)` changed the key type, so its keys no
+    /// longer fit: allow keys after `.key(..)`.
+    AllowKeyBeforeKey,
+    /// A penalty box setting cannot work; the text says which and why.
+    InvalidPenaltyBox(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -201,6 +208,14 @@ impl fmt::Display for ConfigError {
             ConfigError::WarmUpOnWindow => {
                 f.write_str("warm-up applies to a GCRA quota, not to a window quota")
             }
+            ConfigError::InvalidAllowedIp(s) => {
+                write!(f, "allow-list entry {s:?} is not an IP address or CIDR range")
+            }
+            ConfigError::AllowKeyBeforeKey => f.write_str(
+                "allow_key(..) names a key of the type before .key(..) changed it: call \
+                 allow_key after key",
+            ),
+            ConfigError::InvalidPenaltyBox(why) => write!(f, "penalty box: {why}"),
         }
     }
 }

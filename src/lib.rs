@@ -176,6 +176,7 @@ pub mod key;
 mod keyed;
 mod layer;
 pub mod limiter;
+pub mod penalty;
 pub mod quota;
 pub mod rate_limit;
 #[cfg(feature = "redis")]
@@ -198,6 +199,7 @@ pub use concurrency::ConcurrencyLimitLayer;
 pub use error::ConfigError;
 pub use gcra::{Decision, Decisions, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
+pub use penalty::PenaltyBox;
 pub use quota::{Quota, QuotaKind};
 pub use rate_limit::{MissingKey, Policy, RateLimitLayer};
 pub use shape::{PoliteLayer, ShapeLayer, Shaper};

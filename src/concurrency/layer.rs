@@ -141,6 +141,23 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         self.changed()
     }
 
+    /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
+    /// without any limit, as [`RateLimitLayer::allow_ip`](crate::RateLimitLayer::allow_ip)
+    /// describes: matched against the client address the key extractor resolves.
+    #[track_caller]
+    pub fn allow_ip(mut self, cidr: &str) -> Self {
+        self.common.allow_ip(cidr);
+        self.changed()
+    }
+
+    /// Lets requests whose key is `key` through without any limit. Call it after
+    /// [`key`](Self::key): a key of an earlier key type is reported as
+    /// [`ConfigError::AllowKeyBeforeKey`](crate::ConfigError::AllowKeyBeforeKey).
+    pub fn allow_key(mut self, key: E::Key) -> Self {
+        self.common.allow_key(key);
+        self.changed()
+    }
+
     /// Lets requests over the limit wait for a place instead of being rejected at once.
     ///
     /// At most `max_waiting` requests wait (per key, for a keyed limit), first in first out,

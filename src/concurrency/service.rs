@@ -115,6 +115,9 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
         let attempt = match &shared.limit {
+            Limit::Global(_) if shared.core.allows_address(&RequestHead::new(&req)) => {
+                Attempt::Unlimited
+            }
             Limit::Global(global) => {
                 let priority = match &shared.classify {
                     Some(_) => shared.priority(&RequestHead::new(&req)),

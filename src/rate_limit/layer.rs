@@ -14,6 +14,8 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor, MissingKey, RequestHead};
 use crate::layer::common::{Common, Lazy};
+use crate::limiter::DEFAULT_MAX_KEYS;
+use crate::penalty::{Penalties, PenaltyBox};
 use crate::response::OnReject;
 use crate::store::OnFull;
 
@@ -52,6 +54,7 @@ struct Settings {
     clock: Option<Clock>,
     max_keys: Option<usize>,
     on_full: Option<OnFull>,
+    penalty: Option<PenaltyBox>,
 }
 
 /// The state of a layer, built once, shared by every service it makes.
@@ -89,6 +92,7 @@ impl RateLimitLayer<Global> {
                 clock: None,
                 max_keys: None,
                 on_full: None,
+                penalty: None,
             },
             common,
             store: Memory,
@@ -327,6 +331,39 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
+    /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
+    /// without any limit: not counted, never rejected or banned, no `RateLimit` fields.
+    ///
+    /// The address matched is the one the key extractor resolves
+    /// ([`KeyExtractor::client_ip`](crate::key::KeyExtractor::client_ip)):
+    /// with [`key::ClientIp`](crate::key::ClientIp) the client behind your trusted proxies, so
+    /// a forwarding header is believed only from a proxy you trust; with any other extractor
+    /// the TCP peer. IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) match IPv4 ranges. Every
+    /// layer of the crate has the same allow list. An entry that is not an address or range is
+    /// a [`ConfigError::InvalidAllowedIp`], reported by [`validate`](Self::validate) and when
+    /// the layer is applied.
+    ///
+    /// ```
+    /// use tollgate::{key, Quota, RateLimitLayer};
+    /// let login = RateLimitLayer::new(Quota::per_minute(5))
+    ///     .key(key::ClientIp::new().trust_proxy("10.0.0.0/8"))
+    ///     .allow_ip("203.0.113.0/24"); // the office
+    /// # let _ = login;
+    /// ```
+    #[track_caller]
+    pub fn allow_ip(mut self, cidr: &str) -> Self {
+        self.common.allow_ip(cidr);
+        self.changed()
+    }
+
+    /// Lets requests whose key is `key` through without any limit (an internal API key, a
+    /// monitoring user). Call it after [`key`](Self::key): a key of an earlier key type is
+    /// reported as [`ConfigError::AllowKeyBeforeKey`].
+    pub fn allow_key(mut self, key: E::Key) -> Self {
+        self.common.allow_key(key);
+        self.changed()
+    }
+
     /// Builds rejection responses with `hook` instead of the default plain-text 429.
     pub fn on_reject(mut self, hook: OnReject) -> Self {
         self.common.on_reject = Some(hook);
@@ -373,6 +410,58 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     pub fn on_full(mut self, on_full: OnFull) -> Self {
         self.settings.on_full = Some(on_full);
         self.changed()
+    }
+
+    /// Bans keys that keep getting rejected: after `penalty`'s number of rejections within its
+    /// window, a key's requests are answered at once (429, or the box's status, with the
+    /// `Retry-After` of the ban) without reaching the quotas or the handler, for a ban that
+    /// doubles with each repeat offence up to a cap. See [`crate::penalty`] for the rules.
+    ///
+    /// One penalty box per layer, shared by its tiers: a key banned on one tier is banned on
+    /// all. With the memory store the state is kept beside the quotas, within
+    /// [`max_keys`](Self::max_keys); with Redis it is kept in Redis and decided in the same
+    /// script call as the quotas. Strikes found elsewhere (a failed login) are recorded with
+    /// [`penalties`](Self::penalties).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{key, PenaltyBox, Quota, RateLimitLayer};
+    ///
+    /// // Three rejections within 10 minutes: banned 15 minutes, then 30, 60, … up to a day.
+    /// let login = RateLimitLayer::new(Quota::per_minute(5))
+    ///     .key(key::PeerIp)
+    ///     .penalty_box(PenaltyBox::new(3, Duration::from_secs(600), Duration::from_secs(900)));
+    /// # let _ = login;
+    /// ```
+    #[track_caller]
+    pub fn penalty_box(mut self, penalty: PenaltyBox) -> Self {
+        self.common.note("penalty_box", penalty.validate());
+        self.settings.penalty = Some(penalty);
+        self.changed()
+    }
+
+    /// The penalty state of this layer (memory store), to record strikes the layer cannot see
+    /// (a failed login, known once the handler answered), ask about or lift a ban. `None`
+    /// without a [`penalty_box`](Self::penalty_box), or when the layer's store keeps the
+    /// penalty state itself (Redis: see
+    /// `RedisRateLimiter::strike`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{key, PenaltyBox, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::new(Quota::per_minute(5))
+    ///     .key(key::Header::new("x-user"))
+    ///     .penalty_box(PenaltyBox::new(3, Duration::from_secs(600), Duration::from_secs(900)));
+    /// let penalties = layer.penalties()?.expect("a penalty box in memory");
+    /// // In the login handler, after a wrong password:
+    /// penalties.strike(&b"mallory"[..].into());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn penalties(&self) -> Result<Option<Penalties<E::Key>>, ConfigError>
+    where
+        E: Clone,
+    {
+        Ok(self.shared()?.penalty.clone())
     }
 
     /// Checks the configuration now, for layers built from values read at run time.
@@ -422,12 +511,23 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 self.settings.clock.as_ref(),
                 self.settings.max_keys,
                 self.settings.on_full,
+                self.settings.penalty.as_ref(),
             )?);
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
                 headers: policy.headers(),
+                rules: policy.quotas.iter().map(crate::Quota::rule).collect(),
             });
         }
+        let penalty = match &self.settings.penalty {
+            Some(p) if B::LOCAL_PENALTIES => {
+                p.validate()?;
+                let clock = self.settings.clock.clone().unwrap_or_default();
+                let max_keys = self.settings.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
+                Some(Penalties::new(p, clock, max_keys))
+            }
+            _ => None,
+        };
         Ok(Shared {
             core,
             limiters: limiters.into_boxed_slice(),
@@ -436,6 +536,10 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 on_reject: self.common.on_reject.clone(),
                 headers: self.settings.headers,
                 legacy_headers: self.settings.legacy_headers,
+                ban_status: self.settings.penalty.as_ref().map_or(
+                    http::StatusCode::TOO_MANY_REQUESTS,
+                    PenaltyBox::answer_status,
+                ),
                 settle: SettleRule::new(self.settings.count.clone(), self.settings.amount.clone()),
             }),
             select: self.settings.select.clone(),
@@ -444,6 +548,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             skip_methods: self.settings.skip_methods.clone().into_boxed_slice(),
             skip_paths: self.settings.skip_paths.clone().into_boxed_slice(),
             unknown_tier_logged: AtomicBool::new(false),
+            penalty,
         })
     }
 }

@@ -50,9 +50,18 @@ where
             Prepared::Reject(resp) => return ResponseFuture::ready(resp),
             Prepared::Decide { tier, key, cost } => (tier, key, cost),
         };
+        if let Some(banned) = shared.banned(tier, &key) {
+            // Neither the handler nor the quotas see a banned key's requests.
+            return match shared.answers.finish(tier, banned, &mut req) {
+                Err(resp) => ResponseFuture::ready(resp),
+                // A banned decision is never admitted; were it, the request would pass.
+                Ok(headers) => ResponseFuture::inner(self.inner.call(req), headers, None),
+            };
+        }
         let limiter = &shared.limiters[tier];
         match B::decide(limiter, &key, cost) {
             Answer::Now(decision) => {
+                let decision = shared.strike(tier, &key, decision);
                 // What was taken goes with the response, to be given back if a layer inside
                 // rejects the request, or settled from the response; a degraded decision
                 // took nothing, nor did a cost of 0 unless the response may charge it.

@@ -9,11 +9,13 @@ use http::{Method, Request, Response, StatusCode};
 
 use super::future::{RateHeaders, Settle, Taken};
 use super::settle::SettleRule;
+use crate::algo::Rule;
 use crate::gcra::{Decision, Outcome};
 use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::Core;
+use crate::penalty::{banned_decision, Penalties};
 use crate::response::{self, OnReject, Protocol, RejectionKind};
 
 /// Chooses a request's tier: given the request and a lookup of tier names, the tier's index.
@@ -28,6 +30,8 @@ pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 pub(crate) struct Tier {
     pub(crate) name: Box<str>,
     pub(crate) headers: PolicyHeaders,
+    /// The policy's quotas, for the fields of a banned key's answer.
+    pub(crate) rules: Box<[Rule]>,
 }
 
 /// Everything a layer's services share; `L` is the limiter type of the layer's store.
@@ -43,6 +47,8 @@ pub(crate) struct Shared<E: KeyExtractor, L> {
     pub(crate) skip_paths: Box<[String]>,
     /// Whether an unknown tier name from the selector has been logged.
     pub(crate) unknown_tier_logged: AtomicBool,
+    /// The penalty box, when the layer keeps it in memory (see `Backend::LOCAL_PENALTIES`).
+    pub(crate) penalty: Option<Penalties<E::Key>>,
 }
 
 /// What turns a decision into a response, whatever the store and the key: shared with the
@@ -52,6 +58,8 @@ pub(crate) struct Answers {
     pub(crate) on_reject: Option<OnReject>,
     pub(crate) headers: bool,
     pub(crate) legacy_headers: bool,
+    /// The status of a banned key's answer.
+    pub(crate) ban_status: StatusCode,
     /// How a reservation is settled from the response, when the layer learns from responses.
     pub(crate) settle: Option<SettleRule>,
 }
@@ -120,6 +128,33 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         };
         let cost = self.cost.as_ref().map_or(1, |f| f(head));
         Prepared::Decide { tier, key, cost }
+    }
+
+    /// The decision for `key` if the penalty box bans it now, before the quotas are asked.
+    #[inline]
+    pub(crate) fn banned(&self, tier: usize, key: &E::Key) -> Option<Decision> {
+        let penalty = self.penalty.as_ref()?;
+        match penalty.ban_left_at(key, penalty.now()) {
+            0 => None,
+            left => Some(banned_decision(&self.answers.tiers[tier].rules, left)),
+        }
+    }
+
+    /// A rejection by the quotas is a strike against the key: the decision to answer with,
+    /// the ban's if this strike (or one racing it) banned the key. A degraded decision (the
+    /// store did not answer) is no strike.
+    #[inline]
+    pub(crate) fn strike(&self, tier: usize, key: &E::Key, decision: Decision) -> Decision {
+        let Some(penalty) = &self.penalty else {
+            return decision;
+        };
+        if decision.is_allowed() || decision.is_degraded() {
+            return decision;
+        }
+        match penalty.strike_at(key, penalty.now()).1 {
+            0 => decision,
+            left => banned_decision(&self.answers.tiers[tier].rules, left),
+        }
     }
 }
 
@@ -190,6 +225,7 @@ impl Answers {
                 RejectionKind::CostExceedsBurst,
                 StatusCode::TOO_MANY_REQUESTS,
             ),
+            Outcome::Banned => (RejectionKind::Banned, self.ban_status),
             _ => (RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS),
         };
         let mut resp = response::respond(

@@ -12,6 +12,7 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::Decision;
 use crate::limiter::{RateLimiter, DEFAULT_MAX_KEYS};
+use crate::penalty::PenaltyBox;
 use crate::quota::Quota;
 use crate::store::OnFull;
 
@@ -28,6 +29,12 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     #[doc(hidden)]
     type Later: Future<Output = Decision> + Send + 'static;
 
+    /// Whether the layer keeps a penalty box's state itself, in memory, beside the store's
+    /// limiters (the memory store), or leaves it to the limiters (Redis, which decides the ban
+    /// and the quotas in one script call).
+    #[doc(hidden)]
+    const LOCAL_PENALTIES: bool;
+
     #[doc(hidden)]
     fn make_limiter(
         &self,
@@ -36,6 +43,7 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
         clock: Option<&Clock>,
         max_keys: Option<usize>,
         on_full: Option<OnFull>,
+        penalty: Option<&PenaltyBox>,
     ) -> Result<Self::Limiter, ConfigError>;
 
     /// Decides `cost` for `key`: at once, or with a future.
@@ -108,6 +116,7 @@ impl Future for Never {
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
     type Limiter = RateLimiter<K>;
     type Later = Never;
+    const LOCAL_PENALTIES: bool = true;
 
     fn make_limiter(
         &self,
@@ -116,6 +125,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
         clock: Option<&Clock>,
         max_keys: Option<usize>,
         on_full: Option<OnFull>,
+        _penalty: Option<&PenaltyBox>,
     ) -> Result<RateLimiter<K>, ConfigError> {
         let (first, rest) = quotas.split_first().ok_or(ConfigError::NoQuota)?;
         let mut builder = RateLimiter::<K>::builder(first.clone())

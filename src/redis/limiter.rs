@@ -7,6 +7,9 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::redis::Script;
+
+use super::ban::{BanCache, DECIDE, MAX_MICROS, PARDON, PEEK, STRIKE};
 use super::deny::DenyCache;
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
 use super::store::{Arg, FailMode, RedisStore, RETRY_WHEN_UNAVAILABLE};
@@ -15,11 +18,16 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
 use crate::limiter::InsufficientCapacity;
+use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
 use crate::wait::Lines;
 use crate::warmup::{Curve, WarmGcra};
 
 const MICRO: u64 = 1_000;
+
+fn ns_of(d: Option<Duration>) -> u64 {
+    d.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
 
 /// A keyed GCRA rate limiter whose state lives in Redis, shared by every instance of a service
 /// that uses the same store prefix, policy name and key. The same methods and semantics as
@@ -122,8 +130,34 @@ struct Inner<K> {
     /// Whether to send the clock's time to the script rather than use the server's `TIME`.
     local_time: bool,
     deny: Option<DenyCache<K>>,
+    /// The penalty box, decided in Redis with the quotas.
+    penalty: Option<Penalty<K>>,
     /// The tasks of this process waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
+}
+
+/// A penalty box on Redis: where its state lives, its rules as script arguments, and the bans
+/// this instance has seen.
+struct Penalty<K> {
+    /// `<prefix>ban:<name length>:<name>:`, with an unclosed `{` closed.
+    key_prefix: Box<[u8]>,
+    tag_guard: TagGuard,
+    /// strikes, within, ban, max_ban, forget_after (times in microseconds).
+    rules: [u64; 5],
+    bans: Option<BanCache<K>>,
+}
+
+/// The script arguments of a penalty box's rules, in microseconds (at most [`MAX_MICROS`]).
+fn penalty_rules(p: &PenaltyBox) -> [u64; 5] {
+    let r = p.rules();
+    let us = |ns: u64| (ns.div_ceil(MICRO)).clamp(1, MAX_MICROS);
+    [
+        u64::from(r.strikes),
+        us(r.within),
+        us(r.ban),
+        us(r.max_ban),
+        us(r.forget_after).max(1),
+    ]
 }
 
 /// Builds a [`RedisRateLimiter`].
@@ -135,6 +169,7 @@ pub struct RedisRateLimiterBuilder<K> {
     quotas: Vec<Quota>,
     name: Cow<'static, str>,
     clock: Option<Clock>,
+    penalty: Option<PenaltyBox>,
 }
 
 impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
@@ -157,6 +192,14 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     /// time is used, as by default.
     pub fn clock(mut self, clock: Clock) -> Self {
         self.clock = Some(clock);
+        self
+    }
+
+    /// Bans keys that keep getting rejected, with the rules of a [`PenaltyBox`]: the ban, the
+    /// strikes and the quotas are decided together, in the one script call of each decision.
+    /// See [`crate::penalty`].
+    pub fn penalty_box(mut self, penalty: PenaltyBox) -> Self {
+        self.penalty = Some(penalty);
         self
     }
 
@@ -184,6 +227,24 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
             });
         }
         crate::headers::check_name(&self.name)?;
+        if let Some(p) = &self.penalty {
+            p.validate()?;
+            // The quota key and the penalty key go to one script call: on a cluster they
+            // must share a slot, which only a hash tag in the prefix ensures.
+            let prefix = &self.store.prefix;
+            // Redis's rule: the bytes between the first `{` and the next `}`, if not empty.
+            let tagged = prefix.iter().position(|&b| b == b'{').is_some_and(|open| {
+                let rest = &prefix[open + 1..];
+                rest.iter()
+                    .position(|&b| b == b'}')
+                    .is_some_and(|close| close > 0)
+            });
+            if self.store.is_cluster() && !tagged {
+                return Err(ConfigError::InvalidPenaltyBox(
+                    "on Redis Cluster it needs a store prefix with a hash tag, e.g. \"app{1}:\"",
+                ));
+            }
+        }
         let rules = self
             .quotas
             .iter()
@@ -201,6 +262,22 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
         let deny = (all_gcra && self.store.deny_cache > 0 && max_age > 0)
             .then(|| DenyCache::new(self.store.deny_cache, max_age));
+        let penalty = self.penalty.as_ref().map(|p| {
+            let mut prefix = self.store.prefix.to_vec();
+            prefix.extend_from_slice(b"ban:");
+            RedisKey::write_key(&self.name.len(), &mut prefix);
+            prefix.push(b':');
+            prefix.extend_from_slice(self.name.as_bytes());
+            prefix.push(b':');
+            let tag_guard = guard_fixed_part(&mut prefix);
+            Penalty {
+                key_prefix: prefix.into_boxed_slice(),
+                tag_guard,
+                rules: penalty_rules(p),
+                bans: (self.store.deny_cache > 0 && max_age > 0)
+                    .then(|| BanCache::new(self.store.deny_cache, max_age)),
+            }
+        });
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 name: self.name.as_ref().into(),
@@ -213,6 +290,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                 tag_guard,
                 store: self.store,
                 deny,
+                penalty,
                 waiters: Lines::default(),
             }),
         })
@@ -284,6 +362,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             quotas: vec![quota],
             name: Cow::Borrowed("default"),
             clock: None,
+            penalty: None,
         }
     }
 
@@ -394,6 +473,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// The decision the deny cache already knows, without a round trip.
     #[inline]
     pub(crate) fn local(&self, key: &K, cost: u32, now: u64) -> Option<Decision> {
+        if let Some(p) = &self.inner.penalty {
+            // Rejections must reach Redis to count as strikes: only bans are answered here.
+            let left = p.bans.as_ref()?.left(key, now)?;
+            return Some(banned_decision(&self.inner.rules, left));
+        }
         if cost == 0 {
             return None;
         }
@@ -445,7 +529,15 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
         let inner = &*self.inner;
         let (args, n) = self.script_args(Arg::Int(u64::from(cost)), now);
-        let reply = inner.store.eval(&self.redis_key(key), &args[..n]).await;
+        let reply = match &inner.penalty {
+            Some(p) => {
+                let ban_key = self.ban_key(p, key);
+                let args = self.with_penalty_args(p, &args[..n], now);
+                let keys: [&[u8]; 2] = [&self.redis_key(key), &ban_key];
+                inner.store.eval_script(&DECIDE, &keys, &args).await
+            }
+            None => inner.store.eval(&self.redis_key(key), &args[..n]).await,
+        };
         let decision = reply.and_then(|r| {
             let d = self.decision_of(&r);
             if d.is_none() {
@@ -455,9 +547,17 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         });
         match decision {
             Some(d) => {
+                if d.outcome() == Outcome::Banned {
+                    if let Some(bans) = inner.penalty.as_ref().and_then(|p| p.bans.as_ref()) {
+                        bans.remember(key, now, ns_of(d.retry_after()));
+                    }
+                }
                 if let Some(deny) = &inner.deny {
                     match d.outcome() {
-                        Outcome::Limited => deny.remember(key, now, cost, &d),
+                        // With a penalty box, every rejection must reach Redis as a strike.
+                        Outcome::Limited if inner.penalty.is_none() => {
+                            deny.remember(key, now, cost, &d)
+                        }
                         // The key moved on: a cached rejection must not report stale times.
                         Outcome::Allowed if cost > 0 => deny.admitted(key, now, &d),
                         _ => {}
@@ -522,9 +622,90 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         }
     }
 
+    /// The Redis key of `key`'s penalty state.
+    fn ban_key(&self, p: &Penalty<K>, key: &K) -> Vec<u8> {
+        let mut name = Vec::with_capacity(p.key_prefix.len() + 32);
+        name.extend_from_slice(&p.key_prefix);
+        write_guarded(&mut name, key, p.tag_guard);
+        name
+    }
+
+    /// `args` followed by the penalty box's: the time (empty: the server's), then its rules.
+    fn with_penalty_args<'a>(&self, p: &Penalty<K>, args: &[Arg<'a>], now: u64) -> Vec<Arg<'a>> {
+        let mut all = Vec::with_capacity(args.len() + 6);
+        all.extend_from_slice(args);
+        all.push(if self.inner.local_time {
+            Arg::Int(now / MICRO)
+        } else {
+            Arg::Bytes(b"")
+        });
+        all.extend(p.rules.iter().map(|&r| Arg::Int(r)));
+        all
+    }
+
+    /// Runs the penalty box alone (`script`: [`STRIKE`] or [`PEEK`]); the ban left, `Some(0)`
+    /// when not banned, `None` without a penalty box or when Redis did not answer.
+    async fn penalty_only(&self, script: &Script, key: &K) -> Option<u64> {
+        let inner = &*self.inner;
+        let p = inner.penalty.as_ref()?;
+        let now = self.now();
+        let args = self.with_penalty_args(p, &[], now);
+        let ban_key = self.ban_key(p, key);
+        // The quota key is never touched by these scripts; it is passed for the slot.
+        let keys: [&[u8]; 2] = [&self.redis_key(key), &ban_key];
+        let reply = inner.store.eval_script(script, &keys, &args).await?;
+        match reply.as_slice() {
+            [3, left] => {
+                let left = u64::try_from(*left).ok()?.saturating_mul(MICRO);
+                if let Some(bans) = &p.bans {
+                    bans.remember(key, now, left);
+                }
+                Some(left)
+            }
+            [_, _] => Some(0),
+            _ => {
+                inner.store.bad_reply();
+                None
+            }
+        }
+    }
+
+    /// Records a strike against `key` in the penalty box (a failed login found after the
+    /// response, say), in one script call, by the rules of [`PenaltyBox`]; returns how long
+    /// the key is banned now, if it is. `None` too without a penalty box, or when Redis did
+    /// not answer in time (the strike may then be lost).
+    pub async fn strike(&self, key: &K) -> Option<Duration> {
+        let left = self.penalty_only(&STRIKE, key).await?;
+        (left > 0).then(|| Duration::from_nanos(left))
+    }
+
+    /// How long `key` is still banned, as Redis says; `None` when it is not, without a
+    /// penalty box, or when Redis did not answer in time.
+    pub async fn ban_left(&self, key: &K) -> Option<Duration> {
+        let left = self.penalty_only(&PEEK, key).await?;
+        (left > 0).then(|| Duration::from_nanos(left))
+    }
+
+    /// Lifts `key`'s ban and forgets its strikes and offences, in Redis and in this instance
+    /// (other instances may still answer a ban they cached, for at most the store's
+    /// `deny_cache_max_age`).
+    pub async fn pardon(&self, key: &K) {
+        let inner = &*self.inner;
+        let Some(p) = &inner.penalty else { return };
+        if let Some(bans) = &p.bans {
+            bans.forget(key);
+        }
+        let ban_key = self.ban_key(p, key);
+        let _ = inner.store.eval_script(&PARDON, &[&ban_key], &[]).await;
+    }
+
     /// Maps the script's reply onto a decision; `None` when it does not fit.
     fn decision_of(&self, r: &[i64]) -> Option<Decision> {
         let rules = &self.inner.rules;
+        if let [3, left] = r {
+            let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
+            return Some(banned_decision(rules, left));
+        }
         if r.len() != 2 + 2 * rules.len() {
             return None;
         }

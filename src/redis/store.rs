@@ -219,7 +219,20 @@ impl RedisStore {
     /// Runs the decision script on `key` with `args`; `None` when Redis did not answer in time
     /// (the error is logged as an outage).
     pub(crate) async fn eval(&self, key: &[u8], args: &[Arg<'_>]) -> Option<Vec<i64>> {
-        let mut call = SCRIPT.key(key);
+        self.eval_script(&SCRIPT, &[key], args).await
+    }
+
+    /// Runs `script` on `keys` with `args`, as [`eval`](Self::eval) runs the decision script.
+    pub(crate) async fn eval_script(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[Arg<'_>],
+    ) -> Option<Vec<i64>> {
+        let mut call = script.prepare_invoke();
+        for k in keys {
+            call.key(*k);
+        }
         for a in args {
             match a {
                 Arg::Int(n) => call.arg(*n),
@@ -248,6 +261,11 @@ impl RedisStore {
                 None
             }
         }
+    }
+
+    /// Whether the store is a Redis Cluster connection.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.conn, Connection::Cluster(_))
     }
 
     /// Reports a reply that does not fit the script: a failure like any other.
@@ -304,6 +322,7 @@ where
 {
     type Limiter = super::RedisRateLimiter<K>;
     type Later = Later;
+    const LOCAL_PENALTIES: bool = false;
 
     /// Now when the cache of known rejections already knows (no round trip, no clone of the
     /// inner service); later, after the round trip, otherwise.
@@ -346,6 +365,7 @@ where
         clock: Option<&crate::Clock>,
         max_keys: Option<usize>,
         on_full: Option<crate::store::OnFull>,
+        penalty: Option<&crate::PenaltyBox>,
     ) -> Result<Self::Limiter, crate::ConfigError> {
         // Redis expires idle keys itself: a bound meant for memory must not pass unnoticed.
         if max_keys.is_some() {
@@ -362,6 +382,9 @@ where
         }
         if let Some(clock) = clock {
             builder = builder.clock(clock.clone());
+        }
+        if let Some(penalty) = penalty {
+            builder = builder.penalty_box(penalty.clone());
         }
         builder.try_build()
     }

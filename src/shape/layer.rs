@@ -171,6 +171,23 @@ impl<E: KeyExtractor> ShapeLayer<E> {
         self.changed()
     }
 
+    /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
+    /// without any limit, as [`RateLimitLayer::allow_ip`](crate::RateLimitLayer::allow_ip)
+    /// describes: matched against the client address the key extractor resolves.
+    #[track_caller]
+    pub fn allow_ip(mut self, cidr: &str) -> Self {
+        self.common.allow_ip(cidr);
+        self.changed()
+    }
+
+    /// Lets requests whose key is `key` through without any limit. Call it after
+    /// [`key`](Self::key): a key of an earlier key type is reported as
+    /// [`ConfigError::AllowKeyBeforeKey`](crate::ConfigError::AllowKeyBeforeKey).
+    pub fn allow_key(mut self, key: E::Key) -> Self {
+        self.common.allow_key(key);
+        self.changed()
+    }
+
     /// Builds rejection responses with `hook` instead of the default plain-text 429.
     pub fn on_reject(mut self, hook: OnReject) -> Self {
         self.common.on_reject = Some(hook);
