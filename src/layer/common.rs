@@ -19,6 +19,7 @@ use http::{Response, StatusCode};
 use crate::error::ConfigError;
 use crate::key::missing::Resolved;
 use crate::key::{KeyError, KeyExtractor, MissingKey, RequestHead};
+use crate::observe::Observe;
 use crate::response::{self, OnReject, Protocol, RejectionKind};
 
 /// The builder settings every layer has: who a request counts against, what happens to a
@@ -32,6 +33,8 @@ pub(crate) struct Common<E: KeyExtractor> {
     pub(crate) on_reject: Option<OnReject>,
     /// Settings found invalid when they were made, with the caller's line.
     invalid: Vec<Invalid>,
+    /// Dry-run mode and key tracing.
+    pub(crate) observe: Observe,
 }
 
 /// A setting found invalid when its builder method was called.
@@ -50,6 +53,7 @@ impl<E: KeyExtractor> Common<E> {
             lost: None,
             on_reject: None,
             invalid: Vec::new(),
+            observe: Observe::default(),
         }
     }
 
@@ -101,6 +105,7 @@ impl<E: KeyExtractor> Common<E> {
             lost,
             on_reject: self.on_reject,
             invalid: self.invalid,
+            observe: self.observe,
         }
     }
 
@@ -144,6 +149,7 @@ impl<E: KeyExtractor> Common<E> {
             on_missing: self.on_missing.clone(),
             on_reject: self.on_reject.clone(),
             misconfigured_logged: AtomicBool::new(false),
+            observe: self.observe,
         })
     }
 }
@@ -155,6 +161,8 @@ pub(crate) struct Core<E: KeyExtractor> {
     on_reject: Option<OnReject>,
     /// Whether a key error that is the server's fault has been logged by this layer.
     misconfigured_logged: AtomicBool,
+    /// Dry-run mode and key tracing.
+    pub(crate) observe: Observe,
 }
 
 impl<E: KeyExtractor> Core<E> {
@@ -188,6 +196,12 @@ impl<E: KeyExtractor> Core<E> {
                 e.reason()
             );
         }
+    }
+
+    /// The key as rejection events show it: only when the layer traces keys.
+    #[inline]
+    pub(crate) fn traced<'k>(&self, key: &'k E::Key) -> Option<&'k dyn std::fmt::Debug> {
+        self.observe.trace_keys.then_some(key as &dyn std::fmt::Debug)
     }
 
     /// The status a request without a key is turned away with, when the policy rejects.

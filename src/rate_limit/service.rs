@@ -48,15 +48,25 @@ where
                 return ResponseFuture::inner(self.inner.call(req), None, None);
             }
             Prepared::Reject(resp) => return ResponseFuture::ready(resp),
+            Prepared::Shadow(rejection) => {
+                rejection.record(req.extensions_mut());
+                crate::gcra::record_unlimited(req.extensions_mut());
+                return ResponseFuture::inner(self.inner.call(req), None, None);
+            }
             Prepared::Decide { tier, key, cost } => (tier, key, cost),
         };
         let limiter = &shared.limiters[tier];
         match B::decide(limiter, &key, cost) {
             Answer::Now(decision) => {
                 // What was taken goes with the response, to be given back if a layer inside
-                // rejects the request; a cost of 0 or a degraded decision took nothing.
-                let took = cost > 0 && !decision.is_degraded();
-                match shared.answers.finish(tier, decision, &mut req) {
+                // rejects the request; a cost of 0, a degraded decision or a rejection let
+                // through by a dry run took nothing.
+                let allowed = decision.is_allowed();
+                let took = cost > 0 && allowed && !decision.is_degraded();
+                let meter = &shared.answers.tiers[tier].meter;
+                meter.keys(!allowed, || B::tracked_keys(limiter));
+                let traced = shared.core.traced(&key);
+                match shared.answers.finish(tier, decision, cost, traced, &mut req) {
                     Ok(headers) => {
                         let taken = took.then(|| Taken {
                             limiter: limiter.clone(),
@@ -91,11 +101,12 @@ impl<S, E: KeyExtractor, B: Backend<E::Key>> RateLimit<S, E, B> {
     {
         let (service, later) = B::hand_over(&mut self.inner, later);
         let answers = self.shared.answers.clone();
+        let traced = self.shared.core.observe.trace_keys.then(|| key.clone());
         let taken = (cost > 0).then(|| Taken {
             limiter: self.shared.limiters[tier].clone(),
             key,
             cost,
         });
-        ResponseFuture::later(later, answers, tier, req, service, taken)
+        ResponseFuture::later(later, answers, tier, req, service, taken, traced, cost)
     }
 }

@@ -13,6 +13,7 @@ use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::Core;
+use crate::observe::{self, DecisionMeter, DryRunRejection, Names, Observe, Verdict};
 use crate::response::{self, OnReject, Protocol, RejectionKind};
 
 /// Chooses a request's tier: given the request and a lookup of tier names, the tier's index.
@@ -27,7 +28,20 @@ pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 pub(crate) struct Tier {
     pub(crate) name: Box<str>,
     pub(crate) headers: PolicyHeaders,
+    /// The names its metrics and events carry.
+    pub(crate) names: Names,
+    pub(crate) meter: DecisionMeter,
 }
+
+/// The outcomes a rate-limit policy can count.
+pub(crate) const OUTCOMES: &[Verdict] = &[
+    Verdict::Allowed,
+    Verdict::MissingKey,
+    #[cfg(feature = "redis")]
+    Verdict::FailOpen,
+    #[cfg(feature = "redis")]
+    Verdict::FailClosed,
+];
 
 /// Everything a layer's services share; `L` is the limiter type of the layer's store.
 pub(crate) struct Shared<E: KeyExtractor, L> {
@@ -51,6 +65,10 @@ pub(crate) struct Answers {
     pub(crate) on_reject: Option<OnReject>,
     pub(crate) headers: bool,
     pub(crate) legacy_headers: bool,
+    /// Dry-run mode and key tracing.
+    pub(crate) observe: Observe,
+    /// Whether a dry-run layer sends its header fields.
+    pub(crate) dry_run_headers: bool,
 }
 
 /// What a request needs before the store is asked.
@@ -59,6 +77,8 @@ pub(crate) enum Prepared<K, B> {
     Pass,
     /// Answered without a decision (no key, and the layer rejects such requests).
     Reject(Response<B>),
+    /// Would have been answered without a decision, but the layer runs dry.
+    Shadow(DryRunRejection),
     /// Decide `cost` for `key` on the tier at index `tier`.
     Decide { tier: usize, key: K, cost: u32 },
 }
@@ -110,7 +130,15 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             Resolved::Key(key) => key,
             Resolved::Pass => return Prepared::Pass,
             Resolved::Reject(status) => {
-                let policy = Some(&*self.answers.tiers[tier].name);
+                let t = &self.answers.tiers[tier];
+                let dry_run = self.core.observe.dry_run;
+                t.meter.count(Verdict::MissingKey, None);
+                observe::rejected(&t.names, None, Verdict::MissingKey, status, None, dry_run, None);
+                if dry_run {
+                    let kind = RejectionKind::MissingKey;
+                    return Prepared::Shadow(DryRunRejection::new(&t.names, None, kind, status, None));
+                }
+                let policy = Some(&*t.name);
                 let protocol = Protocol::of(head);
                 return Prepared::Reject(self.core.reject_missing(status, policy, protocol));
             }
@@ -121,26 +149,51 @@ impl<E: KeyExtractor, L> Shared<E, L> {
 }
 
 impl Answers {
-    /// Everything after the decision: an admitted request gets the decision in its extensions
-    /// and the header fields for its response (`Ok`); a rejected one gets its response (`Err`).
+    /// Everything after the decision of `cost` (for `key`, when the layer traces keys): an
+    /// admitted request gets the decision in its extensions and the header fields for its
+    /// response (`Ok`); a rejected one gets its response (`Err`), or in dry-run mode the
+    /// would-be rejection in its extensions and `Ok`.
     #[inline]
     pub(crate) fn finish<ReqBody, B: From<Bytes>>(
         &self,
         tier: usize,
         decision: Decision,
+        cost: u32,
+        key: Option<&dyn std::fmt::Debug>,
         req: &mut Request<ReqBody>,
     ) -> Result<Option<RateHeaders>, Response<B>> {
         let tier = &self.tiers[tier];
+        let dry_run = self.observe.dry_run;
         // A degraded decision knows nothing of the quotas: no fields that would say otherwise.
-        let headers = if decision.is_degraded() {
+        let headers = if decision.is_degraded() || (dry_run && !self.dry_run_headers) {
             None
         } else {
             self.rate_headers(tier, &decision)
         };
         if decision.is_allowed() {
+            let verdict = if decision.is_degraded() {
+                Verdict::FailOpen
+            } else {
+                Verdict::Allowed
+            };
+            tier.meter.count(verdict, None);
             crate::gcra::record_admitted(req.extensions_mut(), decision);
             return Ok(headers);
         }
+        self.rejected(tier, decision, cost, key, req, headers)
+    }
+
+    /// The rejection of a request, or in dry-run mode its record.
+    #[inline(never)]
+    fn rejected<ReqBody, B: From<Bytes>>(
+        &self,
+        tier: &Tier,
+        decision: Decision,
+        cost: u32,
+        key: Option<&dyn std::fmt::Debug>,
+        req: &mut Request<ReqBody>,
+        headers: Option<RateHeaders>,
+    ) -> Result<Option<RateHeaders>, Response<B>> {
         let (kind, status) = match decision.outcome() {
             _ if decision.is_degraded() => (
                 RejectionKind::StoreUnavailable,
@@ -152,6 +205,22 @@ impl Answers {
             ),
             _ => (RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS),
         };
+        let quota = if decision.is_degraded() {
+            None
+        } else {
+            fired(&decision, cost)
+        };
+        let verdict = Verdict::of_rejection(kind);
+        let retry_after = decision.retry_after();
+        let dry_run = self.observe.dry_run;
+        tier.meter.count(verdict, quota);
+        observe::rejected(&tier.names, quota, verdict, status, retry_after, dry_run, key);
+        if dry_run {
+            let r = DryRunRejection::new(&tier.names, quota, kind, status, retry_after);
+            r.record(req.extensions_mut());
+            crate::gcra::record_admitted(req.extensions_mut(), decision);
+            return Ok(headers);
+        }
         let mut resp = response::respond(
             self.on_reject.as_ref(),
             kind,
@@ -170,6 +239,22 @@ impl Answers {
     fn rate_headers(&self, tier: &Tier, d: &Decision) -> Option<RateHeaders> {
         (self.headers || self.legacy_headers).then(|| RateHeaders::new(self, tier, d))
     }
+}
+
+/// The first quota that turned a request of `cost` away: one whose burst is below the cost
+/// (never fits), or one without `cost` requests remaining.
+fn fired(d: &Decision, cost: u32) -> Option<usize> {
+    let cost = u64::from(cost);
+    let states = d.states();
+    match d.outcome() {
+        Outcome::Exceeds => states.iter().position(|s| s.limit() < cost),
+        _ => states.iter().position(|s| s.remaining() < cost),
+    }
+    .or_else(|| {
+        // Whatever the store reported, name the tightest quota rather than none.
+        let tightest = d.most_restrictive()?;
+        states.iter().position(|s| *s == tightest)
+    })
 }
 
 impl RateHeaders {

@@ -46,6 +46,12 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     /// the returned future completes (Redis).
     #[doc(hidden)]
     fn refund(limiter: &Self::Limiter, key: K, cost: u32) -> Option<Refunding>;
+
+    /// How many keys the limiter tracks in this process, if it tracks them here.
+    #[doc(hidden)]
+    fn tracked_keys(_limiter: &Self::Limiter) -> Option<usize> {
+        None
+    }
 }
 
 /// A refund that waits for the store.
@@ -127,6 +133,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
     fn refund(limiter: &RateLimiter<K>, key: K, cost: u32) -> Option<Refunding> {
         limiter.refund(&key, cost);
         None
+    }
+
+    fn tracked_keys(limiter: &RateLimiter<K>) -> Option<usize> {
+        Some(limiter.len())
     }
 }
 
