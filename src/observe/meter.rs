@@ -161,14 +161,12 @@ mod on {
         /// A request took a permit: counted in flight until the guard is dropped.
         #[inline]
         pub(crate) fn hold(&self) -> Held {
-            self.in_flight.increment(1.0);
-            Held(Some(self.in_flight.clone()))
+            Held::gauge(&self.in_flight)
         }
 
         /// A request joined the queue: counted waiting until the guard is dropped.
         pub(crate) fn wait(&self) -> Held {
-            self.waiting.increment(1.0);
-            Held(Some(self.waiting.clone()))
+            Held::gauge(&self.waiting)
         }
 
         pub(crate) fn waited(&self, d: Duration) {
@@ -176,15 +174,32 @@ mod on {
         }
     }
 
-    /// A place counted in a gauge, given back when dropped.
+    /// A place counted in a gauge, given back when dropped, and the time it was held,
+    /// recorded then when a histogram is given.
     #[derive(Default)]
-    pub(crate) struct Held(Option<Gauge>);
+    pub(crate) struct Held {
+        gauge: Option<Gauge>,
+        timed: Option<(Histogram, tokio::time::Instant)>,
+    }
+
+    impl Held {
+        fn gauge(g: &Gauge) -> Self {
+            g.increment(1.0);
+            Held {
+                gauge: Some(g.clone()),
+                timed: None,
+            }
+        }
+    }
 
     impl Drop for Held {
         #[inline]
         fn drop(&mut self) {
-            if let Some(g) = self.0.take() {
+            if let Some(g) = self.gauge.take() {
                 g.decrement(1.0);
+            }
+            if let Some((h, since)) = self.timed.take() {
+                h.record(since.elapsed().as_secs_f64());
             }
         }
     }
@@ -203,12 +218,14 @@ mod on {
             }
         }
 
-        /// A request that waits (or would wait) `delay`: counted in the queue until the guard
-        /// is dropped.
-        pub(crate) fn delayed(&self, delay: Duration) -> Held {
-            self.delay.record(delay.as_secs_f64());
+        /// A request that waits (or would wait) for its slot: counted in the queue until the
+        /// guard is dropped, which records how long it waited.
+        pub(crate) fn queued(&self) -> Held {
             self.queue.increment(1.0);
-            Held(Some(self.queue.clone()))
+            Held {
+                gauge: Some(self.queue.clone()),
+                timed: Some((self.delay.clone(), tokio::time::Instant::now())),
+            }
         }
 
         /// A request that left at once.
@@ -245,11 +262,11 @@ mod on {
             self.call.record(d.as_secs_f64());
         }
 
-        pub(crate) fn error(&self, e: super::super::RedisError) {
+        pub(crate) fn error(&self, e: super::super::StoreError) {
             match e {
-                super::super::RedisError::Timeout => self.timeout.increment(1),
-                super::super::RedisError::Connection => self.connection.increment(1),
-                super::super::RedisError::BadReply => self.bad_reply.increment(1),
+                super::super::StoreError::Timeout => self.timeout.increment(1),
+                super::super::StoreError::Connection => self.connection.increment(1),
+                super::super::StoreError::BadReply => self.bad_reply.increment(1),
             }
         }
     }
@@ -311,7 +328,7 @@ mod on {
         }
 
         #[inline(always)]
-        pub(crate) fn delayed(&self, _: Duration) -> Held {
+        pub(crate) fn queued(&self) -> Held {
             Held
         }
 
@@ -333,7 +350,7 @@ mod on {
         pub(crate) fn call(&self, _: Duration) {}
 
         #[inline(always)]
-        pub(crate) fn error(&self, _: super::super::RedisError) {}
+        pub(crate) fn error(&self, _: super::super::StoreError) {}
     }
 }
 

@@ -202,7 +202,7 @@ impl Verdict {
 /// Why a Redis call gave no decision.
 #[cfg(feature = "redis")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RedisError {
+pub(crate) enum StoreError {
     Timeout,
     Connection,
     BadReply,

@@ -106,6 +106,8 @@ struct Inner<K> {
     /// Whether to send the clock's time to the script rather than use the server's `TIME`.
     local_time: bool,
     deny: Option<DenyCache<K>>,
+    /// Its script calls, in the metrics.
+    meter: crate::observe::RedisMeter,
     /// The tasks of this process waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
 }
@@ -194,6 +196,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                 tag_guard,
                 store: self.store,
                 deny,
+                meter: crate::observe::RedisMeter::new(&self.name),
                 waiters: Lines::default(),
             }),
         })
@@ -372,11 +375,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
         let inner = &*self.inner;
         let (args, n) = self.script_args(Arg::Int(u64::from(cost)), now);
-        let reply = inner.store.eval(&self.redis_key(key), &args[..n]).await;
+        let reply = inner.store.eval(&self.redis_key(key), &args[..n], &inner.meter).await;
         let decision = reply.and_then(|r| {
             let d = self.decision_of(&r);
             if d.is_none() {
-                inner.store.bad_reply();
+                inner.store.bad_reply(&inner.meter);
             }
             d
         });
@@ -413,7 +416,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         // A negative cost is a refund to the script.
         let back = format!("-{cost}");
         let (args, n) = self.script_args(Arg::Bytes(back.as_bytes()), now);
-        let Some(reply) = inner.store.eval(&self.redis_key(key), &args[..n]).await else {
+        let Some(reply) = inner.store.eval(&self.redis_key(key), &args[..n], &inner.meter).await else {
             return;
         };
         match self.decision_of(&reply) {
@@ -422,7 +425,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                     deny.admitted(key, now, &d);
                 }
             }
-            None => inner.store.bad_reply(),
+            None => inner.store.bad_reply(&inner.meter),
         }
     }
 
