@@ -13,7 +13,9 @@ use http::{Request, Response, StatusCode};
 use tollgate::key::Header;
 use tollgate::observe::{DryRunRejection, LayerKind};
 use tollgate::response::RejectionKind;
-use tollgate::{Clock, ConcurrencyLimitLayer, MissingKey, Policy, Quota, RateLimitLayer, ShapeLayer};
+use tollgate::{
+    Clock, ConcurrencyLimitLayer, MissingKey, Policy, Quota, RateLimitLayer, ShapeLayer,
+};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 /// Answers with the dry-run rejections the request carries, as `kind/policy/quota` lines.
@@ -34,7 +36,10 @@ async fn echo(req: Request<Body>) -> Result<Response<Body>, Infallible> {
 }
 
 fn from(client: &str) -> Request<Body> {
-    Request::get("/").header("x-client", client).body(Body::empty()).unwrap()
+    Request::get("/")
+        .header("x-client", client)
+        .body(Body::empty())
+        .unwrap()
 }
 
 async fn call<S, B>(svc: &mut S, req: Request<Body>) -> (StatusCode, String, bool)
@@ -54,7 +59,9 @@ where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<axum::BoxError>,
 {
-    let body = axum::body::to_bytes(Body::new(resp.into_body()), 1024).await.unwrap();
+    let body = axum::body::to_bytes(Body::new(resp.into_body()), 1024)
+        .await
+        .unwrap();
     String::from_utf8(body.to_vec()).unwrap()
 }
 
@@ -92,10 +99,14 @@ async fn a_dry_run_rate_limit_lets_every_request_through_and_marks_the_ones_it_w
 async fn a_would_be_rejection_consumes_exactly_what_an_enforced_rejection_consumes() {
     let (clock, time) = Clock::manual();
     let quota = Quota::per_second(1).burst(2);
-    let shadow = RateLimitLayer::new(quota.clone()).clock(clock.clone()).dry_run(true);
+    let shadow = RateLimitLayer::new(quota.clone())
+        .clock(clock.clone())
+        .dry_run(true);
     let enforcing = RateLimitLayer::new(quota).clock(clock);
     let mut shadow_svc = ServiceBuilder::new().layer(shadow.clone()).service_fn(echo);
-    let mut enforcing_svc = ServiceBuilder::new().layer(enforcing.clone()).service_fn(echo);
+    let mut enforcing_svc = ServiceBuilder::new()
+        .layer(enforcing.clone())
+        .service_fn(echo);
     let mut outcomes = Vec::new();
     // A flood, then the quiet after it: 10 requests at t=0, then one every 500 ms.
     for i in 0..16 {
@@ -134,12 +145,17 @@ async fn dry_run_headers_sends_the_fields_of_the_decision() {
 async fn the_quota_that_fired_is_named_among_several() {
     let policy = Policy::new("api", Quota::per_second(10).burst(10))
         .quota(Quota::per_minute(3).named("api-minute"));
-    let layer = RateLimitLayer::new(policy).clock(Clock::tokio()).dry_run(true);
+    let layer = RateLimitLayer::new(policy)
+        .clock(Clock::tokio())
+        .dry_run(true);
     let mut svc = ServiceBuilder::new().layer(layer).service_fn(echo);
     for _ in 0..3 {
         assert_eq!(call(&mut svc, from("a")).await.1, "");
     }
-    assert_eq!(call(&mut svc, from("a")).await.1, "RateLimited/api/api-minute/429");
+    assert_eq!(
+        call(&mut svc, from("a")).await.1,
+        "RateLimited/api/api-minute/429"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -177,7 +193,10 @@ async fn a_request_without_a_key_is_marked_and_let_through_by_every_layer() {
     let (status, body, _) = call(&mut svc, bare).await;
     assert_eq!(status, StatusCode::OK);
     // Outermost first.
-    assert_eq!(body, "MissingKey/r/-/401;MissingKey/c/-/400;MissingKey/s/-/400");
+    assert_eq!(
+        body,
+        "MissingKey/r/-/401;MissingKey/c/-/400;MissingKey/s/-/400"
+    );
 }
 
 /// A stacked enforcing layer inside a shadow one rejects: the shadow layer took the request
@@ -188,13 +207,17 @@ async fn a_shadow_layer_gives_back_what_an_inner_rejection_took() {
     let shadow = RateLimitLayer::new(Policy::new("outer", Quota::per_second(1).burst(2)))
         .clock(clock.clone())
         .dry_run(true);
-    let inner = RateLimitLayer::new(Policy::new("inner", Quota::per_second(1).burst(1))).clock(clock);
+    let inner =
+        RateLimitLayer::new(Policy::new("inner", Quota::per_second(1).burst(1))).clock(clock);
     let mut svc = ServiceBuilder::new()
         .layer(shadow.clone())
         .layer(inner)
         .service_fn(echo);
     assert_eq!(call(&mut svc, from("a")).await.0, StatusCode::OK);
-    assert_eq!(call(&mut svc, from("a")).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        call(&mut svc, from("a")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     let outer = shadow.limiter("outer").unwrap().unwrap();
     // One admitted request holds the outer quota; the rejected one was given back.
     assert_eq!(outer.peek(&()).remaining(), 1);
@@ -208,16 +231,21 @@ async fn a_dry_run_concurrency_limit_neither_rejects_nor_queues_and_holds_no_ext
         .dry_run(true);
     let gate = Arc::new(tokio::sync::Notify::new());
     let g = gate.clone();
-    let svc = ServiceBuilder::new().layer(layer).service_fn(move |req: Request<Body>| {
-        let g = g.clone();
-        async move {
-            if req.uri().path() == "/slow" {
-                g.notified().await;
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(move |req: Request<Body>| {
+            let g = g.clone();
+            async move {
+                if req.uri().path() == "/slow" {
+                    g.notified().await;
+                }
+                echo(req).await
             }
-            echo(req).await
-        }
-    });
-    let slow = tokio::spawn(svc.clone().oneshot(Request::get("/slow").body(Body::empty()).unwrap()));
+        });
+    let slow = tokio::spawn(
+        svc.clone()
+            .oneshot(Request::get("/slow").body(Body::empty()).unwrap()),
+    );
     tokio::task::yield_now().await;
     // The slow one holds the only permit: the next two would have waited (or been refused).
     for _ in 0..2 {
@@ -251,7 +279,10 @@ async fn a_dry_run_shaper_delays_nothing_and_refuses_nothing_but_keeps_the_sched
     // None waited: the paused clock did not move.
     assert_eq!(start.elapsed(), Duration::ZERO);
     // One leaves, two would wait, the queue (2) would refuse the rest.
-    assert_eq!(bodies, ["", "", "", "QueueFull/up/-/429", "QueueFull/up/-/429"]);
+    assert_eq!(
+        bodies,
+        ["", "", "", "QueueFull/up/-/429", "QueueFull/up/-/429"]
+    );
     // Once the would-be waiters' slots have passed, the queue is free again.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(call(&mut svc, from("a")).await.1, "");
@@ -302,16 +333,26 @@ async fn each_rejection_is_one_debug_event_with_the_policy_quota_and_retry_time_
         .key(Header::new("x-client"))
         .clock(Clock::tokio());
     let mut svc = ServiceBuilder::new().layer(layer).service_fn(echo);
-    assert_eq!(call(&mut svc, from("alice@example.com")).await.0, StatusCode::OK);
+    assert_eq!(
+        call(&mut svc, from("alice@example.com")).await.0,
+        StatusCode::OK
+    );
     assert_eq!(
         call(&mut svc, from("alice@example.com")).await.0,
         StatusCode::TOO_MANY_REQUESTS
     );
     let text = out.text();
-    let events: Vec<&str> = text.lines().filter(|l| l.contains("tollgate::reject")).collect();
+    let events: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("tollgate::reject"))
+        .collect();
     assert_eq!(events.len(), 1, "{text}");
     let e = events[0];
-    assert!(e.trim_start().starts_with("DEBUG tollgate::reject: request rejected"), "{e}");
+    assert!(
+        e.trim_start()
+            .starts_with("DEBUG tollgate::reject: request rejected"),
+        "{e}"
+    );
     for field in [
         "layer=\"rate_limit\"",
         "policy=\"login\"",
@@ -323,7 +364,10 @@ async fn each_rejection_is_one_debug_event_with_the_policy_quota_and_retry_time_
     ] {
         assert!(e.contains(field), "{field} missing from {e}");
     }
-    assert!(!text.contains("alice"), "the key must not be logged by default: {text}");
+    assert!(
+        !text.contains("alice"),
+        "the key must not be logged by default: {text}"
+    );
     // The configuration was logged when the layer was built.
     assert!(text.contains("tollgate::config: layer built"), "{text}");
 }
@@ -340,11 +384,17 @@ async fn trace_keys_puts_the_key_in_the_event() {
     let first = tokio::spawn(svc.clone().oneshot(from("bob")));
     let second = tokio::spawn(svc.clone().oneshot(from("bob")));
     tokio::task::yield_now().await;
-    assert_eq!(call(&mut svc, from("bob")).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        call(&mut svc, from("bob")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     first.await.unwrap().unwrap();
     second.await.unwrap().unwrap();
     let text = out.text();
-    let e = text.lines().find(|l| l.contains("tollgate::reject")).unwrap_or_default();
+    let e = text
+        .lines()
+        .find(|l| l.contains("tollgate::reject"))
+        .unwrap_or_default();
     assert!(e.contains("outcome=\"queue_full\""), "{text}");
     // The key in its `Debug` form: this extractor's key is the header's bytes, "bob".
     assert!(e.contains("key=[98, 111, 98]"), "{text}");
@@ -356,24 +406,37 @@ async fn a_would_be_rejection_is_an_info_event_of_its_own_target() {
     let layer = ConcurrencyLimitLayer::new(1).dry_run(true);
     let gate = Arc::new(tokio::sync::Notify::new());
     let g = gate.clone();
-    let svc = ServiceBuilder::new().layer(layer).service_fn(move |req: Request<Body>| {
-        let g = g.clone();
-        async move {
-            if req.uri().path() == "/slow" {
-                g.notified().await;
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(move |req: Request<Body>| {
+            let g = g.clone();
+            async move {
+                if req.uri().path() == "/slow" {
+                    g.notified().await;
+                }
+                echo(req).await
             }
-            echo(req).await
-        }
-    });
-    let slow = tokio::spawn(svc.clone().oneshot(Request::get("/slow").body(Body::empty()).unwrap()));
+        });
+    let slow = tokio::spawn(
+        svc.clone()
+            .oneshot(Request::get("/slow").body(Body::empty()).unwrap()),
+    );
     tokio::task::yield_now().await;
-    assert_eq!(svc.clone().oneshot(from("a")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        svc.clone().oneshot(from("a")).await.unwrap().status(),
+        StatusCode::OK
+    );
     gate.notify_one();
     slow.await.unwrap().unwrap();
     let text = out.text();
-    let events: Vec<&str> = text.lines().filter(|l| l.contains("tollgate::dry_run")).collect();
+    let events: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("tollgate::dry_run"))
+        .collect();
     assert_eq!(events.len(), 1, "{text}");
-    assert!(events[0].trim_start().starts_with("INFO tollgate::dry_run: request would have been rejected"));
+    assert!(events[0]
+        .trim_start()
+        .starts_with("INFO tollgate::dry_run: request would have been rejected"));
     assert!(events[0].contains("layer=\"concurrency\""), "{}", events[0]);
     assert!(events[0].contains("dry_run=true"), "{}", events[0]);
 }

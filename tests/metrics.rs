@@ -6,8 +6,8 @@
 //! Each test builds its layers under its own recorder (`metrics::with_local_recorder`): the
 //! handles are resolved when a layer is built, and keep counting into that recorder.
 
-use std::convert::Infallible;
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +15,9 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tollgate::key::Header;
-use tollgate::{Clock, ConcurrencyLimitLayer, MissingKey, Policy, Quota, RateLimitLayer, ShapeLayer};
+use tollgate::{
+    Clock, ConcurrencyLimitLayer, MissingKey, Policy, Quota, RateLimitLayer, ShapeLayer,
+};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 #[cfg(feature = "redis")]
@@ -26,7 +28,10 @@ async fn ok(_req: Request<Body>) -> Result<Response<Body>, Infallible> {
 }
 
 fn from(client: &str) -> Request<Body> {
-    Request::get("/").header("x-client", client).body(Body::empty()).unwrap()
+    Request::get("/")
+        .header("x-client", client)
+        .body(Body::empty())
+        .unwrap()
 }
 
 /// Reads what a recorder recorded. The debugging recorder's snapshots take the values out
@@ -77,7 +82,9 @@ impl Reader {
             let value = match value {
                 DebugValue::Counter(n) => V::Counter(n),
                 DebugValue::Gauge(g) => V::Gauge(g.into_inner()),
-                DebugValue::Histogram(h) => V::Histogram(h.into_iter().map(|f| f.into_inner()).collect()),
+                DebugValue::Histogram(h) => {
+                    V::Histogram(h.into_iter().map(|f| f.into_inner()).collect())
+                }
             };
             let total = match (seen.remove(&name), value) {
                 (Some(V::Counter(a)), V::Counter(b)) => V::Counter(a + b),
@@ -184,7 +191,10 @@ async fn rate_limit_decisions_are_counted_by_outcome_and_quota_never_by_key() {
             status(&mut svc, from(client)).await;
         }
     }
-    let big = Request::get("/big").header("x-client", "dave").body(Body::empty()).unwrap();
+    let big = Request::get("/big")
+        .header("x-client", "dave")
+        .body(Body::empty())
+        .unwrap();
     assert_eq!(status(&mut svc, big).await, StatusCode::TOO_MANY_REQUESTS);
     let bare = Request::get("/").body(Body::empty()).unwrap();
     assert_eq!(status(&mut svc, bare).await, StatusCode::UNAUTHORIZED);
@@ -194,10 +204,17 @@ async fn rate_limit_decisions_are_counted_by_outcome_and_quota_never_by_key() {
     assert_eq!(decisions(&snap, "api", "api-hour", "limited", "false"), 0);
     // A cost of 50 is over both bursts: the first quota listed is named.
     assert_eq!(decisions(&snap, "api", "api", "never_fits", "false"), 1);
-    assert_eq!(decisions(&snap, "api", "api-hour", "never_fits", "false"), 0);
+    assert_eq!(
+        decisions(&snap, "api", "api-hour", "never_fits", "false"),
+        0
+    );
     assert_eq!(decisions(&snap, "api", "", "missing_key", "false"), 1);
     // Set on the last rejection that had a key: alice, bob, carol and dave's empty state.
-    let keys = gauge(&snap, "tollgate_keys", &[("layer", "rate_limit"), ("policy", "api")]);
+    let keys = gauge(
+        &snap,
+        "tollgate_keys",
+        &[("layer", "rate_limit"), ("policy", "api")],
+    );
     assert_eq!(keys, 3.0);
     // No label of any series carries a key.
     for name in snap.all().keys() {
@@ -243,13 +260,15 @@ async fn concurrency_counts_in_flight_waiting_and_wait_time() {
     let labels = [("policy", "db"), ("dry_run", "false")];
     let gate = Arc::new(tokio::sync::Notify::new());
     let g = gate.clone();
-    let svc = ServiceBuilder::new().layer(layer).service_fn(move |_req: Request<Body>| {
-        let g = g.clone();
-        async move {
-            g.notified().await;
-            ok(_req).await
-        }
-    });
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(move |_req: Request<Body>| {
+            let g = g.clone();
+            async move {
+                g.notified().await;
+                ok(_req).await
+            }
+        });
     let first = tokio::spawn(svc.clone().oneshot(from("a")));
     tokio::task::yield_now().await;
     let second = tokio::spawn(svc.clone().oneshot(from("a")));
@@ -281,7 +300,11 @@ async fn concurrency_counts_in_flight_waiting_and_wait_time() {
 #[tokio::test(start_paused = true)]
 async fn a_wait_that_times_out_is_counted_limited_with_its_wait() {
     let (layer, snap) = recorded(
-        || ConcurrencyLimitLayer::new(1).queue(4, Duration::from_millis(300)).policy_header("q"),
+        || {
+            ConcurrencyLimitLayer::new(1)
+                .queue(4, Duration::from_millis(300))
+                .policy_header("q")
+        },
         |l| {
             let _ = l.clone().validate().unwrap();
         },
@@ -289,13 +312,15 @@ async fn a_wait_that_times_out_is_counted_limited_with_its_wait() {
     let labels = [("policy", "q"), ("dry_run", "false")];
     let gate = Arc::new(tokio::sync::Notify::new());
     let g = gate.clone();
-    let svc = ServiceBuilder::new().layer(layer).service_fn(move |req: Request<Body>| {
-        let g = g.clone();
-        async move {
-            g.notified().await;
-            ok(req).await
-        }
-    });
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(move |req: Request<Body>| {
+            let g = g.clone();
+            async move {
+                g.notified().await;
+                ok(req).await
+            }
+        });
     let first = tokio::spawn(svc.clone().oneshot(from("a")));
     tokio::task::yield_now().await;
     let resp = svc.clone().oneshot(from("a")).await.unwrap();
@@ -303,14 +328,21 @@ async fn a_wait_that_times_out_is_counted_limited_with_its_wait() {
     gate.notify_one();
     drop(first.await.unwrap().unwrap());
     assert_eq!(decisions(&snap, "q", "", "limited", "false"), 1);
-    assert_eq!(histogram(&snap, "tollgate_concurrency_wait_seconds", &labels), [0.3]);
+    assert_eq!(
+        histogram(&snap, "tollgate_concurrency_wait_seconds", &labels),
+        [0.3]
+    );
     assert_eq!(gauge(&snap, "tollgate_concurrency_waiting", &labels), 0.0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn shaping_counts_delays_and_the_queue_it_holds() {
     let (layer, snap) = recorded(
-        || ShapeLayer::new(Quota::per_second(1)).name("up").max_queue(2),
+        || {
+            ShapeLayer::new(Quota::per_second(1))
+                .name("up")
+                .max_queue(2)
+        },
         |l| {
             let _ = l.clone().validate().unwrap();
         },
@@ -342,7 +374,12 @@ async fn shaping_counts_delays_and_the_queue_it_holds() {
 #[tokio::test(start_paused = true)]
 async fn a_dry_run_shaper_reports_the_delays_it_would_have_given() {
     let (layer, snap) = recorded(
-        || ShapeLayer::new(Quota::per_second(1)).name("up").max_queue(1).dry_run(true),
+        || {
+            ShapeLayer::new(Quota::per_second(1))
+                .name("up")
+                .max_queue(1)
+                .dry_run(true)
+        },
         |l| {
             let _ = l.clone().validate().unwrap();
         },
@@ -362,6 +399,62 @@ async fn a_dry_run_shaper_reports_the_delays_it_would_have_given() {
     assert_eq!(decisions(&snap, "up", "", "queue_full", "true"), 1);
 }
 
+#[test]
+fn a_named_limiter_counts_its_decisions_and_an_unnamed_one_does_not() {
+    let (clock, _time) = Clock::manual();
+    let (limiters, snap) = recorded(
+        || {
+            let named = tollgate::RateLimiter::<u32>::builder(Quota::per_second(1).burst(2))
+                .quota(Quota::per_minute(10).named("jobs-minute"))
+                .name("jobs")
+                .clock(clock.clone())
+                .build();
+            let unnamed = tollgate::RateLimiter::<u32>::builder(Quota::per_second(1))
+                .clock(clock.clone())
+                .build();
+            (named, unnamed)
+        },
+        |_| {},
+    );
+    let (named, unnamed) = limiters;
+    for job in 0..3 {
+        named.check(&7);
+        unnamed.check(&job);
+    }
+    // A cost of 0 only reports.
+    named.peek(&7);
+    assert!(named.check_n(&7, 11).outcome() == tollgate::Outcome::Exceeds);
+    let limiter = [("layer", "limiter"), ("policy", "jobs")];
+    let of = |outcome: &str, quota: &str| {
+        let mut labels = limiter.to_vec();
+        labels.extend([("outcome", outcome), ("quota", quota)]);
+        counter(&snap, DECISIONS, &labels)
+    };
+    assert_eq!(of("allowed", ""), 2);
+    assert_eq!(of("limited", "jobs"), 1);
+    assert_eq!(of("never_fits", "jobs"), 1);
+    assert_eq!(of("never_fits", "jobs-minute"), 0);
+    assert_eq!(gauge(&snap, "tollgate_keys", &limiter), 1.0);
+    // The unnamed limiter made no series at all.
+    let all = snap.all();
+    assert!(all.keys().all(|k| k.contains("policy=jobs")), "{all:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_limiters_of_a_layer_are_counted_once_by_the_layer() {
+    let (layer, snap) = recorded(
+        || RateLimitLayer::new(Policy::new("once", Quota::per_second(1))),
+        |l| {
+            let _ = l.clone().validate().unwrap();
+        },
+    );
+    let mut svc = ServiceBuilder::new().layer(layer.clone()).service_fn(ok);
+    status(&mut svc, from("a")).await;
+    layer.limiter("once").unwrap().unwrap().check(&());
+    assert_eq!(decisions(&snap, "once", "", "allowed", "false"), 1);
+    assert!(value(&snap, DECISIONS, &[("layer", "limiter")]).is_none());
+}
+
 #[cfg(feature = "redis")]
 mod redis {
     use super::*;
@@ -377,10 +470,17 @@ mod redis {
         server.pause();
         for (mode, outcome, expected) in [
             (FailMode::Open, "fail_open", StatusCode::OK),
-            (FailMode::Closed, "fail_closed", StatusCode::SERVICE_UNAVAILABLE),
+            (
+                FailMode::Closed,
+                "fail_closed",
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
         ] {
             let policy = format!("p-{outcome}");
-            let store = store.clone().timeout(Duration::from_millis(20)).on_failure(mode);
+            let store = store
+                .clone()
+                .timeout(Duration::from_millis(20))
+                .on_failure(mode);
             let (layer, snap) = recorded(
                 || {
                     RateLimitLayer::new(Policy::new(policy.clone(), Quota::per_second(1)))
@@ -407,13 +507,61 @@ mod redis {
         server.resume();
     }
 
+    #[tokio::test]
+    async fn a_redis_limiter_counts_its_decisions_and_calls() {
+        let server = RedisServer::start();
+        let store = RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .timeout(Duration::from_secs(5));
+        let (limiter, snap) = recorded(
+            || {
+                tollgate::redis::RedisRateLimiter::<u32>::builder(store, Quota::per_hour(1))
+                    .name("mail")
+                    .build()
+            },
+            |_| {},
+        );
+        for _ in 0..3 {
+            limiter.check(&1).await;
+        }
+        let labels = |outcome, quota| {
+            [
+                ("layer", "limiter"),
+                ("policy", "mail"),
+                ("outcome", outcome),
+                ("quota", quota),
+            ]
+        };
+        assert_eq!(counter(&snap, DECISIONS, &labels("allowed", "")), 1);
+        assert_eq!(counter(&snap, DECISIONS, &labels("limited", "mail")), 2);
+        let calls = histogram(
+            &snap,
+            "tollgate_redis_call_duration_seconds",
+            &[("policy", "mail")],
+        );
+        // The deny cache answered the third without a call.
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            counter(
+                &snap,
+                "tollgate_redis_errors_total",
+                &[("policy", "mail"), ("error", "timeout")]
+            ),
+            0
+        );
+    }
+
     /// A shadow instance and an enforcing one share a Redis limit: the shadow instance's
     /// would-be rejections consume nothing, so the enforcing one sees only the requests that
     /// enforcement would have admitted.
     #[tokio::test]
     async fn a_shadow_instance_on_redis_consumes_only_what_it_admits() {
         let server = RedisServer::start();
-        let store = RedisStore::connect(&server.url()).await.unwrap().timeout(Duration::from_secs(5));
+        let store = RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .timeout(Duration::from_secs(5));
         let (clock, _time) = Clock::manual();
         let quota = Quota::per_hour(1).burst(3);
         let (shadow, snap) = recorded(

@@ -10,13 +10,13 @@ use tower_layer::Layer;
 use super::adaptive::LimitAlgorithm;
 use super::control::{Classifier, Control, Priority};
 use super::permit::{GlobalLimit, KeyedLimit};
+use super::service::OUTCOMES;
 use super::service::{ConcurrencyLimit, Limit, Shared};
 use crate::error::ConfigError;
 use crate::headers;
 use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor, RequestHead};
 use crate::layer::common::{Common, Lazy};
-use super::service::OUTCOMES;
 use crate::observe::{self, ConcurrencyMeter, DecisionMeter, LayerKind, Names};
 use crate::response::OnReject;
 

@@ -201,7 +201,9 @@ impl<E: KeyExtractor> Core<E> {
     /// The key as rejection events show it: only when the layer traces keys.
     #[inline]
     pub(crate) fn traced<'k>(&self, key: &'k E::Key) -> Option<&'k dyn std::fmt::Debug> {
-        self.observe.trace_keys.then_some(key as &dyn std::fmt::Debug)
+        self.observe
+            .trace_keys
+            .then_some(key as &dyn std::fmt::Debug)
     }
 
     /// The status a request without a key is turned away with, when the policy rejects.

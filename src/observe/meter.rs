@@ -247,9 +247,7 @@ mod on {
     #[cfg(feature = "redis")]
     impl RedisMeter {
         pub(crate) fn new(policy: &str) -> Self {
-            let error = |e: &'static str| {
-                metrics::counter!(REDIS_ERRORS, "policy" => policy.to_owned(), "error" => e)
-            };
+            let error = |e: &'static str| metrics::counter!(REDIS_ERRORS, "policy" => policy.to_owned(), "error" => e);
             RedisMeter {
                 call: metrics::histogram!(REDIS_CALL, "policy" => policy.to_owned()),
                 timeout: error("timeout"),

@@ -126,9 +126,9 @@ use crate::response::RejectionKind;
 mod meter;
 mod trace;
 
-pub(crate) use meter::{ConcurrencyMeter, DecisionMeter, Held, ShapeMeter};
 #[cfg(feature = "redis")]
 pub(crate) use meter::RedisMeter;
+pub(crate) use meter::{ConcurrencyMeter, DecisionMeter, Held, ShapeMeter};
 pub(crate) use trace::{config, rejected};
 
 /// Which kind of layer (or limiter) made a decision: the `layer` label of the metrics and
@@ -196,6 +196,72 @@ impl Verdict {
             RejectionKind::QueueFull => Verdict::QueueFull,
             RejectionKind::StoreUnavailable => Verdict::FailClosed,
         }
+    }
+}
+
+/// The outcome of a rate-limit decision of `cost`, and the quota that fired (see [`fired`]).
+#[cfg(feature = "metrics")]
+pub(crate) fn verdict_of(d: &crate::Decision, cost: u32) -> (Verdict, Option<usize>) {
+    use crate::Outcome;
+    match d.outcome() {
+        Outcome::Allowed if d.is_degraded() => (Verdict::FailOpen, None),
+        Outcome::Allowed => (Verdict::Allowed, None),
+        _ if d.is_degraded() => (Verdict::FailClosed, None),
+        Outcome::Exceeds => (Verdict::NeverFits, fired(d, cost)),
+        _ => (Verdict::Limited, fired(d, cost)),
+    }
+}
+
+/// The first quota that turned a request of `cost` away: one whose burst is below the cost
+/// (never fits), or one without `cost` requests remaining; else the tightest one.
+pub(crate) fn fired(d: &crate::Decision, cost: u32) -> Option<usize> {
+    let cost = u64::from(cost);
+    let states = d.states();
+    match d.outcome() {
+        crate::Outcome::Exceeds => states.iter().position(|s| s.limit() < cost),
+        _ => states.iter().position(|s| s.remaining() < cost),
+    }
+    .or_else(|| {
+        let tightest = d.most_restrictive()?;
+        states.iter().position(|s| *s == tightest)
+    })
+}
+
+/// The decisions of a limiter used without HTTP, counted under `layer="limiter"`.
+#[cfg(feature = "metrics")]
+pub(crate) struct LimiterMeter {
+    meter: DecisionMeter,
+}
+
+#[cfg(feature = "metrics")]
+impl LimiterMeter {
+    /// The meter of a limiter named `policy` with quotas named `quotas`.
+    pub(crate) fn new(policy: &str, quotas: &[String], redis: bool) -> Self {
+        let names = Names::new(LayerKind::Limiter, policy, quotas);
+        let outcomes: &[Verdict] = if redis {
+            &[Verdict::Allowed, Verdict::FailOpen, Verdict::FailClosed]
+        } else {
+            &[Verdict::Allowed]
+        };
+        LimiterMeter {
+            meter: DecisionMeter::new(&names, false, outcomes),
+        }
+    }
+
+    /// Counts a decision of `cost` (one of cost 0 only reports, and is not counted).
+    #[inline]
+    pub(crate) fn record(
+        &self,
+        d: &crate::Decision,
+        cost: u32,
+        keys: impl FnOnce() -> Option<usize>,
+    ) {
+        if cost == 0 {
+            return;
+        }
+        let (verdict, quota) = verdict_of(d, cost);
+        self.meter.count(verdict, quota);
+        self.meter.keys(verdict != Verdict::Allowed, keys);
     }
 }
 

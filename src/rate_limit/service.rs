@@ -66,7 +66,10 @@ where
                 let meter = &shared.answers.tiers[tier].meter;
                 meter.keys(!allowed, || B::tracked_keys(limiter));
                 let traced = shared.core.traced(&key);
-                match shared.answers.finish(tier, decision, cost, traced, &mut req) {
+                match shared
+                    .answers
+                    .finish(tier, decision, cost, traced, &mut req)
+                {
                     Ok(headers) => {
                         let taken = took.then(|| Taken {
                             limiter: limiter.clone(),

@@ -133,10 +133,20 @@ impl<E: KeyExtractor, L> Shared<E, L> {
                 let t = &self.answers.tiers[tier];
                 let dry_run = self.core.observe.dry_run;
                 t.meter.count(Verdict::MissingKey, None);
-                observe::rejected(&t.names, None, Verdict::MissingKey, status, None, dry_run, None);
+                observe::rejected(
+                    &t.names,
+                    None,
+                    Verdict::MissingKey,
+                    status,
+                    None,
+                    dry_run,
+                    None,
+                );
                 if dry_run {
                     let kind = RejectionKind::MissingKey;
-                    return Prepared::Shadow(DryRunRejection::new(&t.names, None, kind, status, None));
+                    return Prepared::Shadow(DryRunRejection::new(
+                        &t.names, None, kind, status, None,
+                    ));
                 }
                 let policy = Some(&*t.name);
                 let protocol = Protocol::of(head);
@@ -208,13 +218,21 @@ impl Answers {
         let quota = if decision.is_degraded() {
             None
         } else {
-            fired(&decision, cost)
+            observe::fired(&decision, cost)
         };
         let verdict = Verdict::of_rejection(kind);
         let retry_after = decision.retry_after();
         let dry_run = self.observe.dry_run;
         tier.meter.count(verdict, quota);
-        observe::rejected(&tier.names, quota, verdict, status, retry_after, dry_run, key);
+        observe::rejected(
+            &tier.names,
+            quota,
+            verdict,
+            status,
+            retry_after,
+            dry_run,
+            key,
+        );
         if dry_run {
             let r = DryRunRejection::new(&tier.names, quota, kind, status, retry_after);
             r.record(req.extensions_mut());
@@ -239,22 +257,6 @@ impl Answers {
     fn rate_headers(&self, tier: &Tier, d: &Decision) -> Option<RateHeaders> {
         (self.headers || self.legacy_headers).then(|| RateHeaders::new(self, tier, d))
     }
-}
-
-/// The first quota that turned a request of `cost` away: one whose burst is below the cost
-/// (never fits), or one without `cost` requests remaining.
-fn fired(d: &Decision, cost: u32) -> Option<usize> {
-    let cost = u64::from(cost);
-    let states = d.states();
-    match d.outcome() {
-        Outcome::Exceeds => states.iter().position(|s| s.limit() < cost),
-        _ => states.iter().position(|s| s.remaining() < cost),
-    }
-    .or_else(|| {
-        // Whatever the store reported, name the tightest quota rather than none.
-        let tightest = d.most_restrictive()?;
-        states.iter().position(|s| *s == tightest)
-    })
 }
 
 impl RateHeaders {

@@ -108,6 +108,9 @@ struct Inner<K> {
     deny: Option<DenyCache<K>>,
     /// Its script calls, in the metrics.
     meter: crate::observe::RedisMeter,
+    /// Its decisions through `check_n`, in the metrics.
+    #[cfg(feature = "metrics")]
+    decisions: Option<crate::observe::LimiterMeter>,
     /// The tasks of this process waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
 }
@@ -121,12 +124,20 @@ pub struct RedisRateLimiterBuilder<K> {
     quotas: Vec<Quota>,
     name: Cow<'static, str>,
     clock: Option<Clock>,
+    /// Whether its own decisions are counted (not when a layer counts them).
+    counted: bool,
 }
 
 impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     /// Adds a quota, decided together with the others (at most 4).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);
+        self
+    }
+
+    /// The limiter of a layer, which counts the decisions itself.
+    pub(crate) fn uncounted(mut self) -> Self {
+        self.counted = false;
         self
     }
 
@@ -185,6 +196,14 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
         let deny = (self.store.deny_cache > 0 && max_age > 0)
             .then(|| DenyCache::new(self.store.deny_cache, max_age));
+        #[cfg(feature = "metrics")]
+        let decisions = self.counted.then(|| {
+            let policy = crate::Policy::new(self.name.to_string(), self.quotas[0].clone());
+            let policy = self.quotas[1..]
+                .iter()
+                .fold(policy, |p, q| p.quota(q.clone()));
+            crate::observe::LimiterMeter::new(&self.name, &policy.item_names(), true)
+        });
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 name: self.name.as_ref().into(),
@@ -197,6 +216,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                 store: self.store,
                 deny,
                 meter: crate::observe::RedisMeter::new(&self.name),
+                #[cfg(feature = "metrics")]
+                decisions,
                 waiters: Lines::default(),
             }),
         })
@@ -232,6 +253,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             quotas: vec![quota],
             name: Cow::Borrowed("default"),
             clock: None,
+            counted: true,
         }
     }
 
@@ -250,10 +272,15 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// As [`check`](Self::check).
     pub async fn check_n(&self, key: &K, cost: u32) -> Decision {
         let now = self.now();
-        match self.local(key, cost, now) {
+        let decision = match self.local(key, cost, now) {
             Some(d) => d,
             None => self.remote(key, cost, now).await,
+        };
+        #[cfg(feature = "metrics")]
+        if let Some(meter) = &self.inner.decisions {
+            meter.record(&decision, cost, || None);
         }
+        decision
     }
 
     /// Reports the state of `key` without consuming anything (`check_n(key, 0)`).
@@ -375,7 +402,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
         let inner = &*self.inner;
         let (args, n) = self.script_args(Arg::Int(u64::from(cost)), now);
-        let reply = inner.store.eval(&self.redis_key(key), &args[..n], &inner.meter).await;
+        let reply = inner
+            .store
+            .eval(&self.redis_key(key), &args[..n], &inner.meter)
+            .await;
         let decision = reply.and_then(|r| {
             let d = self.decision_of(&r);
             if d.is_none() {
@@ -416,7 +446,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         // A negative cost is a refund to the script.
         let back = format!("-{cost}");
         let (args, n) = self.script_args(Arg::Bytes(back.as_bytes()), now);
-        let Some(reply) = inner.store.eval(&self.redis_key(key), &args[..n], &inner.meter).await else {
+        let Some(reply) = inner
+            .store
+            .eval(&self.redis_key(key), &args[..n], &inner.meter)
+            .await
+        else {
             return;
         };
         match self.decision_of(&reply) {

@@ -355,7 +355,8 @@ where
         }
         let (first, rest) = quotas.split_first().ok_or(crate::ConfigError::NoQuota)?;
         let mut builder = super::RedisRateLimiter::<K>::builder(self.clone(), first.clone())
-            .name(name.to_owned());
+            .name(name.to_owned())
+            .uncounted();
         for q in rest {
             builder = builder.quota(q.clone());
         }

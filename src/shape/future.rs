@@ -54,7 +54,12 @@ impl<S: Service<Req>, Req> State<S, Req> {
     }
 
     /// Waiting, counted in a layer's metrics by `queued`.
-    pub(crate) fn counted(slot: Slot, service: S, request: Req, queued: crate::observe::Held) -> Self {
+    pub(crate) fn counted(
+        slot: Slot,
+        service: S,
+        request: Req,
+        queued: crate::observe::Held,
+    ) -> Self {
         State::Waiting {
             slot,
             service: Some(service),

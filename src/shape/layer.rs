@@ -5,16 +5,16 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use super::service::OUTCOMES;
 use super::service::{Shape, Shared};
 use super::shaper::Shaper;
 use crate::error::ConfigError;
 use crate::headers::{self, PolicyHeaders};
 use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor};
-use super::service::OUTCOMES;
 use crate::layer::common::{Common, Lazy};
-use crate::observe::{self, DecisionMeter, LayerKind, Names, ShapeMeter};
 use crate::limiter::DEFAULT_MAX_KEYS;
+use crate::observe::{self, DecisionMeter, LayerKind, Names, ShapeMeter};
 use crate::quota::Quota;
 use crate::rate_limit::policy::rate_name;
 use crate::response::OnReject;

@@ -54,7 +54,15 @@ impl<E: KeyExtractor> Shared<E> {
         self.meter.keys(true, || Some(self.shaper.len()));
         let key = key.and_then(|k| self.core.traced(k));
         let dry_run = self.core.observe.dry_run;
-        observe::rejected(&self.names, None, verdict, status, retry_after, dry_run, key);
+        observe::rejected(
+            &self.names,
+            None,
+            verdict,
+            status,
+            retry_after,
+            dry_run,
+            key,
+        );
         if dry_run {
             let r = DryRunRejection::new(&self.names, None, kind, status, retry_after);
             r.record(req.extensions_mut());
