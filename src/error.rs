@@ -76,6 +76,29 @@ pub enum ConfigError {
     /// A setting of the memory store (`max_keys`, `on_full`) was given to a layer whose limits
     /// live in Redis, which expires idle keys itself.
     MemoryOnly(&'static str),
+    /// A burst was set on a window quota ([`Quota::fixed_window`](crate::Quota::fixed_window),
+    /// [`Quota::sliding_log`](crate::Quota::sliding_log),
+    /// [`Quota::sliding_window`](crate::Quota::sliding_window)): its count is its only limit.
+    BurstOnWindow,
+    /// A window quota's window does not fit the clock's range (about 146 years).
+    WindowTooLong,
+    /// A sliding-log quota counts more requests than a key's log may hold
+    /// ([`Quota::MAX_LOG_COUNT`](crate::Quota::MAX_LOG_COUNT)).
+    LogTooLong {
+        /// The requested count.
+        count: u32,
+        /// The most a sliding log may count.
+        max: u32,
+    },
+    /// A sliding-window counter kept in Redis whose `count × window` (in microseconds) reaches
+    /// 2^52: the script's numbers are Lua doubles, exact only below 2^53 (for a window of one
+    /// day, a count of at most 52 000).
+    WindowTooLongForStore {
+        /// The requested count.
+        count: u32,
+        /// The requested window.
+        window: Duration,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -137,6 +160,22 @@ impl fmt::Display for ConfigError {
             ConfigError::MemoryOnly(setting) => write!(
                 f,
                 "{setting} applies to the memory store only; Redis expires idle keys itself"
+            ),
+            ConfigError::BurstOnWindow => f.write_str(
+                "a window quota has no burst: its count is the most it admits in a window",
+            ),
+            ConfigError::WindowTooLong => {
+                f.write_str("a quota's window is longer than the clock can hold")
+            }
+            ConfigError::WindowTooLongForStore { count, window } => write!(
+                f,
+                "a sliding window of {count} per {window:?} is too large for the store's exact \
+                 arithmetic (count × window in microseconds must stay below 2^52)"
+            ),
+            ConfigError::LogTooLong { count, max } => write!(
+                f,
+                "a sliding log keeps one time per request: a count of {count} is above the \
+                 most it may hold ({max}); use a sliding window counter"
             ),
         }
     }

@@ -17,6 +17,8 @@
 
 use std::time::Duration;
 
+use crate::algo::Rule;
+
 /// The most quotas one policy may hold (they are decided together for each request).
 pub const MAX_QUOTAS: usize = 4;
 
@@ -100,11 +102,15 @@ pub enum Outcome {
 ///
 /// Holds the quota's numbers and how far the key is ahead of now; the figures are computed
 /// when asked, so a caller that only wants [`Decision::is_allowed`] pays for no division.
+/// A window quota ([`QuotaKind`](crate::quota::QuotaKind)) holds its figures as they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QuotaState {
+    /// GCRA: the emission interval. Zero for a window quota, whose `tolerance` then holds
+    /// `limit << 32 | remaining`.
     interval: u64,
     tolerance: u64,
-    /// Nanoseconds the key's theoretical arrival time is ahead of now.
+    /// Nanoseconds the key's theoretical arrival time is ahead of now (a window quota: until
+    /// it is back to its full limit).
     ahead: u64,
 }
 
@@ -139,6 +145,17 @@ impl QuotaState {
         }
     }
 
+    /// The state of a window quota: its `limit` (at most `u32::MAX`), what `remaining` it
+    /// has now, and `reset` nanoseconds until it is back to its full limit.
+    #[inline]
+    pub(crate) fn counted(limit: u64, remaining: u64, reset: u64) -> Self {
+        QuotaState {
+            interval: 0,
+            tolerance: (limit.min(u64::from(u32::MAX)) << 32) | remaining.min(limit),
+            ahead: reset,
+        }
+    }
+
     /// Nanoseconds until this quota is back to its full burst.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn reset_after_nanos(&self) -> u64 {
@@ -148,14 +165,19 @@ impl QuotaState {
     /// The burst of the quota (`q` in `RateLimit-Policy`).
     #[inline]
     pub fn limit(&self) -> u64 {
-        self.tolerance.checked_div(self.interval).unwrap_or(0)
+        if self.interval == 0 {
+            return self.tolerance >> 32;
+        }
+        self.tolerance / self.interval
     }
 
     /// Whole requests (of cost 1) still admissible now (`r` in `RateLimit`).
     #[inline]
     pub fn remaining(&self) -> u64 {
-        let free = self.tolerance.saturating_sub(self.ahead);
-        free.checked_div(self.interval).unwrap_or(0)
+        if self.interval == 0 {
+            return self.tolerance & 0xffff_ffff;
+        }
+        self.tolerance.saturating_sub(self.ahead) / self.interval
     }
 
     /// Time until this quota is back to its full burst (`t` in `RateLimit`, rounded up).
@@ -296,7 +318,7 @@ impl Decision {
     /// A decision made by a store's failure policy: admitted (fail open) or limited for
     /// `retry_after` nanoseconds (fail closed), with no knowledge of the key's state.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn degraded(gcras: &[Gcra], allowed: bool, retry_after: u64) -> Decision {
+    pub(crate) fn degraded(rules: &[Rule], allowed: bool, retry_after: u64) -> Decision {
         let outcome = if allowed {
             Outcome::Allowed
         } else {
@@ -305,20 +327,19 @@ impl Decision {
         let retry_after = if allowed { 0 } else { retry_after };
         Decision {
             degraded: true,
-            ..Decision::spent(gcras, outcome, retry_after)
+            ..Decision::spent(rules, outcome, retry_after)
         }
     }
 
     /// A new key turned away because the store tracks as many keys as it may and all of them
     /// are active: limited for `retry_after` nanoseconds (until the first tracked key goes
     /// idle, when a new key is admitted), every quota reported spent.
-    pub(crate) fn store_full(gcras: &[Gcra], retry_after: u64) -> Decision {
-        Decision::spent(gcras, Outcome::Limited, retry_after)
+    pub(crate) fn store_full(rules: &[Rule], retry_after: u64) -> Decision {
+        Decision::spent(rules, Outcome::Limited, retry_after)
     }
 
     /// A decision a remote store made and sent back: its outcome, the wait in nanoseconds and
     /// each quota's state, in the policy's order (at most [`MAX_QUOTAS`] are kept).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_store(
         outcome: Outcome,
         retry_after: u64,
@@ -337,15 +358,15 @@ impl Decision {
     }
 
     /// Every quota reported spent, as when nothing is known of the key's state.
-    fn spent(gcras: &[Gcra], outcome: Outcome, retry_after: u64) -> Decision {
+    fn spent(rules: &[Rule], outcome: Outcome, retry_after: u64) -> Decision {
         let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-        for (q, g) in quotas.iter_mut().zip(gcras) {
-            *q = QuotaState::spent(g);
+        for (q, r) in quotas.iter_mut().zip(rules) {
+            *q = r.spent();
         }
         Decision {
             outcome,
             retry_after,
-            len: gcras.len().min(MAX_QUOTAS) as u8,
+            len: rules.len().min(MAX_QUOTAS) as u8,
             degraded: false,
             quotas,
         }

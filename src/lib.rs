@@ -165,6 +165,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+mod algo;
 pub mod clock;
 pub mod concurrency;
 pub mod error;
@@ -197,7 +198,7 @@ pub use concurrency::ConcurrencyLimitLayer;
 pub use error::ConfigError;
 pub use gcra::{Decision, Decisions, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
-pub use quota::Quota;
+pub use quota::{Quota, QuotaKind};
 pub use rate_limit::{MissingKey, Policy, RateLimitLayer};
 pub use shape::{PoliteLayer, ShapeLayer, Shaper};
 

@@ -6,11 +6,12 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, MAX_QUOTAS};
 use crate::quota::Quota;
-use crate::store::memory::{Many, MemoryStore, One, Slot};
+use crate::store::memory::{Many, MemoryStore, Mixed, One, Slot};
 use crate::store::OnFull;
 use crate::wait::Lines;
 
@@ -64,7 +65,9 @@ impl<K> fmt::Debug for RateLimiter<K> {
 
 struct Inner<K> {
     quotas: Box<[Quota]>,
+    /// The quotas as GCRA when every quota is one (else empty).
     gcras: Box<[Gcra]>,
+    rules: Box<[Rule]>,
     store: Store<K>,
     clock: Clock,
     /// The tasks waiting in `until_ready_n`, in one line per key.
@@ -77,9 +80,12 @@ struct Inner<K> {
 enum Store<K> {
     One(MemoryStore<K, One>),
     Many(MemoryStore<K, Many>),
+    /// Quotas of other kinds than GCRA among them.
+    Mixed(MemoryStore<K, Mixed>),
     /// A zero-sized key type has a single value (`()` above all): one slot, no map, no lock.
     DirectOne(One),
     DirectMany(Many),
+    DirectMixed(Mixed),
 }
 
 /// Builds a [`RateLimiter`].
@@ -160,13 +166,23 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
         if self.max_keys == 0 {
             return Err(ConfigError::ZeroMaxKeys);
         }
-        let gcras: Box<[Gcra]> = self.quotas.iter().map(Quota::gcra).collect();
+        let rules: Box<[Rule]> = self.quotas.iter().map(Quota::rule).collect();
+        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
         let direct = std::mem::size_of::<K>() == 0;
-        let store = match (direct, gcras.len() == 1) {
-            (true, true) => Store::DirectOne(One::idle()),
-            (true, false) => Store::DirectMany(Many::idle()),
-            (false, true) => Store::One(MemoryStore::new(self.max_keys, self.on_full)),
-            (false, false) => Store::Many(MemoryStore::new(self.max_keys, self.on_full)),
+        let (max, on_full) = (self.max_keys, self.on_full);
+        let store = if gcras.len() < rules.len() {
+            if direct {
+                Store::DirectMixed(Mixed::idle())
+            } else {
+                Store::Mixed(MemoryStore::new(max, on_full))
+            }
+        } else {
+            match (direct, gcras.len() == 1) {
+                (true, true) => Store::DirectOne(One::idle()),
+                (true, false) => Store::DirectMany(Many::idle()),
+                (false, true) => Store::One(MemoryStore::new(max, on_full)),
+                (false, false) => Store::Many(MemoryStore::new(max, on_full)),
+            }
         };
         #[cfg(feature = "metrics")]
         let meter = self.name.as_deref().map(|name| {
@@ -182,6 +198,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
             inner: Arc::new(Inner {
                 quotas: self.quotas.into_boxed_slice(),
                 gcras,
+                rules,
                 store,
                 clock: self.clock.unwrap_or_default(),
                 waiters: Lines::default(),
@@ -243,7 +260,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         let now = self.inner.clock.now();
         // The global limiter's whole state is one word: decide it here, inlined.
         let decision = if let Store::DirectOne(slot) = &self.inner.store {
-            slot.decide(&self.inner.gcras, now, cost)
+            slot.decide(&self.inner.gcras[0], now, cost)
         } else {
             self.decide_at(key, now, cost)
         };
@@ -261,12 +278,15 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
 
     #[inline]
     pub(crate) fn decide_at(&self, key: &K, now: u64, cost: u32) -> Decision {
-        let gcras = &self.inner.gcras;
+        let (gcras, rules) = (&self.inner.gcras, &self.inner.rules);
+        let clock = &self.inner.clock;
         match &self.inner.store {
-            Store::One(s) => s.decide(key, gcras, &self.inner.clock, now, cost),
-            Store::Many(s) => s.decide(key, gcras, &self.inner.clock, now, cost),
-            Store::DirectOne(slot) => slot.decide(gcras, now, cost),
+            Store::One(s) => s.decide(key, &gcras[0], clock, now, cost),
+            Store::Many(s) => s.decide(key, gcras, clock, now, cost),
+            Store::Mixed(s) => s.decide(key, rules, clock, now, cost),
+            Store::DirectOne(slot) => slot.decide(&gcras[0], now, cost),
             Store::DirectMany(slot) => slot.decide(gcras, now, cost),
+            Store::DirectMixed(slot) => slot.decide(rules, now, cost),
         }
     }
 
@@ -278,12 +298,14 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
             return;
         }
         let now = self.inner.clock.now();
-        let gcras = &self.inner.gcras;
+        let (gcras, rules) = (&self.inner.gcras, &self.inner.rules);
         match &self.inner.store {
-            Store::One(s) => s.refund(key, gcras, now, cost),
+            Store::One(s) => s.refund(key, &gcras[0], now, cost),
             Store::Many(s) => s.refund(key, gcras, now, cost),
-            Store::DirectOne(slot) => slot.refund(gcras, now, cost),
+            Store::Mixed(s) => s.refund(key, rules, now, cost),
+            Store::DirectOne(slot) => slot.refund(&gcras[0], now, cost),
             Store::DirectMany(slot) => slot.refund(gcras, now, cost),
+            Store::DirectMixed(slot) => slot.refund(rules, now, cost),
         }
     }
 
@@ -326,7 +348,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     ) -> Result<Decision, InsufficientCapacity> {
         let inner = &*self.inner;
         let check = || std::future::ready(self.check_n(key, cost));
-        crate::wait::until_admitted(&inner.waiters, key, &inner.gcras, &inner.clock, cost, check)
+        crate::wait::until_admitted(&inner.waiters, key, &inner.rules, &inner.clock, cost, check)
             .await
     }
 
@@ -345,8 +367,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         match &self.inner.store {
             Store::One(s) => s.len(),
             Store::Many(s) => s.len(),
+            Store::Mixed(s) => s.len(),
             Store::DirectOne(slot) => usize::from(slot.horizon() > self.inner.clock.now()),
             Store::DirectMany(slot) => usize::from(slot.horizon() > self.inner.clock.now()),
+            Store::DirectMixed(slot) => usize::from(slot.horizon() > self.inner.clock.now()),
         }
     }
 
@@ -363,8 +387,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         match &self.inner.store {
             Store::One(s) => s.evict_idle(now),
             Store::Many(s) => s.evict_idle(now),
+            Store::Mixed(s) => s.evict_idle(now),
             Store::DirectOne(slot) => usize::from(slot.horizon() > now),
             Store::DirectMany(slot) => usize::from(slot.horizon() > now),
+            Store::DirectMixed(slot) => usize::from(slot.horizon() > now),
         }
     }
 }

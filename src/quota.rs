@@ -3,8 +3,33 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use crate::algo::{Rule, Window};
 use crate::error::ConfigError;
 use crate::gcra::Gcra;
+
+/// The algorithm a [`Quota`] decides with. See the crate's README ("Which algorithm") for how
+/// they compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum QuotaKind {
+    /// GCRA (the default): `burst` at once after idle, then one request every `period / count`.
+    /// One word per key. In a window of length `period` it admits up to `burst + count - 1`.
+    #[default]
+    Gcra,
+    /// A counter per window of `period`, opened by the key's first request after the previous
+    /// window ended: at most `count` inside one window, up to `2 × count` across the boundary
+    /// of two. Two words per key.
+    FixedWindow,
+    /// The time of every admitted request, kept for `period`: exactly at most `count` in any
+    /// window of length `period`. Eight bytes per admitted request still in the window.
+    SlidingLog,
+    /// The counts of the current and the previous fixed window, the previous one weighted by
+    /// how much of it still overlaps the sliding window: an estimate of the sliding log in two
+    /// words per key. At most `count` inside one fixed window, and never more than
+    /// `2 × count - 1` in any window of length `period` (the estimate assumes the previous
+    /// window's requests were spread evenly).
+    SlidingWindow,
+}
 
 /// `count` requests per `period`, with a `burst`: the number of requests an idle key may send
 /// back to back.
@@ -33,6 +58,7 @@ pub struct Quota {
     count: u32,
     period: Duration,
     burst: u32,
+    kind: QuotaKind,
     name: Option<Cow<'static, str>>,
 }
 
@@ -57,6 +83,137 @@ impl Quota {
             count,
             period,
             burst: count,
+            kind: QuotaKind::Gcra,
+            name: None,
+        };
+        q.validate()?;
+        Ok(q)
+    }
+
+    /// The most requests a [`sliding_log`](Self::sliding_log) quota may count: its log holds
+    /// one time (8 bytes) per request admitted in the window, so a key's log never exceeds
+    /// 80 000 bytes. Above that, [`sliding_window`](Self::sliding_window) keeps two words.
+    pub const MAX_LOG_COUNT: u32 = 10_000;
+
+    /// At most `count` requests in each fixed window of length `window`.
+    ///
+    /// A key's window opens with its first admitted request (not on a wall-clock boundary, so
+    /// keys do not all reset at once) and closes `window` later; the next request after that
+    /// opens a new one. Cheapest of all, but a client that spends `count` at the end of one
+    /// window and `count` at the start of the next gets `2 × count` through in little more than
+    /// an instant. Headers: `q` is `count`, `r` what is left in the window, `t` the time until
+    /// the window closes.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Clock, Quota, RateLimiter};
+    ///
+    /// let (clock, time) = Clock::manual();
+    /// let limiter = RateLimiter::<&str>::builder(Quota::fixed_window(3, Duration::from_secs(10)))
+    ///     .clock(clock)
+    ///     .build();
+    /// for _ in 0..3 {
+    ///     assert!(limiter.check(&"k").is_allowed());
+    /// }
+    /// let d = limiter.check(&"k");
+    /// assert_eq!(d.retry_after(), Some(Duration::from_secs(10)));
+    /// time.advance(Duration::from_secs(10));
+    /// assert_eq!(limiter.check(&"k").remaining(), 2);
+    /// ```
+    ///
+    /// # Panics
+    /// When `count` or `window` is zero, or `window` is longer than about 146 years; use
+    /// [`Quota::try_fixed_window`] for values from configuration.
+    #[track_caller]
+    #[must_use]
+    pub fn fixed_window(count: u32, window: Duration) -> Self {
+        unwrap(Self::try_fixed_window(count, window))
+    }
+
+    /// [`Quota::fixed_window`], or the reason it cannot work.
+    pub fn try_fixed_window(count: u32, window: Duration) -> Result<Self, ConfigError> {
+        Self::window(QuotaKind::FixedWindow, count, window)
+    }
+
+    /// At most `count` requests in any window of length `window`, exactly: the sliding-window
+    /// log.
+    ///
+    /// Each key keeps the time of every request it was admitted in the last `window` (a
+    /// request of cost `c` counts `c` times), so memory grows with `count`: 8 bytes per
+    /// request in the window, and `count` is bounded by [`Quota::MAX_LOG_COUNT`]. A rejected
+    /// request may retry when enough of the oldest requests have left the window. Headers: `q`
+    /// is `count`, `r` what is left now, `t` the time until the newest request has left.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Clock, Quota, RateLimiter};
+    ///
+    /// let (clock, time) = Clock::manual();
+    /// let limiter = RateLimiter::<&str>::builder(Quota::sliding_log(2, Duration::from_secs(10)))
+    ///     .clock(clock)
+    ///     .build();
+    /// assert!(limiter.check(&"k").is_allowed()); // t = 0
+    /// time.advance(Duration::from_secs(4));
+    /// assert!(limiter.check(&"k").is_allowed()); // t = 4
+    /// // The request of t = 0 leaves the window at t = 10.
+    /// assert_eq!(limiter.check(&"k").retry_after(), Some(Duration::from_secs(6)));
+    /// ```
+    ///
+    /// # Panics
+    /// When `count` or `window` is zero, `count` is above [`Quota::MAX_LOG_COUNT`], or
+    /// `window` is longer than about 146 years; use [`Quota::try_sliding_log`] for values from
+    /// configuration.
+    #[track_caller]
+    #[must_use]
+    pub fn sliding_log(count: u32, window: Duration) -> Self {
+        unwrap(Self::try_sliding_log(count, window))
+    }
+
+    /// [`Quota::sliding_log`], or the reason it cannot work.
+    pub fn try_sliding_log(count: u32, window: Duration) -> Result<Self, ConfigError> {
+        if count > Self::MAX_LOG_COUNT {
+            return Err(ConfigError::LogTooLong {
+                count,
+                max: Self::MAX_LOG_COUNT,
+            });
+        }
+        Self::window(QuotaKind::SlidingLog, count, window)
+    }
+
+    /// About `count` requests in any window of length `window`, in two words per key: the
+    /// sliding-window counter.
+    ///
+    /// Time is cut into fixed windows of length `window`, the first opened by the key's first
+    /// request. A request is admitted when `cur + cost + prev × (window − elapsed) / window
+    /// <= count`, where `cur` is the count of the current fixed window, `prev` that of the one
+    /// before, and `elapsed` the time since the current one opened: the previous window's
+    /// requests are taken as spread evenly over it. Never more than `count` inside one fixed
+    /// window; in any window of length `window` never more than `2 × count - 1` (when the
+    /// previous window's requests all came at its very end), and on ordinary traffic within a
+    /// few percent of the exact [`sliding_log`](Self::sliding_log) (BENCHMARKS.md has the
+    /// measured error). Headers: `q` is `count`, `r` what the estimate leaves now, `t` the time
+    /// until both counts have aged out.
+    ///
+    /// # Panics
+    /// When `count` or `window` is zero, or `window` is longer than about 146 years; use
+    /// [`Quota::try_sliding_window`] for values from configuration.
+    #[track_caller]
+    #[must_use]
+    pub fn sliding_window(count: u32, window: Duration) -> Self {
+        unwrap(Self::try_sliding_window(count, window))
+    }
+
+    /// [`Quota::sliding_window`], or the reason it cannot work.
+    pub fn try_sliding_window(count: u32, window: Duration) -> Result<Self, ConfigError> {
+        Self::window(QuotaKind::SlidingWindow, count, window)
+    }
+
+    fn window(kind: QuotaKind, count: u32, window: Duration) -> Result<Self, ConfigError> {
+        let q = Quota {
+            count,
+            period: window,
+            burst: count,
+            kind,
             name: None,
         };
         q.validate()?;
@@ -117,7 +274,14 @@ impl Quota {
     }
 
     /// Sets the burst, or returns why it cannot work.
+    ///
+    /// A window quota ([`fixed_window`](Self::fixed_window), [`sliding_log`](Self::sliding_log),
+    /// [`sliding_window`](Self::sliding_window)) has no burst besides its count:
+    /// [`ConfigError::BurstOnWindow`].
     pub fn try_burst(mut self, burst: u32) -> Result<Self, ConfigError> {
+        if self.kind != QuotaKind::Gcra {
+            return Err(ConfigError::BurstOnWindow);
+        }
         self.burst = burst;
         self.validate()?;
         Ok(self)
@@ -169,9 +333,14 @@ impl Quota {
         self.period
     }
 
-    /// The number of requests an idle key may send at once.
+    /// The number of requests an idle key may send at once (for a window quota, its count).
     pub fn burst_size(&self) -> u32 {
         self.burst
+    }
+
+    /// The algorithm this quota decides with.
+    pub fn kind(&self) -> QuotaKind {
+        self.kind
     }
 
     /// The name given with [`Quota::named`], if any.
@@ -187,6 +356,20 @@ impl Quota {
     /// How long an idle key takes to earn its whole burst back after spending it: `burst × T`.
     pub fn burst_period(&self) -> Duration {
         Duration::from_nanos(self.gcra().tolerance)
+    }
+
+    /// The quota reduced to what its algorithm needs, in nanoseconds.
+    pub(crate) fn rule(&self) -> Rule {
+        let window = || Window {
+            limit: u64::from(self.count),
+            width: self.period.as_nanos() as u64,
+        };
+        match self.kind {
+            QuotaKind::Gcra => Rule::Gcra(self.gcra()),
+            QuotaKind::FixedWindow => Rule::FixedWindow(window()),
+            QuotaKind::SlidingLog => Rule::SlidingLog(window()),
+            QuotaKind::SlidingWindow => Rule::SlidingWindow(window()),
+        }
     }
 
     pub(crate) fn gcra(&self) -> Gcra {
@@ -208,6 +391,14 @@ impl Quota {
             return Err(ConfigError::ZeroBurst);
         }
         let period = self.period.as_nanos();
+        if self.kind != QuotaKind::Gcra {
+            // Keep head room so that `start + 2 × window` cannot overflow for a century.
+            return if period <= u128::from(u64::MAX / 4) {
+                Ok(())
+            } else {
+                Err(ConfigError::WindowTooLong)
+            };
+        }
         if period < u128::from(self.count) {
             return Err(ConfigError::RateTooHigh {
                 count: self.count,
@@ -221,5 +412,13 @@ impl Quota {
             Some(t) if t <= u128::from(u64::MAX / 4) => Ok(()),
             _ => Err(ConfigError::ToleranceTooLong),
         }
+    }
+}
+
+#[track_caller]
+fn unwrap(q: Result<Quota, ConfigError>) -> Quota {
+    match q {
+        Ok(q) => q,
+        Err(e) => panic!("tollgate: {e}"),
     }
 }

@@ -298,7 +298,7 @@ impl<S: Stream + fmt::Debug, K, KF, CF> fmt::Debug for Shaped<S, K, KF, CF> {
 impl<S, K, KF, CF> Stream for Shaped<S, K, KF, CF>
 where
     S: Stream,
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     KF: FnMut(&S::Item) -> K,
     CF: FnMut(&S::Item) -> u32,
 {

@@ -23,8 +23,9 @@ use std::sync::Mutex;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
+use crate::algo::Rule;
 use crate::clock::Clock;
-use crate::gcra::{Decision, Gcra, Outcome};
+use crate::gcra::{Decision, Outcome};
 use crate::limiter::InsufficientCapacity;
 
 /// How long the head waits before asking again when a rejection carries no retry time.
@@ -154,7 +155,7 @@ impl<K: Hash + Eq + Clone> Drop for Place<'_, K> {
 pub(crate) async fn until_admitted<K, F, Fut>(
     lines: &Lines<K>,
     key: &K,
-    gcras: &[Gcra],
+    rules: &[Rule],
     clock: &Clock,
     cost: u32,
     mut check: F,
@@ -166,9 +167,9 @@ where
 {
     let exceeds = || InsufficientCapacity {
         cost,
-        burst: gcras.iter().map(Gcra::burst).min().unwrap_or(0),
+        burst: rules.iter().map(Rule::limit).min().unwrap_or(0),
     };
-    if gcras.iter().any(|g| u64::from(cost) > g.burst()) {
+    if rules.iter().any(|r| u64::from(cost) > r.limit()) {
         return Err(exceeds());
     }
     let place = lines.join(key);
@@ -194,6 +195,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gcra::Gcra;
     use std::collections::BTreeMap;
     use std::pin::pin;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -295,7 +297,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_line_is_removed_with_its_last_waiter_however_it_leaves() {
         let lines = Lines::<u8>::default();
-        let gcras = [Gcra::new(100_000_000, 100_000_000)];
+        let gcras = [Rule::Gcra(Gcra::new(100_000_000, 100_000_000))];
         let clock = Clock::tokio();
         // Always rejected: every waiter waits until it is dropped.
         let check = || std::future::ready(Decision::degraded(&gcras, false, 1_000_000));

@@ -233,6 +233,30 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         }
     }
 
+    /// Tells the table that the entry of `hash` may now be idle as early as `at`: for values
+    /// whose idle time moves earlier outside the table's lock (a shaping queue whose waiter
+    /// gives up). Without it the shard's hint could stay above the truth, and a full table
+    /// would pass over an idle entry there while it refuses or evicts a live one elsewhere.
+    pub(crate) fn lower_idle_hint(&self, hash: u64, at: u64) {
+        let shard = &self.shards[self.shard_index(hash)];
+        // Under the shared lock, so that no sweep is between reading the old idle time and
+        // storing its hint: a sweep either ends before this (and its hint is lowered here) or
+        // starts after (and reads the new idle time itself).
+        let _map = read(&shard.map);
+        shard.min_idle.fetch_min(at, Ordering::Relaxed);
+    }
+
+    /// Whether every shard's hint is at or below the idle time of each of its entries: the
+    /// invariant that lets a full table skip shards whose hint lies in the future.
+    #[cfg(test)]
+    pub(crate) fn hints_hold(&self) -> bool {
+        self.shards.iter().all(|shard| {
+            let map = read(&shard.map);
+            let hint = shard.min_idle.load(Ordering::Relaxed);
+            map.entries.iter().all(|(_, v)| hint <= v.idle_at())
+        })
+    }
+
     /// Takes a place in `len` if there is one.
     #[inline]
     fn reserve(&self) -> bool {

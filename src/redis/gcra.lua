@@ -1,13 +1,17 @@
--- GCRA for every quota of one key, all or nothing: the same decision as src/gcra.rs.
+-- Every quota of one key, all or nothing: the same decisions as src/gcra.rs (GCRA) and
+-- src/algo/window.rs (fixed window, sliding-window log, sliding-window counter).
 --
--- KEYS[1]  the key; its value is the quotas' theoretical arrival times (TAT), in microseconds,
---          separated by spaces. Absent, or a TAT <= now, is an idle key.
+-- KEYS[1]  the key. Without a sliding-log quota, a string: the quotas' words in order,
+--          separated by spaces (GCRA: its TAT; fixed window: start, used; counter: start,
+--          prev, cur). With one, a sorted set: the log, one member "<time>:<index>" per unit
+--          of cost at score <time>, and the words as the member "w<words>" at score -inf.
+--          Times in microseconds. Absent is an idle key.
 -- ARGV[1]  cost (0 only reports); a negative cost -c gives back a request of cost c admitted
---          earlier: each TAT moves back by c * interval, never below now, and a TAT already
---          <= now is left as it is (the same rule as src/store/memory.rs `refunded`)
+--          earlier (src/algo/mod.rs `KeyState::refund`; the log loses its newest c entries)
 -- ARGV[2]  now in microseconds, or "" to use the server's TIME (shared by every instance)
--- ARGV[3]  number of quotas n, then ARGV[2+2i], ARGV[3+2i]: emission interval and tolerance
---          of quota i, in microseconds
+-- ARGV[3]  number of quotas n, then for quota i: ARGV[1+3i] kind (0 GCRA, 1 fixed window,
+--          2 sliding log, 3 sliding counter), ARGV[2+3i], ARGV[3+3i]: GCRA emission interval
+--          and tolerance, or a window's count and width, in microseconds
 --
 -- Returns {outcome, retry_after, remaining_1, reset_after_1, ..., remaining_n, reset_after_n}
 -- with outcome 0 = allowed, 1 = limited, 2 = never admissible; times in microseconds.
@@ -22,91 +26,298 @@ else
   now = tonumber(ARGV[2])
 end
 local n = tonumber(ARGV[3])
+local key = KEYS[1]
 
-local tats = {}
-local raw = redis.call('GET', KEYS[1])
+local function fmt(x) return string.format('%.0f', x) end
+
+local kind, pa, pb = {}, {}, {}
+local log_width = nil
+for q = 1, n do
+  kind[q] = tonumber(ARGV[1 + 3 * q])
+  pa[q] = tonumber(ARGV[2 + 3 * q])
+  pb[q] = tonumber(ARGV[3 + 3 * q])
+  if kind[q] == 2 and (log_width == nil or pb[q] > log_width) then log_width = pb[q] end
+end
+local WORDS = {[0] = 1, [1] = 2, [2] = 0, [3] = 3}
+
+-- floor(a / b) for integers a >= 0, b > 0 below 2^53, exactly.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+-- ---- state ----
+
+local raw
+if log_width then
+  -- What no window can see any more goes first: entries with t + width <= now.
+  redis.call('ZREMRANGEBYSCORE', key, 0, now - log_width)
+  local w = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf')
+  if w[1] then raw = string.sub(w[1], 2) end
+else
+  raw = redis.call('GET', key)
+end
+local flat = {}
 if raw then
-  local i = 0
-  for word in string.gmatch(raw, '%d+') do
-    i = i + 1
-    tats[i] = tonumber(word)
+  for word in string.gmatch(raw, '%d+') do flat[#flat + 1] = tonumber(word) end
+end
+local st = {}
+do
+  local pos = 1
+  for q = 1, n do
+    st[q] = {flat[pos] or 0, flat[pos + 1] or 0, flat[pos + 2] or 0}
+    pos = pos + WORDS[kind[q]]
   end
 end
 
-local outcome = 0
-local retry = 0
+local function log_count(width)
+  if not log_width then return 0 end
+  return redis.call('ZCOUNT', key, '(' .. fmt(now - width), '+inf')
+end
+
+local function log_newest()
+  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if top[2] and top[2] ~= '-inf' then return tonumber(top[2]) end
+  return nil
+end
+
+-- ---- the kinds ----
+
+-- Fixed window: the current window at now.
+local function fixed_current(s, width)
+  if s[2] > 0 and now < s[1] + width then return s[1], s[2] end
+  return now, 0
+end
+
+-- Sliding counter: the current window at now (start, prev, cur).
+local function counter_current(s, width)
+  local start, prev, cur = s[1], s[2], s[3]
+  if prev == 0 and cur == 0 then return now, 0, 0 end
+  if now < start + width then return start, prev, cur end
+  if cur > 0 and now < start + 2 * width then return start + width, cur, 0 end
+  return now, 0, 0
+end
+
+local function counter_weighted(start, prev, width)
+  local e = now - start
+  if e < 0 then e = 0 end
+  if e > width then e = width end
+  return prev * (width - e)
+end
+
+-- Returns 'allow', new state | 'deny', retry | 'never'
+local function step(q, c)
+  local k, a, b, s = kind[q], pa[q], pb[q], st[q]
+  if k == 0 then
+    local inc = c * a
+    if inc > b then return 'never' end
+    local base = s[1]
+    if now > base then base = now end
+    local ahead = base + inc - now
+    if ahead <= b then return 'allow', {base + inc, 0, 0} end
+    return 'deny', ahead - b
+  end
+  if c > a then return 'never' end
+  if k == 1 then
+    local start, used = fixed_current(s, b)
+    if used + c <= a then return 'allow', {start, used + c, 0} end
+    local r = start + b - now
+    if r < 1 then r = 1 end
+    return 'deny', r
+  elseif k == 2 then
+    local cnt = log_count(b)
+    if cnt + c <= a then return 'allow', {0, 0, 0} end
+    local kth = cnt + c - a
+    local t = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - b), '+inf', 'WITHSCORES',
+      'LIMIT', kth - 1, 1)
+    local r = tonumber(t[2]) + b - now
+    if r < 1 then r = 1 end
+    return 'deny', r
+  else
+    local start, prev, cur = counter_current(s, b)
+    if (cur + c) * b + counter_weighted(start, prev, b) <= a * b then
+      return 'allow', {start, prev, cur + c}
+    end
+    local function first_fit(count, room)
+      if count == 0 then return 0 end
+      local keep = idiv(room * b, count)
+      if keep > b then keep = b end
+      return b - keep
+    end
+    local at
+    if cur + c <= a then
+      at = start + first_fit(prev, a - cur - c)
+    else
+      at = start + b + first_fit(cur, a - c)
+    end
+    local r = at - now
+    if r < 1 then r = 1 end
+    return 'deny', r
+  end
+end
+
+-- remaining, reset_after of quota q in the current state
+local function figures(q)
+  local k, a, b, s = kind[q], pa[q], pb[q], st[q]
+  if k == 0 then
+    local ahead = s[1] - now
+    if ahead < 0 then ahead = 0 end
+    local remaining = 0
+    if b > ahead then remaining = idiv(b - ahead, a) end
+    return remaining, ahead
+  elseif k == 1 then
+    local start, used = fixed_current(s, b)
+    local reset = 0
+    if used > 0 then reset = start + b - now end
+    return a - used, reset
+  elseif k == 2 then
+    local cnt = log_count(b)
+    local reset = 0
+    if cnt > 0 then reset = log_newest() + b - now end
+    local remaining = a - cnt
+    if remaining < 0 then remaining = 0 end
+    return remaining, reset
+  else
+    local start, prev, cur = counter_current(s, b)
+    local weighted = counter_weighted(start, prev, b)
+    local weight = idiv(weighted + b - 1, b)
+    local remaining = a - cur - weight
+    if remaining < 0 then remaining = 0 end
+    local reset = 0
+    if cur > 0 then reset = start + 2 * b - now
+    elseif prev > 0 then reset = start + b - now end
+    return remaining, reset
+  end
+end
+
+-- When quota q's state is idle again.
+local function idle_at(q)
+  local k, b, s = kind[q], pb[q], st[q]
+  if k == 0 then return s[1]
+  elseif k == 1 then if s[2] > 0 then return s[1] + b end return 0
+  elseif k == 2 then
+    local t = log_newest()
+    if t then return t + b end
+    return 0
+  else
+    if s[3] > 0 then return s[1] + 2 * b end
+    if s[2] > 0 then return s[1] + b end
+    return 0
+  end
+end
+
+-- Writes the words (and the log's expiry) back; an idle key is deleted.
+local function save()
+  local words = {}
+  local horizon = 0
+  for q = 1, n do
+    local k, s = kind[q], st[q]
+    for i = 1, WORDS[k] do words[#words + 1] = fmt(s[i]) end
+    local h = idle_at(q)
+    if h > horizon then horizon = h end
+  end
+  if horizon <= now then
+    redis.call('DEL', key)
+    return
+  end
+  -- The key is idle again at the latest horizon: let Redis forget it then (rounded up to 1 ms).
+  local ttl = math.ceil((horizon - now) / 1000)
+  if ttl < 1 then ttl = 1 end
+  if log_width then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', '-inf')
+    redis.call('ZADD', key, '-inf', 'w' .. table.concat(words, ' '))
+    redis.call('PEXPIRE', key, ttl)
+  else
+    redis.call('SET', key, table.concat(words, ' '), 'PX', ttl)
+  end
+end
+
+-- ---- refund ----
 
 if cost < 0 then
-  local words = {}
-  local horizon = now
-  local moved = false
+  local c = -cost
   for q = 1, n do
-    local interval = tonumber(ARGV[2 + 2 * q])
-    local tat = tats[q] or 0
-    if tat > now then
-      tat = tat + cost * interval
-      if tat < now then tat = now end
-      moved = true
+    local k, a, b, s = kind[q], pa[q], pb[q], st[q]
+    if k == 0 then
+      local tat = s[1]
+      if tat > now then
+        tat = tat - c * a
+        if tat < now then tat = now end
+      end
+      st[q] = {tat, 0, 0}
+    elseif k == 1 then
+      local start, used = fixed_current(s, b)
+      used = used - c
+      if used <= 0 then st[q] = {0, 0, 0} else st[q] = {start, used, 0} end
+    elseif k == 3 then
+      local start, prev, cur = counter_current(s, b)
+      local from_cur = c
+      if from_cur > cur then from_cur = cur end
+      prev = prev - (c - from_cur)
+      if prev < 0 then prev = 0 end
+      cur = cur - from_cur
+      if prev == 0 and cur == 0 then st[q] = {0, 0, 0} else st[q] = {start, prev, cur} end
     end
-    tats[q] = tat
-    words[q] = string.format('%.0f', tat)
-    if tat > horizon then horizon = tat end
   end
-  if moved then
-    if horizon > now then
-      local ttl = math.ceil((horizon - now) / 1000)
-      redis.call('SET', KEYS[1], table.concat(words, ' '), 'PX', ttl)
-    else
-      redis.call('DEL', KEYS[1])
-    end
+  if log_width then
+    local have = redis.call('ZCOUNT', key, 0, '+inf')
+    local take = c
+    if take > have then take = have end
+    if take > 0 then redis.call('ZPOPMAX', key, take) end
   end
+  save()
   cost = 0
 end
 
+-- ---- decision ----
+
+local outcome = 0
+local retry = 0
 local new = {}
 for q = 1, n do
-  local interval = tonumber(ARGV[2 + 2 * q])
-  local tolerance = tonumber(ARGV[3 + 2 * q])
-  local tat = tats[q] or 0
-  local inc = cost * interval
-  if inc > tolerance then
-    outcome = 2
+  local verdict, v = step(q, cost)
+  if verdict == 'allow' then
+    new[q] = v
+  elseif verdict == 'deny' then
+    if outcome == 0 then outcome = 1 end
+    if v > retry then retry = v end
   else
-    local base = tat
-    if now > base then base = now end
-    local ahead = base + inc - now
-    if ahead <= tolerance then
-      new[q] = base + inc
-    else
-      if outcome == 0 then outcome = 1 end
-      if ahead - tolerance > retry then retry = ahead - tolerance end
-    end
+    outcome = 2
   end
 end
 
 if outcome == 0 and cost > 0 then
-  local words = {}
-  local horizon = now
-  for q = 1, n do
-    tats[q] = new[q]
-    words[q] = string.format('%.0f', new[q])
-    if new[q] > horizon then horizon = new[q] end
+  for q = 1, n do st[q] = new[q] end
+  if log_width then
+    -- Times never go back in the log (a server clock that stepped back counts as the newest).
+    local at = now
+    local newest = log_newest()
+    if newest and newest > at then at = newest end
+    local stamp = fmt(at)
+    local have = redis.call('ZCOUNT', key, at, at)
+    local args = {}
+    for i = 0, cost - 1 do
+      args[#args + 1] = at
+      args[#args + 1] = stamp .. ':' .. string.format('%010d', have + i)
+    end
+    -- ZADD in slices: Lua's unpack has a limit on the number of values.
+    local i = 1
+    while i <= #args do
+      local last = i + 1999
+      if last > #args then last = #args end
+      redis.call('ZADD', key, unpack(args, i, last))
+      i = last + 1
+    end
   end
-  -- The key is idle again at the latest TAT: let Redis forget it then (rounded up to 1 ms).
-  local ttl = math.ceil((horizon - now) / 1000)
-  if ttl < 1 then ttl = 1 end
-  redis.call('SET', KEYS[1], table.concat(words, ' '), 'PX', ttl)
+  save()
 end
+if outcome ~= 1 then retry = 0 end
 
 local reply = {outcome, retry}
 for q = 1, n do
-  local interval = tonumber(ARGV[2 + 2 * q])
-  local tolerance = tonumber(ARGV[3 + 2 * q])
-  local ahead = (tats[q] or 0) - now
-  if ahead < 0 then ahead = 0 end
-  local remaining = 0
-  if tolerance > ahead then remaining = math.floor((tolerance - ahead) / interval) end
+  local remaining, reset = figures(q)
   reply[1 + 2 * q] = remaining
-  reply[2 + 2 * q] = ahead
+  reply[2 + 2 * q] = reset
 end
 return reply

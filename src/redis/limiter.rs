@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::deny::DenyCache;
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
 use super::store::{Arg, FailMode, RedisStore, RETRY_WHEN_UNAVAILABLE};
+use crate::algo::{Rule, Window};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
@@ -52,8 +53,10 @@ const MICRO: u64 = 1_000;
 ///
 /// # Keys
 /// The Redis key of a limiter key is `<prefix><name length>:<name>:<key>` (see [`RedisKey`]),
-/// e.g. `tollgate:3:api:42`; it holds the times of all the policy's quotas (so they share one
-/// Cluster slot), and expires when the key is back to its full burst. The bytes of a key never
+/// e.g. `tollgate:3:api:42`; it holds the state of all the policy's quotas (so they share one
+/// Cluster slot), and expires when the key is back to its full burst. It is a string, or, when
+/// the policy has a [`sliding_log`](Quota::sliding_log) quota, a sorted set holding one member
+/// per admitted unit (`<time>:<index>`, never two alike) beside the other quotas' state. The bytes of a key never
 /// form a Cluster hash tag: a key with a `{` is written after `{}`, so Redis hashes the whole
 /// name ([`RedisKey`] says more).
 ///
@@ -69,7 +72,17 @@ const MICRO: u64 = 1_000;
 /// While Redis keeps the key this is exact (its stored times only grow); after Redis lost the
 /// key's state (restart without persistence, `FLUSHALL`, eviction, failover), a limiter may
 /// still reject for up to that age what Redis would admit, never longer. See
-/// [`local_rejections`](Self::local_rejections).
+/// [`local_rejections`](Self::local_rejections). The deny cache serves policies whose quotas
+/// are all GCRA; a policy with a window quota asks Redis for every decision.
+///
+/// # Window quotas
+/// Windows are counted in whole microseconds (a window is rounded up to the microsecond).
+/// The script's numbers are Lua doubles, exact below 2^53: a
+/// [`sliding_window`](Quota::sliding_window) quota whose `count × window` in microseconds
+/// reaches 2^52 is a configuration error
+/// ([`ConfigError::WindowTooLongForStore`]; for one day, counts up to 52 000). Changing a
+/// policy's quotas under the same name while keys are live mixes two layouts: give the new
+/// policy a new name.
 pub struct RedisRateLimiter<K> {
     inner: Arc<Inner<K>>,
 }
@@ -96,6 +109,8 @@ struct Inner<K> {
     name: Box<str>,
     quotas: Box<[Quota]>,
     /// The quotas rounded to whole microseconds, in nanoseconds.
+    rules: Box<[Rule]>,
+    /// The same as GCRA, when every quota is one (the deny cache decides those locally).
     gcras: Box<[Gcra]>,
     store: RedisStore,
     /// `<prefix><name length>:<name>:`, with an unclosed `{` closed.
@@ -181,11 +196,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
             });
         }
         crate::headers::check_name(&self.name)?;
-        let gcras = self
+        let rules = self
             .quotas
             .iter()
             .map(micros)
-            .collect::<Result<Box<[Gcra]>, _>>()?;
+            .collect::<Result<Box<[Rule]>, _>>()?;
+        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
+        let all_gcra = gcras.len() == rules.len();
         let mut key_prefix = self.store.prefix.to_vec();
         RedisKey::write_key(&self.name.len(), &mut key_prefix);
         key_prefix.push(b':');
@@ -194,7 +211,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         let tag_guard = guard_fixed_part(&mut key_prefix);
         let clock = self.clock.unwrap_or_default();
         let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
-        let deny = (self.store.deny_cache > 0 && max_age > 0)
+        let deny = (all_gcra && self.store.deny_cache > 0 && max_age > 0)
             .then(|| DenyCache::new(self.store.deny_cache, max_age));
         #[cfg(feature = "metrics")]
         let decisions = self.counted.then(|| {
@@ -208,6 +225,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
             inner: Arc::new(Inner {
                 name: self.name.as_ref().into(),
                 quotas: self.quotas.into_boxed_slice(),
+                rules,
                 gcras,
                 local_time: !clock.is_system(),
                 clock,
@@ -224,8 +242,35 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     }
 }
 
-/// A quota in whole microseconds (interval rounded up), expressed in nanoseconds.
-fn micros(q: &Quota) -> Result<Gcra, ConfigError> {
+/// The largest integer the script's numbers (Lua doubles) hold exactly.
+const EXACT: u128 = 1 << 53;
+
+/// A quota in whole microseconds (an interval or a window rounded up), in nanoseconds.
+fn micros(q: &Quota) -> Result<Rule, ConfigError> {
+    let window = |w: &Window, counter: bool| -> Result<Window, ConfigError> {
+        let width = w.width.div_ceil(MICRO);
+        // The counter multiplies counts (up to twice the limit) by widths in the script.
+        if counter && u128::from(w.limit) * u128::from(width) * 2 >= EXACT {
+            return Err(ConfigError::WindowTooLongForStore {
+                count: q.count(),
+                window: q.period(),
+            });
+        }
+        Ok(Window {
+            limit: w.limit,
+            width: width * MICRO,
+        })
+    };
+    match q.rule() {
+        Rule::Gcra(_) => gcra_micros(q).map(Rule::Gcra),
+        Rule::FixedWindow(w) => window(&w, false).map(Rule::FixedWindow),
+        Rule::SlidingLog(w) => window(&w, false).map(Rule::SlidingLog),
+        Rule::SlidingWindow(w) => window(&w, true).map(Rule::SlidingWindow),
+    }
+}
+
+/// A GCRA quota in whole microseconds (interval rounded up), expressed in nanoseconds.
+fn gcra_micros(q: &Quota) -> Result<Gcra, ConfigError> {
     let g = q.gcra();
     let too_fine = ConfigError::RateTooHighForStore {
         count: q.count(),
@@ -327,7 +372,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     ) -> Result<Decision, InsufficientCapacity> {
         let inner = &*self.inner;
         let check = || self.check_n(key, cost);
-        crate::wait::until_admitted(&inner.waiters, key, &inner.gcras, &inner.clock, cost, check)
+        crate::wait::until_admitted(&inner.waiters, key, &inner.rules, &inner.clock, cost, check)
             .await
     }
 
@@ -379,23 +424,31 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     }
 
     /// The script's arguments after the key: the cost (negative for a refund), the time sent
-    /// (empty: the server's clock), then each quota's interval and tolerance in microseconds.
-    /// Returns them with how many are used.
-    fn script_args<'a>(&self, cost: Arg<'a>, now: u64) -> ([Arg<'a>; 3 + 2 * MAX_QUOTAS], usize) {
+    /// (empty: the server's clock), then each quota's kind and two numbers (GCRA: interval and
+    /// tolerance in microseconds; a window: its count and width in microseconds). Returns
+    /// them with how many are used.
+    fn script_args<'a>(&self, cost: Arg<'a>, now: u64) -> ([Arg<'a>; 3 + 3 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
-        let mut args = [Arg::Int(0); 3 + 2 * MAX_QUOTAS];
+        let mut args = [Arg::Int(0); 3 + 3 * MAX_QUOTAS];
         args[0] = cost;
         args[1] = if inner.local_time {
             Arg::Int(now / MICRO)
         } else {
             Arg::Bytes(b"")
         };
-        args[2] = Arg::Int(inner.gcras.len() as u64);
-        for (i, g) in inner.gcras.iter().enumerate() {
-            args[3 + 2 * i] = Arg::Int(g.interval / MICRO);
-            args[4 + 2 * i] = Arg::Int(g.tolerance / MICRO);
+        args[2] = Arg::Int(inner.rules.len() as u64);
+        for (i, r) in inner.rules.iter().enumerate() {
+            let (kind, a, b) = match r {
+                Rule::Gcra(g) => (0, g.interval / MICRO, g.tolerance / MICRO),
+                Rule::FixedWindow(w) => (1, w.limit, w.width / MICRO),
+                Rule::SlidingLog(w) => (2, w.limit, w.width / MICRO),
+                Rule::SlidingWindow(w) => (3, w.limit, w.width / MICRO),
+            };
+            args[3 + 3 * i] = Arg::Int(kind);
+            args[4 + 3 * i] = Arg::Int(a);
+            args[5 + 3 * i] = Arg::Int(b);
         }
-        (args, 3 + 2 * inner.gcras.len())
+        (args, 3 + 3 * inner.rules.len())
     }
 
     /// The decision of Redis, or of the failure policy.
@@ -426,7 +479,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 d
             }
             None => Decision::degraded(
-                &inner.gcras,
+                &inner.rules,
                 inner.store.on_failure == FailMode::Open,
                 RETRY_WHEN_UNAVAILABLE.as_nanos() as u64,
             ),
@@ -465,8 +518,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
 
     /// Maps the script's reply onto a decision; `None` when it does not fit.
     fn decision_of(&self, r: &[i64]) -> Option<Decision> {
-        let gcras = &self.inner.gcras;
-        if r.len() != 2 + 2 * gcras.len() {
+        let rules = &self.inner.rules;
+        if r.len() != 2 + 2 * rules.len() {
             return None;
         }
         let outcome = match r[0] {
@@ -477,18 +530,31 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         };
         let ns = |v: i64| u64::try_from(v).ok()?.checked_mul(MICRO);
         let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-        for (i, g) in gcras.iter().enumerate() {
-            // The script's `remaining` follows from the time ahead; keep its consistency check.
-            let state = QuotaState::ahead_by(g, ns(r[3 + 2 * i])?);
-            if state.remaining() != u64::try_from(r[2 + 2 * i]).ok()? {
-                return None;
-            }
-            quotas[i] = state;
+        for (i, rule) in rules.iter().enumerate() {
+            let remaining = u64::try_from(r[2 + 2 * i]).ok()?;
+            let reset = ns(r[3 + 2 * i])?;
+            quotas[i] = match rule {
+                Rule::Gcra(g) => {
+                    // The script's `remaining` follows from the time ahead; keep its
+                    // consistency check.
+                    let state = QuotaState::ahead_by(g, reset);
+                    if state.remaining() != remaining {
+                        return None;
+                    }
+                    state
+                }
+                Rule::FixedWindow(w) | Rule::SlidingLog(w) | Rule::SlidingWindow(w) => {
+                    if remaining > w.limit {
+                        return None;
+                    }
+                    QuotaState::counted(w.limit, remaining, reset)
+                }
+            };
         }
         Some(Decision::from_store(
             outcome,
             ns(r[1])?,
-            &quotas[..gcras.len().min(MAX_QUOTAS)],
+            &quotas[..rules.len().min(MAX_QUOTAS)],
         ))
     }
 }

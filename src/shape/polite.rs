@@ -203,7 +203,7 @@ impl<S, Req, K, F> Service<Req> for Polite<S, K, F>
 where
     S: Service<Req> + Clone,
     F: CallKey<Req, Key = K>,
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;

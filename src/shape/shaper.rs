@@ -95,6 +95,18 @@ struct Core {
 /// One key's queue.
 type Lane = Arc<Mutex<Queue>>;
 
+/// How a slot that gives up its place tells the keyed table that its queue may go idle
+/// earlier than the table was last told.
+trait IdleHint: Send + Sync {
+    fn lower(&self, hash: u64, at: u64);
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync> IdleHint for Inner<K> {
+    fn lower(&self, hash: u64, at: u64) {
+        self.table.lower_idle_hint(hash, at);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock means a panic elsewhere between two plain field updates; the numbers are
     // still times and counts, and a stuck queue would be worse.
@@ -242,7 +254,7 @@ pub(crate) enum Admission {
     Full(QueueFull, Room),
 }
 
-impl<K: Hash + Eq + Clone + Send + Sync> Shaper<K> {
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
     /// A shaper at `quota`'s rate, with no queue bound and no no-delay burst.
     pub fn new(quota: Quota) -> Self {
         Self::builder(quota).build()
@@ -366,6 +378,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Shaper<K> {
                     ticket,
                     sleep: None,
                     armed: None,
+                    hint: Some((self.inner.clone(), hash)),
                 },
                 room,
             ),
@@ -436,6 +449,8 @@ pub struct Slot {
     sleep: Option<Pin<Box<Sleep>>>,
     /// The departure time the timer is set for.
     armed: Option<u64>,
+    /// The shaper's table and the key's hash, told when giving up makes the queue idle earlier.
+    hint: Option<(Arc<dyn IdleHint>, u64)>,
 }
 
 impl fmt::Debug for Slot {
@@ -455,6 +470,7 @@ impl Slot {
             ticket: 0,
             sleep: None,
             armed: None,
+            hint: None,
         }
     }
 
@@ -521,7 +537,14 @@ impl Future for Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(lane) = self.lane.take() {
-            let next_head = lock(&lane).cancel(&self.core.timing, self.ticket);
+            let (next_head, idle_at) = {
+                let mut queue = lock(&lane);
+                let next_head = queue.cancel(&self.core.timing, self.ticket);
+                (next_head, queue.horizon())
+            };
+            if let Some((table, hash)) = &self.hint {
+                table.lower(*hash, idle_at);
+            }
             if let Some(w) = next_head {
                 w.wake();
             }
@@ -551,5 +574,39 @@ impl Entry for LaneEntry {
     fn evictable(&self, now: u64) -> bool {
         let q = lock(&self.lane);
         q.is_empty() && q.horizon() <= now.saturating_add(self.interval)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiter that gives up moves its queue's idle time earlier, after a sweep has made the
+    /// shard's hint exact: the hint must follow, or a full shaper would pass over the idle
+    /// queue while it evicts or refuses a live one.
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_waiter_lowers_the_tables_idle_hint() {
+        let shaper = Shaper::<u64>::builder(Quota::per_second(1))
+            .max_keys(2)
+            .build();
+        // Two keys, each with three places: the first leaves at 0, the others wait for 1 s
+        // and 2 s, so each queue is idle at 3 s, and neither may be evicted.
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for _ in 0..3 {
+            a.push(shaper.until_slot(&1));
+            b.push(shaper.until_slot(&2));
+        }
+        // A newcomer finds the table full: the retry time it is given comes from a sweep of
+        // the shards, which makes their hints exact (3 s).
+        assert!(shaper.reserve(&3).is_err());
+        assert!(shaper.inner.table.hints_hold());
+        // Key 1's waiters give up: its queue is idle at 1 s, not 3 s.
+        a.truncate(1);
+        assert!(
+            shaper.inner.table.hints_hold(),
+            "a shard's hint stayed above an entry's idle time"
+        );
+        drop(b);
     }
 }

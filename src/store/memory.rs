@@ -13,22 +13,26 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use crate::algo::{self, KeyState, Rule};
 use crate::clock::Clock;
 use crate::gcra::{self, Decision, Gcra, MAX_QUOTAS};
 pub use crate::keyed::OnFull;
 use crate::keyed::{Absent, Table};
 
-/// Per-key state: the theoretical arrival time of each quota.
+/// Per-key state: what each quota of the policy needs to decide.
 pub(crate) trait Slot: Send + Sync + Sized {
-    fn new(tats: &[u64]) -> Self;
+    /// The policy's quotas as this slot reads them.
+    type Rules: ?Sized + Sync;
     /// Decides for a key that has no entry; returns the entry to insert when admitted.
-    fn decide_absent(gcras: &[Gcra], now: u64, cost: u32) -> (Decision, Option<Self>);
+    fn decide_absent(rules: &Self::Rules, now: u64, cost: u32) -> (Decision, Option<Self>);
     /// Decides under shared access; must be atomic for the key.
-    fn decide(&self, gcras: &[Gcra], now: u64, cost: u32) -> Decision;
-    /// The latest time of any quota: the key is idle once `now` reaches it.
+    fn decide(&self, rules: &Self::Rules, now: u64, cost: u32) -> Decision;
+    /// When the key becomes equal to one never seen, if nothing else happens to it.
     fn horizon(&self) -> u64;
     /// Gives back `cost` admitted earlier; see [`refunded`]. Atomic for the key.
-    fn refund(&self, gcras: &[Gcra], now: u64, cost: u32);
+    fn refund(&self, rules: &Self::Rules, now: u64, cost: u32);
+    /// The decision for a new key turned away because the store is full.
+    fn full(rules: &Self::Rules, retry_after: u64) -> Decision;
 }
 
 /// A quota's time once a request of `cost` admitted earlier is given back at `now`: `cost`
@@ -54,19 +58,16 @@ impl One {
 }
 
 impl Slot for One {
-    fn new(tats: &[u64]) -> Self {
-        One(AtomicU64::new(tats[0]))
-    }
+    type Rules = Gcra;
 
     #[inline]
-    fn decide_absent(gcras: &[Gcra], now: u64, cost: u32) -> (Decision, Option<Self>) {
-        let (d, store) = gcra::decide_one(&gcras[0], 0, now, cost);
+    fn decide_absent(g: &Gcra, now: u64, cost: u32) -> (Decision, Option<Self>) {
+        let (d, store) = gcra::decide_one(g, 0, now, cost);
         (d, store.map(|t| One(AtomicU64::new(t))))
     }
 
     #[inline]
-    fn decide(&self, gcras: &[Gcra], now: u64, cost: u32) -> Decision {
-        let g = &gcras[0];
+    fn decide(&self, g: &Gcra, now: u64, cost: u32) -> Decision {
         let mut tat = self.0.load(Ordering::Acquire);
         loop {
             let (decision, store) = gcra::decide_one(g, tat, now, cost);
@@ -87,8 +88,7 @@ impl Slot for One {
         self.0.load(Ordering::Acquire)
     }
 
-    fn refund(&self, gcras: &[Gcra], now: u64, cost: u32) {
-        let g = &gcras[0];
+    fn refund(&self, g: &Gcra, now: u64, cost: u32) {
         let mut tat = self.0.load(Ordering::Acquire);
         loop {
             let new_tat = refunded(g, tat, now, cost);
@@ -104,6 +104,10 @@ impl Slot for One {
             }
         }
     }
+
+    fn full(g: &Gcra, retry_after: u64) -> Decision {
+        Decision::store_full(&[Rule::Gcra(*g)], retry_after)
+    }
 }
 
 /// Several quotas: the times change together under the key's own lock.
@@ -116,16 +120,12 @@ impl Many {
 }
 
 impl Slot for Many {
-    fn new(tats: &[u64]) -> Self {
-        let mut all = [0; MAX_QUOTAS];
-        all[..tats.len()].copy_from_slice(tats);
-        Many(Mutex::new(all))
-    }
+    type Rules = [Gcra];
 
     fn decide_absent(gcras: &[Gcra], now: u64, cost: u32) -> (Decision, Option<Self>) {
         let mut tats = [0u64; MAX_QUOTAS];
         let (d, changed) = gcra::decide(gcras, &mut tats[..gcras.len()], now, cost);
-        (d, changed.then(|| Many::new(&tats[..gcras.len()])))
+        (d, changed.then(|| Many(Mutex::new(tats))))
     }
 
     fn decide(&self, gcras: &[Gcra], now: u64, cost: u32) -> Decision {
@@ -146,6 +146,73 @@ impl Slot for Many {
             *tat = refunded(g, *tat, now, cost);
         }
     }
+
+    fn full(gcras: &[Gcra], retry_after: u64) -> Decision {
+        let mut rules = [Rule::Gcra(Gcra::new(1, 1)); MAX_QUOTAS];
+        for (r, g) in rules.iter_mut().zip(gcras) {
+            *r = Rule::Gcra(*g);
+        }
+        Decision::store_full(&rules[..gcras.len()], retry_after)
+    }
+}
+
+/// Quotas of any kinds (see [`crate::algo`]): two words per quota and the log of admitted
+/// requests when a quota is a sliding log, changed together under the key's own lock.
+/// The time the key becomes idle is kept beside the state, for the table to read without
+/// the quotas.
+pub(crate) struct Mixed {
+    state: Mutex<KeyState>,
+    horizon: AtomicU64,
+}
+
+impl Mixed {
+    pub(crate) fn idle() -> Self {
+        Mixed {
+            state: Mutex::new(KeyState::default()),
+            horizon: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeyState> {
+        // A poisoned lock only means another thread panicked while deciding; the state is
+        // still a valid state (every change is made after the decision's arithmetic).
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Slot for Mixed {
+    type Rules = [Rule];
+
+    fn decide_absent(rules: &[Rule], now: u64, cost: u32) -> (Decision, Option<Self>) {
+        let mut state = KeyState::default();
+        let (d, changed) = algo::decide(rules, &mut state, now, cost);
+        let slot = changed.then(|| Mixed {
+            horizon: AtomicU64::new(state.idle_at(rules)),
+            state: Mutex::new(state),
+        });
+        (d, slot)
+    }
+
+    fn decide(&self, rules: &[Rule], now: u64, cost: u32) -> Decision {
+        let mut state = self.lock();
+        let (d, _) = algo::decide(rules, &mut state, now, cost);
+        self.horizon.store(state.idle_at(rules), Ordering::Release);
+        d
+    }
+
+    fn horizon(&self) -> u64 {
+        self.horizon.load(Ordering::Acquire)
+    }
+
+    fn refund(&self, rules: &[Rule], now: u64, cost: u32) {
+        let mut state = self.lock();
+        state.refund(rules, now, cost);
+        self.horizon.store(state.idle_at(rules), Ordering::Release);
+    }
+
+    fn full(rules: &[Rule], retry_after: u64) -> Decision {
+        Decision::store_full(rules, retry_after)
+    }
 }
 
 impl crate::keyed::Entry for One {
@@ -156,6 +223,12 @@ impl crate::keyed::Entry for One {
 }
 
 impl crate::keyed::Entry for Many {
+    fn idle_at(&self) -> u64 {
+        self.horizon()
+    }
+}
+
+impl crate::keyed::Entry for Mixed {
     fn idle_at(&self) -> u64 {
         self.horizon()
     }
@@ -185,7 +258,7 @@ where
     pub(crate) fn decide(
         &self,
         key: &K,
-        gcras: &[Gcra],
+        gcras: &V::Rules,
         clock: &Clock,
         now: u64,
         cost: u32,
@@ -202,7 +275,7 @@ where
 
     /// Gives back `cost` taken earlier from `key` (see [`refunded`]); a key without an entry
     /// is idle and has nothing to give back.
-    pub(crate) fn refund(&self, key: &K, gcras: &[Gcra], now: u64, cost: u32) {
+    pub(crate) fn refund(&self, key: &K, gcras: &V::Rules, now: u64, cost: u32) {
         let hash = self.table.hash(key);
         self.table
             .get(hash, key, now, |slot| slot.refund(gcras, now, cost));
@@ -216,7 +289,7 @@ where
         &self,
         hash: u64,
         key: &K,
-        gcras: &[Gcra],
+        gcras: &V::Rules,
         clock: &Clock,
         now: u64,
         cost: u32,
@@ -240,7 +313,7 @@ where
         );
         match result {
             Ok(d) => d,
-            Err(full) => full_rejection(gcras, read(), full.retry_at),
+            Err(full) => V::full(gcras, full_retry(read(), full.retry_at)),
         }
     }
 
@@ -255,10 +328,10 @@ where
     }
 }
 
-/// The decision for a new key turned away because the store is full of active keys: retry
-/// when the first tracked key goes idle (`retry_at`), since a new key is admitted then.
-fn full_rejection(gcras: &[Gcra], now: u64, retry_at: u64) -> Decision {
-    Decision::store_full(gcras, retry_at.saturating_sub(now).max(1))
+/// The wait of a new key turned away because the store is full of active keys: retry when
+/// the first tracked key goes idle (`retry_at`), since a new key is admitted then.
+fn full_retry(now: u64, retry_at: u64) -> u64 {
+    retry_at.saturating_sub(now).max(1)
 }
 
 #[cfg(test)]
@@ -273,7 +346,7 @@ mod tests {
         // clock reaches 1 s, the key (spent at 0) is swept as idle, and the stalled thread goes
         // on with its reading of 0.5 s.
         let (clock, hand) = Clock::manual();
-        let gcras = [Gcra::new(S, S)];
+        let gcras = Gcra::new(S, S);
         let store = MemoryStore::<u64, One>::new(10, OnFull::EvictNearestIdle);
         hand.set(std::time::Duration::ZERO);
         assert!(store.decide(&7, &gcras, &clock, 0, 1).is_allowed());

@@ -72,7 +72,15 @@ impl Step {
 
 use Outcome::{Allowed as A, Exceeds as X, Limited as L};
 
+/// Every case: GCRA's, then the window kinds'.
 pub fn cases() -> Vec<Case> {
+    let mut all = gcra_cases();
+    all.extend(window_cases());
+    all
+}
+
+/// The cases of GCRA (DESIGN section 1).
+pub fn gcra_cases() -> Vec<Case> {
     vec![
         Case {
             // Seed 002: 10/s, burst 5, six requests at t=0 -> five allowed (not six).
@@ -246,4 +254,126 @@ pub fn check(case: &Case, i: usize, d: &tollgate::Decision) -> Result<(), String
         }
     }
     Ok(())
+}
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// The cases of the window kinds (fixed window, sliding log, sliding counter) and of policies
+/// that mix kinds. Windows open with a key's first admitted request.
+pub fn window_cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "fixed window: at most N inside a window, all back when it closes",
+            quotas: vec![Quota::fixed_window(3, SEC)],
+            steps: vec![
+                step(0, 1, A).remaining(&[2]).reset(1000),
+                step(0, 2, A).remaining(&[0]).reset(1000),
+                step(500, 1, L).retry(500).remaining(&[0]).reset(500),
+                step(999, 1, L).retry(1),
+                // The window closed at 1000; this request opens the next one.
+                step(1000, 1, A).remaining(&[2]).reset(1000),
+                step(1000, 3, L).retry(1000).remaining(&[2]),
+                step(1500, 2, A).remaining(&[0]).reset(500),
+                step(5000, 0, A).remaining(&[3]).reset(0),
+            ],
+        },
+        Case {
+            name: "fixed window: up to 2N across the boundary of two windows",
+            quotas: vec![Quota::fixed_window(2, SEC)],
+            steps: vec![
+                step(0, 1, A),
+                step(999, 1, A).remaining(&[0]).reset(1),
+                step(1000, 2, A).remaining(&[0]).reset(1000),
+                step(1001, 1, L).retry(999),
+            ],
+        },
+        Case {
+            name: "fixed window: a cost above the count never passes and consumes nothing",
+            quotas: vec![Quota::fixed_window(3, SEC)],
+            steps: vec![
+                step(0, 4, X).remaining(&[3]).reset(0),
+                step(0, 3, A).remaining(&[0]),
+                step(0, 0, A).remaining(&[0]).reset(1000),
+            ],
+        },
+        Case {
+            name: "sliding log: at most N in any window, retry when the oldest leaves",
+            quotas: vec![Quota::sliding_log(3, SEC)],
+            steps: vec![
+                step(0, 1, A).remaining(&[2]).reset(1000),
+                step(200, 1, A).remaining(&[1]).reset(1000),
+                step(400, 1, A).remaining(&[0]).reset(1000),
+                // The request of 0 leaves the window at 1000, that of 200 at 1200.
+                step(600, 1, L).retry(400).remaining(&[0]).reset(800),
+                step(600, 2, L).retry(600),
+                step(1000, 1, A).remaining(&[0]).reset(1000),
+                step(1000, 1, L).retry(200),
+                // At 1400 only the request of 1000 is still in the window.
+                step(1400, 2, A).remaining(&[0]).reset(1000),
+                step(4000, 0, A).remaining(&[3]).reset(0),
+                step(4000, 4, X).remaining(&[3]),
+            ],
+        },
+        Case {
+            name: "sliding log: a request leaves the window exactly W after it came",
+            quotas: vec![Quota::sliding_log(2, SEC)],
+            steps: vec![
+                step(0, 1, A),
+                step(999, 1, A).remaining(&[0]),
+                step(1000, 1, A).remaining(&[0]).reset(1000),
+                step(1001, 1, L).retry(998),
+            ],
+        },
+        Case {
+            name: "sliding counter: the previous window weighs by its overlap",
+            quotas: vec![Quota::sliding_window(10, SEC)],
+            steps: vec![
+                step(0, 5, A).remaining(&[5]).reset(2000),
+                step(500, 5, A).remaining(&[0]).reset(1500),
+                // Full: in the next window the 10 weigh 10 × (1000 - e) / 1000, and one more
+                // fits once that is 9, at e = 100.
+                step(900, 1, L).retry(200).remaining(&[0]).reset(1100),
+                step(1000, 1, L).retry(100).remaining(&[0]).reset(1000),
+                step(1100, 1, A).remaining(&[0]).reset(1900),
+                // At 1550 the previous window weighs 4.5: room for 4 beside the 1 counted.
+                step(1550, 4, A).remaining(&[0]).reset(1450),
+                step(1550, 1, L).retry(50),
+                step(1600, 1, A).remaining(&[0]),
+                step(5000, 0, A).remaining(&[10]).reset(0),
+                step(5000, 11, X).remaining(&[10]),
+            ],
+        },
+        Case {
+            name: "mixed kinds: a GCRA rejection consumes nothing from the log, and back",
+            quotas: vec![
+                Quota::per_second(10).burst(2),
+                Quota::sliding_log(3, Duration::from_secs(10)),
+            ],
+            steps: vec![
+                step(0, 1, A).remaining(&[1, 2]),
+                step(0, 1, A).remaining(&[0, 1]),
+                step(0, 1, L).retry(100).remaining(&[0, 1]),
+                step(200, 1, A).remaining(&[1, 0]),
+                // The log rejects; GCRA keeps what it had.
+                step(400, 1, L).retry(9600).remaining(&[2, 0]),
+                step(10_000, 1, A).remaining(&[1, 1]).reset(10_000),
+            ],
+        },
+        Case {
+            name: "mixed kinds: fixed window and sliding counter, all or nothing",
+            quotas: vec![
+                Quota::fixed_window(2, SEC),
+                Quota::sliding_window(3, Duration::from_secs(3)),
+            ],
+            steps: vec![
+                step(0, 2, A).remaining(&[0, 1]),
+                step(500, 1, L).retry(500).remaining(&[0, 1]),
+                step(1000, 1, A).remaining(&[1, 0]),
+                // The counter rejects until its 3 weigh 2 in its next window (at 4000 ms);
+                // the fixed window keeps its last unit.
+                step(1000, 1, L).retry(3000).remaining(&[1, 0]),
+                step(1000, 1, L).retry(3000).remaining(&[1, 0]),
+            ],
+        },
+    ]
 }

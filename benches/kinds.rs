@@ -1,0 +1,253 @@
+//! The quota kinds side by side: ns per check, bytes per key, and the sliding counter's error
+//! against the exact sliding log.
+//!
+//! ```text
+//! cargo bench --bench kinds
+//! # shorter, on a shared machine:
+//! cargo bench --bench kinds -- --warm-up-time 1 --measurement-time 2
+//! ```
+//!
+//! Before criterion runs, two tables are printed (deterministic, no timing):
+//!
+//! * **bytes per key**: how much the resident memory grows per tracked key of a keyed
+//!   `RateLimiter<u64>` (200 000 keys: the table, its entries and the allocator's overhead), for
+//!   one request in the window and for a cost of 100 (the log keeps one time per unit);
+//! * **counter error**: the same random traffic (exponential gaps, one key) through a sliding
+//!   log and a sliding counter of 100 per second on a manual clock, at offered loads from 0.5×
+//!   to 5× the limit, and an adversarial pattern (all of a window's requests at its very end):
+//!   how many each admitted, and the most the counter let through in any window of one second
+//!   (checked at every admission), against the log's exact 100.
+//!
+//! Then criterion, every kind in the same run:
+//!
+//! * `kinds_keyed_10k`: 10 000 keys visited round-robin, limit never reached (10 000 per
+//!   100 ms for the window kinds; GCRA as in `rate_limit`'s `keyed_10k`);
+//! * `kinds_rejecting`: one key over its limit (1 per hour), as `rate_limit`'s `rejecting`;
+//! * `kinds_mixed`: GCRA plus one quota of each window kind on one key, 10 000 keys.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, Criterion};
+use tollgate::{Clock, Quota, RateLimiter};
+
+/// Resident memory of this process, in bytes (Linux).
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+const KEYS: u64 = 10_000;
+
+fn kinds(count: u32, window: Duration) -> [(&'static str, Quota); 4] {
+    [
+        ("gcra", Quota::new(count, window)),
+        ("fixed_window", Quota::fixed_window(count, window)),
+        ("sliding_log", Quota::sliding_log(count, window)),
+        ("sliding_window", Quota::sliding_window(count, window)),
+    ]
+}
+
+/// Keys in the memory table.
+const MEMORY_KEYS: u64 = 200_000;
+
+fn bytes_per_key() {
+    println!(
+        "bytes per tracked key (RateLimiter<u64>, {MEMORY_KEYS} keys, growth of resident memory):"
+    );
+    println!("| kind | cost 1 in the window | cost 100 in the window |");
+    println!("|---|---|---|");
+    // Every limiter stays alive until the end, so that each one's memory is new memory.
+    let mut keep = Vec::new();
+    for (name, q) in kinds(1_000, Duration::from_secs(3600)) {
+        let mut cells = Vec::new();
+        for cost in [1, 100] {
+            let (clock, _time) = Clock::manual();
+            let before = rss();
+            let limiter = RateLimiter::<u64>::builder(q.clone())
+                .clock(clock)
+                .max_keys(MEMORY_KEYS as usize)
+                .build();
+            for k in 0..MEMORY_KEYS {
+                assert!(limiter.check_n(&k, cost).is_allowed());
+            }
+            let after = rss();
+            cells.push(format!(
+                "{:.0}",
+                after.saturating_sub(before) as f64 / MEMORY_KEYS as f64
+            ));
+            keep.push(limiter);
+        }
+        println!("| {name} | {} | {} |", cells[0], cells[1]);
+    }
+    println!();
+}
+
+/// xorshift64*: deterministic traffic without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// An exponential gap of mean `mean` ns.
+    fn gap(&mut self, mean: f64) -> u64 {
+        let u = ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        (-u.ln() * mean) as u64
+    }
+}
+
+const N: u32 = 100;
+const W: u64 = 1_000_000_000;
+
+/// The most in any window `[t, t + W)` starting at an admission.
+fn max_in_window(admitted: &[u64]) -> usize {
+    let mut best = 0;
+    let mut j = 0;
+    for i in 0..admitted.len() {
+        while j < admitted.len() && admitted[j] < admitted[i] + W {
+            j += 1;
+        }
+        best = best.max(j - i);
+    }
+    best
+}
+
+/// Runs `times` through a log and a counter; returns (admitted by the log, by the counter,
+/// the counter's most in any window).
+fn compare(times: &[u64]) -> (usize, usize, usize) {
+    let window = Duration::from_nanos(W);
+    let (clock, hand) = Clock::manual();
+    let log = RateLimiter::<()>::builder(Quota::sliding_log(N, window))
+        .clock(clock.clone())
+        .build();
+    let counter = RateLimiter::<()>::builder(Quota::sliding_window(N, window))
+        .clock(clock)
+        .build();
+    let (mut by_log, mut by_counter) = (0, Vec::new());
+    for &t in times {
+        hand.set(Duration::from_nanos(t));
+        by_log += usize::from(log.check(&()).is_allowed());
+        if counter.check(&()).is_allowed() {
+            by_counter.push(t);
+        }
+    }
+    (by_log, by_counter.len(), max_in_window(&by_counter))
+}
+
+fn counter_error() {
+    println!("sliding counter against the exact log, {N} per 1 s, one key, 600 s of traffic:");
+    println!("| offered load | log admitted | counter admitted | difference | counter's most in any 1 s |");
+    println!("|---|---|---|---|---|");
+    let run = 600 * W;
+    for load in [0.5, 0.9, 1.0, 1.1, 2.0, 5.0] {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mean = W as f64 / (f64::from(N) * load);
+        let mut times = Vec::new();
+        let mut t = 1;
+        while t < run {
+            t += rng.gap(mean).max(1);
+            times.push(t);
+        }
+        let (l, c, m) = compare(&times);
+        println!(
+            "| {load}× | {l} | {c} | {:+.2}% | {m} |",
+            (c as f64 - l as f64) / l as f64 * 100.0
+        );
+    }
+    // Adversarial: the counter's windows open with the first request (t = 1); all of a window's
+    // requests come in its last millisecond, then a flood in the next.
+    let mut times = Vec::new();
+    for w in 0..600u64 {
+        let end = 1 + (w + 1) * W;
+        for i in 0..(2 * u64::from(N)) {
+            times.push(end - 1_000_000 + i * 5_000);
+        }
+    }
+    let (l, c, m) = compare(&times);
+    println!(
+        "| adversarial (2N at each window's end) | {l} | {c} | {:+.2}% | {m} |",
+        (c as f64 - l as f64) / l as f64 * 100.0
+    );
+    println!();
+}
+
+fn keyed(c: &mut Criterion) {
+    let mut group = c.benchmark_group("kinds_keyed_10k");
+    for (name, q) in kinds(10_000, Duration::from_millis(100)) {
+        let q = if name == "gcra" {
+            Quota::per_second(1).burst(u32::MAX)
+        } else {
+            q
+        };
+        let limiter = RateLimiter::<u64>::new(q);
+        for k in 0..KEYS {
+            assert!(limiter.check(&k).is_allowed());
+        }
+        let mut i = 0;
+        let mut rejected = 0u64;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let d = black_box(limiter.check(black_box(&i)));
+                rejected += u64::from(!d.is_allowed());
+                i = (i + 1) % KEYS;
+            })
+        });
+        assert_eq!(rejected, 0, "{name} rejected checks");
+    }
+    group.finish();
+}
+
+fn rejecting(c: &mut Criterion) {
+    let mut group = c.benchmark_group("kinds_rejecting");
+    for (name, q) in kinds(1, Duration::from_secs(3600)) {
+        let limiter = RateLimiter::<()>::new(q);
+        assert!(limiter.check(&()).is_allowed());
+        let mut admitted = 0u64;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let d = black_box(limiter.check(black_box(&())));
+                admitted += u64::from(d.is_allowed());
+            })
+        });
+        assert_eq!(admitted, 0, "{name} admitted checks");
+    }
+    group.finish();
+}
+
+fn mixed(c: &mut Criterion) {
+    let mut group = c.benchmark_group("kinds_mixed");
+    let w = Duration::from_millis(100);
+    let limiter = RateLimiter::<u64>::builder(Quota::per_second(1).burst(u32::MAX))
+        .quota(Quota::fixed_window(10_000, w))
+        .quota(Quota::sliding_log(10_000, w))
+        .quota(Quota::sliding_window(10_000, w))
+        .build();
+    let mut i = 0;
+    let mut rejected = 0u64;
+    group.bench_function("gcra+fixed+log+counter", |b| {
+        b.iter(|| {
+            let d = black_box(limiter.check(black_box(&i)));
+            rejected += u64::from(!d.is_allowed());
+            i = (i + 1) % KEYS;
+        })
+    });
+    assert_eq!(rejected, 0, "mixed rejected checks");
+    group.finish();
+}
+
+criterion_group!(benches, keyed, rejecting, mixed);
+
+fn main() {
+    bytes_per_key();
+    counter_error();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

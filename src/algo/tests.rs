@@ -1,0 +1,259 @@
+use super::*;
+use proptest::prelude::*;
+
+const S: u64 = 1_000_000_000;
+
+fn fixed(limit: u64, width: u64) -> Rule {
+    Rule::FixedWindow(Window { limit, width })
+}
+fn log(limit: u64, width: u64) -> Rule {
+    Rule::SlidingLog(Window { limit, width })
+}
+fn counter(limit: u64, width: u64) -> Rule {
+    Rule::SlidingWindow(Window { limit, width })
+}
+
+fn all_kinds(limit: u64, width: u64) -> [Rule; 4] {
+    [
+        Rule::Gcra(Gcra::new(width / limit, width / limit * limit)),
+        fixed(limit, width),
+        log(limit, width),
+        counter(limit, width),
+    ]
+}
+
+#[test]
+fn a_cost_above_the_count_never_passes_at_any_time_and_takes_nothing() {
+    for r in all_kinds(5, S) {
+        for now in [0, 1, S, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
+            for cost in [6, u32::MAX] {
+                let mut st = KeyState::default();
+                let (d, changed) = decide(&[r], &mut st, now, cost);
+                assert_eq!(d.outcome(), Outcome::Exceeds, "{r:?} at {now}");
+                assert!(!changed);
+                assert_eq!(st, KeyState::default());
+                assert_eq!(d.retry_after(), None);
+            }
+        }
+    }
+}
+
+#[test]
+fn cost_zero_reports_and_stores_nothing() {
+    for r in all_kinds(5, S) {
+        let mut st = KeyState::default();
+        let (d, changed) = decide(&[r], &mut st, 7, 0);
+        assert!(d.is_allowed());
+        assert!(!changed);
+        assert_eq!(d.remaining(), 5, "{r:?}");
+        assert_eq!(d.reset_after().as_nanos(), 0, "{r:?}");
+    }
+}
+
+#[test]
+fn windows_of_one_nanosecond_and_of_a_century_decide_without_overflow() {
+    let century = 100 * 365 * 86_400 * S;
+    for width in [1, century, u64::MAX / 4] {
+        for r in [fixed(3, width), log(3, width), counter(3, width)] {
+            for start in [0, 1, u64::MAX - 2 * width.min(u64::MAX / 4), u64::MAX - 1] {
+                let mut st = KeyState::default();
+                assert!(decide(&[r], &mut st, start, 3).0.is_allowed(), "{r:?}");
+                let (d, _) = decide(&[r], &mut st, start, 1);
+                assert_eq!(d.outcome(), Outcome::Limited, "{r:?} at {start}");
+                let wait = d.retry_after().map(|w| w.as_nanos() as u64).unwrap_or(0);
+                assert!(wait >= 1 && wait <= 2 * width, "{r:?}: {wait}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_refund_of_more_than_was_taken_leaves_an_idle_key_never_a_credit() {
+    for r in all_kinds(4, S) {
+        let mut st = KeyState::default();
+        assert!(decide(&[r], &mut st, 10, 2).0.is_allowed());
+        st.refund(&[r], 10, u32::MAX);
+        assert!(st.idle_at(&[r]) <= 10, "{r:?}");
+        // Exactly the count again, not more.
+        assert!(decide(&[r], &mut st, 10, 4).0.is_allowed(), "{r:?}");
+        assert_eq!(decide(&[r], &mut st, 10, 1).0.outcome(), Outcome::Limited);
+    }
+}
+
+#[test]
+fn a_refund_gives_back_the_newest_log_entries() {
+    let r = log(3, 10 * S);
+    let mut st = KeyState::default();
+    assert!(decide(&[r], &mut st, 0, 1).0.is_allowed());
+    assert!(decide(&[r], &mut st, 5 * S, 2).0.is_allowed());
+    st.refund(&[r], 5 * S, 1);
+    // One unit of 5 s is back; the oldest (0 s) still leaves the window first, at 10 s.
+    let (d, _) = decide(&[r], &mut st, 6 * S, 2);
+    assert_eq!(d.retry_after(), Some(std::time::Duration::from_secs(4)));
+}
+
+#[test]
+fn mixed_kinds_where_one_rejects_consume_from_none() {
+    let rules = [fixed(10, S), log(2, S), counter(10, S)];
+    let mut st = KeyState::default();
+    assert!(decide(&rules, &mut st, 0, 2).0.is_allowed());
+    let before = st.clone();
+    let (d, changed) = decide(&rules, &mut st, 1, 1);
+    assert_eq!(d.outcome(), Outcome::Limited);
+    assert!(!changed);
+    assert_eq!(st, before);
+    let remaining: Vec<u64> = d.states().iter().map(|s| s.remaining()).collect();
+    assert_eq!(remaining, [8, 0, 8]);
+}
+
+/// One request in a generated run: after `gap` ns, cost `cost`.
+fn run() -> impl Strategy<Value = Vec<(u64, u32)>> {
+    prop::collection::vec((0u64..400, 0u32..4), 1..120)
+}
+
+fn kind_rule(k: u8, limit: u64, width: u64) -> Rule {
+    match k {
+        0 => fixed(limit, width),
+        1 => log(limit, width),
+        _ => counter(limit, width),
+    }
+}
+
+proptest! {
+    /// The idle rule: once the key's state says it is idle, it decides every request exactly as
+    /// a key never seen (so the keyed table may forget it).
+    #[test]
+    fn an_idle_key_decides_like_one_never_seen(
+        kinds in prop::collection::vec(0u8..3, 1..4),
+        limit in 1u64..6,
+        width in 1u64..500,
+        reqs in run(),
+        later in 0u64..1000,
+        after in run(),
+    ) {
+        let rules: Vec<Rule> = kinds.iter().map(|&k| kind_rule(k, limit, width)).collect();
+        let mut st = KeyState::default();
+        let mut now = 1;
+        for (gap, c) in reqs {
+            now += gap;
+            decide(&rules, &mut st, now, c);
+        }
+        let mut at = st.idle_at(&rules).max(now) + later;
+        let mut fresh = KeyState::default();
+        for (gap, c) in after {
+            at += gap;
+            let (a, _) = decide(&rules, &mut st, at, c);
+            let (b, _) = decide(&rules, &mut fresh, at, c);
+            prop_assert_eq!(a, b);
+        }
+    }
+
+    /// The sliding log admits at most `limit` units in every window `[t, t + width)`, checked at
+    /// every admission.
+    #[test]
+    fn the_log_never_admits_more_than_n_in_any_window(
+        limit in 1u64..8, width in 1u64..1000, reqs in run(),
+    ) {
+        let rules = [log(limit, width)];
+        let mut st = KeyState::default();
+        let mut now = 0;
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        for (gap, c) in reqs {
+            now += gap;
+            if decide(&rules, &mut st, now, c).0.is_allowed() && c > 0 {
+                admitted.push((now, u64::from(c)));
+            }
+        }
+        for &(t, _) in &admitted {
+            let n: u64 = admitted.iter().filter(|(u, _)| *u >= t && *u < t + width).map(|x| x.1).sum();
+            prop_assert!(n <= limit, "{} in [{}, {})", n, t, t + width);
+        }
+    }
+
+    /// The log admits whenever it may: a request rejected by it would have put more than
+    /// `limit` in the window ending now, and its retry time is exact.
+    #[test]
+    fn the_log_rejects_only_when_it_must_and_its_retry_is_exact(
+        limit in 1u64..8, width in 1u64..1000, reqs in run(),
+    ) {
+        let rules = [log(limit, width)];
+        let mut st = KeyState::default();
+        let mut now = 0;
+        let mut admitted: Vec<u64> = Vec::new();
+        for (gap, c) in reqs {
+            now += gap;
+            let in_window = |at: u64, adm: &[u64]| adm.iter().filter(|&&u| u + width > at).count() as u64;
+            let (d, _) = decide(&rules, &mut st, now, c);
+            if d.is_allowed() {
+                prop_assert!(in_window(now, &admitted) + u64::from(c) <= limit);
+                admitted.extend(std::iter::repeat(now).take(c as usize));
+            } else if let Some(wait) = d.retry_after() {
+                let wait = wait.as_nanos() as u64;
+                prop_assert!(in_window(now, &admitted) + u64::from(c) > limit);
+                prop_assert!(in_window(now + wait, &admitted) + u64::from(c) <= limit);
+                prop_assert!(in_window(now + wait - 1, &admitted) + u64::from(c) > limit);
+            }
+        }
+    }
+
+    /// Fixed window: at most `limit` in one window (from its opening), at most `2 × limit` in
+    /// any span of `width`.
+    #[test]
+    fn the_fixed_window_admits_n_per_window_and_2n_across_a_boundary(
+        limit in 1u64..8, width in 1u64..1000, reqs in run(),
+    ) {
+        let rules = [fixed(limit, width)];
+        let mut st = KeyState::default();
+        let mut now = 0;
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        for (gap, c) in reqs {
+            now += gap;
+            if decide(&rules, &mut st, now, c).0.is_allowed() && c > 0 {
+                admitted.push((now, u64::from(c)));
+            }
+        }
+        // Windows as the model opens them.
+        let mut open: Option<u64> = None;
+        let mut used = 0;
+        for &(t, c) in &admitted {
+            match open {
+                Some(o) if t < o + width => used += c,
+                _ => { open = Some(t); used = c; }
+            }
+            prop_assert!(used <= limit);
+        }
+        for &(t, _) in &admitted {
+            let n: u64 = admitted.iter().filter(|(u, _)| *u >= t && *u < t + width).map(|x| x.1).sum();
+            prop_assert!(n <= 2 * limit);
+        }
+    }
+
+    /// Sliding counter: never more than `2 × limit - 1` in any span of `width`, and its retry
+    /// time is exact.
+    #[test]
+    fn the_counter_stays_within_its_bound_and_its_retry_is_exact(
+        limit in 1u64..8, width in 1u64..1000, reqs in run(),
+    ) {
+        let rules = [counter(limit, width)];
+        let mut st = KeyState::default();
+        let mut now = 0;
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        for (gap, c) in reqs {
+            now += gap;
+            let (d, _) = decide(&rules, &mut st, now, c);
+            if d.is_allowed() && c > 0 {
+                admitted.push((now, u64::from(c)));
+            } else if let Some(wait) = d.retry_after() {
+                let wait = wait.as_nanos() as u64;
+                let mut probe = st.clone();
+                prop_assert!(decide(&rules, &mut probe, now + wait, c).0.is_allowed());
+                let mut probe = st.clone();
+                prop_assert!(!decide(&rules, &mut probe, now + wait - 1, c).0.is_allowed());
+            }
+        }
+        for &(t, _) in &admitted {
+            let n: u64 = admitted.iter().filter(|(u, _)| *u >= t && *u < t + width).map(|x| x.1).sum();
+            prop_assert!(n < 2 * limit, "{} in [{}, {})", n, t, t + width);
+        }
+    }
+}
