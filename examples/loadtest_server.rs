@@ -118,7 +118,8 @@ fn app(config: &str) -> Option<Router> {
 fn with_metrics(config: String) -> String {
     match config.strip_suffix("_metrics") {
         Some(base) => {
-            let installed = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder();
+            let installed =
+                metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder();
             if let Err(e) = installed {
                 eprintln!("cannot install the Prometheus recorder: {e}");
                 std::process::exit(2);
