@@ -14,7 +14,7 @@
 //!   one request in the window and for a cost of 100 (the log keeps one time per unit);
 //! * **counter error**: the same random traffic (exponential gaps, one key) through a sliding
 //!   log and a sliding counter of 100 per second on a manual clock, at offered loads from 0.5×
-//!   to 5× the limit, and an adversarial pattern (all of a window's requests at its very end):
+//!   to 5× the limit, and bunched (2N requests within one millisecond, once a second):
 //!   how many each admitted, and the most the counter let through in any window of one second
 //!   (checked at every admission), against the log's exact 100.
 //!
@@ -162,8 +162,9 @@ fn counter_error() {
             (c as f64 - l as f64) / l as f64 * 100.0
         );
     }
-    // Adversarial: the counter's windows open with the first request (t = 1); all of a window's
-    // requests come in its last millisecond, then a flood in the next.
+    // Bunched: 2N requests within one millisecond, once a second. (The counter's windows open
+    // with the key's first request, so a client cannot aim at their boundaries without
+    // knowing when that was; the property tests check the `2N - 1` bound in the worst case.)
     let mut times = Vec::new();
     for w in 0..600u64 {
         let end = 1 + (w + 1) * W;
@@ -173,7 +174,7 @@ fn counter_error() {
     }
     let (l, c, m) = compare(&times);
     println!(
-        "| adversarial (2N at each window's end) | {l} | {c} | {:+.2}% | {m} |",
+        "| bunched (2N in 1 ms, once a second) | {l} | {c} | {:+.2}% | {m} |",
         (c as f64 - l as f64) / l as f64 * 100.0
     );
     println!();

@@ -11,7 +11,10 @@
 //!   least any script call can cost on this server);
 //! * **tollgate**: 64 tokio tasks calling `RedisRateLimiter::check` through one shared,
 //!   multiplexed connection, each on its own key, with a quota that never rejects (every
-//!   decision is one `EVALSHA` of the GCRA script, no deny cache shortcut).
+//!   decision is one `EVALSHA` of the GCRA script, no deny cache shortcut);
+//! * **each quota kind** the same way, one quota per policy that never rejects: GCRA, fixed
+//!   window, sliding log (10 000 per second, so each key's sorted set holds the ~1 000 requests
+//!   of its last second), sliding counter, and one policy with all four.
 //!
 //! Prints decisions/s, the ratio to the floor, and p50/p99 latency of each.
 
@@ -107,16 +110,17 @@ fn floor(port: u16) -> Figures {
     }
 }
 
-async fn ours(port: u16) -> Figures {
+async fn measure(port: u16, name: &str, quotas: Vec<Quota>) -> Figures {
     let store = RedisStore::connect(&format!("redis://127.0.0.1:{port}"))
         .await
         .expect("connect")
         .timeout(Duration::from_secs(1));
-    let limiter =
-        RedisRateLimiter::<u64>::builder(store, Quota::per_second(1_000_000).burst(1_000_000))
-            .quota(Quota::per_day(1_000_000_000))
-            .name("bench")
-            .build();
+    let mut builder =
+        RedisRateLimiter::<u64>::builder(store, quotas[0].clone()).name(name.to_owned());
+    for q in &quotas[1..] {
+        builder = builder.quota(q.clone());
+    }
+    let limiter = builder.build();
     let run = |period: Duration| {
         let tasks: Vec<_> = (0..CALLERS as u64)
             .map(|key| {
@@ -161,7 +165,39 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let ours = rt.block_on(ours(port));
+    let ours = rt.block_on(measure(
+        port,
+        "bench",
+        vec![
+            Quota::per_second(1_000_000).burst(1_000_000),
+            Quota::per_day(1_000_000_000),
+        ],
+    ));
+    let second = Duration::from_secs(1);
+    let gcra = || Quota::per_second(1_000_000).burst(1_000_000);
+    let fixed = || Quota::fixed_window(1_000_000, second);
+    let log = || Quota::sliding_log(Quota::MAX_LOG_COUNT, second);
+    let counter = || Quota::sliding_window(1_000_000, second);
+    let kinds: Vec<(&str, Vec<Quota>)> = vec![
+        ("kind: GCRA", vec![gcra()]),
+        ("kind: fixed window", vec![fixed()]),
+        ("kind: sliding log (10 000/s)", vec![log()]),
+        ("kind: sliding counter", vec![counter()]),
+        (
+            "kinds: all four in one policy",
+            vec![gcra(), fixed(), log(), counter()],
+        ),
+    ];
+    let per_kind: Vec<(&str, Figures)> = kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, (label, quotas))| {
+            (
+                label,
+                rt.block_on(measure(port, &format!("kind{i}"), quotas)),
+            )
+        })
+        .collect();
     println!();
     println!("Redis decisions, {CALLERS} concurrent callers, redis-server on 127.0.0.1:{port}");
     println!(
@@ -180,4 +216,14 @@ fn main() {
         "tollgate: check(), 2 quotas, 1 connection", ours.per_sec, ours.p50_ms, ours.p99_ms
     );
     println!("ratio to the floor: {:.2}", ours.per_sec / floor.per_sec);
+    for (label, f) in &per_kind {
+        println!(
+            "{:<48} {:>12.0} {:>9.3} {:>9.3}   ratio {:.2}",
+            label,
+            f.per_sec,
+            f.p50_ms,
+            f.p99_ms,
+            f.per_sec / floor.per_sec
+        );
+    }
 }

@@ -13,6 +13,8 @@
 //! | `tollgate_429` | + `RateLimitLayer` keyed by peer IP, every request rejected |
 //! | `tollgate_noheaders` | `tollgate` without the `RateLimit` header fields |
 //! | `tollgate_global` | `tollgate` with one key for all requests (`key::Global`) |
+//! | `settle_count` | `tollgate` counting only `4xx` responses: every request's cost is given back after its `200` |
+//! | `settle_charge` | `tollgate` reserving 1 per request and settling 2 after the response: every request is charged 1 more |
 //! | `governor` | + `tower_governor` keyed by peer IP, limit never reached (no header fields) |
 //! | `governor_429` | + `tower_governor` keyed by peer IP, every request rejected |
 //! | `axgov` | + `axum-governor` keyed by peer IP, limit never reached (draft header fields) |
@@ -77,6 +79,16 @@ fn app(config: &str) -> Option<Router> {
                 .ratelimit_headers(false),
         ),
         "tollgate_global" => base.layer(RateLimitLayer::new(never())),
+        "settle_count" => base.layer(
+            RateLimitLayer::new(never())
+                .key(key::PeerIp::new())
+                .count_if(|res| res.status.is_client_error()),
+        ),
+        "settle_charge" => base.layer(
+            RateLimitLayer::new(never())
+                .key(key::PeerIp::new())
+                .settle(|_| Some(2)),
+        ),
         "governor" | "governor_429" => {
             let mut b = GovernorConfigBuilder::default().key_extractor(PeerIpKeyExtractor);
             if config == "governor" {

@@ -70,6 +70,8 @@ pub enum ConfigError {
     InvalidProxy(String),
     /// A concurrency limit was zero, or larger than a semaphore can count.
     InvalidConcurrency(usize),
+    /// Priority shares were not `0 < sheddable ≤ normal ≤ 1` (the values given).
+    InvalidShares(String),
     /// `on_missing_key(MissingKey::UseKey(..))` was set before `.key(..)` changed the key type,
     /// so its key no longer fits: set it after `.key(..)`.
     MissingKeyBeforeKey,
@@ -152,6 +154,10 @@ impl fmt::Display for ConfigError {
                 f,
                 "concurrency limit {max} must be between 1 and {}",
                 tokio::sync::Semaphore::MAX_PERMITS
+            ),
+            ConfigError::InvalidShares(given) => write!(
+                f,
+                "priority shares must be 0 < sheddable <= normal <= 1 (got {given})"
             ),
             ConfigError::MissingKeyBeforeKey => f.write_str(
                 "on_missing_key(MissingKey::UseKey(..)) names a key of the type before .key(..) \

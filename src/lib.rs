@@ -1,7 +1,9 @@
 //! Tower layers that protect HTTP services from too much traffic.
 //!
 //! * [`RateLimitLayer`]: rate limiting with GCRA — an exact burst, a cost per request, several
-//!   quotas per key decided all or nothing, tiers, and the IETF `RateLimit` header fields.
+//!   quotas per key decided all or nothing, tiers, and the IETF `RateLimit` header fields; or
+//!   with a fixed window, an exact sliding-window log or a sliding-window counter per quota
+//!   ([`QuotaKind`]).
 //! * [`RateLimiter`]: the same limiter without HTTP, for queue consumers and outbound calls.
 //! * [`ShapeLayer`]: traffic shaping — requests wait in a bounded FIFO queue and are forwarded
 //!   at a fixed rate; [`PoliteLayer`] and [`Shaper`] do the same for outbound calls and queue

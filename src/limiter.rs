@@ -1,4 +1,5 @@
-//! [`RateLimiter`]: the keyed GCRA limiter, usable without HTTP.
+//! [`RateLimiter`]: the keyed limiter (GCRA or any [`QuotaKind`](crate::QuotaKind)), usable
+//! without HTTP.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -18,7 +19,8 @@ use crate::wait::Lines;
 /// The default bound on tracked keys.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-/// A keyed GCRA rate limiter: one or more quotas per key, decided together.
+/// A keyed rate limiter: one or more quotas per key, of any [`QuotaKind`](crate::QuotaKind),
+/// decided together.
 ///
 /// Cheap to clone; clones share state. The HTTP layer is built on it, and it serves on its own
 /// wherever requests are not HTTP: queue consumers, outbound calls, background jobs.
@@ -306,6 +308,35 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
             Store::DirectOne(slot) => slot.refund(&gcras[0], now, cost),
             Store::DirectMany(slot) => slot.refund(gcras, now, cost),
             Store::DirectMixed(slot) => slot.refund(rules, now, cost),
+        }
+    }
+
+    /// Settles a request that reserved `reserved` for `key` at the `actual` cost known after
+    /// its response: gives back the difference, or charges it even over the limit (the key
+    /// goes into debt, and is rejected until time pays it off). Returns the key's state
+    /// after settling (a cost-0 decision).
+    pub(crate) fn settle(&self, key: &K, reserved: u32, actual: u32) -> Decision {
+        match actual.cmp(&reserved) {
+            std::cmp::Ordering::Less => self.refund(key, reserved - actual),
+            std::cmp::Ordering::Greater => self.charge(key, actual - reserved),
+            std::cmp::Ordering::Equal => {}
+        }
+        self.check_n(key, 0)
+    }
+
+    /// Takes `cost` from `key` whatever its state, beyond the limit if need be: a GCRA quota's
+    /// time moves `cost` emission intervals past the later of itself and now; a window counts
+    /// `cost` more in its current window.
+    fn charge(&self, key: &K, cost: u32) {
+        let now = self.inner.clock.now();
+        let (gcras, rules, clock) = (&self.inner.gcras, &self.inner.rules, &self.inner.clock);
+        match &self.inner.store {
+            Store::One(s) => s.charge(key, &gcras[0], clock, now, cost),
+            Store::Many(s) => s.charge(key, gcras, clock, now, cost),
+            Store::Mixed(s) => s.charge(key, rules, clock, now, cost),
+            Store::DirectOne(slot) => slot.charge(&gcras[0], now, cost),
+            Store::DirectMany(slot) => slot.charge(gcras, now, cost),
+            Store::DirectMixed(slot) => slot.charge(rules, now, cost),
         }
     }
 

@@ -53,6 +53,24 @@ pub enum QuotaKind {
 /// // From configuration: errors instead of panics.
 /// assert!(Quota::try_new(0, Duration::from_secs(1)).is_err());
 /// ```
+///
+/// # Kinds
+/// Those are GCRA quotas, the default. A quota may instead count requests in windows of
+/// `period` ([`QuotaKind`]): [`fixed_window`](Quota::fixed_window),
+/// [`sliding_log`](Quota::sliding_log) ("at most `count` in any window", exactly) or
+/// [`sliding_window`](Quota::sliding_window) (the two-window counter). Kinds mix in one policy:
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{QuotaKind, Quota, RateLimiter};
+///
+/// // Bursts of 20 at 10 per second, and never more than 1000 in any hour.
+/// let limiter = RateLimiter::<u64>::builder(Quota::per_second(10).burst(20))
+///     .quota(Quota::sliding_log(1000, Duration::from_secs(3600)))
+///     .build();
+/// assert_eq!(limiter.quotas()[1].kind(), QuotaKind::SlidingLog);
+/// assert_eq!(limiter.check(&7).states()[1].remaining(), 999);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quota {
     count: u32,

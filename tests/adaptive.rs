@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
-use tollgate::concurrency::{Aimd, Gradient2, Priority};
+use tollgate::concurrency::{Aimd, Gradient2, Priority, Shares, Vegas};
 use tollgate::{key, ConcurrencyLimitLayer};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -207,6 +207,62 @@ async fn gradient2_follows_a_step_change_of_capacity_within_two_seconds() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn vegas_comes_down_from_far_above_capacity_within_one_and_a_half_seconds() {
+    let backend = Backend::new(20);
+    let layer = ConcurrencyLimitLayer::new(1000).adaptive(Vegas::new(500, 4, 1000));
+    let svc = layer.layer(backend.service());
+    let until = Instant::now() + Duration::from_secs(10);
+    let tally = clients(svc, "normal", 200, until);
+    let limits = trace(&layer, until).await;
+    // After 1.5 s (the no-load latency is measured after 10 round trips of 100 ms), the
+    // limit stays where 3 to 6 requests queue in the backend: 23 to 26, with some room.
+    let settled = range(&limits[15..]);
+    assert!(settled.0 >= 20 && settled.1 <= 30, "{limits:?}");
+    let latency = layer.latency().unwrap();
+    assert!(latency <= BASE * 3 / 2, "{latency:?}");
+    // Goodput: at least 90% of the backend's capacity (2000/s) over 9 s.
+    let ok = tally.lock().unwrap().ok;
+    assert!(ok >= 16_200, "{ok}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn vegas_grows_from_far_below_capacity_within_half_a_second() {
+    let backend = Backend::new(50);
+    let layer = ConcurrencyLimitLayer::new(1000).adaptive(Vegas::new(4, 4, 1000));
+    let svc = layer.layer(backend.service());
+    let until = Instant::now() + Duration::from_secs(10);
+    let _tally = clients(svc, "normal", 300, until);
+    let limits = trace(&layer, until).await;
+    let settled = range(&limits[5..]);
+    assert!(settled.0 >= 50 && settled.1 <= 65, "{limits:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn vegas_follows_a_step_of_capacity_up_within_half_a_second_and_down_within_four() {
+    let backend = Backend::new(20);
+    let layer = ConcurrencyLimitLayer::new(1000).adaptive(Vegas::new(20, 4, 1000));
+    let svc = layer.layer(backend.service());
+    let start = Instant::now();
+    let until = start + Duration::from_secs(20);
+    let _tally = clients(svc, "normal", 300, until);
+    let capacity = backend.capacity.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep_until(start + Duration::from_secs(5)).await;
+        capacity.store(80, Ordering::SeqCst);
+        tokio::time::sleep_until(start + Duration::from_secs(10)).await;
+        capacity.store(10, Ordering::SeqCst);
+    });
+    let limits = trace(&layer, until).await;
+    // Up is + beta per round trip; down is − log10(limit) per round trip: slower.
+    let at_20 = range(&limits[15..50]);
+    let at_80 = range(&limits[55..100]);
+    let at_10 = range(&limits[140..]);
+    assert!(at_20.0 >= 20 && at_20.1 <= 30, "{limits:?}");
+    assert!(at_80.0 >= 75 && at_80.1 <= 100, "{limits:?}");
+    assert!(at_10.0 >= 10 && at_10.1 <= 20, "{limits:?}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn aimd_stays_between_the_capacity_and_its_timeout() {
     let backend = Backend::new(20);
     // Slower than 2 × BASE counts as a failure: the limit stays under 2 × capacity.
@@ -247,6 +303,138 @@ async fn critical_requests_keep_their_share_under_a_flood_of_the_others() {
     );
     assert!(sheddable.lock().unwrap().ok > 0 && normal.lock().unwrap().ok > 0);
     assert!(layer.sheds() > 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn critical_requests_keep_a_configured_share_under_a_flood_of_the_others() {
+    let backend = Backend::new(1000);
+    // Under 20: sheddable ≤ 5, sheddable and normal ≤ 12, so 8 places are critical's alone.
+    let layer = ConcurrencyLimitLayer::new(20)
+        .priority(classify)
+        .shares(Shares::new(0.25, 0.6).unwrap());
+    let svc = layer.layer(backend.service());
+    let until = Instant::now() + Duration::from_secs(5);
+    let sheddable = clients(svc.clone(), "sheddable", 100, until);
+    let normal = clients(svc.clone(), "normal", 100, until);
+    let critical = clients(svc, "critical", 8, until);
+    tokio::time::sleep_until(until + Duration::from_secs(1)).await;
+
+    let critical = *critical.lock().unwrap();
+    assert_eq!(critical.rejected, 0);
+    assert_eq!(critical.ok, 8 * 500);
+    let peak = *backend.peak.lock().unwrap();
+    assert_eq!(
+        peak[0], 5,
+        "sheddable requests never hold more than a quarter"
+    );
+    assert!(
+        peak[1] <= 12,
+        "normal requests never more than 60%: {peak:?}"
+    );
+    assert!(peak[0] + peak[1] <= 17, "{peak:?}");
+    assert!(sheddable.lock().unwrap().ok > 0 && normal.lock().unwrap().ok > 0);
+}
+
+/// Requests admitted and still in flight.
+type Held<S> = Vec<std::pin::Pin<Box<tower::util::Oneshot<S, Request<()>>>>>;
+
+/// Sends `classes` in order to `svc`, holding every admitted request; the statuses of the
+/// rejected ones, by class.
+fn admit_in_order<S>(
+    svc: &S,
+    classes: impl IntoIterator<Item = &'static str>,
+) -> (Held<S>, Vec<(&'static str, StatusCode)>)
+where
+    S: Service<Request<()>, Response = Response<tollgate::concurrency::ResponseBody<Full<Bytes>>>>
+        + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let mut held = Vec::new();
+    let mut statuses = Vec::new();
+    for class in classes {
+        let req = Request::builder()
+            .header("x-class", class)
+            .body(())
+            .unwrap();
+        let mut fut = Box::pin(svc.clone().oneshot(req));
+        match futures_poll(&mut fut) {
+            Some(resp) => statuses.push((class, resp.unwrap().status())),
+            None => held.push(fut),
+        }
+    }
+    (held, statuses)
+}
+
+fn holding() -> impl Service<
+    Request<()>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    // Requests that hold their place until the test ends.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    service_fn(move |_: Request<()>| {
+        let g = gate.clone();
+        async move {
+            let _ = g.acquire().await;
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn configured_shares_are_exact_for_requests_that_arrive_together() {
+    let layer = ConcurrencyLimitLayer::new(20)
+        .priority(classify)
+        .shares(Shares::new(0.25, 0.6).unwrap());
+    let svc = layer.layer(holding());
+    let classes = ["sheddable"; 30]
+        .into_iter()
+        .chain(["normal"; 30])
+        .chain(["critical"; 10]);
+    let (held, statuses) = admit_in_order(&svc, classes);
+    let rejected = |c: &str| statuses.iter().filter(|(k, _)| *k == c).count();
+    // 5 sheddable (a quarter of 20), normal up to 12 (7 more), critical up to 20 (8 more).
+    assert_eq!(held.len(), 20);
+    assert_eq!(
+        (
+            rejected("sheddable"),
+            rejected("normal"),
+            rejected("critical")
+        ),
+        (25, 23, 2)
+    );
+    assert_eq!(layer.sheds(), 48);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limit_of_one_is_critical_only_by_default_and_shared_at_full_shares() {
+    let classes = || ["sheddable", "normal", "critical", "critical"];
+    // Default: ⌊0.5⌋ = ⌊0.9⌋ = 0, the one place is critical's.
+    let layer = ConcurrencyLimitLayer::new(1).priority(classify);
+    let svc = layer.layer(holding());
+    let (held, statuses) = admit_in_order(&svc, classes());
+    assert_eq!(held.len(), 1);
+    assert_eq!(
+        statuses.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+        ["sheddable", "normal", "critical"]
+    );
+    assert_eq!(layer.sheds(), 2);
+    // All of it to every class: the first request takes it, whatever its class.
+    let layer = ConcurrencyLimitLayer::new(1)
+        .priority(classify)
+        .shares(Shares::new(1.0, 1.0).unwrap());
+    let svc = layer.layer(holding());
+    let (held, statuses) = admit_in_order(&svc, classes());
+    assert_eq!(held.len(), 1);
+    assert_eq!(
+        statuses.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+        ["normal", "critical", "critical"]
+    );
+    // A share over the normal share, not a number, or zero is an error before any layer.
+    assert!(Shares::new(1.0, 0.5).is_err());
+    assert!(Shares::new(f64::NAN, 1.0).is_err());
+    assert!(Shares::new(0.0, 0.0).is_err());
 }
 
 #[tokio::test(start_paused = true)]
@@ -398,18 +586,23 @@ async fn a_response_dropped_before_its_end_teaches_nothing() {
 
 #[test]
 fn every_builder_order_keeps_the_adaptive_limit_and_the_classifier() {
+    let shares = Shares::new(0.2, 0.7).unwrap();
     let a = ConcurrencyLimitLayer::new(50)
         .adaptive(Gradient2::new(7, 1, 100))
+        .shares(shares)
         .priority(classify)
         .key(key::Header::new("x-key"));
     let b = ConcurrencyLimitLayer::new(50)
         .key(key::Header::new("x-key"))
         .priority(classify)
-        .adaptive(Gradient2::new(7, 1, 100));
+        .adaptive(Gradient2::new(7, 1, 100))
+        .shares(shares);
     assert_eq!((a.limit(), b.limit()), (7, 7));
     let dbg = format!("{a:?}");
     assert!(
-        dbg.contains("adaptive: true") && dbg.contains("priority: true"),
+        dbg.contains("adaptive: true")
+            && dbg.contains("priority: true")
+            && dbg.contains("Shares { sheddable: 0.2, normal: 0.7 }"),
         "{dbg}"
     );
     assert_eq!(format!("{a:?}"), format!("{b:?}"));

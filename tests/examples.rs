@@ -13,6 +13,9 @@ mod common;
 #[path = "../examples/custom_key.rs"]
 #[allow(dead_code)]
 mod custom_key;
+#[path = "../examples/llm_gateway.rs"]
+#[allow(dead_code)]
+mod llm_gateway;
 #[cfg(feature = "metrics")]
 #[path = "../examples/metrics.rs"]
 #[allow(dead_code)]
@@ -632,4 +635,81 @@ async fn polite_client_calls_go_out_100_ms_apart_then_the_jobs() {
             "job 2 may call the partner"
         ]
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// llm_gateway
+
+/// `curl -si -X POST 'localhost:3000/v1/completions?max_tokens=N' -H 'x-api-key: KEY' -d PROMPT`
+fn completion(key: &str, max_tokens: u32, prompt: &str) -> Request<Body> {
+    let mut req = curl(
+        Method::POST,
+        &format!("/v1/completions?max_tokens={max_tokens}"),
+        &[("x-api-key", key)],
+    );
+    *req.body_mut() = Body::from(prompt.to_owned());
+    req
+}
+
+fn all(a: &Answer, name: &str) -> Vec<String> {
+    a.headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn llm_gateway_settles_the_real_token_count_and_a_key_in_debt_waits() {
+    let (clock, _time) = Clock::manual();
+    let app = llm_gateway::app(clock);
+    let essay = "Write an essay about lighthouses";
+
+    let first = send(&app, completion("demo", 6000, essay)).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.header("x-tokens-used"), Some("6005"));
+    assert_eq!(first.body, "(6000 tokens of completion)\n");
+    assert_eq!(
+        all(&first, "ratelimit"),
+        ["\"tokens\";r=3995;t=51884", "\"requests\";r=9;t=6"]
+    );
+
+    let second = send(&app, completion("demo", 3995, essay)).await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert_eq!(second.header("x-tokens-used"), Some("4000"));
+    assert_eq!(
+        all(&second, "ratelimit"),
+        ["\"tokens\";r=0;t=86444", "\"requests\";r=8;t=12"]
+    );
+
+    let third = send(&app, completion("demo", 1, "hi")).await;
+    assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(third.header("retry-after"), Some("52"));
+    assert_eq!(third.header("x-tokens-used"), None);
+    // The request rate's fields report its admission; the budget's rejection gave the
+    // request back, so a second try is admitted by the rate at the same place again.
+    assert_eq!(all(&third, "ratelimit")[1], "\"requests\";r=7;t=18");
+    let again = send(&app, completion("demo", 1, "hi")).await;
+    assert_eq!(again.header("retry-after"), Some("52"));
+    assert_eq!(all(&again, "ratelimit")[1], "\"requests\";r=7;t=18");
+
+    let big = send(&app, completion("big", 20_000, "hi")).await;
+    assert_eq!(big.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(big.header("retry-after"), None);
+
+    let mut codes = Vec::new();
+    for _ in 0..11 {
+        let a = send(&app, completion("quick", 10, "hi")).await;
+        codes.push(a.status.as_u16());
+        if a.status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(a.header("retry-after"), Some("6"));
+        }
+    }
+    assert_eq!(
+        codes,
+        [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 429]
+    );
+
+    let anonymous = send(&app, curl(Method::POST, "/v1/completions", &[])).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
 }

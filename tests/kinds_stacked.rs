@@ -86,7 +86,10 @@ async fn an_inner_rejection_gives_back_every_kind_in_memory() {
 #[tokio::test]
 async fn an_inner_rejection_gives_back_every_kind_in_redis() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2));
     let (clock, _time) = Clock::manual();
     let outer = RateLimitLayer::new(outer_policy())
         .key(Header::new("x-user"))

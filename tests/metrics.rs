@@ -245,6 +245,79 @@ async fn a_shadow_layer_counts_what_it_would_reject_under_dry_run_true() {
     assert!(value(&snap, DECISIONS, &[("dry_run", "false")]).is_none());
 }
 
+/// A handler that reports its request cost 30.
+async fn costs_30(_req: Request<Body>) -> Result<Response<Body>, Infallible> {
+    let mut resp = Response::new(Body::empty());
+    resp.headers_mut()
+        .insert("x-used", http::HeaderValue::from_static("30"));
+    Ok(resp)
+}
+
+/// 1 per second, burst 10, each request reserving 1 and settling what `x-used` says.
+fn settling(clock: Clock, dry_run: bool) -> RateLimitLayer<Header> {
+    RateLimitLayer::new(Policy::new("tokens", Quota::per_second(1).burst(10)))
+        .key(Header::new("x-client"))
+        .settle(tollgate::rate_limit::ActualCost::header("x-used"))
+        .clock(clock)
+        .dry_run(dry_run)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_settled_charge_into_debt_adds_no_decision_and_the_next_request_is_counted_limited() {
+    let (clock, time) = Clock::manual();
+    let (layer, snap) = recorded(
+        || settling(clock, false),
+        |l| {
+            let _ = l.clone().validate().unwrap();
+        },
+    );
+    let mut svc = ServiceBuilder::new().layer(layer).service_fn(costs_30);
+    // Reserves 1, admitted; settles 30: 20 seconds beyond the burst.
+    assert_eq!(status(&mut svc, from("a")).await, StatusCode::OK);
+    assert_eq!(decisions(&snap, "tokens", "", "allowed", "false"), 1);
+    assert_eq!(decisions(&snap, "tokens", "tokens", "limited", "false"), 0);
+    time.advance(Duration::from_secs(20));
+    assert_eq!(
+        status(&mut svc, from("a")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(decisions(&snap, "tokens", "", "allowed", "false"), 1);
+    assert_eq!(decisions(&snap, "tokens", "tokens", "limited", "false"), 1);
+    // The debt paid off: admitted again.
+    time.advance(Duration::from_secs(1));
+    assert_eq!(status(&mut svc, from("a")).await, StatusCode::OK);
+    assert_eq!(decisions(&snap, "tokens", "", "allowed", "false"), 2);
+    assert_eq!(decisions(&snap, "tokens", "tokens", "limited", "false"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_settles_what_it_admits_and_nothing_for_a_would_be_rejection() {
+    let (clock, time) = Clock::manual();
+    let (layer, snap) = recorded(
+        || settling(clock, true),
+        |l| {
+            let _ = l.clone().validate().unwrap();
+        },
+    );
+    let mut svc = ServiceBuilder::new().layer(layer).service_fn(costs_30);
+    // Admitted and settled at 30: the key is in debt as if enforced.
+    assert_eq!(status(&mut svc, from("a")).await, StatusCode::OK);
+    // Would-be rejections: let through, reserving nothing, so their 30 is not charged.
+    for _ in 0..3 {
+        time.advance(Duration::from_secs(5));
+        assert_eq!(status(&mut svc, from("a")).await, StatusCode::OK);
+    }
+    assert_eq!(decisions(&snap, "tokens", "", "allowed", "true"), 1);
+    assert_eq!(decisions(&snap, "tokens", "tokens", "limited", "true"), 3);
+    // 21 seconds after the first request its debt alone is paid off (three more charges of
+    // 30 would have pushed it 90 seconds further).
+    time.advance(Duration::from_secs(6));
+    assert_eq!(status(&mut svc, from("a")).await, StatusCode::OK);
+    assert_eq!(decisions(&snap, "tokens", "", "allowed", "true"), 2);
+    assert_eq!(decisions(&snap, "tokens", "tokens", "limited", "true"), 3);
+    assert!(value(&snap, DECISIONS, &[("dry_run", "false")]).is_none());
+}
+
 #[tokio::test(start_paused = true)]
 async fn concurrency_counts_in_flight_waiting_and_wait_time() {
     let (layer, snap) = recorded(

@@ -52,7 +52,10 @@ fn the_script_decides_every_kind_as_the_memory_store_does() {
         .enable_all()
         .build()
         .unwrap();
-    let store = rt.block_on(RedisStore::connect(&server.url())).unwrap();
+    let store = rt
+        .block_on(RedisStore::connect(&server.url()))
+        .unwrap()
+        .timeout(Duration::from_secs(2));
     let mut runner = TestRunner::new(Config::with_cases(96));
     let case_no = std::cell::Cell::new(0u32);
     runner
@@ -95,7 +98,10 @@ fn redis_cli(server: &RedisServer, args: &[&str]) -> String {
 #[tokio::test]
 async fn the_log_is_a_sorted_set_with_one_distinct_member_per_unit_and_vanishes_when_idle() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2));
     let (clock, time) = Clock::manual();
     let limiter = RedisRateLimiter::<&str>::builder(store, Quota::per_second(100))
         .quota(Quota::sliding_log(50, Duration::from_secs(2)))
@@ -127,7 +133,10 @@ async fn the_log_is_a_sorted_set_with_one_distinct_member_per_unit_and_vanishes_
 #[tokio::test]
 async fn a_window_policy_in_a_string_key_expires_when_idle() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2));
     let (clock, _time) = Clock::manual();
     let limiter =
         RedisRateLimiter::<&str>::builder(store, Quota::fixed_window(3, Duration::from_secs(5)))

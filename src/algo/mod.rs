@@ -118,6 +118,18 @@ impl Rule {
         }
     }
 
+    /// The words once `cost` is taken at `now` whatever the limit (a cost settled after the
+    /// response): GCRA goes into debt, a window counts beyond its limit (the log's entries
+    /// are added by [`KeyState::charge`]).
+    pub(crate) fn charge(&self, words: Words, now: u64, cost: u32) -> Words {
+        match self {
+            Rule::Gcra(g) => [crate::store::memory::charged(g, words[0], now, cost), 0],
+            Rule::FixedWindow(w) => w.fixed_charge(words, now, cost),
+            Rule::SlidingLog(_) => words,
+            Rule::SlidingWindow(w) => w.counter_charge(words, now, cost),
+        }
+    }
+
     /// The words once a request of `cost` admitted earlier is given back at `now`.
     pub(crate) fn refund(&self, words: Words, now: u64, cost: u32) -> Words {
         match self {
@@ -190,6 +202,23 @@ impl KeyState {
             at = at.max(r.idle_at(*w, &self.log));
         }
         at
+    }
+
+    /// Takes `cost` whatever the limit, in every quota. The log records at most its largest
+    /// limit of entries: more, all at the same time, would change no decision.
+    pub(crate) fn charge(&mut self, rules: &[Rule], now: u64, cost: u32) {
+        let mut log: Option<(u64, u64)> = None;
+        for (r, w) in rules.iter().zip(self.words.iter_mut()) {
+            *w = r.charge(*w, now, cost);
+            if let Rule::SlidingLog(win) = r {
+                let (width, limit) = log.unwrap_or((0, 0));
+                log = Some((width.max(win.width), limit.max(win.limit)));
+            }
+        }
+        if let Some((width, limit)) = log {
+            let entries = u64::from(cost).min(limit);
+            self.log.admit(now, entries as u32, width);
+        }
     }
 
     /// Gives back a request of `cost` admitted earlier, in every quota.

@@ -84,6 +84,12 @@ impl Window {
         }
     }
 
+    /// The words once `cost` is taken whatever the limit: counted in the current window.
+    pub(super) fn fixed_charge(&self, words: Words, now: u64, cost: u32) -> Words {
+        let (start, used) = self.fixed_current(words, now);
+        [start, used.saturating_add(u64::from(cost))]
+    }
+
     pub(super) fn fixed_state(&self, words: Words, now: u64) -> QuotaState {
         let (start, used) = self.fixed_current(words, now);
         let reset = if used > 0 {
@@ -170,6 +176,14 @@ impl Window {
         Step::Deny {
             retry_after: at.saturating_sub(now).max(1),
         }
+    }
+
+    /// The words once `cost` is taken whatever the limit: counted in the current window (up
+    /// to what its half of the word holds).
+    pub(super) fn counter_charge(&self, words: Words, now: u64, cost: u32) -> Words {
+        let (start, prev, cur) = self.counter_current(words, now);
+        let cur = cur.saturating_add(u64::from(cost)).min(u64::from(u32::MAX));
+        [start, pack(prev, cur)]
     }
 
     pub(super) fn counter_state(&self, words: Words, now: u64) -> QuotaState {

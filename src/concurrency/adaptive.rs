@@ -13,10 +13,15 @@
 //!   latency and shrinks the limit when they drift apart, as Netflix's `Gradient2Limit`; plus a
 //!   periodic re-measurement of the no-load latency at a low limit, as Envoy's adaptive
 //!   concurrency filter does. Finds "too slow" itself.
+//! * [`Vegas`]: estimates how many requests wait in the service's queue from the latency and
+//!   the no-load latency, and keeps that queue between two small bounds, as Netflix's
+//!   `VegasLimit` (after TCP Vegas). Moves by a few requests per round trip.
 //!
 //! References:
-//! * Netflix concurrency-limits, `AIMDLimit` and `Gradient2Limit`:
+//! * Netflix concurrency-limits, `AIMDLimit`, `Gradient2Limit` and `VegasLimit`:
 //!   <https://github.com/Netflix/concurrency-limits>
+//! * L. Brakmo, L. Peterson, *TCP Vegas: End to End Congestion Avoidance on a Global
+//!   Internet*, IEEE JSAC 13(8), 1995.
 //! * Envoy, adaptive concurrency filter (gradient controller, minRTT calculation):
 //!   <https://www.envoyproxy.io/docs/envoy/latest/configuration/http/http_filters/adaptive_concurrency_filter>
 
@@ -104,6 +109,84 @@ impl Window {
         };
     }
 }
+
+/// The periodic measurement of the no-load latency (as the minRTT calculation of Envoy's
+/// adaptive concurrency filter): the limit is held at its minimum until `samples` requests
+/// that started with no more than the minimum in flight have completed; the lowest of their
+/// latencies is the no-load latency.
+#[derive(Clone, Debug)]
+struct NoLoadProbe {
+    interval: Duration,
+    samples: u32,
+    next: Option<Duration>,
+    running: Option<Probe>,
+}
+
+#[derive(Clone, Debug)]
+struct Probe {
+    /// The limit to return to.
+    resume: f64,
+    samples: u32,
+    min_rtt: f64,
+}
+
+impl NoLoadProbe {
+    fn new(interval: Duration, samples: u32) -> Self {
+        NoLoadProbe {
+            interval,
+            samples: samples.max(1),
+            next: None,
+            running: None,
+        }
+    }
+
+    fn running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// The warm-up is over: measure now (unless the probe is off).
+    fn due_now(&mut self, at: Duration) {
+        if self.interval != Duration::MAX {
+            self.next = Some(at);
+        }
+    }
+
+    /// Starts a measurement if one is due at `at`, to return to `resume` afterwards.
+    fn start_if_due(&mut self, at: Duration, resume: f64) -> bool {
+        if self.running.is_some() || !self.next.is_some_and(|next| at >= next) {
+            return false;
+        }
+        self.running = Some(Probe {
+            resume,
+            samples: 0,
+            min_rtt: f64::INFINITY,
+        });
+        true
+    }
+
+    /// Feeds a completed request to the running measurement. When it is complete: the
+    /// no-load latency (seconds) and the limit to return to; the next one is scheduled.
+    fn feed(&mut self, s: &Sample, min_limit: usize) -> Option<(f64, f64)> {
+        let p = self.running.as_mut()?;
+        // Only requests that started when the limit was already down measure the no-load
+        // latency.
+        if s.in_flight <= min_limit && !s.dropped {
+            p.samples += 1;
+            p.min_rtt = p.min_rtt.min(s.rtt.as_secs_f64());
+        }
+        if p.samples < self.samples {
+            return None;
+        }
+        let done = (p.min_rtt, p.resume);
+        self.running = None;
+        self.next = s.at.checked_add(self.interval);
+        Some(done)
+    }
+}
+
+/// How often the no-load latency is measured again by default, and from how many requests.
+const PROBE_INTERVAL: Duration = Duration::from_secs(30);
+const PROBE_SAMPLES: u32 = 20;
 
 /// Sets bounds, keeping `min <= max` and both at least 1.
 fn bounds(min: usize, max: usize) -> (usize, usize) {
@@ -271,23 +354,12 @@ pub struct Gradient2 {
     queue_size: f64,
     long_window: u32,
     warmup: u32,
-    probe_interval: Duration,
-    probe_samples: u32,
     // State.
     long: f64,
     no_load: f64,
     count: u32,
-    next_probe: Option<Duration>,
-    probe: Option<Probe>,
+    probe: NoLoadProbe,
     window: Window,
-}
-
-#[derive(Clone, Debug)]
-struct Probe {
-    /// The limit to return to.
-    resume: f64,
-    samples: u32,
-    min_rtt: f64,
 }
 
 impl Default for Gradient2 {
@@ -302,7 +374,7 @@ impl fmt::Debug for Gradient2 {
             .field("limit", &to_limit(self.limit))
             .field("bounds", &self.bounds)
             .field("long_rtt", &Duration::from_secs_f64(self.long.max(0.0)))
-            .field("probing", &self.probe.is_some())
+            .field("probing", &self.probe.running())
             .finish_non_exhaustive()
     }
 }
@@ -320,13 +392,10 @@ impl Gradient2 {
             queue_size: 4.0,
             long_window: 600,
             warmup: 10,
-            probe_interval: Duration::from_secs(30),
-            probe_samples: 20,
             long: 0.0,
             no_load: f64::INFINITY,
             count: 0,
-            next_probe: None,
-            probe: None,
+            probe: NoLoadProbe::new(PROBE_INTERVAL, PROBE_SAMPLES),
             window: Window::default(),
         }
     }
@@ -368,8 +437,7 @@ impl Gradient2 {
     /// How often the no-load latency is measured again, and from how many requests (defaults
     /// 30 s and 20). `Duration::MAX` turns the probe off.
     pub fn probe(mut self, every: Duration, samples: u32) -> Self {
-        self.probe_interval = every;
-        self.probe_samples = samples.max(1);
+        self.probe = NoLoadProbe::new(every, samples);
         self
     }
 
@@ -391,35 +459,7 @@ impl Gradient2 {
 
     /// Whether the limit is held at its minimum to measure the no-load latency.
     pub fn probing(&self) -> bool {
-        self.probe.is_some()
-    }
-
-    fn schedule_probe(&mut self, now: Duration) {
-        self.next_probe = now.checked_add(self.probe_interval);
-    }
-
-    /// Feeds a sample to the running probe; the limit to answer.
-    fn probe_step(&mut self, s: &Sample, rtt: f64) -> usize {
-        let min = self.bounds.0;
-        let Some(p) = &mut self.probe else {
-            return to_limit(self.limit);
-        };
-        // Only requests that started when the limit was already down measure the no-load
-        // latency.
-        if s.in_flight <= min && !s.dropped {
-            p.samples += 1;
-            p.min_rtt = p.min_rtt.min(rtt);
-        }
-        if p.samples < self.probe_samples {
-            return min;
-        }
-        self.long = p.min_rtt;
-        self.no_load = p.min_rtt;
-        self.limit = p.resume;
-        self.probe = None;
-        self.window.restart(s.at);
-        self.schedule_probe(s.at);
-        to_limit(self.limit)
+        self.probe.running()
     }
 }
 
@@ -433,19 +473,21 @@ impl LimitAlgorithm for Gradient2 {
     }
 
     fn update(&mut self, s: Sample) -> usize {
-        if self.probe.is_some() {
-            return self.probe_step(&s, s.rtt.as_secs_f64());
+        if self.probe.running() {
+            let Some((min_rtt, resume)) = self.probe.feed(&s, self.bounds.0) else {
+                return self.bounds.0;
+            };
+            self.long = min_rtt;
+            self.no_load = min_rtt;
+            self.limit = resume;
+            self.window.restart(s.at);
+            return to_limit(self.limit);
         }
         let Some(s) = self.window.push(&s) else {
             return to_limit(self.limit);
         };
         let rtt = s.rtt.as_secs_f64();
-        if self.next_probe.is_some_and(|at| s.at >= at) {
-            self.probe = Some(Probe {
-                resume: self.limit,
-                samples: 0,
-                min_rtt: f64::INFINITY,
-            });
+        if self.probe.start_if_due(s.at, self.limit) {
             return self.bounds.0;
         }
 
@@ -455,9 +497,7 @@ impl LimitAlgorithm for Gradient2 {
             self.long += (rtt - self.long) / f64::from(self.count);
             if self.count == self.warmup {
                 // Measure the no-load latency first: the warm-up may have been under overload.
-                if self.probe_interval != Duration::MAX {
-                    self.next_probe = Some(s.at);
-                }
+                self.probe.due_now(s.at);
             }
         } else {
             let factor = 2.0 / (f64::from(self.long_window) + 1.0);
@@ -480,6 +520,239 @@ impl LimitAlgorithm for Gradient2 {
         }
         let new = self.limit * (1.0 - self.smoothing) + new * self.smoothing;
         self.limit = clamp_limit(new, self.bounds);
+        to_limit(self.limit)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vegas
+
+/// Queue estimation from the no-load latency (as Netflix's `VegasLimit`, after TCP Vegas).
+///
+/// Little's law turns the latency into the number of requests waiting in the service: with a
+/// limit `L`, a latency `rtt` and a no-load latency `rtt_noload`, the service works on
+/// `L × rtt_noload / rtt` requests and the rest queue. For each round trip (see below):
+///
+/// ```text
+/// queue     = ⌈L × (1 − rtt_noload / rtt)⌉
+/// log       = max(1, ⌊log10 L⌋)
+/// alpha     = 3 × log,  beta = 6 × log,  threshold = log
+///
+/// dropped request          → new = L − log
+/// queue ≤ threshold        → new = L + beta      (no queue: grow fast)
+/// queue < alpha            → new = L + log
+/// queue > beta             → new = L − log
+/// otherwise                → no change           (alpha ≤ queue ≤ beta)
+/// L = (1 − smoothing) × L + smoothing × new      (then clamped to the bounds)
+/// ```
+///
+/// so the limit settles where `alpha` to `beta` requests wait in the service: 3 to 6 below a
+/// limit of 100, 6 to 12 below 1000. As in the reference, the limit does not grow while fewer
+/// than half of it are in flight (it may still shrink on a drop), a round trip faster than
+/// the no-load latency becomes the new no-load latency and moves nothing, and `smoothing`
+/// is 1 by default.
+///
+/// **Round trips.** The reference updates on every request; here, as TCP Vegas and as
+/// [`Gradient2`], the requests of one round trip are one sample (their average latency), so
+/// the limit moves by at most `beta` per round trip, judged by requests that ran under it.
+///
+/// **The no-load latency** is the lowest latency seen since it was last measured. The
+/// reference forgets it every 15 to 30 × `L` requests (a random jitter) and takes the next
+/// request's latency instead, so that a service that became slower for good is followed. Under
+/// a sustained overload that next latency is the loaded one: the queue looks empty, the limit
+/// grows by `beta`, and at the next reset again, without end; and a limit that starts far
+/// above the service's capacity never sees a fast request at all. Here, as for [`Gradient2`],
+/// the no-load latency is measured: right after a warm-up of 10 round trips, then every
+/// [`probe`](Self::probe) interval (30 s), the limit is held at its minimum until 20 requests
+/// that started with no more than the minimum in flight have completed, and the lowest of
+/// their latencies is the no-load latency. The limit then resumes at Vegas's own estimate of
+/// what the service holds without queueing, `in_flight × rtt_noload / rtt` of the round trip
+/// before the measurement (never above where it was), and moves from there by the rule
+/// above.
+///
+/// Against the simulated backend of `tests/adaptive.rs` (20 requests at once in 10 ms, driven
+/// by 200 clients, on a paused clock), the limit comes down from 500 to between 20 and 30
+/// within 1.5 s (most of it the warm-up before the first measurement); it grows from 4 to a
+/// capacity of 50 within 0.5 s; it follows a step of the capacity up (20 → 80) within 0.5 s,
+/// and down (80 → 10) within 4 s: down is `log` per round trip, slower than
+/// [`Gradient2`]'s.
+///
+/// Defaults: limit 20, between 4 and 1000, smoothing 1.
+///
+/// ```
+/// use tollgate::concurrency::Vegas;
+/// use tollgate::ConcurrencyLimitLayer;
+///
+/// let limit = ConcurrencyLimitLayer::new(500).adaptive(Vegas::new(20, 4, 500).smoothing(0.5));
+/// assert_eq!(limit.limit(), 20);
+/// ```
+#[derive(Clone)]
+pub struct Vegas {
+    limit: f64,
+    bounds: (usize, usize),
+    smoothing: f64,
+    warmup: u32,
+    // State.
+    no_load: f64,
+    count: u32,
+    /// The round trip before a measurement of the no-load latency: in flight, latency.
+    before_probe: (usize, f64),
+    probe: NoLoadProbe,
+    window: Window,
+}
+
+impl Default for Vegas {
+    fn default() -> Self {
+        Vegas::new(20, 4, 1000)
+    }
+}
+
+impl fmt::Debug for Vegas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Vegas")
+            .field("limit", &to_limit(self.limit))
+            .field("bounds", &self.bounds)
+            .field("smoothing", &self.smoothing)
+            .field("no_load_rtt", &self.no_load_rtt())
+            .field("probing", &self.probe.running())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `max(1, ⌊log10 limit⌋)`, the step of the reference's `Log10RootFunction`. (The reference
+/// switches to `√limit` from a limit of 1000, where its lookup table ends; this stays with
+/// the logarithm.)
+fn log10_step(limit: f64) -> f64 {
+    if limit < 10.0 {
+        1.0
+    } else {
+        limit.log10().floor().max(1.0)
+    }
+}
+
+impl Vegas {
+    /// Starts at `initial`, moving between `min` and `max` (a `min` of 0 counts as 1; `max`
+    /// below `min` as `min`), with the other settings at their defaults.
+    pub fn new(initial: usize, min: usize, max: usize) -> Self {
+        let bounds = bounds(min, max);
+        Vegas {
+            limit: clamp_limit(initial as f64, bounds),
+            bounds,
+            smoothing: 1.0,
+            warmup: 10,
+            no_load: f64::INFINITY,
+            count: 0,
+            before_probe: (0, 0.0),
+            probe: NoLoadProbe::new(PROBE_INTERVAL, PROBE_SAMPLES),
+            window: Window::default(),
+        }
+    }
+
+    /// How much of each new estimate is taken, in `(0, 1]` (default 1, as the reference):
+    /// lower is steadier.
+    pub fn smoothing(mut self, smoothing: f64) -> Self {
+        self.smoothing = if smoothing.is_nan() {
+            1.0
+        } else {
+            smoothing.clamp(0.01, 1.0)
+        };
+        self
+    }
+
+    /// How often the no-load latency is measured again, and from how many requests (defaults
+    /// 30 s and 20). `Duration::MAX` turns the measurement off: the no-load latency is then
+    /// the lowest latency ever seen.
+    pub fn probe(mut self, every: Duration, samples: u32) -> Self {
+        self.probe = NoLoadProbe::new(every, samples);
+        self
+    }
+
+    /// The no-load latency: the lowest latency since the last measurement. Zero before the
+    /// first request.
+    pub fn no_load_rtt(&self) -> Duration {
+        if self.no_load.is_finite() {
+            Duration::from_secs_f64(self.no_load.max(0.0))
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Whether the limit is held at its minimum to measure the no-load latency.
+    pub fn probing(&self) -> bool {
+        self.probe.running()
+    }
+}
+
+impl LimitAlgorithm for Vegas {
+    fn initial_limit(&self) -> usize {
+        to_limit(self.limit)
+    }
+
+    fn bounds(&self) -> (usize, usize) {
+        self.bounds
+    }
+
+    fn update(&mut self, s: Sample) -> usize {
+        if self.probe.running() {
+            let Some((min_rtt, resume)) = self.probe.feed(&s, self.bounds.0) else {
+                return self.bounds.0;
+            };
+            self.no_load = min_rtt;
+            // What the service held without queueing in the round trip before: its
+            // throughput (in flight / latency) times the no-load latency.
+            let (in_flight, rtt) = self.before_probe;
+            let estimate = if rtt > 0.0 {
+                in_flight as f64 * min_rtt / rtt
+            } else {
+                resume
+            };
+            self.limit = clamp_limit(estimate.min(resume).round(), self.bounds);
+            self.window.restart(s.at);
+            return to_limit(self.limit);
+        }
+        let Some(s) = self.window.push(&s) else {
+            return to_limit(self.limit);
+        };
+        let rtt = s.rtt.as_secs_f64();
+        if self.probe.start_if_due(s.at, self.limit) {
+            self.before_probe = (s.in_flight, rtt);
+            return self.bounds.0;
+        }
+        self.count = self.count.saturating_add(1);
+        if self.count == self.warmup {
+            // Measure the no-load latency first: the warm-up may have been under overload.
+            self.probe.due_now(s.at);
+        }
+        if rtt <= 0.0 || rtt < self.no_load {
+            self.no_load = self.no_load.min(rtt);
+            return to_limit(self.limit);
+        }
+
+        let limit = self.limit;
+        let log = log10_step(limit);
+        let new = if s.dropped {
+            limit - log
+        } else if (s.in_flight as f64) * 2.0 < limit {
+            // Not in use: no evidence either way.
+            return to_limit(self.limit);
+        } else {
+            let queue = (limit * (1.0 - self.no_load / rtt)).ceil();
+            let (alpha, beta, threshold) = (3.0 * log, 6.0 * log, log);
+            if queue <= threshold {
+                limit + beta
+            } else if queue < alpha {
+                limit + log
+            } else if queue > beta {
+                limit - log
+            } else {
+                return to_limit(self.limit);
+            }
+        };
+        let new = clamp_limit(new, self.bounds);
+        self.limit = clamp_limit(
+            (1.0 - self.smoothing) * limit + self.smoothing * new,
+            self.bounds,
+        );
         to_limit(self.limit)
     }
 }
@@ -618,5 +891,107 @@ mod tests {
         assert!(!g.probing());
         assert_eq!(g.update(sample(2_200, 70, 50)), 2);
         assert!(g.probing());
+    }
+
+    #[test]
+    fn vegas_grows_by_beta_without_a_queue_by_log_with_a_small_one_and_holds_in_between() {
+        let mut v = Vegas::new(20, 1, 1000).probe(Duration::MAX, 1);
+        // The first round trip is the no-load latency: nothing moves.
+        assert_eq!(v.update(sample(1_000, 100, 20)), 20);
+        assert_eq!(v.no_load_rtt(), ms(100));
+        // No queue (0 ≤ threshold 1): + beta = 6.
+        assert_eq!(v.update(sample(2_000, 100, 20)), 26);
+        // queue = ⌈26 × 6 / 106⌉ = 2, below alpha = 3: + 1.
+        assert_eq!(v.update(sample(3_000, 106, 26)), 27);
+        // queue = ⌈27 × 20 / 120⌉ = 5, between alpha and beta: no change.
+        assert_eq!(v.update(sample(4_000, 120, 27)), 27);
+        // queue = ⌈27 × 50 / 150⌉ = 9, above beta = 6: − 1.
+        assert_eq!(v.update(sample(5_000, 150, 27)), 26);
+        // A drop: − 1, whatever the latency.
+        let mut d = sample(6_000, 100, 26);
+        d.dropped = true;
+        assert_eq!(v.update(d), 25);
+        // Fewer than half in flight: no growth without a queue.
+        assert_eq!(v.update(sample(7_000, 100, 12)), 25);
+        // A round trip faster than the no-load latency becomes it, and moves nothing.
+        assert_eq!(v.update(sample(8_000, 90, 25)), 25);
+        assert_eq!(v.no_load_rtt(), ms(90));
+    }
+
+    #[test]
+    fn vegas_steps_follow_log10_of_the_limit() {
+        assert_eq!(log10_step(0.0), 1.0);
+        assert_eq!(log10_step(9.9), 1.0);
+        assert_eq!(log10_step(10.0), 1.0);
+        assert_eq!(log10_step(99.0), 1.0);
+        assert_eq!(log10_step(100.0), 2.0);
+        assert_eq!(log10_step(999.0), 2.0);
+        assert_eq!(log10_step(1000.0), 3.0);
+        assert_eq!(log10_step(f64::MAX), 308.0);
+        // At 100: beta = 12; at 995 the maximum caps the step.
+        let mut v = Vegas::new(100, 1, 1000).probe(Duration::MAX, 1);
+        v.update(sample(1_000, 100, 100));
+        assert_eq!(v.update(sample(2_000, 100, 100)), 112);
+        let mut v = Vegas::new(995, 1, 1000).probe(Duration::MAX, 1);
+        v.update(sample(1_000, 100, 995));
+        assert_eq!(v.update(sample(2_000, 100, 995)), 1000);
+    }
+
+    #[test]
+    fn vegas_smoothing_takes_part_of_each_step() {
+        let mut v = Vegas::new(20, 1, 1000)
+            .smoothing(0.5)
+            .probe(Duration::MAX, 1);
+        v.update(sample(1_000, 100, 20));
+        // 0.5 × 20 + 0.5 × 26.
+        assert_eq!(v.update(sample(2_000, 100, 20)), 23);
+        // NaN and out-of-range smoothings are clamped, never poison the limit.
+        assert_eq!(Vegas::default().smoothing(f64::NAN).smoothing, 1.0);
+        assert_eq!(Vegas::default().smoothing(0.0).smoothing, 0.01);
+        assert_eq!(Vegas::default().smoothing(7.0).smoothing, 1.0);
+    }
+
+    #[test]
+    fn vegas_probe_measures_the_no_load_latency_and_resumes_at_its_estimate() {
+        let mut v = Vegas::new(50, 2, 100).probe(ms(1_000), 3);
+        // A warm-up at 30 ms, the limit not in use.
+        for i in 0..10u64 {
+            assert_eq!(v.update(sample(i * 100, 30, 10)), 50);
+        }
+        assert!(!v.probing());
+        assert_eq!(v.no_load_rtt(), ms(30));
+        assert_eq!(v.update(sample(1_090, 30, 40)), 2);
+        assert!(v.probing());
+        // Requests that started above the minimum do not count.
+        assert_eq!(v.update(sample(1_100, 30, 10)), 2);
+        assert_eq!(v.update(sample(1_110, 8, 2)), 2);
+        assert_eq!(v.update(sample(1_120, 7, 1)), 2);
+        // Done: 40 in flight at 30 ms is 40 × 7 / 30 = 9.3 without queueing.
+        assert_eq!(v.update(sample(1_130, 9, 2)), 9);
+        assert!(!v.probing());
+        assert_eq!(v.no_load_rtt(), ms(7));
+        // The next measurement is due 1 s later.
+        assert_eq!(v.update(sample(1_200, 7, 9)), 15);
+        assert_eq!(v.update(sample(2_129, 7, 15)), 21);
+        assert_eq!(v.update(sample(2_200, 7, 21)), 2);
+        assert!(v.probing());
+    }
+
+    #[test]
+    fn vegas_stays_within_its_bounds() {
+        let mut v = Vegas::new(100, 3, 5).probe(Duration::MAX, 1);
+        assert_eq!(v.initial_limit(), 5);
+        v.update(sample(1_000, 10, 5));
+        assert_eq!(v.update(sample(2_000, 10, 5)), 5);
+        // Drops: − 1 each, down to the minimum and no further.
+        let mut limits = Vec::new();
+        for i in 0..4u64 {
+            let mut d = sample(3_000 + i * 1_000, 10, 5);
+            d.dropped = true;
+            limits.push(v.update(d));
+        }
+        assert_eq!(limits, [4, 3, 3, 3]);
+        assert_eq!(LimitAlgorithm::bounds(&Vegas::new(0, 0, 0)), (1, 1));
+        assert_eq!(Vegas::new(0, 0, 0).initial_limit(), 1);
     }
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use super::adaptive::{LimitAlgorithm, Sample};
+use crate::error::ConfigError;
 use crate::key::RequestHead;
 use crate::Clock;
 
@@ -24,20 +25,22 @@ use crate::Clock;
 /// current limit it may take.
 ///
 /// A request of a class is admitted only while the requests in flight, itself included, stay
-/// within its class's share of the current limit `L`:
+/// within its class's share of the current limit `L`. With the default [`Shares`]:
 ///
 /// | class        | may take the permit while in flight (with it) ≤ | at `L` = 20 | at `L` = 1 |
 /// |--------------|-----------------------------------------------|-------------|------------|
 /// | `Critical`   | `L`                                           | 20          | 1          |
-/// | `Normal`     | `L − ⌈L / 10⌉` (90%, at least one place kept) | 18          | 0          |
-/// | `Sheddable`  | `⌊L / 2⌋` (50%)                               | 10          | 0          |
+/// | `Normal`     | `⌊0.9 × L⌋` = `L − ⌈L / 10⌉`                  | 18          | 0          |
+/// | `Sheddable`  | `⌊0.5 × L⌋`                                   | 10          | 0          |
 ///
 /// The shares count all classes together, so whatever the flood of normal and sheddable
 /// requests, `⌈L / 10⌉` places are only ever taken by critical requests, and sheddable
 /// traffic alone never holds more than half of the limit. The check and the count are one
 /// atomic step: racing requests cannot overshoot a share.
+/// [`ConcurrencyLimitLayer::shares`] sets other fractions.
 ///
 /// [`ConcurrencyLimitLayer::priority`]: super::ConcurrencyLimitLayer::priority
+/// [`ConcurrencyLimitLayer::shares`]: super::ConcurrencyLimitLayer::shares
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Priority {
     /// The first to go under pressure: health checks of other systems, prefetches, batch jobs.
@@ -50,12 +53,111 @@ pub enum Priority {
 
 impl Priority {
     /// The most requests that may be in flight, a request of this class included, for it to
-    /// be admitted under the limit `limit`.
+    /// be admitted under the limit `limit`, with the default [`Shares`].
     pub fn share(self, limit: usize) -> usize {
-        match self {
+        Shares::default().share(self, limit)
+    }
+}
+
+/// Parts per million in a share.
+const PPM: u128 = 1_000_000;
+
+/// The fractions of the current limit that [`Priority::Sheddable`] and [`Priority::Normal`]
+/// requests may take, for [`ConcurrencyLimitLayer::shares`]; critical requests may always
+/// take all of it.
+///
+/// Under the limit `L`, a request is admitted while the requests in flight of all classes,
+/// itself included, are at most `⌊sheddable × L⌋` for a sheddable request, `⌊normal × L⌋`
+/// for a normal one, and `L` for a critical one. So `L − ⌊normal × L⌋` places (that is
+/// `⌈(1 − normal) × L⌉`) are only ever taken by critical requests. The fractions are kept to
+/// a millionth.
+///
+/// A share that rounds down to 0 admits no request of its class at that limit (at `L = 1`
+/// with the defaults, only critical requests pass).
+///
+/// ```
+/// use tollgate::concurrency::{Priority, Shares};
+///
+/// // Sheddable requests may hold a quarter of the limit, normal ones 60%: 40% is kept for
+/// // critical requests.
+/// let shares = Shares::new(0.25, 0.6)?;
+/// assert_eq!(shares.share(Priority::Sheddable, 20), 5);
+/// assert_eq!(shares.share(Priority::Normal, 20), 12);
+/// assert_eq!(shares.share(Priority::Critical, 20), 20);
+///
+/// // Out of order, zero, over 1 or not a number: an error, not a panic.
+/// assert!(Shares::new(0.9, 0.5).is_err());
+/// assert!(Shares::new(0.0, 0.5).is_err());
+/// assert!(Shares::new(0.5, 1.5).is_err());
+/// assert!(Shares::new(f64::NAN, 0.5).is_err());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shares {
+    /// Millionths of the limit.
+    sheddable: u32,
+    normal: u32,
+}
+
+impl fmt::Debug for Shares {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shares")
+            .field("sheddable", &self.sheddable())
+            .field("normal", &self.normal())
+            .finish()
+    }
+}
+
+impl Default for Shares {
+    /// Sheddable 0.5, normal 0.9.
+    fn default() -> Self {
+        Shares {
+            sheddable: 500_000,
+            normal: 900_000,
+        }
+    }
+}
+
+impl Shares {
+    /// Shares of `sheddable` and `normal` of the limit: `0 < sheddable ≤ normal ≤ 1`, or
+    /// [`ConfigError::InvalidShares`].
+    pub fn new(sheddable: f64, normal: f64) -> Result<Shares, ConfigError> {
+        let valid = sheddable > 0.0 && sheddable <= normal && normal <= 1.0;
+        if !valid {
+            return Err(ConfigError::InvalidShares(format!(
+                "sheddable {sheddable}, normal {normal}"
+            )));
+        }
+        // Finite and within (0, 1]: rounds to at most a million; a positive share keeps at
+        // least a millionth.
+        let ppm = |f: f64| ((f * 1e6).round() as u32).max(1);
+        Ok(Shares {
+            sheddable: ppm(sheddable),
+            normal: ppm(normal),
+        })
+    }
+
+    /// The fraction of the limit sheddable requests may take.
+    pub fn sheddable(&self) -> f64 {
+        f64::from(self.sheddable) / 1e6
+    }
+
+    /// The fraction of the limit normal requests may take.
+    pub fn normal(&self) -> f64 {
+        f64::from(self.normal) / 1e6
+    }
+
+    /// The most requests that may be in flight, a request of `priority` included, for it to
+    /// be admitted under the limit `limit`.
+    pub fn share(&self, priority: Priority, limit: usize) -> usize {
+        let part = |ppm: u32| {
+            // At most `limit`: the fraction is at most one.
+            usize::try_from(limit as u128 * u128::from(ppm) / PPM).unwrap_or(limit)
+        };
+        match priority {
             Priority::Critical => limit,
-            Priority::Normal => limit - limit.div_ceil(10),
-            Priority::Sheddable => limit / 2,
+            Priority::Normal => part(self.normal),
+            Priority::Sheddable => part(self.sheddable),
         }
     }
 }
@@ -73,6 +175,7 @@ pub(crate) struct Control {
     /// Smoothed latency of completed requests, in nanoseconds; 0 before the first.
     latency: AtomicU64,
     sheds: AtomicU64,
+    shares: Shares,
 }
 
 impl fmt::Debug for Control {
@@ -104,7 +207,14 @@ impl Control {
             clock: Clock::tokio(),
             latency: AtomicU64::new(0),
             sheds: AtomicU64::new(0),
+            shares: Shares::default(),
         }
+    }
+
+    /// The shares of the classes below critical.
+    pub(crate) fn with_shares(mut self, shares: Shares) -> Self {
+        self.shares = shares;
+        self
     }
 
     pub(crate) fn limit(&self) -> usize {
@@ -252,7 +362,7 @@ impl GateCtl {
     /// share; the semaphore is tried next. Counts a shed otherwise.
     #[inline]
     pub(crate) fn reserve(&self, priority: Priority) -> bool {
-        let share = priority.share(self.control.limit());
+        let share = self.control.shares.share(priority, self.control.limit());
         let ok = self
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -304,6 +414,49 @@ mod tests {
             Priority::Normal.share(usize::MAX),
             usize::MAX - usize::MAX.div_ceil(10)
         );
+    }
+
+    #[test]
+    fn default_shares_are_the_integer_formulas_at_every_limit() {
+        let d = Shares::default();
+        for limit in (0..=10_000).chain([usize::MAX - 1, usize::MAX]) {
+            assert_eq!(d.share(Priority::Normal, limit), limit - limit.div_ceil(10));
+            assert_eq!(d.share(Priority::Sheddable, limit), limit / 2);
+        }
+        assert_eq!((d.sheddable(), d.normal()), (0.5, 0.9));
+    }
+
+    #[test]
+    fn shares_are_validated_and_exact_at_their_edges() {
+        for (s, n) in [
+            (0.0, 0.5),
+            (-0.1, 0.5),
+            (0.6, 0.5),
+            (0.5, 1.000_001),
+            (f64::NAN, 0.5),
+            (0.5, f64::NAN),
+            (f64::INFINITY, f64::INFINITY),
+            (f64::NEG_INFINITY, 0.5),
+        ] {
+            let err = Shares::new(s, n).unwrap_err();
+            assert!(matches!(err, ConfigError::InvalidShares(_)), "{s} {n}");
+        }
+        // All of the limit to every class: no place kept for critical requests.
+        let all = Shares::new(1.0, 1.0).unwrap();
+        for p in [Priority::Sheddable, Priority::Normal, Priority::Critical] {
+            assert_eq!(all.share(p, 1), 1);
+            assert_eq!(all.share(p, usize::MAX), usize::MAX);
+        }
+        // The smallest share: a millionth, nothing below a million.
+        let tiny = Shares::new(1e-12, 1e-12).unwrap();
+        assert_eq!(tiny.share(Priority::Sheddable, 999_999), 0);
+        assert_eq!(tiny.share(Priority::Normal, 1_000_000), 1);
+        assert_eq!(tiny.share(Priority::Critical, 1), 1);
+        // Fractions are exact to the millionth: no float rounding below the whole request.
+        let s = Shares::new(0.3, 0.7).unwrap();
+        assert_eq!(s.share(Priority::Sheddable, 10), 3);
+        assert_eq!(s.share(Priority::Normal, 10), 7);
+        assert_eq!(s.share(Priority::Normal, 1), 0);
     }
 
     /// A fixed-step algorithm: answers the limits it is given, one per sample.

@@ -8,7 +8,7 @@ use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
 use super::adaptive::LimitAlgorithm;
-use super::control::{Classifier, Control, Priority};
+use super::control::{Classifier, Control, Priority, Shares};
 use super::permit::{GlobalLimit, KeyedLimit};
 use super::service::OUTCOMES;
 use super::service::{ConcurrencyLimit, Limit, Shared};
@@ -41,6 +41,7 @@ pub struct ConcurrencyLimitLayer<E: KeyExtractor = Global> {
     policy_name: Option<Cow<'static, str>>,
     adaptive: Option<NewAlgorithm>,
     classify: Option<Classifier>,
+    shares: Shares,
     state: Lazy<Shared<E>>,
 }
 
@@ -59,6 +60,7 @@ impl<E: KeyExtractor + fmt::Debug> fmt::Debug for ConcurrencyLimitLayer<E> {
             .field("max_hold", &self.max_hold)
             .field("adaptive", &self.adaptive.is_some())
             .field("priority", &self.classify.is_some())
+            .field("shares", &self.shares)
             .finish_non_exhaustive()
     }
 }
@@ -84,6 +86,7 @@ impl ConcurrencyLimitLayer<Global> {
             policy_name: None,
             adaptive: None,
             classify: None,
+            shares: Shares::default(),
             state: Lazy::default(),
         }
     }
@@ -127,6 +130,7 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             policy_name: self.policy_name,
             adaptive: self.adaptive,
             classify: self.classify,
+            shares: self.shares,
             state: Lazy::default(),
         }
     }
@@ -287,6 +291,32 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         self.changed()
     }
 
+    /// The fractions of the limit that [sheddable](Priority::Sheddable) and
+    /// [normal](Priority::Normal) requests may take (default 0.5 and 0.9; critical requests
+    /// may always take all of it). Applies with [`priority`](Self::priority); without a
+    /// classifier every request may take the whole limit.
+    ///
+    /// ```
+    /// use tollgate::concurrency::{Priority, Shares};
+    /// use tollgate::ConcurrencyLimitLayer;
+    ///
+    /// // Under a limit of 40: at most 10 sheddable requests in flight, at most 24 with the
+    /// // normal ones, and 16 places that only critical requests take.
+    /// let limit = ConcurrencyLimitLayer::new(40)
+    ///     .priority(|req| match req.uri.path() {
+    ///         "/pay" => Priority::Critical,
+    ///         "/suggest" => Priority::Sheddable,
+    ///         _ => Priority::Normal,
+    ///     })
+    ///     .shares(Shares::new(0.25, 0.6)?);
+    /// # let _ = limit;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn shares(mut self, shares: Shares) -> Self {
+        self.shares = shares;
+        self.changed()
+    }
+
     /// The current limit: `max` for a fixed limit, the limit the algorithm has reached for
     /// an [adaptive](Self::adaptive) one (its initial limit before the layer is applied).
     pub fn limit(&self) -> usize {
@@ -385,10 +415,11 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             .as_ref()
             .map(|name| Arc::new(headers::concurrency_policy(name, self.max)));
         let control = match (&self.adaptive, &self.classify) {
-            (Some(new), _) => Some(Arc::new(Control::adaptive(self.max, new()))),
-            (None, Some(_)) => Some(Arc::new(Control::fixed(self.max))),
+            (Some(new), _) => Some(Control::adaptive(self.max, new())),
+            (None, Some(_)) => Some(Control::fixed(self.max)),
             (None, None) => None,
         };
+        let control = control.map(|c| Arc::new(c.with_shares(self.shares)));
         let (limit, status) = if is_keyed::<E::Key>() {
             let limit = Limit::Keyed(KeyedLimit::new(self.max, control.clone()));
             (limit, StatusCode::TOO_MANY_REQUESTS)

@@ -127,6 +127,10 @@
 //!   average and the measured no-load latency, as Netflix's `Gradient2Limit`, and measures
 //!   the no-load latency again from time to time at a low limit, as Envoy's adaptive
 //!   concurrency filter. It finds by itself what "slow" is.
+//! * [`Vegas`] estimates how many requests queue in the service from the latency and the
+//!   no-load latency (Little's law) and keeps that queue small (3 to 6 requests below a limit
+//!   of 100), as Netflix's `VegasLimit` after TCP Vegas: a lower latency than [`Gradient2`]'s
+//!   at the same goodput, but it comes down from a limit far too high more slowly.
 //! * [`Aimd`] grows the limit by one per round trip and multiplies it by 0.9 on a failure or a
 //!   latency over a threshold you set.
 //! * Or an algorithm of your own: [`LimitAlgorithm`] is fed one [`Sample`] per request.
@@ -140,8 +144,10 @@
 //!
 //! Against a simulated backend that serves 20 requests at once in 10 ms, driven at ten times
 //! its capacity, [`Gradient2`] settles between 20 and 40 within 3 s from a start at 500 and
-//! follows a change of capacity within 2 s (`tests/adaptive.rs`, on a paused clock);
-//! BENCHMARKS.md has the same over HTTP in real time.
+//! follows a change of capacity within 2 s; [`Vegas`] settles between 20 and 30 within 1.5 s,
+//! follows a rise of capacity within 0.5 s and a fall from 80 to 10 within 4 s
+//! (`tests/adaptive.rs`, on a paused clock); BENCHMARKS.md has the same over HTTP in real
+//! time.
 //!
 //! ```
 //! use tollgate::concurrency::Gradient2;
@@ -160,8 +166,14 @@
 //! class's [share](Priority::share) of the current limit `L`: `⌊L/2⌋` for sheddable,
 //! `L − ⌈L/10⌉` for normal, `L` for critical. So under pressure sheddable requests go first,
 //! then normal ones, and `⌈L/10⌉` places are left to critical requests however many others
-//! arrive. [`sheds`](ConcurrencyLimitLayer::sheds) counts the requests turned away for their
-//! class.
+//! arrive. [`shares`](ConcurrencyLimitLayer::shares) sets other fractions ([`Shares`]).
+//! [`sheds`](ConcurrencyLimitLayer::sheds) counts the requests turned away for their class.
+//!
+//! With an adaptive limit the shares follow the limit: while [`Gradient2`] or [`Vegas`]
+//! measure the no-load latency at their minimum limit (a few round trips every 30 s), the
+//! places kept for critical requests are those of the minimum (`⌈0.1 × 4⌉ = 1` with the
+//! defaults). Give the algorithm a minimum at which the critical share is what critical
+//! traffic needs.
 //!
 //! ```
 //! use tollgate::concurrency::{Gradient2, Priority};
@@ -210,9 +222,9 @@ mod layer;
 mod permit;
 mod service;
 
-pub use adaptive::{Aimd, Gradient2, LimitAlgorithm, Sample};
+pub use adaptive::{Aimd, Gradient2, LimitAlgorithm, Sample, Vegas};
 pub use body::ResponseBody;
-pub use control::Priority;
+pub use control::{Priority, Shares};
 pub use future::ResponseFuture;
 pub use layer::{ConcurrencyLimitLayer, DEFAULT_RETRY_AFTER};
 pub use service::ConcurrencyLimit;

@@ -30,7 +30,7 @@
 //! | `tollgate_concurrency_wait_seconds` | histogram | `policy`, `dry_run` | how long a request waited in the queue, admitted or not |
 //! | `tollgate_shape_queue_length` | gauge | `policy`, `dry_run` | requests a shaping layer holds back now |
 //! | `tollgate_shape_delay_seconds` | histogram | `policy`, `dry_run` | the delay a shaping layer gave (dry run: would have given) a request |
-//! | `tollgate_redis_call_duration_seconds` | histogram | `policy` | one decision or refund script call, answered or not (a timeout records the timeout) |
+//! | `tollgate_redis_call_duration_seconds` | histogram | `policy` | one decision, refund or settlement script call, answered or not (a timeout records the timeout) |
 //! | `tollgate_redis_errors_total` | counter | `policy`, `error` | failed calls: `error="timeout"`, `"connection"` (any Redis error) or `"bad_reply"` |
 //!
 //! `layer` is `"rate_limit"`, `"concurrency"`, `"shape"` or `"limiter"` (a
@@ -94,6 +94,26 @@
 //!   the schedule, the queue length and the delays are those enforcement would have; it is
 //!   counted `delayed` with the delay it would have had. One the queue would have refused
 //!   passes, takes no place, and is counted `queue_full`.
+//!
+//! # Settling after the response
+//!
+//! A rate limit with [`count_if`](crate::RateLimitLayer::count_if) or
+//! [`settle`](crate::RateLimitLayer::settle) (see [`rate_limit::settle`](crate::rate_limit::settle))
+//! counts **one decision per request, made when the request comes in**: an admitted request
+//! is counted `allowed` when it reserves its cost, whatever its response later settles. The
+//! settlement is not a decision and adds none: neither a give-back (a response that does not
+//! count, or cost less) nor a charge beyond the reservation, even one that puts the key in
+//! debt. The debt shows in the decisions that follow: the key's next requests are rejected,
+//! counted `limited` (with the quota in debt as `quota`) and traced like any rejection. On
+//! Redis, a settlement is one script call, measured in
+//! `tollgate_redis_call_duration_seconds`, and its failures in `tollgate_redis_errors_total`.
+//!
+//! In dry-run mode an admitted request reserves and settles exactly as when enforced, so the
+//! shadow state (debts included) is the enforced one. A would-be rejection reserved nothing,
+//! so there is nothing to settle: its response is not read by `count_if` or `settle`, and a
+//! key in debt goes on collecting would-be rejections (`outcome="limited", dry_run="true"`)
+//! until time pays the debt off. The `RateLimit` fields of a settled response follow
+//! `dry_run_headers` like every other.
 //!
 //! ```
 //! use axum::{routing::get, Router};

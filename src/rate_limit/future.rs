@@ -9,7 +9,8 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::shared::Answers;
-use super::store::{Backend, Refunding};
+use super::store::{Answer, Backend, Refunding, Settling};
+use crate::gcra::Decision;
 use crate::response;
 
 use crate::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
@@ -41,6 +42,27 @@ pub(crate) struct Taken<B: Backend<K>, K> {
     pub(crate) limiter: B::Limiter,
     pub(crate) key: K,
     pub(crate) cost: u32,
+    /// When the layer settles the cost from the response: what it needs then. Boxed, so
+    /// that layers that do not settle carry one word.
+    pub(crate) settle: Option<Box<Settle>>,
+}
+
+/// What settling needs: the tier's rule and header fields, and the admission's decision,
+/// whose fields are rendered only when the cost does not change (or the store does not
+/// answer), so that a settled response renders its fields once.
+pub(crate) struct Settle {
+    pub(crate) answers: Arc<Answers>,
+    pub(crate) tier: usize,
+    /// The admission's decision; filled in when it comes later (Redis).
+    pub(crate) admitted: Option<Decision>,
+}
+
+impl Settle {
+    /// The header fields of the admission.
+    fn admitted_headers(&self) -> Option<RateHeaders> {
+        let d = self.admitted.as_ref()?;
+        self.answers.settled_headers(self.tier, d)
+    }
 }
 
 pin_project! {
@@ -79,6 +101,11 @@ pin_project! {
         Refunding {
             refunding: Refunding,
             response: Option<S::Response>,
+        },
+        Settling {
+            settling: Settling,
+            response: Option<S::Response>,
+            settle: Option<Box<Settle>>,
         },
         Ready {
             response: Option<S::Response>,
@@ -187,12 +214,15 @@ where
                         panic!("ResponseFuture polled after completion");
                     };
                     // A degraded decision (Redis down, failing open) took nothing, nor did a
-                    // rejection that a dry run lets through.
-                    let taken = if decision.is_degraded() || !decision.is_allowed() {
+                    // rejection that a dry run lets through: nothing to give back or settle.
+                    let mut taken = if decision.is_degraded() || !decision.is_allowed() {
                         None
                     } else {
                         d.taken.take()
                     };
+                    if let Some(settle) = taken.as_mut().and_then(|t| t.settle.as_mut()) {
+                        settle.admitted = Some(decision);
+                    }
                     let key = d.key.as_ref().map(|k| k as &dyn std::fmt::Debug);
                     match d
                         .answers
@@ -214,11 +244,11 @@ where
                     taken,
                 } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some(h) = headers.take() {
-                        h.apply(response.headers_mut());
-                    }
                     match taken.take() {
                         Some(t) if response::is_rejection(&response) => {
+                            if let Some(h) = headers.take() {
+                                h.apply(response.headers_mut());
+                            }
                             match B::refund(&t.limiter, t.key, t.cost) {
                                 Some(refunding) => Kind::Refunding {
                                     refunding,
@@ -227,8 +257,69 @@ where
                                 None => return Poll::Ready(Ok(response)),
                             }
                         }
-                        _ => return Poll::Ready(Ok(response)),
+                        Some(Taken {
+                            limiter,
+                            key,
+                            cost,
+                            settle: Some(settle),
+                        }) => {
+                            // Settled from the response head; see `settle` for the rules.
+                            let (parts, body) = response.into_parts();
+                            let actual = settle
+                                .answers
+                                .settle
+                                .as_ref()
+                                .map_or(cost, |rule| rule.actual(&parts, cost));
+                            let mut response = Response::from_parts(parts, body);
+                            let fields = if actual == cost {
+                                settle.admitted_headers()
+                            } else {
+                                match B::settle(&limiter, key, cost, actual) {
+                                    Answer::Now(d) => {
+                                        settle.answers.settled_headers(settle.tier, &d)
+                                    }
+                                    Answer::Later(settling) => {
+                                        kind.set(Kind::Settling {
+                                            settling,
+                                            response: Some(response),
+                                            settle: Some(settle),
+                                        });
+                                        continue;
+                                    }
+                                }
+                            };
+                            if let Some(h) = fields {
+                                h.apply(response.headers_mut());
+                            }
+                            return Poll::Ready(Ok(response));
+                        }
+                        _ => {
+                            if let Some(h) = headers.take() {
+                                h.apply(response.headers_mut());
+                            }
+                            return Poll::Ready(Ok(response));
+                        }
                     }
+                }
+                KindProj::Settling {
+                    settling,
+                    response,
+                    settle,
+                } => {
+                    let settled = ready!(settling.as_mut().poll(cx));
+                    let (Some(mut response), Some(settle)) = (response.take(), settle.take())
+                    else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    // Redis did not answer: the reservation stands, and so do its fields.
+                    let fields = match settled {
+                        Some(d) => settle.answers.settled_headers(settle.tier, &d),
+                        None => settle.admitted_headers(),
+                    };
+                    if let Some(h) = fields {
+                        h.apply(response.headers_mut());
+                    }
+                    return Poll::Ready(Ok(response));
                 }
                 KindProj::Refunding {
                     refunding,

@@ -7,6 +7,7 @@ use tower_layer::Layer;
 
 use super::policy::Policy;
 use super::service::RateLimit;
+use super::settle::{AmountFn, CountFn, SettleRule};
 use super::shared::{Answers, CostFn, SelectFn, Shared, SkipFn, Tier, OUTCOMES};
 use super::store::{Backend, Memory};
 use crate::clock::Clock;
@@ -43,6 +44,8 @@ struct Settings {
     select: Option<Arc<SelectFn>>,
     cost: Option<Arc<CostFn>>,
     skip: Option<Arc<SkipFn>>,
+    count: Option<Arc<CountFn>>,
+    amount: Option<Arc<AmountFn>>,
     skip_methods: Vec<Method>,
     skip_paths: Vec<String>,
     headers: bool,
@@ -79,6 +82,8 @@ impl RateLimitLayer<Global> {
                 select: None,
                 cost: None,
                 skip: None,
+                count: None,
+                amount: None,
                 skip_methods: Vec::new(),
                 skip_paths: Vec::new(),
                 headers: true,
@@ -217,12 +222,83 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
-    /// How many units each request costs (1 by default; 0 only reports, never rejects).
+    /// How many units each request costs (1 by default; 0 only reports, and is rejected only
+    /// by a key in debt, see [`settle`](Self::settle)). With `settle` or
+    /// [`count_if`](Self::count_if) this is the reservation, settled after the response.
     pub fn cost<F>(mut self, f: F) -> Self
     where
         F: Fn(&RequestHead<'_>) -> u32 + Send + Sync + 'static,
     {
         self.settings.cost = Some(Arc::new(f));
+        self.changed()
+    }
+
+    /// Counts only the requests whose response `f` accepts (e.g. failed logins: `401`/`403`),
+    /// looking at the response head: status, header fields, extensions.
+    ///
+    /// The cost is reserved before the handler, as for any request, and given back when the
+    /// response does not count. So a key over its limit is rejected before the handler, and
+    /// parallel requests of one key cannot all slip through: with a limit of 5, at most 5 of
+    /// 100 wrong passwords sent at once reach the handler (and, while they are in flight, so
+    /// do at most 5 right ones). A request whose response never comes (a panicking handler,
+    /// a client gone) stays counted. The full rules: [`settle`](super::settle).
+    ///
+    /// With [`settle`](Self::settle) too, a response that counts is charged what `settle`
+    /// reads from it, and one that does not count is charged nothing, whatever the order of
+    /// the two calls.
+    ///
+    /// ```
+    /// use axum::{http::StatusCode, routing::post, Router};
+    /// use tollgate::{key, Quota, RateLimitLayer};
+    ///
+    /// // 5 failed logins per minute and IP; successful ones are free.
+    /// let failures = RateLimitLayer::new(Quota::per_minute(5))
+    ///     .key(key::PeerIp::new())
+    ///     .count_if(|res| matches!(res.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN));
+    /// let app: Router = Router::new().route("/login", post(|| async { "welcome" }).layer(failures));
+    /// ```
+    pub fn count_if<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&http::response::Parts) -> bool + Send + Sync + 'static,
+    {
+        self.settings.count = Some(Arc::new(f));
+        self.changed()
+    }
+
+    /// Settles the cost of each request from its response: `f` reads the actual cost from
+    /// the response head (a header field, an extension the handler set: see
+    /// [`ActualCost`](super::ActualCost)); `None` keeps the reservation.
+    ///
+    /// The reservation, what [`cost`](Self::cost) says (1 by default), is taken before the
+    /// handler as for any request, so it is the estimate: a key over its limit is rejected
+    /// then. When the response comes, a smaller actual cost gives the difference back; a
+    /// larger one charges it **even over the limit**: the key goes into debt, and its next
+    /// requests are rejected, with a true `Retry-After`, until time pays the debt off. The
+    /// response's `RateLimit` fields report the state after settling. The full rules (a
+    /// panicking handler, a dropped body, Redis): [`settle`](super::settle).
+    ///
+    /// ```
+    /// use axum::{response::IntoResponse, routing::post, Router};
+    /// use tollgate::{key, rate_limit::ActualCost, Policy, Quota, RateLimitLayer};
+    ///
+    /// async fn complete() -> impl IntoResponse {
+    ///     let mut response = "…".into_response();
+    ///     response.extensions_mut().insert(ActualCost(1_234)); // tokens used
+    ///     response
+    /// }
+    ///
+    /// // 100 000 tokens a day per API key; reserve 500 per request, settle the real count.
+    /// let tokens = RateLimitLayer::new(Policy::new("tokens", Quota::per_day(100_000)))
+    ///     .key(key::Header::new("x-api-key"))
+    ///     .cost(|_| 500)
+    ///     .settle(ActualCost::of);
+    /// let app: Router = Router::new().route("/v1/complete", post(complete).layer(tokens));
+    /// ```
+    pub fn settle<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&http::response::Parts) -> Option<u32> + Send + Sync + 'static,
+    {
+        self.settings.amount = Some(Arc::new(f));
         self.changed()
     }
 
@@ -404,6 +480,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 legacy_headers: self.settings.legacy_headers,
                 observe: self.common.observe,
                 dry_run_headers: self.settings.dry_run_headers,
+                settle: SettleRule::new(self.settings.count.clone(), self.settings.amount.clone()),
             }),
             select: self.settings.select.clone(),
             cost: self.settings.cost.clone(),

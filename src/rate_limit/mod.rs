@@ -90,6 +90,7 @@ mod future;
 mod layer;
 pub(crate) mod policy;
 mod service;
+pub mod settle;
 mod shared;
 pub(crate) mod store;
 
@@ -98,4 +99,5 @@ pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use policy::Policy;
 pub use service::RateLimit;
-pub use store::{Answer, Backend, Handover, Memory, Never, Refunding};
+pub use settle::ActualCost;
+pub use store::{Answer, Backend, Handover, Memory, Never, Refunding, Settling};

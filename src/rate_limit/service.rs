@@ -4,7 +4,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::{ResponseFuture, Taken};
+use super::future::ResponseFuture;
 use super::shared::{Prepared, Shared};
 use super::store::{Answer, Backend, Handover, Memory};
 use crate::key::{KeyExtractor, RequestHead};
@@ -59,10 +59,11 @@ where
         match B::decide(limiter, &key, cost) {
             Answer::Now(decision) => {
                 // What was taken goes with the response, to be given back if a layer inside
-                // rejects the request; a cost of 0, a degraded decision or a rejection let
-                // through by a dry run took nothing.
+                // rejects the request, or settled from the response; a degraded decision or a
+                // rejection let through by a dry run took nothing, nor did a cost of 0 unless
+                // the response may charge it.
                 let allowed = decision.is_allowed();
-                let took = cost > 0 && allowed && !decision.is_degraded();
+                let took = shared.reserves(cost) && allowed && !decision.is_degraded();
                 let meter = &shared.answers.tiers[tier].meter;
                 meter.keys(!allowed, || B::tracked_keys(limiter));
                 let traced = shared.core.traced(&key);
@@ -71,11 +72,7 @@ where
                     .finish(tier, decision, cost, traced, &mut req)
                 {
                     Ok(headers) => {
-                        let taken = took.then(|| Taken {
-                            limiter: limiter.clone(),
-                            key,
-                            cost,
-                        });
+                        let taken = took.then(|| shared.taken(tier, key, cost, Some(decision)));
                         ResponseFuture::inner(self.inner.call(req), headers, taken)
                     }
                     Err(resp) => ResponseFuture::ready(resp),
@@ -105,11 +102,10 @@ impl<S, E: KeyExtractor, B: Backend<E::Key>> RateLimit<S, E, B> {
         let (service, later) = B::hand_over(&mut self.inner, later);
         let answers = self.shared.answers.clone();
         let traced = self.shared.core.observe.trace_keys.then(|| key.clone());
-        let taken = (cost > 0).then(|| Taken {
-            limiter: self.shared.limiters[tier].clone(),
-            key,
-            cost,
-        });
+        let taken = self
+            .shared
+            .reserves(cost)
+            .then(|| self.shared.taken(tier, key, cost, None));
         ResponseFuture::later(later, answers, tier, req, service, taken, traced, cost)
     }
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 
-use super::future::RateHeaders;
+use super::future::{RateHeaders, Settle, Taken};
+use super::settle::SettleRule;
 use crate::gcra::{Decision, Outcome};
 use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
@@ -69,6 +70,8 @@ pub(crate) struct Answers {
     pub(crate) observe: Observe,
     /// Whether a dry-run layer sends its header fields.
     pub(crate) dry_run_headers: bool,
+    /// How a reservation is settled from the response, when the layer learns from responses.
+    pub(crate) settle: Option<SettleRule>,
 }
 
 /// What a request needs before the store is asked.
@@ -158,6 +161,41 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     }
 }
 
+impl<E: KeyExtractor, L: Clone> Shared<E, L> {
+    /// Whether an admitted request of `cost` holds something to give back or settle later.
+    #[inline]
+    pub(crate) fn reserves(&self, cost: u32) -> bool {
+        cost > 0 || self.answers.settle.is_some()
+    }
+
+    /// What an admitted request of `cost` took from `key` on tier `tier`, with `admitted`,
+    /// the decision that admitted it (`None` while it is to come).
+    #[inline]
+    pub(crate) fn taken<B>(
+        &self,
+        tier: usize,
+        key: E::Key,
+        cost: u32,
+        admitted: Option<Decision>,
+    ) -> Taken<B, E::Key>
+    where
+        B: super::store::Backend<E::Key, Limiter = L>,
+    {
+        Taken {
+            limiter: self.limiters[tier].clone(),
+            key,
+            cost,
+            settle: self.answers.settle.is_some().then(|| {
+                Box::new(Settle {
+                    answers: self.answers.clone(),
+                    tier,
+                    admitted,
+                })
+            }),
+        }
+    }
+}
+
 impl Answers {
     /// Everything after the decision of `cost` (for `key`, when the layer traces keys): an
     /// admitted request gets the decision in its extensions and the header fields for its
@@ -175,7 +213,9 @@ impl Answers {
         let tier = &self.tiers[tier];
         let dry_run = self.observe.dry_run;
         // A degraded decision knows nothing of the quotas: no fields that would say otherwise.
-        let headers = if decision.is_degraded() || (dry_run && !self.dry_run_headers) {
+        // An admission that will be settled renders its fields when it is (see `Settle`).
+        let settles = self.settle.is_some() && decision.is_allowed();
+        let headers = if decision.is_degraded() || settles || (dry_run && !self.dry_run_headers) {
             None
         } else {
             self.rate_headers(tier, &decision)
@@ -252,6 +292,15 @@ impl Answers {
             h.apply(resp.headers_mut());
         }
         Err(resp)
+    }
+
+    /// The header fields of tier `tier` reporting `d`: the state after a settlement (none in
+    /// dry-run mode unless the layer sends them there too).
+    pub(crate) fn settled_headers(&self, tier: usize, d: &Decision) -> Option<RateHeaders> {
+        if self.observe.dry_run && !self.dry_run_headers {
+            return None;
+        }
+        self.rate_headers(&self.tiers[tier], d)
     }
 
     fn rate_headers(&self, tier: &Tier, d: &Decision) -> Option<RateHeaders> {

@@ -52,11 +52,22 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     fn tracked_keys(_limiter: &Self::Limiter) -> Option<usize> {
         None
     }
+
+    /// Settles a request that reserved `reserved` for `key` at the `actual` cost its response
+    /// reported (different from `reserved`): gives back the difference, or charges it even
+    /// over the limit. Answers the key's state after settling: at once (memory), or when the
+    /// future completes (Redis; `None` when Redis did not answer).
+    #[doc(hidden)]
+    fn settle(limiter: &Self::Limiter, key: K, reserved: u32, actual: u32) -> Answer<Settling>;
 }
 
 /// A refund that waits for the store.
 #[doc(hidden)]
 pub type Refunding = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A settlement that waits for the store: the key's state after it, if the store answered.
+#[doc(hidden)]
+pub type Settling = Pin<Box<dyn Future<Output = Option<Decision>> + Send>>;
 
 /// What a store makes of a request to be decided.
 #[doc(hidden)]
@@ -137,6 +148,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
 
     fn tracked_keys(limiter: &RateLimiter<K>) -> Option<usize> {
         Some(limiter.len())
+    }
+
+    fn settle(limiter: &RateLimiter<K>, key: K, reserved: u32, actual: u32) -> Answer<Settling> {
+        Answer::Now(limiter.settle(&key, reserved, actual))
     }
 }
 

@@ -7,7 +7,9 @@
 --          of cost at score <time>, and the words as the member "w<words>" at score -inf.
 --          Times in microseconds. Absent is an idle key.
 -- ARGV[1]  cost (0 only reports); a negative cost -c gives back a request of cost c admitted
---          earlier (src/algo/mod.rs `KeyState::refund`; the log loses its newest c entries)
+--          earlier (src/algo/mod.rs `KeyState::refund`; the log loses its newest c entries);
+--          "+c" charges c whatever the limit (a cost settled after the response): decided as
+--          if every quota admitted it, beyond the limit if need be (`KeyState::charge`)
 -- ARGV[2]  now in microseconds, or "" to use the server's TIME (shared by every instance)
 -- ARGV[3]  number of quotas n, then for quota i: ARGV[1+3i] kind (0 GCRA, 1 fixed window,
 --          2 sliding log, 3 sliding counter), ARGV[2+3i], ARGV[3+3i]: GCRA emission interval
@@ -18,6 +20,7 @@
 -- Every number stays below 2^53, where Lua's doubles are exact integers.
 
 local cost = tonumber(ARGV[1])
+local force = string.byte(ARGV[1]) == 43
 local now
 if ARGV[2] == '' then
   local t = redis.call('TIME')
@@ -32,11 +35,13 @@ local function fmt(x) return string.format('%.0f', x) end
 
 local kind, pa, pb = {}, {}, {}
 local log_width = nil
+local log_limit = 0
 for q = 1, n do
   kind[q] = tonumber(ARGV[1 + 3 * q])
   pa[q] = tonumber(ARGV[2 + 3 * q])
   pb[q] = tonumber(ARGV[3 + 3 * q])
   if kind[q] == 2 and (log_width == nil or pb[q] > log_width) then log_width = pb[q] end
+  if kind[q] == 2 and pa[q] > log_limit then log_limit = pa[q] end
 end
 local WORDS = {[0] = 1, [1] = 2, [2] = 0, [3] = 3}
 
@@ -111,23 +116,23 @@ local function step(q, c)
   local k, a, b, s = kind[q], pa[q], pb[q], st[q]
   if k == 0 then
     local inc = c * a
-    if inc > b then return 'never' end
+    if inc > b and not force then return 'never' end
     local base = s[1]
     if now > base then base = now end
     local ahead = base + inc - now
-    if ahead <= b then return 'allow', {base + inc, 0, 0} end
+    if ahead <= b or force then return 'allow', {base + inc, 0, 0} end
     return 'deny', ahead - b
   end
-  if c > a then return 'never' end
+  if c > a and not force then return 'never' end
   if k == 1 then
     local start, used = fixed_current(s, b)
-    if used + c <= a then return 'allow', {start, used + c, 0} end
+    if used + c <= a or force then return 'allow', {start, used + c, 0} end
     local r = start + b - now
     if r < 1 then r = 1 end
     return 'deny', r
   elseif k == 2 then
     local cnt = log_count(b)
-    if cnt + c <= a then return 'allow', {0, 0, 0} end
+    if cnt + c <= a or force then return 'allow', {0, 0, 0} end
     local kth = cnt + c - a
     local t = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - b), '+inf', 'WITHSCORES',
       'LIMIT', kth - 1, 1)
@@ -136,7 +141,7 @@ local function step(q, c)
     return 'deny', r
   else
     local start, prev, cur = counter_current(s, b)
-    if (cur + c) * b + counter_weighted(start, prev, b) <= a * b then
+    if force or (cur + c) * b + counter_weighted(start, prev, b) <= a * b then
       return 'allow', {start, prev, cur + c}
     end
     local function first_fit(count, room)
@@ -170,7 +175,9 @@ local function figures(q)
     local start, used = fixed_current(s, b)
     local reset = 0
     if used > 0 then reset = start + b - now end
-    return a - used, reset
+    local remaining = a - used
+    if remaining < 0 then remaining = 0 end
+    return remaining, reset
   elseif k == 2 then
     local cnt = log_count(b)
     local reset = 0
@@ -297,7 +304,10 @@ if outcome == 0 and cost > 0 then
     local stamp = fmt(at)
     local have = redis.call('ZCOUNT', key, at, at)
     local args = {}
-    for i = 0, cost - 1 do
+    -- A charge logs at most the largest limit: more entries at one time change no decision.
+    local logged = cost
+    if force and logged > log_limit then logged = log_limit end
+    for i = 0, logged - 1 do
       args[#args + 1] = at
       args[#args + 1] = stamp .. ':' .. string.format('%010d', have + i)
     end

@@ -494,25 +494,47 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         if cost == 0 {
             return;
         }
+        // A negative cost is a refund to the script.
+        self.adjust(key, &format!("-{cost}")).await;
+    }
+
+    /// Settles a request that reserved `reserved` for `key` at the `actual` cost known after
+    /// its response, in one script call: gives back the difference (as [`refund`]), or charges
+    /// it even over the limit (the key goes into debt). Returns the key's state after
+    /// settling; `None` when Redis did not answer in time (the reservation stands).
+    ///
+    /// [`refund`]: Self::refund
+    pub(crate) async fn settle(&self, key: &K, reserved: u32, actual: u32) -> Option<Decision> {
+        let cost = match actual.cmp(&reserved) {
+            std::cmp::Ordering::Less => format!("-{}", reserved - actual),
+            // "+c" charges c whatever the limit.
+            std::cmp::Ordering::Greater => format!("+{}", actual - reserved),
+            std::cmp::Ordering::Equal => "0".to_owned(),
+        };
+        self.adjust(key, &cost).await
+    }
+
+    /// Runs the script with a signed cost that moves the key's times whatever the limit (a
+    /// refund, or a charge), and brings a cached rejection of the key up to date.
+    async fn adjust(&self, key: &K, cost: &str) -> Option<Decision> {
         let inner = &*self.inner;
         let now = self.now();
-        // A negative cost is a refund to the script.
-        let back = format!("-{cost}");
-        let (args, n) = self.script_args(Arg::Bytes(back.as_bytes()), now);
-        let Some(reply) = inner
+        let (args, n) = self.script_args(Arg::Bytes(cost.as_bytes()), now);
+        let reply = inner
             .store
             .eval(&self.redis_key(key), &args[..n], &inner.meter)
-            .await
-        else {
-            return;
-        };
+            .await?;
         match self.decision_of(&reply) {
             Some(d) => {
                 if let Some(deny) = &inner.deny {
                     deny.admitted(key, now, &d);
                 }
+                Some(d)
             }
-            None => inner.store.bad_reply(&inner.meter),
+            None => {
+                inner.store.bad_reply(&inner.meter);
+                None
+            }
         }
     }
 

@@ -338,6 +338,19 @@ where
         Some(Box::pin(async move { limiter.refund(&key, cost).await }))
     }
 
+    /// One script call that gives back or charges the difference, and reports the state.
+    fn settle(
+        limiter: &Self::Limiter,
+        key: K,
+        reserved: u32,
+        actual: u32,
+    ) -> crate::rate_limit::Answer<crate::rate_limit::Settling> {
+        let limiter = limiter.clone();
+        crate::rate_limit::Answer::Later(Box::pin(async move {
+            limiter.settle(&key, reserved, actual).await
+        }))
+    }
+
     fn make_limiter(
         &self,
         name: &str,

@@ -31,8 +31,21 @@ pub(crate) trait Slot: Send + Sync + Sized {
     fn horizon(&self) -> u64;
     /// Gives back `cost` admitted earlier; see [`refunded`]. Atomic for the key.
     fn refund(&self, rules: &Self::Rules, now: u64, cost: u32);
+    /// Takes `cost` whatever the state (see [`charged`]). Atomic for the key.
+    fn charge(&self, rules: &Self::Rules, now: u64, cost: u32);
+    /// The entry of a key without one once `cost` is taken whatever the limit.
+    fn charged_absent(rules: &Self::Rules, now: u64, cost: u32) -> Self;
     /// The decision for a new key turned away because the store is full.
     fn full(rules: &Self::Rules, retry_after: u64) -> Decision;
+}
+
+/// A quota's time once `cost` is taken at `now` whatever the limit (a cost settled after the
+/// response): `cost` emission intervals past the later of `tat` and `now`, beyond the
+/// tolerance if need be, so that the key is in debt and rejected until time pays it off.
+#[inline]
+pub(crate) fn charged(g: &Gcra, tat: u64, now: u64, cost: u32) -> u64 {
+    tat.max(now)
+        .saturating_add(g.interval.saturating_mul(u64::from(cost)))
 }
 
 /// A quota's time once a request of `cost` admitted earlier is given back at `now`: `cost`
@@ -105,6 +118,18 @@ impl Slot for One {
         }
     }
 
+    fn charge(&self, g: &Gcra, now: u64, cost: u32) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                Some(charged(g, tat, now, cost))
+            });
+    }
+
+    fn charged_absent(g: &Gcra, now: u64, cost: u32) -> Self {
+        One(AtomicU64::new(charged(g, 0, now, cost)))
+    }
+
     fn full(g: &Gcra, retry_after: u64) -> Decision {
         Decision::store_full(&[Rule::Gcra(*g)], retry_after)
     }
@@ -145,6 +170,21 @@ impl Slot for Many {
         for (tat, g) in tats.iter_mut().zip(gcras) {
             *tat = refunded(g, *tat, now, cost);
         }
+    }
+
+    fn charge(&self, gcras: &[Gcra], now: u64, cost: u32) {
+        let mut tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (tat, g) in tats.iter_mut().zip(gcras) {
+            *tat = charged(g, *tat, now, cost);
+        }
+    }
+
+    fn charged_absent(gcras: &[Gcra], now: u64, cost: u32) -> Self {
+        let mut tats = [0u64; MAX_QUOTAS];
+        for (tat, g) in tats.iter_mut().zip(gcras) {
+            *tat = charged(g, 0, now, cost);
+        }
+        Many(Mutex::new(tats))
     }
 
     fn full(gcras: &[Gcra], retry_after: u64) -> Decision {
@@ -208,6 +248,21 @@ impl Slot for Mixed {
         let mut state = self.lock();
         state.refund(rules, now, cost);
         self.horizon.store(state.idle_at(rules), Ordering::Release);
+    }
+
+    fn charge(&self, rules: &[Rule], now: u64, cost: u32) {
+        let mut state = self.lock();
+        state.charge(rules, now, cost);
+        self.horizon.store(state.idle_at(rules), Ordering::Release);
+    }
+
+    fn charged_absent(rules: &[Rule], now: u64, cost: u32) -> Self {
+        let mut state = KeyState::default();
+        state.charge(rules, now, cost);
+        Mixed {
+            horizon: AtomicU64::new(state.idle_at(rules)),
+            state: Mutex::new(state),
+        }
     }
 
     fn full(rules: &[Rule], retry_after: u64) -> Decision {
@@ -279,6 +334,29 @@ where
         let hash = self.table.hash(key);
         self.table
             .get(hash, key, now, |slot| slot.refund(gcras, now, cost));
+    }
+
+    /// Takes `cost` from `key` whatever its state (see [`charged`]). A key without an entry
+    /// gets one even when the table is full: a debt is never dropped for want of room.
+    pub(crate) fn charge(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) {
+        let hash = self.table.hash(key);
+        let charge = |slot: &V, now: u64| slot.charge(rules, now, cost);
+        if self
+            .table
+            .get(hash, key, now, |slot| charge(slot, now))
+            .is_some()
+        {
+            return;
+        }
+        let read = || clock.now().max(now);
+        let _ = self.table.upsert(
+            hash,
+            key,
+            true,
+            read,
+            |slot, now| charge(&*slot, now),
+            |now| Absent::Insert((), V::charged_absent(rules, now, cost)),
+        );
     }
 
     /// The path of a key without an entry: decided as an idle key; only an admitted request
