@@ -161,6 +161,8 @@
 //! * `tonic`: [`key::PeerIp`](struct@key::PeerIp) reads tonic's `TcpConnectInfo`. gRPC rejections ([`grpc`])
 //!   need no feature.
 //! * `stream`: adapters that rate-limit or shape any `futures::Stream` (module `stream`).
+//! * `metrics`: every layer and limiter counts its decisions through the `metrics` facade
+//!   (see [`observe`] for the series). Tracing events and dry-run mode need no feature.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
@@ -176,6 +178,7 @@ pub mod key;
 mod keyed;
 mod layer;
 pub mod limiter;
+pub mod observe;
 pub mod penalty;
 pub mod quota;
 pub mod rate_limit;

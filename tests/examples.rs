@@ -19,6 +19,10 @@ mod llm_gateway;
 #[path = "../examples/login.rs"]
 #[allow(dead_code)]
 mod login;
+#[cfg(feature = "metrics")]
+#[path = "../examples/metrics.rs"]
+#[allow(dead_code)]
+mod metrics_example;
 #[path = "../examples/per_route.rs"]
 #[allow(dead_code)]
 mod per_route;
@@ -452,6 +456,47 @@ async fn tiers_vip_keys_get_100_others_10_no_key_401() {
 
     let a = send(&app, curl(Method::GET, "/nope", &[("x-api-key", "bob")])).await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
+}
+
+// ---------------------------------------------------------------------------------------------
+// metrics
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn metrics_twelve_calls_ten_admitted_and_the_shadow_policy_would_have_refused_seven() {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    let (clock, _time) = Clock::manual();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let app = metrics::with_local_recorder(&recorder, || metrics_example::app(handle, clock));
+
+    // for i in $(seq 12); do curl -s -o /dev/null -w '%{http_code} ' localhost:3000/api; done
+    let mut codes = Vec::new();
+    for _ in 0..12 {
+        codes.push(send(&app, get("/api")).await.status.as_u16());
+    }
+    assert_eq!(
+        codes,
+        [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 429, 429]
+    );
+
+    // curl -s localhost:3000/metrics | grep '^tollgate_decisions_total' | grep -v ' 0$'
+    let scrape = send(&app, get("/metrics")).await.body;
+    let mut lines: Vec<&str> = scrape
+        .lines()
+        .filter(|l| l.starts_with("tollgate_decisions_total") && !l.ends_with(" 0"))
+        .collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "tollgate_decisions_total{layer=\"rate_limit\",policy=\"api\",quota=\"\",outcome=\"allowed\",dry_run=\"false\"} 10",
+            "tollgate_decisions_total{layer=\"rate_limit\",policy=\"api\",quota=\"api\",outcome=\"limited\",dry_run=\"false\"} 2",
+            "tollgate_decisions_total{layer=\"rate_limit\",policy=\"api-strict\",quota=\"\",outcome=\"allowed\",dry_run=\"true\"} 5",
+            "tollgate_decisions_total{layer=\"rate_limit\",policy=\"api-strict\",quota=\"api-strict\",outcome=\"limited\",dry_run=\"true\"} 7",
+        ]
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,12 +10,14 @@ use tower_layer::Layer;
 use super::adaptive::LimitAlgorithm;
 use super::control::{Classifier, Control, Priority, Shares};
 use super::permit::{GlobalLimit, KeyedLimit};
+use super::service::OUTCOMES;
 use super::service::{ConcurrencyLimit, Limit, Shared};
 use crate::error::ConfigError;
 use crate::headers;
 use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor, RequestHead};
 use crate::layer::common::{Common, Lazy};
+use crate::observe::{self, ConcurrencyMeter, DecisionMeter, LayerKind, Names};
 use crate::response::OnReject;
 
 /// The `Retry-After` hint of a rejection unless [`retry_after`](ConcurrencyLimitLayer::retry_after)
@@ -213,6 +215,30 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
     /// at least 1).
     pub fn retry_after(mut self, wait: Duration) -> Self {
         self.retry_after = wait;
+        self.changed()
+    }
+
+    /// Dry-run (shadow) mode: every request is decided, counted and traced as if the limit
+    /// were enforced, but none is rejected or queued. A request over the limit (or one that
+    /// would have waited in the queue) goes on at once without a permit, so the permits held
+    /// are those enforcement would hold, and carries a
+    /// [`DryRunRejection`](crate::observe::DryRunRejection) in its extensions. See
+    /// [`observe`](crate::observe#dry-run-mode).
+    ///
+    /// ```
+    /// use tollgate::ConcurrencyLimitLayer;
+    /// let shadow = ConcurrencyLimitLayer::new(64).policy_header("db").dry_run(true);
+    /// # let _ = shadow;
+    /// ```
+    pub fn dry_run(mut self, on: bool) -> Self {
+        self.common.observe.dry_run = on;
+        self.changed()
+    }
+
+    /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
+    /// `Debug` form (default: no; a key is often an IP address or a user id).
+    pub fn trace_keys(mut self, on: bool) -> Self {
+        self.common.observe.trace_keys = on;
         self.changed()
     }
 
@@ -418,10 +444,21 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             let limit = Limit::Global(GlobalLimit::new(self.max, control.as_ref()));
             (limit, StatusCode::SERVICE_UNAVAILABLE)
         };
+        let names = Names::new(
+            LayerKind::Concurrency,
+            self.policy_name.as_deref().unwrap_or(""),
+            &[],
+        );
+        let observe = self.common.observe;
+        let settings = (self.max, self.queue);
+        observe::config(&names, observe.dry_run, observe.trace_keys, &settings);
         Ok(Shared {
             core,
             limit,
             status,
+            meter: DecisionMeter::new(&names, observe.dry_run, OUTCOMES),
+            gauges: ConcurrencyMeter::new(&names, observe.dry_run),
+            names,
             max_waiting: self.queue.map(|(n, _)| n),
             max_wait: self.queue.map_or(Duration::ZERO, |(_, d)| d),
             retry_after: self.retry_after,

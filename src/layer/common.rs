@@ -20,6 +20,7 @@ use super::allow::AllowList;
 use crate::error::ConfigError;
 use crate::key::missing::Resolved;
 use crate::key::{KeyError, KeyExtractor, MissingKey, RequestHead};
+use crate::observe::Observe;
 use crate::response::{self, OnReject, Protocol, RejectionKind};
 
 /// The builder settings every layer has: who a request counts against, what happens to a
@@ -35,6 +36,8 @@ pub(crate) struct Common<E: KeyExtractor> {
     allow: AllowList<E::Key>,
     /// Settings found invalid when they were made, with the caller's line.
     invalid: Vec<Invalid>,
+    /// Dry-run mode and key tracing.
+    pub(crate) observe: Observe,
 }
 
 /// A setting found invalid when its builder method was called.
@@ -54,6 +57,7 @@ impl<E: KeyExtractor> Common<E> {
             on_reject: None,
             allow: AllowList::default(),
             invalid: Vec::new(),
+            observe: Observe::default(),
         }
     }
 
@@ -124,6 +128,7 @@ impl<E: KeyExtractor> Common<E> {
             on_reject: self.on_reject,
             allow,
             invalid: self.invalid,
+            observe: self.observe,
         }
     }
 
@@ -172,6 +177,7 @@ impl<E: KeyExtractor> Common<E> {
             on_reject: self.on_reject.clone(),
             allow: self.allow.clone(),
             misconfigured_logged: AtomicBool::new(false),
+            observe: self.observe,
         })
     }
 }
@@ -184,6 +190,8 @@ pub(crate) struct Core<E: KeyExtractor> {
     allow: AllowList<E::Key>,
     /// Whether a key error that is the server's fault has been logged by this layer.
     misconfigured_logged: AtomicBool,
+    /// Dry-run mode and key tracing.
+    pub(crate) observe: Observe,
 }
 
 impl<E: KeyExtractor> Core<E> {
@@ -230,6 +238,14 @@ impl<E: KeyExtractor> Core<E> {
                 e.reason()
             );
         }
+    }
+
+    /// The key as rejection events show it: only when the layer traces keys.
+    #[inline]
+    pub(crate) fn traced<'k>(&self, key: &'k E::Key) -> Option<&'k dyn std::fmt::Debug> {
+        self.observe
+            .trace_keys
+            .then_some(key as &dyn std::fmt::Debug)
     }
 
     /// The status a request without a key is turned away with, when the policy rejects.

@@ -8,13 +8,14 @@ use tower_layer::Layer;
 use super::policy::Policy;
 use super::service::RateLimit;
 use super::settle::{AmountFn, CountFn, SettleRule};
-use super::shared::{Answers, CostFn, SelectFn, Shared, SkipFn, Tier};
+use super::shared::{Answers, CostFn, SelectFn, Shared, SkipFn, Tier, OUTCOMES};
 use super::store::{Backend, Memory};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor, MissingKey, RequestHead};
 use crate::layer::common::{Common, Lazy};
 use crate::limiter::DEFAULT_MAX_KEYS;
+use crate::observe::{self, DecisionMeter, LayerKind, Names};
 use crate::penalty::{Penalties, PenaltyBox};
 use crate::response::OnReject;
 use crate::store::OnFull;
@@ -55,6 +56,7 @@ struct Settings {
     max_keys: Option<usize>,
     on_full: Option<OnFull>,
     penalty: Option<PenaltyBox>,
+    dry_run_headers: bool,
 }
 
 /// The state of a layer, built once, shared by every service it makes.
@@ -93,6 +95,7 @@ impl RateLimitLayer<Global> {
                 max_keys: None,
                 on_full: None,
                 penalty: None,
+                dry_run_headers: false,
             },
             common,
             store: Memory,
@@ -464,6 +467,40 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         Ok(self.shared()?.penalty.clone())
     }
 
+    /// Dry-run (shadow) mode: every request is decided, counted and traced as if the limit
+    /// were enforced, but none is rejected. A request the layer would have rejected goes on
+    /// to the service with a [`DryRunRejection`](crate::observe::DryRunRejection) in its
+    /// extensions, and consumes nothing, as a rejected request would not; admitted ones
+    /// consume as they would. With Redis, a shadow instance therefore takes from the shared
+    /// state exactly what an enforcing one would. See [`observe`](crate::observe#dry-run-mode).
+    ///
+    /// No `RateLimit` header fields are sent in dry-run mode unless
+    /// [`dry_run_headers`](Self::dry_run_headers) says so.
+    ///
+    /// ```
+    /// use tollgate::{key, Quota, RateLimitLayer};
+    /// let shadow = RateLimitLayer::new(Quota::per_second(10)).key(key::PeerIp).dry_run(true);
+    /// # let _ = shadow;
+    /// ```
+    pub fn dry_run(mut self, on: bool) -> Self {
+        self.common.observe.dry_run = on;
+        self.changed()
+    }
+
+    /// Whether a layer in dry-run mode sends its `RateLimit` header fields (default: no, so
+    /// that clients that follow them do not slow down because of a limit not enforced yet).
+    pub fn dry_run_headers(mut self, on: bool) -> Self {
+        self.settings.dry_run_headers = on;
+        self.changed()
+    }
+
+    /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
+    /// `Debug` form (default: no; a key is often an IP address or a user id).
+    pub fn trace_keys(mut self, on: bool) -> Self {
+        self.common.observe.trace_keys = on;
+        self.changed()
+    }
+
     /// Checks the configuration now, for layers built from values read at run time.
     ///
     /// `Layer::layer` panics with the same error otherwise, when the app is assembled.
@@ -513,10 +550,15 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 self.settings.on_full,
                 self.settings.penalty.as_ref(),
             )?);
+            let names = Names::new(LayerKind::RateLimit, &policy.name, &policy.item_names());
+            let observe = self.common.observe;
+            observe::config(&names, observe.dry_run, observe.trace_keys, &policy.quotas);
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
                 headers: policy.headers(),
                 rules: policy.quotas.iter().map(crate::Quota::rule).collect(),
+                meter: DecisionMeter::new(&names, observe.dry_run, OUTCOMES),
+                names,
             });
         }
         let penalty = match &self.settings.penalty {
@@ -540,6 +582,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                     http::StatusCode::TOO_MANY_REQUESTS,
                     PenaltyBox::answer_status,
                 ),
+                observe: self.common.observe,
+                dry_run_headers: self.settings.dry_run_headers,
                 settle: SettleRule::new(self.settings.count.clone(), self.settings.amount.clone()),
             }),
             select: self.settings.select.clone(),

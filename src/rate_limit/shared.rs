@@ -15,6 +15,7 @@ use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::Core;
+use crate::observe::{self, DecisionMeter, DryRunRejection, Names, Observe, Verdict};
 use crate::penalty::{banned_decision, Penalties};
 use crate::response::{self, OnReject, Protocol, RejectionKind};
 
@@ -32,7 +33,21 @@ pub(crate) struct Tier {
     pub(crate) headers: PolicyHeaders,
     /// The policy's quotas, for the fields of a banned key's answer.
     pub(crate) rules: Box<[Rule]>,
+    /// The names its metrics and events carry.
+    pub(crate) names: Names,
+    pub(crate) meter: DecisionMeter,
 }
+
+/// The outcomes a rate-limit policy can count.
+pub(crate) const OUTCOMES: &[Verdict] = &[
+    Verdict::Allowed,
+    Verdict::MissingKey,
+    Verdict::Banned,
+    #[cfg(feature = "redis")]
+    Verdict::FailOpen,
+    #[cfg(feature = "redis")]
+    Verdict::FailClosed,
+];
 
 /// Everything a layer's services share; `L` is the limiter type of the layer's store.
 pub(crate) struct Shared<E: KeyExtractor, L> {
@@ -60,6 +75,10 @@ pub(crate) struct Answers {
     pub(crate) legacy_headers: bool,
     /// The status of a banned key's answer.
     pub(crate) ban_status: StatusCode,
+    /// Dry-run mode and key tracing.
+    pub(crate) observe: Observe,
+    /// Whether a dry-run layer sends its header fields.
+    pub(crate) dry_run_headers: bool,
     /// How a reservation is settled from the response, when the layer learns from responses.
     pub(crate) settle: Option<SettleRule>,
 }
@@ -70,6 +89,8 @@ pub(crate) enum Prepared<K, B> {
     Pass,
     /// Answered without a decision (no key, and the layer rejects such requests).
     Reject(Response<B>),
+    /// Would have been answered without a decision, but the layer runs dry.
+    Shadow(DryRunRejection),
     /// Decide `cost` for `key` on the tier at index `tier`.
     Decide { tier: usize, key: K, cost: u32 },
 }
@@ -121,7 +142,25 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             Resolved::Key(key) => key,
             Resolved::Pass => return Prepared::Pass,
             Resolved::Reject(status) => {
-                let policy = Some(&*self.answers.tiers[tier].name);
+                let t = &self.answers.tiers[tier];
+                let dry_run = self.core.observe.dry_run;
+                t.meter.count(Verdict::MissingKey, None);
+                observe::rejected(
+                    &t.names,
+                    None,
+                    Verdict::MissingKey,
+                    status,
+                    None,
+                    dry_run,
+                    None,
+                );
+                if dry_run {
+                    let kind = RejectionKind::MissingKey;
+                    return Prepared::Shadow(DryRunRejection::new(
+                        &t.names, None, kind, status, None,
+                    ));
+                }
+                let policy = Some(&*t.name);
                 let protocol = Protocol::of(head);
                 return Prepared::Reject(self.core.reject_missing(status, policy, protocol));
             }
@@ -194,28 +233,53 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
 }
 
 impl Answers {
-    /// Everything after the decision: an admitted request gets the decision in its extensions
-    /// and the header fields for its response (`Ok`); a rejected one gets its response (`Err`).
+    /// Everything after the decision of `cost` (for `key`, when the layer traces keys): an
+    /// admitted request gets the decision in its extensions and the header fields for its
+    /// response (`Ok`); a rejected one gets its response (`Err`), or in dry-run mode the
+    /// would-be rejection in its extensions and `Ok`.
     #[inline]
     pub(crate) fn finish<ReqBody, B: From<Bytes>>(
         &self,
         tier: usize,
         decision: Decision,
+        cost: u32,
+        key: Option<&dyn std::fmt::Debug>,
         req: &mut Request<ReqBody>,
     ) -> Result<Option<RateHeaders>, Response<B>> {
         let tier = &self.tiers[tier];
+        let dry_run = self.observe.dry_run;
         // A degraded decision knows nothing of the quotas: no fields that would say otherwise.
         // An admission that will be settled renders its fields when it is (see `Settle`).
         let settles = self.settle.is_some() && decision.is_allowed();
-        let headers = if decision.is_degraded() || settles {
+        let headers = if decision.is_degraded() || settles || (dry_run && !self.dry_run_headers) {
             None
         } else {
             self.rate_headers(tier, &decision)
         };
         if decision.is_allowed() {
+            let verdict = if decision.is_degraded() {
+                Verdict::FailOpen
+            } else {
+                Verdict::Allowed
+            };
+            tier.meter.count(verdict, None);
             crate::gcra::record_admitted(req.extensions_mut(), decision);
             return Ok(headers);
         }
+        self.rejected(tier, decision, cost, key, req, headers)
+    }
+
+    /// The rejection of a request, or in dry-run mode its record.
+    #[inline(never)]
+    fn rejected<ReqBody, B: From<Bytes>>(
+        &self,
+        tier: &Tier,
+        decision: Decision,
+        cost: u32,
+        key: Option<&dyn std::fmt::Debug>,
+        req: &mut Request<ReqBody>,
+        headers: Option<RateHeaders>,
+    ) -> Result<Option<RateHeaders>, Response<B>> {
         let (kind, status) = match decision.outcome() {
             _ if decision.is_degraded() => (
                 RejectionKind::StoreUnavailable,
@@ -228,6 +292,30 @@ impl Answers {
             Outcome::Banned => (RejectionKind::Banned, self.ban_status),
             _ => (RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS),
         };
+        let quota = if decision.is_degraded() {
+            None
+        } else {
+            observe::fired(&decision, cost)
+        };
+        let verdict = Verdict::of_rejection(kind);
+        let retry_after = decision.retry_after();
+        let dry_run = self.observe.dry_run;
+        tier.meter.count(verdict, quota);
+        observe::rejected(
+            &tier.names,
+            quota,
+            verdict,
+            status,
+            retry_after,
+            dry_run,
+            key,
+        );
+        if dry_run {
+            let r = DryRunRejection::new(&tier.names, quota, kind, status, retry_after);
+            r.record(req.extensions_mut());
+            crate::gcra::record_admitted(req.extensions_mut(), decision);
+            return Ok(headers);
+        }
         let mut resp = response::respond(
             self.on_reject.as_ref(),
             kind,
@@ -243,8 +331,12 @@ impl Answers {
         Err(resp)
     }
 
-    /// The header fields of tier `tier` reporting `d`: the state after a settlement.
+    /// The header fields of tier `tier` reporting `d`: the state after a settlement (none in
+    /// dry-run mode unless the layer sends them there too).
     pub(crate) fn settled_headers(&self, tier: usize, d: &Decision) -> Option<RateHeaders> {
+        if self.observe.dry_run && !self.dry_run_headers {
+            return None;
+        }
         self.rate_headers(&self.tiers[tier], d)
     }
 

@@ -55,6 +55,12 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     #[doc(hidden)]
     fn refund(limiter: &Self::Limiter, key: K, cost: u32) -> Option<Refunding>;
 
+    /// How many keys the limiter tracks in this process, if it tracks them here.
+    #[doc(hidden)]
+    fn tracked_keys(_limiter: &Self::Limiter) -> Option<usize> {
+        None
+    }
+
     /// Settles a request that reserved `reserved` for `key` at the `actual` cost its response
     /// reported (different from `reserved`): gives back the difference, or charges it even
     /// over the limit. Answers the key's state after settling: at once (memory), or when the
@@ -148,6 +154,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
     fn refund(limiter: &RateLimiter<K>, key: K, cost: u32) -> Option<Refunding> {
         limiter.refund(&key, cost);
         None
+    }
+
+    fn tracked_keys(limiter: &RateLimiter<K>) -> Option<usize> {
+        Some(limiter.len())
     }
 
     fn settle(limiter: &RateLimiter<K>, key: K, reserved: u32, actual: u32) -> Answer<Settling> {

@@ -132,6 +132,11 @@ struct Inner<K> {
     deny: Option<DenyCache<K>>,
     /// The penalty box, decided in Redis with the quotas.
     penalty: Option<Penalty<K>>,
+    /// Its script calls, in the metrics.
+    meter: crate::observe::RedisMeter,
+    /// Its decisions through `check_n`, in the metrics.
+    #[cfg(feature = "metrics")]
+    decisions: Option<crate::observe::LimiterMeter>,
     /// The tasks of this process waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
 }
@@ -170,12 +175,20 @@ pub struct RedisRateLimiterBuilder<K> {
     name: Cow<'static, str>,
     clock: Option<Clock>,
     penalty: Option<PenaltyBox>,
+    /// Whether its own decisions are counted (not when a layer counts them).
+    counted: bool,
 }
 
 impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     /// Adds a quota, decided together with the others (at most 4).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);
+        self
+    }
+
+    /// The limiter of a layer, which counts the decisions itself.
+    pub(crate) fn uncounted(mut self) -> Self {
+        self.counted = false;
         self
     }
 
@@ -278,6 +291,14 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                     .then(|| BanCache::new(self.store.deny_cache, max_age)),
             }
         });
+        #[cfg(feature = "metrics")]
+        let decisions = self.counted.then(|| {
+            let policy = crate::Policy::new(self.name.to_string(), self.quotas[0].clone());
+            let policy = self.quotas[1..]
+                .iter()
+                .fold(policy, |p, q| p.quota(q.clone()));
+            crate::observe::LimiterMeter::new(&self.name, &policy.item_names(), true)
+        });
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 name: self.name.as_ref().into(),
@@ -291,6 +312,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                 store: self.store,
                 deny,
                 penalty,
+                meter: crate::observe::RedisMeter::new(&self.name),
+                #[cfg(feature = "metrics")]
+                decisions,
                 waiters: Lines::default(),
             }),
         })
@@ -363,6 +387,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             name: Cow::Borrowed("default"),
             clock: None,
             penalty: None,
+            counted: true,
         }
     }
 
@@ -381,10 +406,15 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// As [`check`](Self::check).
     pub async fn check_n(&self, key: &K, cost: u32) -> Decision {
         let now = self.now();
-        match self.local(key, cost, now) {
+        let decision = match self.local(key, cost, now) {
             Some(d) => d,
             None => self.remote(key, cost, now).await,
+        };
+        #[cfg(feature = "metrics")]
+        if let Some(meter) = &self.inner.decisions {
+            meter.record(&decision, cost, || None);
         }
+        decision
     }
 
     /// Reports the state of `key` without consuming anything (`check_n(key, 0)`).
@@ -534,14 +564,22 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 let ban_key = self.ban_key(p, key);
                 let args = self.with_penalty_args(p, &args[..n], now);
                 let keys: [&[u8]; 2] = [&self.redis_key(key), &ban_key];
-                inner.store.eval_script(&DECIDE, &keys, &args).await
+                inner
+                    .store
+                    .eval_script(&DECIDE, &keys, &args, &inner.meter)
+                    .await
             }
-            None => inner.store.eval(&self.redis_key(key), &args[..n]).await,
+            None => {
+                inner
+                    .store
+                    .eval(&self.redis_key(key), &args[..n], &inner.meter)
+                    .await
+            }
         };
         let decision = reply.and_then(|r| {
             let d = self.decision_of(&r);
             if d.is_none() {
-                inner.store.bad_reply();
+                inner.store.bad_reply(&inner.meter);
             }
             d
         });
@@ -607,7 +645,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let inner = &*self.inner;
         let now = self.now();
         let (args, n) = self.script_args(Arg::Bytes(cost.as_bytes()), now);
-        let reply = inner.store.eval(&self.redis_key(key), &args[..n]).await?;
+        let reply = inner
+            .store
+            .eval(&self.redis_key(key), &args[..n], &inner.meter)
+            .await?;
         match self.decision_of(&reply) {
             Some(d) => {
                 if let Some(deny) = &inner.deny {
@@ -616,7 +657,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 Some(d)
             }
             None => {
-                inner.store.bad_reply();
+                inner.store.bad_reply(&inner.meter);
                 None
             }
         }
@@ -653,7 +694,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let ban_key = self.ban_key(p, key);
         // The quota key is never touched by these scripts; it is passed for the slot.
         let keys: [&[u8]; 2] = [&self.redis_key(key), &ban_key];
-        let reply = inner.store.eval_script(script, &keys, &args).await?;
+        let reply = inner
+            .store
+            .eval_script(script, &keys, &args, &inner.meter)
+            .await?;
         match reply.as_slice() {
             [3, left] => {
                 let left = u64::try_from(*left).ok()?.saturating_mul(MICRO);
@@ -664,7 +708,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             }
             [_, _] => Some(0),
             _ => {
-                inner.store.bad_reply();
+                inner.store.bad_reply(&inner.meter);
                 None
             }
         }
@@ -696,7 +740,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             bans.forget(key);
         }
         let ban_key = self.ban_key(p, key);
-        let _ = inner.store.eval_script(&PARDON, &[&ban_key], &[]).await;
+        let _ = inner
+            .store
+            .eval_script(&PARDON, &[&ban_key], &[], &inner.meter)
+            .await;
     }
 
     /// Maps the script's reply onto a decision; `None` when it does not fit.

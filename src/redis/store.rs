@@ -1,5 +1,6 @@
 //! [`RedisStore`]: the connection, its timeout and what happens when Redis does not answer.
 
+use crate::observe::{RedisMeter, StoreError};
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -218,8 +219,13 @@ impl RedisStore {
 
     /// Runs the decision script on `key` with `args`; `None` when Redis did not answer in time
     /// (the error is logged as an outage).
-    pub(crate) async fn eval(&self, key: &[u8], args: &[Arg<'_>]) -> Option<Vec<i64>> {
-        self.eval_script(&SCRIPT, &[key], args).await
+    pub(crate) async fn eval(
+        &self,
+        key: &[u8],
+        args: &[Arg<'_>],
+        meter: &RedisMeter,
+    ) -> Option<Vec<i64>> {
+        self.eval_script(&SCRIPT, &[key], args, meter).await
     }
 
     /// Runs `script` on `keys` with `args`, as [`eval`](Self::eval) runs the decision script.
@@ -228,6 +234,7 @@ impl RedisStore {
         script: &Script,
         keys: &[&[u8]],
         args: &[Arg<'_>],
+        meter: &RedisMeter,
     ) -> Option<Vec<i64>> {
         let mut call = script.prepare_invoke();
         for k in keys {
@@ -245,7 +252,10 @@ impl RedisStore {
                 Connection::Cluster(c) => call.invoke_async::<Vec<i64>>(&mut c.clone()).await,
             }
         };
-        match tokio::time::timeout(self.timeout, reply).await {
+        let start = tokio::time::Instant::now();
+        let reply = tokio::time::timeout(self.timeout, reply).await;
+        meter.call(start.elapsed());
+        match reply {
             Ok(Ok(reply)) => {
                 if let Some(line) = self.outage.success(Instant::now) {
                     log(&line, None);
@@ -253,10 +263,12 @@ impl RedisStore {
                 Some(reply)
             }
             Ok(Err(e)) => {
+                meter.error(StoreError::Connection);
                 self.failed(&e);
                 None
             }
             Err(_) => {
+                meter.error(StoreError::Timeout);
                 self.failed(&format_args!("no answer within {:?}", self.timeout));
                 None
             }
@@ -269,7 +281,8 @@ impl RedisStore {
     }
 
     /// Reports a reply that does not fit the script: a failure like any other.
-    pub(crate) fn bad_reply(&self) {
+    pub(crate) fn bad_reply(&self, meter: &RedisMeter) {
+        meter.error(StoreError::BadReply);
         self.failed(&"unexpected reply from the decision script");
     }
 
@@ -376,7 +389,8 @@ where
         }
         let (first, rest) = quotas.split_first().ok_or(crate::ConfigError::NoQuota)?;
         let mut builder = super::RedisRateLimiter::<K>::builder(self.clone(), first.clone())
-            .name(name.to_owned());
+            .name(name.to_owned())
+            .uncounted();
         for q in rest {
             builder = builder.quota(q.clone());
         }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use super::service::OUTCOMES;
 use super::service::{Shape, Shared};
 use super::shaper::Shaper;
 use crate::error::ConfigError;
@@ -13,6 +14,7 @@ use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor};
 use crate::layer::common::{Common, Lazy};
 use crate::limiter::DEFAULT_MAX_KEYS;
+use crate::observe::{self, DecisionMeter, LayerKind, Names, ShapeMeter};
 use crate::quota::Quota;
 use crate::rate_limit::policy::rate_name;
 use crate::response::OnReject;
@@ -188,6 +190,31 @@ impl<E: KeyExtractor> ShapeLayer<E> {
         self.changed()
     }
 
+    /// Dry-run (shadow) mode: every request is decided, counted and traced as if shaping
+    /// were enforced, but none is delayed or rejected. A request that would have waited goes
+    /// on at once and its place in the schedule is kept until its slot, so the schedule and
+    /// the delays reported are those enforcement would have; one the queue would have
+    /// refused goes on with a [`DryRunRejection`](crate::observe::DryRunRejection) in its
+    /// extensions and takes no place. No `RateLimit` header fields are sent. See
+    /// [`observe`](crate::observe#dry-run-mode).
+    ///
+    /// ```
+    /// use tollgate::{Quota, ShapeLayer};
+    /// let shadow = ShapeLayer::new(Quota::per_second(50)).name("upstream").dry_run(true);
+    /// # let _ = shadow;
+    /// ```
+    pub fn dry_run(mut self, on: bool) -> Self {
+        self.common.observe.dry_run = on;
+        self.changed()
+    }
+
+    /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
+    /// `Debug` form (default: no; a key is often an IP address or a user id).
+    pub fn trace_keys(mut self, on: bool) -> Self {
+        self.common.observe.trace_keys = on;
+        self.changed()
+    }
+
     /// Builds rejection responses with `hook` instead of the default plain-text 429.
     pub fn on_reject(mut self, hook: OnReject) -> Self {
         self.common.on_reject = Some(hook);
@@ -260,12 +287,18 @@ impl<E: KeyExtractor> ShapeLayer<E> {
         let capacity = shaper.capacity().unwrap_or(u64::MAX);
         let (count, period) = (self.quota.count(), self.quota.period());
         let policy = PolicyHeaders::new(&[(name.to_string(), capacity, count, period)], None);
+        let names = Names::new(LayerKind::Shape, &name, &[]);
+        let observe = self.common.observe;
+        observe::config(&names, observe.dry_run, observe.trace_keys, &self.quota);
         Ok(Shared {
             core,
             shaper,
             capacity,
             policy: self.headers.then_some(policy),
             name,
+            meter: DecisionMeter::new(&names, observe.dry_run, OUTCOMES),
+            gauges: ShapeMeter::new(&names, observe.dry_run),
+            names,
         })
     }
 }
