@@ -69,7 +69,7 @@ mod on {
     /// The decision counters of one policy (a tier of a rate limit, or a whole layer).
     pub(crate) struct DecisionMeter {
         /// One per outcome, in the order of `Verdict`, for decisions no quota made alone.
-        plain: [Counter; 9],
+        plain: [Counter; 10],
         /// Per quota: `limited` and `never_fits`.
         limited: Box<[Counter]>,
         never_fits: Box<[Counter]>,
@@ -130,7 +130,7 @@ mod on {
         }
     }
 
-    const ALL: [Verdict; 9] = [
+    const ALL: [Verdict; 10] = [
         Verdict::Allowed,
         Verdict::Delayed,
         Verdict::Waited,
@@ -140,6 +140,7 @@ mod on {
         Verdict::MissingKey,
         Verdict::FailOpen,
         Verdict::FailClosed,
+        Verdict::Banned,
     ];
 
     /// The gauges and histogram of a concurrency layer.
