@@ -666,3 +666,79 @@ mod redis {
         );
     }
 }
+
+/// Answers after `d` (on the paused clock).
+async fn slow(d: Duration) -> Result<Response<Body>, Infallible> {
+    tokio::time::sleep(d).await;
+    Ok(Response::new(Body::empty()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adaptive_limit_reports_its_limit_latency_and_sheds() {
+    use tollgate::concurrency::{Aimd, Priority};
+    // Every request takes 100 ms, twice AIMD's timeout: each completion lowers the limit.
+    let (layer, snap) = recorded(
+        || {
+            ConcurrencyLimitLayer::new(100)
+                .adaptive(
+                    Aimd::default()
+                        .initial(40)
+                        .timeout(Duration::from_millis(50)),
+                )
+                .policy_header("backend")
+        },
+        |l| {
+            let _ = l.clone().validate().unwrap();
+        },
+    );
+    // Gauges are read once each: the reader adds up its snapshots, which suits gauges moved
+    // up and down, not gauges set to a value.
+    let labels = [("policy", "backend"), ("dry_run", "false")];
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service_fn(|_req: Request<Body>| slow(Duration::from_millis(100)));
+    for _ in 0..3 {
+        let resp = svc.clone().oneshot(from("a")).await.unwrap();
+        drop(http_body_util::BodyExt::collect(resp.into_body()).await);
+    }
+    let limit = layer.limit();
+    assert!(limit < 40, "AIMD backed off: {limit}");
+    assert_eq!(
+        gauge(&snap, "tollgate_concurrency_limit", &labels),
+        limit as f64
+    );
+    let latency = layer.latency().expect("measured").as_secs_f64();
+    assert_eq!(
+        gauge(&snap, "tollgate_concurrency_latency_seconds", &labels),
+        latency
+    );
+    assert!((latency - 0.1).abs() < 1e-9, "{latency}");
+
+    // Priorities: of 2 places, a sheddable request may take 1; the second is shed.
+    let (shedding, snap) = recorded(
+        || {
+            ConcurrencyLimitLayer::new(2)
+                .priority(|_| Priority::Sheddable)
+                .policy_header("search")
+        },
+        |l| {
+            let _ = l.clone().validate().unwrap();
+        },
+    );
+    let labels = [("policy", "search"), ("dry_run", "false")];
+    let svc = ServiceBuilder::new()
+        .layer(shedding.clone())
+        .service_fn(|_req: Request<Body>| slow(Duration::from_secs(1)));
+    let first = tokio::spawn(svc.clone().oneshot(from("a")));
+    tokio::task::yield_now().await;
+    let second = svc.clone().oneshot(from("a")).await.unwrap();
+    assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(shedding.sheds(), 1);
+    assert_eq!(
+        counter(&snap, "tollgate_concurrency_sheds_total", &labels),
+        1
+    );
+    // Set when the layer was built; a limit without an algorithm never moves.
+    assert_eq!(gauge(&snap, "tollgate_concurrency_limit", &labels), 2.0);
+    drop(first.await.unwrap().unwrap());
+}

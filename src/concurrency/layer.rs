@@ -17,7 +17,7 @@ use crate::headers;
 use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor, RequestHead};
 use crate::layer::common::{Common, Lazy};
-use crate::observe::{self, ConcurrencyMeter, DecisionMeter, LayerKind, Names};
+use crate::observe::{self, AdaptiveMeter, ConcurrencyMeter, DecisionMeter, LayerKind, Names};
 use crate::response::OnReject;
 
 /// The `Retry-After` hint of a rejection unless [`retry_after`](ConcurrencyLimitLayer::retry_after)
@@ -436,7 +436,16 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             (None, Some(_)) => Some(Control::fixed(self.max)),
             (None, None) => None,
         };
-        let control = control.map(|c| Arc::new(c.with_shares(self.shares)));
+        let names = Names::new(
+            LayerKind::Concurrency,
+            self.policy_name.as_deref().unwrap_or(""),
+            &[],
+        );
+        let observe = self.common.observe;
+        let control = control.map(|c| {
+            let meter = AdaptiveMeter::new(&names, observe.dry_run);
+            Arc::new(c.with_shares(self.shares).with_meter(meter))
+        });
         let (limit, status) = if is_keyed::<E::Key>() {
             let limit = Limit::Keyed(KeyedLimit::new(self.max, control.clone()));
             (limit, StatusCode::TOO_MANY_REQUESTS)
@@ -444,12 +453,6 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             let limit = Limit::Global(GlobalLimit::new(self.max, control.as_ref()));
             (limit, StatusCode::SERVICE_UNAVAILABLE)
         };
-        let names = Names::new(
-            LayerKind::Concurrency,
-            self.policy_name.as_deref().unwrap_or(""),
-            &[],
-        );
-        let observe = self.common.observe;
         let settings = (self.max, self.queue);
         observe::config(&names, observe.dry_run, observe.trace_keys, &settings);
         Ok(Shared {

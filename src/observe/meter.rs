@@ -16,6 +16,9 @@ mod on {
     pub(crate) const IN_FLIGHT: &str = "tollgate_concurrency_in_flight";
     pub(crate) const WAITING: &str = "tollgate_concurrency_waiting";
     pub(crate) const WAIT: &str = "tollgate_concurrency_wait_seconds";
+    pub(crate) const LIMIT: &str = "tollgate_concurrency_limit";
+    pub(crate) const LATENCY: &str = "tollgate_concurrency_latency_seconds";
+    pub(crate) const SHEDS: &str = "tollgate_concurrency_sheds_total";
     pub(crate) const QUEUE: &str = "tollgate_shape_queue_length";
     pub(crate) const DELAY: &str = "tollgate_shape_delay_seconds";
     #[cfg(feature = "redis")]
@@ -175,6 +178,36 @@ mod on {
         }
     }
 
+    /// What an adaptive concurrency limit (or one with priorities) learnt: its current limit,
+    /// the smoothed latency it measured, and the requests it shed.
+    pub(crate) struct AdaptiveMeter {
+        limit: Gauge,
+        latency: Gauge,
+        sheds: Counter,
+    }
+
+    impl AdaptiveMeter {
+        pub(crate) fn new(names: &Names, dry_run: bool) -> Self {
+            AdaptiveMeter {
+                limit: metrics::gauge!(LIMIT, labels(names, dry_run)),
+                latency: metrics::gauge!(LATENCY, labels(names, dry_run)),
+                sheds: metrics::counter!(SHEDS, labels(names, dry_run)),
+            }
+        }
+
+        /// The limit now, and the latency measured so far (when there is one).
+        pub(crate) fn learnt(&self, limit: usize, latency: Option<Duration>) {
+            self.limit.set(limit as f64);
+            if let Some(l) = latency {
+                self.latency.set(l.as_secs_f64());
+            }
+        }
+
+        pub(crate) fn shed(&self) {
+            self.sheds.increment(1);
+        }
+    }
+
     /// A place counted in a gauge, given back when dropped, and the time it was held,
     /// recorded then when a histogram is given.
     #[derive(Default)]
@@ -293,6 +326,21 @@ mod on {
         pub(crate) fn keys(&self, _: bool, _: impl FnOnce() -> Option<usize>) {}
     }
 
+    pub(crate) struct AdaptiveMeter;
+
+    impl AdaptiveMeter {
+        #[inline(always)]
+        pub(crate) fn new(_: &Names, _: bool) -> Self {
+            AdaptiveMeter
+        }
+
+        #[inline(always)]
+        pub(crate) fn learnt(&self, _: usize, _: Option<Duration>) {}
+
+        #[inline(always)]
+        pub(crate) fn shed(&self) {}
+    }
+
     pub(crate) struct ConcurrencyMeter;
 
     impl ConcurrencyMeter {
@@ -355,4 +403,4 @@ mod on {
 
 #[cfg(feature = "redis")]
 pub(crate) use on::RedisMeter;
-pub(crate) use on::{ConcurrencyMeter, DecisionMeter, Held, ShapeMeter};
+pub(crate) use on::{AdaptiveMeter, ConcurrencyMeter, DecisionMeter, Held, ShapeMeter};

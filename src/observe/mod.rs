@@ -28,6 +28,9 @@
 //! | `tollgate_concurrency_in_flight` | gauge | `policy`, `dry_run` | requests holding a permit of a concurrency layer |
 //! | `tollgate_concurrency_waiting` | gauge | `policy`, `dry_run` | requests waiting in its queue |
 //! | `tollgate_concurrency_wait_seconds` | histogram | `policy`, `dry_run` | how long a request waited in the queue, admitted or not |
+//! | `tollgate_concurrency_limit` | gauge | `policy`, `dry_run` | the current limit of an adaptive concurrency layer (or one with priorities), set each time it moves |
+//! | `tollgate_concurrency_latency_seconds` | gauge | `policy`, `dry_run` | the smoothed latency (to the end of the body) an adaptive layer measured |
+//! | `tollgate_concurrency_sheds_total` | counter | `policy`, `dry_run` | requests a layer with priorities turned away to keep places for a higher class |
 //! | `tollgate_shape_queue_length` | gauge | `policy`, `dry_run` | requests a shaping layer holds back now |
 //! | `tollgate_shape_delay_seconds` | histogram | `policy`, `dry_run` | the delay a shaping layer gave (dry run: would have given) a request |
 //! | `tollgate_redis_call_duration_seconds` | histogram | `policy` | one decision, refund or settlement script call, answered or not (a timeout records the timeout) |
@@ -149,7 +152,7 @@ mod trace;
 
 #[cfg(feature = "redis")]
 pub(crate) use meter::RedisMeter;
-pub(crate) use meter::{ConcurrencyMeter, DecisionMeter, Held, ShapeMeter};
+pub(crate) use meter::{AdaptiveMeter, ConcurrencyMeter, DecisionMeter, Held, ShapeMeter};
 pub(crate) use trace::{config, rejected};
 
 /// Which kind of layer (or limiter) made a decision: the `layer` label of the metrics and
