@@ -328,11 +328,15 @@ fn main() {
         let no_load_ms = ms(no_load.p50);
         rows.push(no_load);
         rows.push(run("(a) no limit", app(), CLIENTS, SECS).await);
-        let tower = |n| app().layer(tower::limit::ConcurrencyLimitLayer::new(n));
+        // tower's global form: one semaphore however often axum wraps the handler (the
+        // per-layer `ConcurrencyLimitLayer` did not limit here at all: 397 req/s at a limit of 5).
+        let tower = |n| app().layer(tower::limit::GlobalConcurrencyLimitLayer::new(n));
+        rows.push(run("(b) tower ConcurrencyLimit(50), waits", tower(50), CLIENTS, SECS).await);
+        rows.push(run("(c) tower ConcurrencyLimit(5), waits", tower(5), CLIENTS, SECS).await);
         rows.push(run("tower ConcurrencyLimit(20), waits", tower(20), CLIENTS, SECS).await);
         let fixed = |n| app().layer(ConcurrencyLimitLayer::new(n));
-        rows.push(run("(b) fixed 50 (too high)", fixed(50), CLIENTS, SECS).await);
-        rows.push(run("(c) fixed 5 (too low)", fixed(5), CLIENTS, SECS).await);
+        rows.push(run("(b') fixed 50 (too high), rejects", fixed(50), CLIENTS, SECS).await);
+        rows.push(run("(c') fixed 5 (too low), rejects", fixed(5), CLIENTS, SECS).await);
         rows.push(run("best fixed: 20 (= capacity)", fixed(20), CLIENTS, SECS).await);
 
         let tight = Gradient2::new(20, 4, 1000).tolerance(1.2);

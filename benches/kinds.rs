@@ -21,7 +21,8 @@
 //! Then criterion, every kind in the same run:
 //!
 //! * `kinds_keyed_10k`: 10 000 keys visited round-robin, limit never reached (10 000 per
-//!   100 ms for the window kinds; GCRA as in `rate_limit`'s `keyed_10k`);
+//!   100 ms for the window kinds; GCRA as in `rate_limit`'s `keyed_10k`, and GCRA with a
+//!   warm-up of 60 s, whose keys stay in the warm zone);
 //! * `kinds_rejecting`: one key over its limit (1 per hour), as `rate_limit`'s `rejecting`;
 //! * `kinds_mixed`: GCRA plus one quota of each window kind on one key, 10 000 keys.
 
@@ -44,12 +45,16 @@ fn rss() -> u64 {
 
 const KEYS: u64 = 10_000;
 
-fn kinds(count: u32, window: Duration) -> [(&'static str, Quota); 4] {
+fn kinds(count: u32, window: Duration) -> [(&'static str, Quota); 5] {
     [
         ("gcra", Quota::new(count, window)),
         ("fixed_window", Quota::fixed_window(count, window)),
         ("sliding_log", Quota::sliding_log(count, window)),
         ("sliding_window", Quota::sliding_window(count, window)),
+        (
+            "warm_up",
+            Quota::new(count, window).warm_up(Duration::from_secs(60), 3),
+        ),
     ]
 }
 
@@ -183,10 +188,13 @@ fn counter_error() {
 fn keyed(c: &mut Criterion) {
     let mut group = c.benchmark_group("kinds_keyed_10k");
     for (name, q) in kinds(10_000, Duration::from_millis(100)) {
-        let q = if name == "gcra" {
-            Quota::per_second(1).burst(u32::MAX)
-        } else {
-            q
+        let q = match name {
+            "gcra" => Quota::per_second(1).burst(u32::MAX),
+            // Every key cold (seen once): the dearest case, each check pays the surcharge.
+            "warm_up" => Quota::per_second(1)
+                .burst(u32::MAX)
+                .warm_up(Duration::from_secs(60), 3),
+            _ => q,
         };
         let limiter = RateLimiter::<u64>::new(q);
         for k in 0..KEYS {

@@ -23,6 +23,8 @@
 //! | `conc_tower` | + tower's `GlobalConcurrencyLimitLayer`, never full |
 //! | `shape` | + `ShapeLayer` per IP, never delaying |
 //! | `stacked` | + rate limit per IP, shaping per IP and a global concurrency limit, none reached |
+//! | `tollgate_dry_run` | `tollgate_429` in dry-run mode: every request would be rejected, none is |
+//! | `<config>_metrics` | `<config>` with a Prometheus recorder installed (build with `--features metrics`): `tollgate`, `tollgate_429`, `tollgate_dry_run`, `shape`, `conc_tollgate`, `stacked` |
 //!
 //! `tollgate`, `shape` and `conc_tollgate` are the three layers of `stacked` alone, configured
 //! the same way, so that the cost of the stack can be set against the sum of its parts.
@@ -66,6 +68,11 @@ fn app(config: &str) -> Option<Router> {
         ),
         "tollgate" => base.layer(RateLimitLayer::new(never()).key(key::PeerIp::new())),
         "tollgate_429" => base.layer(RateLimitLayer::new(always()).key(key::PeerIp::new())),
+        "tollgate_dry_run" => base.layer(
+            RateLimitLayer::new(always())
+                .key(key::PeerIp::new())
+                .dry_run(true),
+        ),
         "tollgate_noheaders" => base.layer(
             RateLimitLayer::new(never())
                 .key(key::PeerIp::new())
@@ -118,9 +125,35 @@ fn app(config: &str) -> Option<Router> {
     })
 }
 
+/// `<config>_metrics`: `<config>` with a Prometheus recorder installed before it is built.
+#[cfg(feature = "metrics")]
+fn with_metrics(config: String) -> String {
+    match config.strip_suffix("_metrics") {
+        Some(base) => {
+            let installed =
+                metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder();
+            if let Err(e) = installed {
+                eprintln!("cannot install the Prometheus recorder: {e}");
+                std::process::exit(2);
+            }
+            base.to_owned()
+        }
+        None => config,
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+fn with_metrics(config: String) -> String {
+    if config.ends_with("_metrics") {
+        eprintln!("{config} needs the `metrics` feature: --features metrics");
+        std::process::exit(2);
+    }
+    config
+}
+
 fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);
-    let config = args.next().unwrap_or_else(|| "bare".to_owned());
+    let config = with_metrics(args.next().unwrap_or_else(|| "bare".to_owned()));
     let addr = args.next().unwrap_or_else(|| "127.0.0.1:3000".to_owned());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -114,6 +114,20 @@ pub enum ConfigError {
     /// A change while serving asked for something the layer was not built with (a waiting
     /// queue on a layer that rejects at once, say); the setting named cannot change.
     NotChangeable(&'static str),
+    /// A warm-up period was zero or longer than
+    /// [`MAX_WARM_UP_PERIOD`](crate::warmup::MAX_WARM_UP_PERIOD).
+    InvalidWarmUpPeriod(Duration),
+    /// A warm-up cold factor was zero: a cold key runs at `rate / cold_factor`, at least 1.
+    InvalidColdFactor(u32),
+    /// Warm-up was set on a window quota: only a GCRA quota warms up.
+    WarmUpOnWindow,
+    /// An allow-list entry could not be parsed as an address or CIDR range.
+    InvalidAllowedIp(String),
+    /// `allow_key(..)` was called before `.key(..)` changed the key type, so its keys no
+    /// longer fit: allow keys after `.key(..)`.
+    AllowKeyBeforeKey,
+    /// A penalty box setting cannot work; the text says which and why.
+    InvalidPenaltyBox(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -204,6 +218,25 @@ impl fmt::Display for ConfigError {
             ConfigError::NotChangeable(what) => {
                 write!(f, "{what} cannot be changed while serving")
             }
+            ConfigError::InvalidWarmUpPeriod(period) => write!(
+                f,
+                "warm-up period {period:?} must be longer than zero and at most {:?}",
+                crate::warmup::MAX_WARM_UP_PERIOD
+            ),
+            ConfigError::InvalidColdFactor(factor) => {
+                write!(f, "warm-up cold factor {factor} must be at least 1")
+            }
+            ConfigError::WarmUpOnWindow => {
+                f.write_str("warm-up applies to a GCRA quota, not to a window quota")
+            }
+            ConfigError::InvalidAllowedIp(s) => {
+                write!(f, "allow-list entry {s:?} is not an IP address or CIDR range")
+            }
+            ConfigError::AllowKeyBeforeKey => f.write_str(
+                "allow_key(..) names a key of the type before .key(..) changed it: call \
+                 allow_key after key",
+            ),
+            ConfigError::InvalidPenaltyBox(why) => write!(f, "penalty box: {why}"),
         }
     }
 }

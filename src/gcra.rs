@@ -132,6 +132,10 @@ pub enum Outcome {
     /// Rejected, and it always will be: the cost is larger than the burst of at least one
     /// quota. Nothing was consumed, and there is no time after which to retry.
     Exceeds,
+    /// Rejected because the key is banned by a
+    /// [penalty box](crate::penalty), until [`Decision::retry_after`]. The quotas were not
+    /// asked and nothing was consumed.
+    Banned,
 }
 
 /// The state of one quota after a decision, as the `RateLimit` header field reports it.
@@ -256,7 +260,7 @@ impl Decision {
         self.outcome == Outcome::Allowed
     }
 
-    /// Admitted, limited for now, or never admissible.
+    /// Admitted, limited for now, never admissible, or banned.
     pub fn outcome(&self) -> Outcome {
         self.outcome
     }
@@ -323,11 +327,11 @@ impl Decision {
     }
 
     /// When [`Outcome::Limited`], how long until the same request would be admitted (the
-    /// longest wait among the quotas that rejected it). `None` when allowed, and when the
-    /// request can never be admitted.
+    /// longest wait among the quotas that rejected it); when [`Outcome::Banned`], the time
+    /// left of the ban. `None` when allowed, and when the request can never be admitted.
     pub fn retry_after(&self) -> Option<Duration> {
         match self.outcome {
-            Outcome::Limited => Some(Duration::from_nanos(self.retry_after)),
+            Outcome::Limited | Outcome::Banned => Some(Duration::from_nanos(self.retry_after)),
             _ => None,
         }
     }

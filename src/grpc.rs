@@ -23,6 +23,7 @@
 //! | shaping queue full ([`RejectionKind::QueueFull`]) | 429 | `RESOURCE_EXHAUSTED` (8) |
 //! | concurrency limit per key | 429 | `RESOURCE_EXHAUSTED` (8) |
 //! | global concurrency limit (or its queue) | 503 | `UNAVAILABLE` (14) |
+//! | key banned by a penalty box ([`RejectionKind::Banned`]) | 429 (or the box's status) | `RESOURCE_EXHAUSTED` (8); `PERMISSION_DENIED` (7) for 403 |
 //! | store unreachable, fail closed ([`RejectionKind::StoreUnavailable`]) | 503 | `UNAVAILABLE` (14) |
 //! | no key ([`RejectionKind::MissingKey`]) | 400 / 401 / 403 / other | `INVALID_ARGUMENT` (3) / `UNAUTHENTICATED` (16) / `PERMISSION_DENIED` (7) / `UNKNOWN` (2) |
 //!
@@ -112,6 +113,11 @@ pub(crate) fn is_grpc_content_type(ct: &[u8]) -> bool {
 pub(crate) fn code(r: &Rejection<'_>) -> i32 {
     match r.kind() {
         RejectionKind::RateLimited | RejectionKind::CostExceedsBurst => code::RESOURCE_EXHAUSTED,
+        RejectionKind::Banned => match r.status() {
+            StatusCode::FORBIDDEN => code::PERMISSION_DENIED,
+            StatusCode::SERVICE_UNAVAILABLE => code::UNAVAILABLE,
+            _ => code::RESOURCE_EXHAUSTED,
+        },
         RejectionKind::StoreUnavailable => code::UNAVAILABLE,
         RejectionKind::Concurrency | RejectionKind::QueueFull => {
             if r.status() == StatusCode::SERVICE_UNAVAILABLE {
@@ -140,6 +146,7 @@ fn message(r: &Rejection<'_>) -> &'static str {
         RejectionKind::Concurrency => "too many concurrent requests",
         RejectionKind::QueueFull => "too many requests waiting",
         RejectionKind::StoreUnavailable => "rate limit store unavailable",
+        RejectionKind::Banned => "banned after repeated rejections",
     }
 }
 

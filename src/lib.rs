@@ -161,6 +161,8 @@
 //! * `tonic`: [`key::PeerIp`](struct@key::PeerIp) reads tonic's `TcpConnectInfo`. gRPC rejections ([`grpc`])
 //!   need no feature.
 //! * `stream`: adapters that rate-limit or shape any `futures::Stream` (module `stream`).
+//! * `metrics`: every layer and limiter counts its decisions through the `metrics` facade
+//!   (see [`observe`] for the series). Tracing events and dry-run mode need no feature.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
@@ -176,6 +178,8 @@ pub mod key;
 mod keyed;
 mod layer;
 pub mod limiter;
+pub mod observe;
+pub mod penalty;
 pub mod quota;
 pub mod rate_limit;
 #[cfg(feature = "redis")]
@@ -189,6 +193,7 @@ pub mod store;
 pub mod stream;
 
 mod wait;
+pub mod warmup;
 
 #[cfg(feature = "axum")]
 mod axum_support;
@@ -198,6 +203,7 @@ pub use concurrency::{ConcurrencyHandle, ConcurrencyLimitLayer};
 pub use error::ConfigError;
 pub use gcra::{Decision, Decisions, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
+pub use penalty::PenaltyBox;
 pub use quota::{Quota, QuotaKind};
 pub use rate_limit::{MissingKey, Policy, RateLimitHandle, RateLimitLayer};
 pub use shape::{PoliteLayer, ShapeHandle, ShapeLayer, Shaper};

@@ -1,6 +1,7 @@
 //! [`RateLimiter`]: the keyed limiter (GCRA or any [`QuotaKind`](crate::QuotaKind)), usable
 //! without HTTP.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::hash::Hash;
 use std::marker::PhantomData;
@@ -74,6 +75,9 @@ struct Inner<K> {
     clock: Clock,
     /// The tasks waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
+    /// Its decisions in the metrics, when it has a name.
+    #[cfg(feature = "metrics")]
+    meter: Option<crate::observe::LimiterMeter>,
 }
 
 /// A set of quotas and the numbers the algorithms take from them, swapped as one.
@@ -154,9 +158,25 @@ pub struct RateLimiterBuilder<K> {
     clock: Option<Clock>,
     max_keys: usize,
     on_full: OnFull,
+    name: Option<Cow<'static, str>>,
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
+    /// Names the limiter in the metrics (feature `metrics`): its decisions are counted under
+    /// `layer="limiter"`, `policy=<name>` (see [`observe`](crate::observe)). A limiter
+    /// without a name is not counted (the limiters of a `RateLimitLayer` are counted by the
+    /// layer).
+    ///
+    /// ```
+    /// use tollgate::{Quota, RateLimiter};
+    /// let jobs = RateLimiter::<u64>::builder(Quota::per_second(100)).name("jobs").build();
+    /// # let _ = jobs;
+    /// ```
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     /// Adds a quota, decided together with the others (at most 4).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);
@@ -225,12 +245,24 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
                 (false, false) => Store::Many(MemoryStore::new(max, on_full)),
             }
         };
+        #[cfg(feature = "metrics")]
+        let meter = self.name.as_deref().map(|name| {
+            let policy = crate::Policy::new(name.to_owned(), limits.quotas[0].clone());
+            let policy = limits.quotas[1..]
+                .iter()
+                .fold(policy, |p, q| p.quota(q.clone()));
+            crate::observe::LimiterMeter::new(name, &policy.item_names(), false)
+        });
+        #[cfg(not(feature = "metrics"))]
+        let _ = self.name;
         Ok(RateLimiter {
             inner: Arc::new(Inner {
                 limits: ArcSwap::from_pointee(limits),
                 store,
                 clock: self.clock.unwrap_or_default(),
                 waiters: Lines::default(),
+                #[cfg(feature = "metrics")]
+                meter,
             }),
         })
     }
@@ -271,6 +303,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
             clock: None,
             max_keys: DEFAULT_MAX_KEYS,
             on_full: OnFull::default(),
+            name: None,
         }
     }
 
@@ -285,10 +318,16 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     pub fn check_n(&self, key: &K, cost: u32) -> Decision {
         let now = self.inner.clock.now();
         // The global limiter's whole state is one word: decide it here, inlined.
-        if let Store::DirectOne(slot) = &self.inner.store {
-            return slot.decide(&self.inner.limits.load().gcras[0], now, cost);
+        let decision = if let Store::DirectOne(slot) = &self.inner.store {
+            slot.decide(&self.inner.limits.load().gcras[0], now, cost)
+        } else {
+            self.decide_at(key, now, cost)
+        };
+        #[cfg(feature = "metrics")]
+        if let Some(meter) = &self.inner.meter {
+            meter.record(&decision, cost, || Some(self.len()));
         }
-        self.decide_at(key, now, cost)
+        decision
     }
 
     /// Reports the state of `key` without consuming anything (`check_n(key, 0)`).

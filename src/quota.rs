@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::algo::{Rule, Window};
 use crate::error::ConfigError;
 use crate::gcra::Gcra;
+use crate::warmup::{WarmGcra, WarmUp};
 
 /// The algorithm a [`Quota`] decides with. See the crate's README ("Which algorithm") for how
 /// they compare.
@@ -29,6 +30,9 @@ pub enum QuotaKind {
     /// `2 × count - 1` in any window of length `period` (the estimate assumes the previous
     /// window's requests were spread evenly).
     SlidingWindow,
+    /// GCRA whose rate after idleness starts at `rate / cold_factor` and rises to the rate over
+    /// a warm-up period (Guava's `SmoothWarmingUp`); see [`Quota::warm_up`]. Two words per key.
+    WarmUp,
 }
 
 /// `count` requests per `period`, with a `burst`: the number of requests an idle key may send
@@ -77,6 +81,7 @@ pub struct Quota {
     period: Duration,
     burst: u32,
     kind: QuotaKind,
+    warm_up: Option<WarmUp>,
     name: Option<Cow<'static, str>>,
 }
 
@@ -102,6 +107,7 @@ impl Quota {
             period,
             burst: count,
             kind: QuotaKind::Gcra,
+            warm_up: None,
             name: None,
         };
         q.validate()?;
@@ -232,6 +238,7 @@ impl Quota {
             period: window,
             burst: count,
             kind,
+            warm_up: None,
             name: None,
         };
         q.validate()?;
@@ -297,12 +304,80 @@ impl Quota {
     /// [`sliding_window`](Self::sliding_window)) has no burst besides its count:
     /// [`ConfigError::BurstOnWindow`].
     pub fn try_burst(mut self, burst: u32) -> Result<Self, ConfigError> {
-        if self.kind != QuotaKind::Gcra {
+        if !self.is_gcra() {
             return Err(ConfigError::BurstOnWindow);
         }
         self.burst = burst;
         self.validate()?;
         Ok(self)
+    }
+
+    /// Makes this GCRA quota warm up after idleness: a key that has been idle is admitted at
+    /// `rate / cold_factor` at first, and its rate rises to the quota's over `period` of
+    /// steady traffic; left idle, it cools down again over `period`. This is Guava's
+    /// `SmoothWarmingUp` (whose cold factor is always 3), for a service whose caches, pools or
+    /// JIT need warming before they take the full rate.
+    ///
+    /// A request is admitted exactly when the plain quota would admit it; what changes is what
+    /// it costs: a cold request moves the key's theoretical arrival time further ahead (up to
+    /// `cold_factor × T` instead of `T`), so the requests after it wait longer, and a cold key
+    /// admits a shorter burst. [`crate::warmup`] writes the model out, with Guava's example.
+    /// Headers: `q` is the burst, `r` the requests of cost 1 that would really be admitted
+    /// now (fewer when cold), `t` the time until the key has no backlog. A cold factor of 1
+    /// is the plain quota.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Clock, Quota, RateLimiter};
+    ///
+    /// // Guava's example: 2 per second, warming up over 3 s, burst 1.
+    /// let quota = Quota::per_second(2).burst(1).warm_up(Duration::from_secs(3), 3);
+    /// let (clock, time) = Clock::manual();
+    /// let limiter = RateLimiter::<&str>::builder(quota).clock(clock).build();
+    /// let mut gaps = Vec::new();
+    /// for _ in 0..5 {
+    ///     let d = limiter.check(&"k");
+    ///     let wait = d.retry_after().unwrap_or_default();
+    ///     time.advance(wait);
+    ///     gaps.push(wait.as_millis());
+    ///     if !d.is_allowed() {
+    ///         assert!(limiter.check(&"k").is_allowed());
+    ///     }
+    /// }
+    /// // Spaced 1333, 1000, 667, then 500 ms.
+    /// assert_eq!(gaps, [0, 1333, 1000, 666, 500]);
+    /// ```
+    ///
+    /// # Panics
+    /// When `period` is zero or longer than
+    /// [`MAX_WARM_UP_PERIOD`](crate::warmup::MAX_WARM_UP_PERIOD), `cold_factor` is zero, or
+    /// the quota is a window quota; use [`Quota::try_warm_up`] for values from configuration.
+    #[track_caller]
+    #[must_use]
+    pub fn warm_up(self, period: Duration, cold_factor: u32) -> Self {
+        unwrap(self.try_warm_up(period, cold_factor))
+    }
+
+    /// [`Quota::warm_up`], or the reason it cannot work ([`ConfigError::InvalidWarmUpPeriod`],
+    /// [`ConfigError::InvalidColdFactor`], or [`ConfigError::WarmUpOnWindow`] for a window
+    /// quota).
+    pub fn try_warm_up(mut self, period: Duration, cold_factor: u32) -> Result<Self, ConfigError> {
+        if !self.is_gcra() {
+            return Err(ConfigError::WarmUpOnWindow);
+        }
+        self.warm_up = Some(WarmUp::try_new(period, cold_factor)?);
+        self.kind = QuotaKind::WarmUp;
+        Ok(self)
+    }
+
+    /// The warm-up set with [`Quota::warm_up`], if any.
+    pub fn warm_up_settings(&self) -> Option<WarmUp> {
+        self.warm_up
+    }
+
+    /// Whether the quota is GCRA, with or without warm-up.
+    fn is_gcra(&self) -> bool {
+        matches!(self.kind, QuotaKind::Gcra | QuotaKind::WarmUp)
     }
 
     /// Names this quota in the `RateLimit-Policy` and `RateLimit` header fields.
@@ -387,6 +462,16 @@ impl Quota {
             QuotaKind::FixedWindow => Rule::FixedWindow(window()),
             QuotaKind::SlidingLog => Rule::SlidingLog(window()),
             QuotaKind::SlidingWindow => Rule::SlidingWindow(window()),
+            QuotaKind::WarmUp => {
+                let g = self.gcra();
+                match self.warm_up {
+                    Some(w) => Rule::WarmUp(WarmGcra::new(
+                        w.curve(g.interval, Duration::from_micros(1)),
+                        g.tolerance,
+                    )),
+                    None => Rule::Gcra(g),
+                }
+            }
         }
     }
 
@@ -409,7 +494,7 @@ impl Quota {
             return Err(ConfigError::ZeroBurst);
         }
         let period = self.period.as_nanos();
-        if self.kind != QuotaKind::Gcra {
+        if !self.is_gcra() {
             // Keep head room so that `start + 2 × window` cannot overflow for a century.
             return if period <= u128::from(u64::MAX / 4) {
                 Ok(())

@@ -80,6 +80,9 @@ pub enum RejectionKind {
     /// The limit's store (Redis) could not be reached in time and the layer is set to fail
     /// closed: `503 Service Unavailable`.
     StoreUnavailable,
+    /// The key is banned by a [penalty box](crate::penalty) after repeated rejections, for
+    /// `retry_after` more.
+    Banned,
 }
 
 impl RejectionKind {
@@ -92,6 +95,7 @@ impl RejectionKind {
             RejectionKind::Concurrency => "concurrency_limited",
             RejectionKind::QueueFull => "queue_full",
             RejectionKind::StoreUnavailable => "store_unavailable",
+            RejectionKind::Banned => "banned",
         }
     }
 
@@ -103,6 +107,7 @@ impl RejectionKind {
             RejectionKind::MissingKey => Some("could not identify the client"),
             RejectionKind::Concurrency => Some("too many requests in progress"),
             RejectionKind::QueueFull => Some("the queue is full"),
+            RejectionKind::Banned => Some("banned for a while after repeated rejections"),
         }
     }
 }
@@ -433,13 +438,14 @@ fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>) -> Respons
 mod tests {
     use super::*;
 
-    const KINDS: [RejectionKind; 6] = [
+    const KINDS: [RejectionKind; 7] = [
         RejectionKind::RateLimited,
         RejectionKind::CostExceedsBurst,
         RejectionKind::MissingKey,
         RejectionKind::Concurrency,
         RejectionKind::QueueFull,
         RejectionKind::StoreUnavailable,
+        RejectionKind::Banned,
     ];
 
     fn rejection(kind: RejectionKind, status: StatusCode) -> Rejection<'static> {
@@ -550,7 +556,8 @@ mod tests {
                 "missing_key",
                 "concurrency_limited",
                 "queue_full",
-                "store_unavailable"
+                "store_unavailable",
+                "banned"
             ]
         );
     }

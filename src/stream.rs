@@ -209,7 +209,7 @@ where
                 // Parts never exceed the smallest burst; should one anyway (a quota changed
                 // under us), pay unit by unit rather than stall.
                 Outcome::Exceeds => *this.chunk = 1,
-                Outcome::Limited => {
+                Outcome::Limited | Outcome::Banned => {
                     let wait = d.retry_after().unwrap_or(Duration::from_millis(1));
                     let deadline = tokio::time::Instant::now() + wait;
                     let sleep = match this.sleep.as_mut() {

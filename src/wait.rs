@@ -180,7 +180,7 @@ where
             // Leaving the line (dropping `place`) wakes the next waiter.
             Outcome::Allowed => return Ok(d),
             Outcome::Exceeds => return Err(exceeds()),
-            Outcome::Limited => {
+            Outcome::Limited | Outcome::Banned => {
                 let wait = d.retry_after().unwrap_or(RETRY_WITHOUT_TIME);
                 if !clock.follows_sleep() {
                     // A manual clock never moves by itself; yield so the caller's test can.

@@ -16,6 +16,13 @@ mod custom_key;
 #[path = "../examples/llm_gateway.rs"]
 #[allow(dead_code)]
 mod llm_gateway;
+#[path = "../examples/login.rs"]
+#[allow(dead_code)]
+mod login;
+#[cfg(feature = "metrics")]
+#[path = "../examples/metrics.rs"]
+#[allow(dead_code)]
+mod metrics_example;
 #[path = "../examples/per_route.rs"]
 #[allow(dead_code)]
 mod per_route;
@@ -232,6 +239,133 @@ async fn quickstart_served_without_connect_info_answers_400() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// login
+
+/// `curl -i -X POST localhost:3000/login -H 'x-user: <user>' -H 'x-password: <password>'`,
+/// with more headers.
+fn login_as(user: &str, password: &str, more: &[(&str, &str)]) -> Request<Body> {
+    let mut headers = vec![("x-user", user), ("x-password", password)];
+    headers.extend_from_slice(more);
+    curl(Method::POST, "/login", &headers)
+}
+
+#[tokio::test]
+async fn login_five_wrong_passwords_ban_the_username_for_15_minutes() {
+    let (clock, time) = Clock::manual();
+    let app = login::app(clock);
+
+    // curl -i -X POST localhost:3000/login -H 'x-user: alice' -H 'x-password: wrong'
+    for _ in 0..5 {
+        let a = send(&app, login_as("alice", "wrong", &[])).await;
+        assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(a.body, "wrong user or password\n");
+    }
+    let sixth = send(&app, login_as("alice", "wrong", &[])).await;
+    assert_eq!(sixth.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(sixth.header("retry-after"), Some("900"));
+
+    // curl -i -X POST localhost:3000/login -H 'x-user: alice' -H 'x-password: open sesame'
+    let right = send(&app, login_as("alice", "open sesame", &[])).await;
+    assert_eq!(right.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(right.header("retry-after"), Some("900"));
+
+    // curl -i -X POST localhost:3000/login -H 'x-user: bob' -H 'x-password: open sesame'
+    let bob = send(&app, login_as("bob", "open sesame", &[])).await;
+    assert_eq!(bob.status, StatusCode::OK);
+    assert_eq!(bob.body, "welcome, bob\n");
+    let policies: Vec<_> = bob.headers.get_all("ratelimit-policy").iter().collect();
+    // Each layer adds its own item, the inner one first.
+    assert_eq!(
+        policies,
+        ["\"login-user\";q=20;w=60", "\"login-ip\";q=10;w=60"]
+    );
+
+    // Fifteen minutes later alice may log in.
+    time.advance(Duration::from_secs(900));
+    let later = send(&app, login_as("alice", "open sesame", &[])).await;
+    assert_eq!(later.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn login_eleven_attempts_from_one_address_then_a_ban_of_10_minutes() {
+    let (clock, _time) = Clock::manual();
+    let app = login::app(clock);
+    for i in 0..10 {
+        let a = send(&app, login_as(&format!("user{i}"), "open sesame", &[])).await;
+        assert_eq!(a.status, StatusCode::OK, "attempt {i}");
+    }
+    let eleventh = send(&app, login_as("bob", "open sesame", &[])).await;
+    assert_eq!(eleventh.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(eleventh.header("retry-after"), Some("6"));
+    let twelfth = send(&app, login_as("bob", "open sesame", &[])).await;
+    assert_eq!(twelfth.header("retry-after"), Some("6"));
+    let third_rejection = send(&app, login_as("bob", "open sesame", &[])).await;
+    assert_eq!(third_rejection.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(third_rejection.header("retry-after"), Some("600"));
+    assert_eq!(
+        third_rejection.header("ratelimit"),
+        Some("\"login-ip\";r=0;t=600")
+    );
+    // Another address is not affected.
+    let other = send(
+        &app,
+        curl_from(
+            Method::POST,
+            "/login",
+            &[("x-user", "bob"), ("x-password", "open sesame")],
+            [192, 0, 2, 7],
+        ),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn login_behind_the_proxy_counts_the_forwarded_client_and_never_the_office() {
+    let (clock, _time) = Clock::manual();
+    let app = login::app(clock);
+
+    // curl ... -H 'x-user: carol' -H 'x-password: wrong' -H 'x-forwarded-for: 198.51.100.7'
+    let carol = [("x-forwarded-for", "198.51.100.7")];
+    for i in 0..10 {
+        let a = send(&app, login_as(&format!("c{i}"), "wrong", &carol)).await;
+        assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+    }
+    let a = send(&app, login_as("c10", "wrong", &carol)).await;
+    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
+    // ... against 198.51.100.7, not against the proxy on loopback.
+    let direct = send(&app, login_as("bob", "open sesame", &[])).await;
+    assert_eq!(direct.status, StatusCode::OK);
+
+    // curl ... -H 'x-user: dave' -H 'x-password: wrong' -H 'x-forwarded-for: 203.0.113.5'
+    let office = [("x-forwarded-for", "203.0.113.5")];
+    for _ in 0..50 {
+        let a = send(&app, login_as("dave", "wrong", &office)).await;
+        assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(a.header("ratelimit-policy"), None);
+    }
+    // A client that is not our proxy cannot claim an office address.
+    let spoofed = |user: &str| {
+        curl_from(
+            Method::POST,
+            "/login",
+            &[
+                ("x-user", user),
+                ("x-password", "wrong"),
+                ("x-forwarded-for", "203.0.113.5"),
+            ],
+            [198, 51, 100, 99],
+        )
+    };
+    let mut statuses = Vec::new();
+    for i in 0..11 {
+        statuses.push(send(&app, spoofed(&format!("e{i}"))).await.status.as_u16());
+    }
+    assert_eq!(statuses[..10], [401; 10]);
+    assert_eq!(statuses[10], 429);
+}
+
+// ---------------------------------------------------------------------------------------------
 // per_route
 
 #[tokio::test]
@@ -326,6 +460,47 @@ async fn tiers_vip_keys_get_100_others_10_no_key_401() {
 
     let a = send(&app, curl(Method::GET, "/nope", &[("x-api-key", "bob")])).await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
+}
+
+// ---------------------------------------------------------------------------------------------
+// metrics
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn metrics_twelve_calls_ten_admitted_and_the_shadow_policy_would_have_refused_seven() {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    let (clock, _time) = Clock::manual();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let app = metrics::with_local_recorder(&recorder, || metrics_example::app(handle, clock));
+
+    // for i in $(seq 12); do curl -s -o /dev/null -w '%{http_code} ' localhost:3000/api; done
+    let mut codes = Vec::new();
+    for _ in 0..12 {
+        codes.push(send(&app, get("/api")).await.status.as_u16());
+    }
+    assert_eq!(
+        codes,
+        [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 429, 429]
+    );
+
+    // curl -s localhost:3000/metrics | grep '^tollgate_decisions_total' | grep -v ' 0$'
+    let scrape = send(&app, get("/metrics")).await.body;
+    let mut lines: Vec<&str> = scrape
+        .lines()
+        .filter(|l| l.starts_with("tollgate_decisions_total") && !l.ends_with(" 0"))
+        .collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "tollgate_decisions_total{layer=\"rate_limit\",policy=\"api\",quota=\"\",outcome=\"allowed\",dry_run=\"false\"} 10",
+            "tollgate_decisions_total{layer=\"rate_limit\",policy=\"api\",quota=\"api\",outcome=\"limited\",dry_run=\"false\"} 2",
+            "tollgate_decisions_total{layer=\"rate_limit\",policy=\"api-strict\",quota=\"\",outcome=\"allowed\",dry_run=\"true\"} 5",
+            "tollgate_decisions_total{layer=\"rate_limit\",policy=\"api-strict\",quota=\"api-strict\",outcome=\"limited\",dry_run=\"true\"} 7",
+        ]
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

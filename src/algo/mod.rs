@@ -22,6 +22,7 @@ mod window;
 use std::collections::VecDeque;
 
 use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
+use crate::warmup::{WarmGcra, WarmState, WarmStep};
 
 pub(crate) use window::Window;
 
@@ -46,6 +47,15 @@ pub(crate) enum Rule {
     FixedWindow(Window),
     SlidingLog(Window),
     SlidingWindow(Window),
+    /// GCRA with warm-up: words `[tat, deficit]` (see [`crate::warmup`]).
+    WarmUp(WarmGcra),
+}
+
+fn warm(words: Words) -> WarmState {
+    WarmState {
+        tat: words[0],
+        deficit: words[1],
+    }
 }
 
 impl Rule {
@@ -54,6 +64,7 @@ impl Rule {
         match self {
             Rule::Gcra(g) => g.burst(),
             Rule::FixedWindow(w) | Rule::SlidingLog(w) | Rule::SlidingWindow(w) => w.limit,
+            Rule::WarmUp(g) => g.burst(),
         }
     }
 
@@ -95,6 +106,11 @@ impl Rule {
             Rule::FixedWindow(w) => w.fixed_step(words, now, cost),
             Rule::SlidingLog(w) => w.log_step(log, now, cost),
             Rule::SlidingWindow(w) => w.counter_step(words, now, cost),
+            Rule::WarmUp(g) => match g.step(warm(words), now, cost) {
+                WarmStep::Allow(s) => Step::Allow([s.tat, s.deficit]),
+                WarmStep::Deny { retry_after } => Step::Deny { retry_after },
+                WarmStep::Never => Step::Never,
+            },
         }
     }
 
@@ -105,6 +121,10 @@ impl Rule {
             Rule::FixedWindow(w) => w.fixed_state(words, now),
             Rule::SlidingLog(w) => w.log_state(log, now),
             Rule::SlidingWindow(w) => w.counter_state(words, now),
+            Rule::WarmUp(g) => {
+                let s = warm(words);
+                QuotaState::counted(g.burst(), g.remaining(s, now), s.tat.saturating_sub(now))
+            }
         }
     }
 
@@ -115,6 +135,7 @@ impl Rule {
             Rule::Gcra(g) => QuotaState::spent(g),
             Rule::FixedWindow(w) | Rule::SlidingLog(w) => QuotaState::counted(w.limit, 0, w.width),
             Rule::SlidingWindow(w) => QuotaState::counted(w.limit, 0, w.width.saturating_mul(2)),
+            Rule::WarmUp(g) => QuotaState::counted(g.burst(), 0, g.tolerance),
         }
     }
 
@@ -125,6 +146,7 @@ impl Rule {
             Rule::FixedWindow(w) => w.fixed_idle_at(words),
             Rule::SlidingLog(w) => log.newest().map_or(0, |t| t.saturating_add(w.width)),
             Rule::SlidingWindow(w) => w.counter_idle_at(words),
+            Rule::WarmUp(g) => g.idle_at(warm(words)),
         }
     }
 
@@ -137,6 +159,10 @@ impl Rule {
             Rule::FixedWindow(w) => w.fixed_charge(words, now, cost),
             Rule::SlidingLog(_) => words,
             Rule::SlidingWindow(w) => w.counter_charge(words, now, cost),
+            Rule::WarmUp(g) => {
+                let s = g.charged(warm(words), now, cost);
+                [s.tat, s.deficit]
+            }
         }
     }
 
@@ -147,6 +173,10 @@ impl Rule {
             Rule::FixedWindow(w) => w.fixed_refund(words, now, cost),
             Rule::SlidingLog(_) => words,
             Rule::SlidingWindow(w) => w.counter_refund(words, now, cost),
+            Rule::WarmUp(g) => {
+                let s = g.refunded(warm(words), now, cost);
+                [s.tat, s.deficit]
+            }
         }
     }
 }

@@ -19,6 +19,7 @@ use tokio::sync::Semaphore;
 use super::adaptive::{LimitAlgorithm, Sample};
 use crate::error::ConfigError;
 use crate::key::RequestHead;
+use crate::observe::AdaptiveMeter;
 use crate::Clock;
 
 /// How important a request is, for [`ConcurrencyLimitLayer::priority`]: the share of the
@@ -176,6 +177,8 @@ pub(crate) struct Control {
     latency: AtomicU64,
     sheds: AtomicU64,
     shares: Shares,
+    /// The limit, latency and sheds in the metrics.
+    meter: Option<AdaptiveMeter>,
 }
 
 impl fmt::Debug for Control {
@@ -208,7 +211,15 @@ impl Control {
             latency: AtomicU64::new(0),
             sheds: AtomicU64::new(0),
             shares: Shares::default(),
+            meter: None,
         }
+    }
+
+    /// Reports the limit, the latency and the sheds to `meter`, starting with the limit now.
+    pub(crate) fn with_meter(mut self, meter: AdaptiveMeter) -> Self {
+        meter.learnt(self.limit(), None);
+        self.meter = Some(meter);
+        self
     }
 
     /// The shares of the classes below critical.
@@ -265,6 +276,9 @@ impl Control {
 
     fn shed(&self) {
         self.sheds.fetch_add(1, Ordering::AcqRel);
+        if let Some(m) = &self.meter {
+            m.shed();
+        }
     }
 
     /// A request that took its permit at `start`, with `in_flight` in flight, has completed.
@@ -295,6 +309,9 @@ impl Control {
         let mut algorithm = algorithm.lock().unwrap_or_else(|e| e.into_inner());
         let limit = algorithm.update(sample).clamp(1, self.cap());
         self.limit.store(limit, Ordering::Release);
+        if let Some(m) = &self.meter {
+            m.learnt(limit, self.latency());
+        }
     }
 }
 

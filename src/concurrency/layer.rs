@@ -11,12 +11,14 @@ use super::adaptive::LimitAlgorithm;
 use super::control::{Classifier, Control, Priority, Shares};
 use super::handle::{ConcurrencyHandle, Live};
 use super::permit::{GlobalLimit, KeyedLimit};
+use super::service::OUTCOMES;
 use super::service::{ConcurrencyLimit, Limit, Shared};
 use crate::error::ConfigError;
 use crate::headers;
 use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor, RequestHead};
 use crate::layer::common::{Common, Lazy};
+use crate::observe::{self, AdaptiveMeter, ConcurrencyMeter, DecisionMeter, LayerKind, Names};
 use crate::response::OnReject;
 
 /// The `Retry-After` hint of a rejection unless [`retry_after`](ConcurrencyLimitLayer::retry_after)
@@ -142,6 +144,23 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         self.changed()
     }
 
+    /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
+    /// without any limit, as [`RateLimitLayer::allow_ip`](crate::RateLimitLayer::allow_ip)
+    /// describes: matched against the client address the key extractor resolves.
+    #[track_caller]
+    pub fn allow_ip(mut self, cidr: &str) -> Self {
+        self.common.allow_ip(cidr);
+        self.changed()
+    }
+
+    /// Lets requests whose key is `key` through without any limit. Call it after
+    /// [`key`](Self::key): a key of an earlier key type is reported as
+    /// [`ConfigError::AllowKeyBeforeKey`](crate::ConfigError::AllowKeyBeforeKey).
+    pub fn allow_key(mut self, key: E::Key) -> Self {
+        self.common.allow_key(key);
+        self.changed()
+    }
+
     /// Lets requests over the limit wait for a place instead of being rejected at once.
     ///
     /// At most `max_waiting` requests wait (per key, for a keyed limit), first in first out,
@@ -197,6 +216,30 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
     /// at least 1).
     pub fn retry_after(mut self, wait: Duration) -> Self {
         self.retry_after = wait;
+        self.changed()
+    }
+
+    /// Dry-run (shadow) mode: every request is decided, counted and traced as if the limit
+    /// were enforced, but none is rejected or queued. A request over the limit (or one that
+    /// would have waited in the queue) goes on at once without a permit, so the permits held
+    /// are those enforcement would hold, and carries a
+    /// [`DryRunRejection`](crate::observe::DryRunRejection) in its extensions. See
+    /// [`observe`](crate::observe#dry-run-mode).
+    ///
+    /// ```
+    /// use tollgate::ConcurrencyLimitLayer;
+    /// let shadow = ConcurrencyLimitLayer::new(64).policy_header("db").dry_run(true);
+    /// # let _ = shadow;
+    /// ```
+    pub fn dry_run(mut self, on: bool) -> Self {
+        self.common.observe.dry_run = on;
+        self.changed()
+    }
+
+    /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
+    /// `Debug` form (default: no; a key is often an IP address or a user id).
+    pub fn trace_keys(mut self, on: bool) -> Self {
+        self.common.observe.trace_keys = on;
         self.changed()
     }
 
@@ -429,7 +472,16 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             (None, None) if changeable => Some(Control::fixed(self.max)),
             (None, None) => None,
         };
-        let control = control.map(|c| Arc::new(c.with_shares(self.shares)));
+        let names = Names::new(
+            LayerKind::Concurrency,
+            self.policy_name.as_deref().unwrap_or(""),
+            &[],
+        );
+        let observe = self.common.observe;
+        let control = control.map(|c| {
+            let meter = AdaptiveMeter::new(&names, observe.dry_run);
+            Arc::new(c.with_shares(self.shares).with_meter(meter))
+        });
         let (limit, status) = if is_keyed::<E::Key>() {
             let limit = Limit::Keyed(KeyedLimit::new(self.max, control.clone()));
             (limit, StatusCode::TOO_MANY_REQUESTS)
@@ -437,11 +489,16 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             let limit = Limit::Global(GlobalLimit::new(self.max, control.as_ref()));
             (limit, StatusCode::SERVICE_UNAVAILABLE)
         };
+        let settings = (self.max, self.queue);
+        observe::config(&names, observe.dry_run, observe.trace_keys, &settings);
         Ok(Shared {
             core,
             limit,
             status,
             live,
+            meter: DecisionMeter::new(&names, observe.dry_run, OUTCOMES),
+            gauges: ConcurrencyMeter::new(&names, observe.dry_run),
+            names,
             retry_after: self.retry_after,
             release_on_headers: self.release_on_headers || self.max_hold == Some(Duration::ZERO),
             max_hold: self.max_hold.filter(|d| !d.is_zero()),

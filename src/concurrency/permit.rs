@@ -27,6 +27,8 @@ pub(crate) struct Permit {
     gate: Arc<Gate>,
     /// For an adaptive limit: when it was taken, and what the sample will say.
     measure: Option<Measure>,
+    /// Its place in the in-flight gauge.
+    held: crate::observe::Held,
 }
 
 /// What an adaptive limit learns from a permit when its request completes.
@@ -49,7 +51,17 @@ impl Permit {
                 recorded: AtomicBool::new(false),
             })
         });
-        Permit { gate, measure }
+        Permit {
+            gate,
+            measure,
+            held: crate::observe::Held::default(),
+        }
+    }
+
+    /// Counts the permit in the layer's in-flight gauge while it is held.
+    #[inline]
+    pub(crate) fn held(&mut self, held: crate::observe::Held) {
+        self.held = held;
     }
 
     /// The response says the service is overloaded (`503`, `504`).

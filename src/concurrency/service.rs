@@ -10,12 +10,22 @@ use super::body::ResponseBody;
 use super::control::{Classifier, Control, Priority};
 use super::future::ResponseFuture;
 use super::handle::Live;
-use super::permit::{Attempt, GlobalLimit, KeyedLimit, Waiter};
+use super::permit::{Attempt, GlobalLimit, KeyedLimit, Permit, Waiter};
 use crate::headers::RATELIMIT_POLICY;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::{service_shell, Core};
+use crate::observe::{self, ConcurrencyMeter, DecisionMeter, DryRunRejection, Names, Verdict};
 use crate::response::{Protocol, RejectionKind};
+
+/// The outcomes a concurrency layer can count.
+pub(crate) const OUTCOMES: &[Verdict] = &[
+    Verdict::Allowed,
+    Verdict::Waited,
+    Verdict::Limited,
+    Verdict::QueueFull,
+    Verdict::MissingKey,
+];
 
 pub(crate) enum Limit<K> {
     Global(GlobalLimit),
@@ -38,22 +48,64 @@ pub(crate) struct Shared<E: KeyExtractor> {
     /// An adaptive limit or priorities (see `control.rs`).
     pub(crate) control: Option<Arc<Control>>,
     pub(crate) classify: Option<Classifier>,
+    /// The names its metrics and events carry, and its metrics.
+    pub(crate) names: Names,
+    pub(crate) meter: DecisionMeter,
+    pub(crate) gauges: ConcurrencyMeter,
 }
 
 impl<E: KeyExtractor> Shared<E> {
-    /// Finds the request's key and tries to take a permit of it.
+    /// How many may wait: none in dry-run mode, where nothing is queued.
+    #[inline]
+    fn max_waiting(&self) -> Option<usize> {
+        if self.core.observe.dry_run {
+            None
+        } else {
+            self.live.max_waiting()
+        }
+    }
+
+    /// Finds the request's key and tries to take a permit of it; with the key when rejection
+    /// events show it.
     fn try_acquire_keyed(
         &self,
         keyed: &Arc<KeyedLimit<E::Key>>,
         head: &RequestHead<'_>,
-    ) -> Attempt {
+    ) -> (Attempt, Option<E::Key>) {
         match self.core.resolve(head) {
             Resolved::Key(key) => {
-                keyed.try_acquire(key, self.live.max_waiting(), self.priority(head))
+                let traced = self.core.observe.trace_keys.then(|| key.clone());
+                let attempt = keyed.try_acquire(key, self.max_waiting(), self.priority(head));
+                (attempt, traced)
             }
-            Resolved::Pass => Attempt::Unlimited,
-            Resolved::Reject(_) => Attempt::MissingKey,
+            Resolved::Pass => (Attempt::Unlimited, None),
+            Resolved::Reject(_) => (Attempt::MissingKey, None),
         }
+    }
+
+    /// Counts a permit taken, and holds its place in the in-flight gauge.
+    #[inline]
+    fn acquired(&self, permit: &mut Permit, verdict: Verdict) {
+        self.meter.count(verdict, None);
+        permit.held(self.gauges.hold());
+    }
+
+    /// Counts and traces a rejection (or in dry-run mode a would-be rejection) of `kind`.
+    fn record(&self, kind: RejectionKind, key: Option<&E::Key>) -> (StatusCode, Option<Duration>) {
+        let (status, wait) = match kind {
+            RejectionKind::MissingKey => (self.core.missing_status(), None),
+            _ => (self.status, Some(self.retry_after)),
+        };
+        let verdict = Verdict::of_rejection(kind);
+        self.meter.count(verdict, None);
+        if let Limit::Keyed(keyed) = &self.limit {
+            self.meter.keys(true, || Some(keyed.len()));
+        }
+        let key = key.filter(|_| self.core.observe.trace_keys);
+        let key = key.map(|k| k as &dyn std::fmt::Debug);
+        let dry_run = self.core.observe.dry_run;
+        observe::rejected(&self.names, None, verdict, status, wait, dry_run, key);
+        (status, wait)
     }
 
     /// The request's class; every request may use the whole limit without a classifier.
@@ -115,23 +167,31 @@ where
     #[inline(always)]
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
-        let attempt = match &shared.limit {
+        let (attempt, key) = match &shared.limit {
+            Limit::Global(_) if shared.core.allows_address(&RequestHead::new(&req)) => {
+                (Attempt::Unlimited, None)
+            }
             Limit::Global(global) => {
                 let priority = match &shared.classify {
                     Some(_) => shared.priority(&RequestHead::new(&req)),
                     None => Priority::Critical,
                 };
-                global.try_acquire(shared.live.max_waiting(), priority)
+                (global.try_acquire(shared.max_waiting(), priority), None)
             }
             Limit::Keyed(keyed) => shared.try_acquire_keyed(keyed, &RequestHead::new(&req)),
         };
         let permit = match attempt {
-            Attempt::Acquired(permit) => Some(permit),
+            Attempt::Acquired(mut permit) => {
+                shared.acquired(&mut permit, Verdict::Allowed);
+                Some(permit)
+            }
             Attempt::Unlimited => None,
-            Attempt::Wait(waiter) => return self.wait(waiter, req),
-            Attempt::Busy | Attempt::Shed => return self.reject(RejectionKind::Concurrency, &req),
-            Attempt::QueueFull => return self.reject(RejectionKind::QueueFull, &req),
-            Attempt::MissingKey => return self.reject(RejectionKind::MissingKey, &req),
+            Attempt::Wait(waiter) => return self.wait(waiter, req, key),
+            Attempt::Busy | Attempt::Shed => {
+                return self.reject(RejectionKind::Concurrency, req, key)
+            }
+            Attempt::QueueFull => return self.reject(RejectionKind::QueueFull, req, key),
+            Attempt::MissingKey => return self.reject(RejectionKind::MissingKey, req, key),
         };
         ResponseFuture::called(
             self.inner.call(req),
@@ -144,22 +204,38 @@ where
 }
 
 impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
+    /// Turns the request away; in dry-run mode, lets it through without a permit.
     #[inline(never)]
     fn reject<ReqBody>(
-        &self,
+        &mut self,
         kind: RejectionKind,
-        req: &Request<ReqBody>,
+        mut req: Request<ReqBody>,
+        key: Option<E::Key>,
     ) -> ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
     {
-        let protocol = Protocol::of(&RequestHead::new(req));
-        ResponseFuture::rejected(self.shared.reject(kind, protocol))
+        let shared = &*self.shared;
+        let (status, wait) = shared.record(kind, key.as_ref());
+        if shared.core.observe.dry_run {
+            let r = DryRunRejection::new(&shared.names, None, kind, status, wait);
+            r.record(req.extensions_mut());
+            let policy = shared.live.policy();
+            let future = self.inner.call(req);
+            return ResponseFuture::called(future, None, policy, false, None);
+        }
+        let protocol = Protocol::of(&RequestHead::new(&req));
+        ResponseFuture::rejected(shared.reject(kind, protocol))
     }
 
     /// Waits in the queue for a permit, then calls the inner service; or rejects.
     #[inline(never)]
-    fn wait<ReqBody>(&mut self, waiter: Waiter, req: Request<ReqBody>) -> ResponseFuture<S, ReqBody>
+    fn wait<ReqBody>(
+        &mut self,
+        waiter: Waiter,
+        req: Request<ReqBody>,
+        key: Option<E::Key>,
+    ) -> ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>> + Clone,
     {
@@ -169,9 +245,20 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
         let max_hold = shared.max_hold;
         let protocol = Protocol::of(&RequestHead::new(&req));
         let wait = Box::pin(async move {
-            match waiter.acquire(shared.live.max_wait()).await {
-                Some(permit) => Ok(permit),
-                None => Err(shared.reject(RejectionKind::Concurrency, protocol)),
+            let start = tokio::time::Instant::now();
+            let waiting = shared.gauges.wait();
+            let permit = waiter.acquire(shared.live.max_wait()).await;
+            drop(waiting);
+            shared.gauges.waited(start.elapsed());
+            match permit {
+                Some(mut permit) => {
+                    shared.acquired(&mut permit, Verdict::Waited);
+                    Ok(permit)
+                }
+                None => {
+                    shared.record(RejectionKind::Concurrency, key.as_ref());
+                    Err(shared.reject(RejectionKind::Concurrency, protocol))
+                }
             }
         });
         // The service that was driven to readiness goes with the request; this one must be

@@ -19,6 +19,7 @@
 
 use std::fmt;
 use std::hash::Hash;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{Extensions, HeaderMap, HeaderName, Method, Request, Uri};
@@ -30,6 +31,7 @@ pub(crate) mod missing;
 
 pub use bounded::{bounded_bytes, bounded_str, MAX_KEY_BYTES};
 pub use grpc::{GrpcMethod, Metadata};
+pub(crate) use ip::{peer_addr, Cidr};
 pub use ip::{ClientIp, ForwardedHeader, IpKey, PeerIp};
 pub use missing::MissingKey;
 
@@ -116,12 +118,28 @@ pub trait KeyExtractor: Send + Sync + 'static {
 
     /// Extracts the key of `req`.
     fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError>;
+
+    /// The client address this extractor resolves for `req`, full (not grouped) and in
+    /// canonical form (IPv4-mapped IPv6 as IPv4), if it resolves one; `None` by default.
+    ///
+    /// A layer's allow list matches its IP ranges against this address, so that an address
+    /// behind proxies is found exactly as the key is: [`ClientIp`] answers the address it
+    /// trusts (never a header from an untrusted peer), [`PeerIp`](struct@PeerIp) the peer, tuples and
+    /// [`KeyExtractorExt::or`] the first part that answers. When no part answers, the allow
+    /// list uses the TCP peer address.
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        let _ = req;
+        None
+    }
 }
 
 impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
     type Key = E::Key;
     fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
         (**self).extract(req)
+    }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        (**self).client_ip(req)
     }
 }
 
@@ -147,6 +165,23 @@ pub trait KeyExtractorExt: KeyExtractor + Sized {
         Or(self, other)
     }
 
+    /// Keeps `self`'s key, but resolves the client address that allow lists match with
+    /// `client` (see [`KeyExtractor::client_ip`]): for a key that is not an address, behind
+    /// proxies.
+    ///
+    /// ```
+    /// use tollgate::key::{ClientIp, Header, KeyExtractorExt};
+    /// use tollgate::{Quota, RateLimitLayer};
+    /// // Per username; the office is recognised behind our proxy, as `ClientIp` sees it.
+    /// let per_user = RateLimitLayer::new(Quota::per_minute(20))
+    ///     .key(Header::new("x-user").with_client_ip(ClientIp::new().trust_proxy("10.0.0.0/8")))
+    ///     .allow_ip("203.0.113.0/24");
+    /// # let _ = per_user;
+    /// ```
+    fn with_client_ip<C: KeyExtractor>(self, client: C) -> WithClientIp<Self, C> {
+        WithClientIp(self, client)
+    }
+
     /// Transforms the key.
     fn map<F, T>(self, f: F) -> Map<Self, F>
     where
@@ -170,6 +205,9 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
             Ok(k) => Ok(Either::First(k)),
             Err(_) => self.1.extract(req).map(Either::Second),
         }
+    }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        self.0.client_ip(req).or_else(|| self.1.client_ip(req))
     }
 }
 
@@ -202,6 +240,21 @@ impl<A: crate::redis::RedisKey, B: crate::redis::RedisKey> crate::redis::RedisKe
     }
 }
 
+/// An extractor whose client address comes from another. See
+/// [`KeyExtractorExt::with_client_ip`].
+#[derive(Debug, Clone)]
+pub struct WithClientIp<E, C>(E, C);
+
+impl<E: KeyExtractor, C: KeyExtractor> KeyExtractor for WithClientIp<E, C> {
+    type Key = E::Key;
+    fn extract(&self, req: &RequestHead<'_>) -> Result<E::Key, KeyError> {
+        self.0.extract(req)
+    }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        self.1.client_ip(req)
+    }
+}
+
 /// An extractor whose key is transformed. See [`KeyExtractorExt::map`].
 #[derive(Clone)]
 pub struct Map<E, F>(E, F);
@@ -221,6 +274,9 @@ where
     type Key = T;
     fn extract(&self, req: &RequestHead<'_>) -> Result<T, KeyError> {
         self.0.extract(req).map(&self.1)
+    }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        self.0.client_ip(req)
     }
 }
 
@@ -351,6 +407,9 @@ macro_rules! tuple_extractor {
             type Key = ($($name::Key,)+);
             fn extract(&self, req: &RequestHead<'_>) -> Result<Self::Key, KeyError> {
                 Ok(($(self.$idx.extract(req)?,)+))
+            }
+            fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+                None$(.or_else(|| self.$idx.client_ip(req)))+
             }
         }
     };

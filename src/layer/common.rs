@@ -16,9 +16,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
+use super::allow::AllowList;
 use crate::error::ConfigError;
 use crate::key::missing::Resolved;
 use crate::key::{KeyError, KeyExtractor, MissingKey, RequestHead};
+use crate::observe::Observe;
 use crate::response::{self, OnReject, Protocol, RejectionKind};
 
 /// The builder settings every layer has: who a request counts against, what happens to a
@@ -30,8 +32,12 @@ pub(crate) struct Common<E: KeyExtractor> {
     /// A setting that could not follow a change of key type, reported when the layer is built.
     lost: Option<ConfigError>,
     pub(crate) on_reject: Option<OnReject>,
+    /// Addresses and keys no limit applies to.
+    allow: AllowList<E::Key>,
     /// Settings found invalid when they were made, with the caller's line.
     invalid: Vec<Invalid>,
+    /// Dry-run mode and key tracing.
+    pub(crate) observe: Observe,
 }
 
 /// A setting found invalid when its builder method was called.
@@ -49,8 +55,23 @@ impl<E: KeyExtractor> Common<E> {
             on_missing: MissingKey::default(),
             lost: None,
             on_reject: None,
+            allow: AllowList::default(),
             invalid: Vec::new(),
+            observe: Observe::default(),
         }
+    }
+
+    /// Lets requests from the addresses in `cidr` through unlimited, checked at the caller's
+    /// line.
+    #[track_caller]
+    pub(crate) fn allow_ip(&mut self, cidr: &str) {
+        let result = self.allow.add_ip(cidr);
+        self.note_added("allow_ip", result);
+    }
+
+    /// Lets requests whose key is `key` through unlimited.
+    pub(crate) fn allow_key(&mut self, key: E::Key) {
+        self.allow.add_key(key);
     }
 
     /// Records whether the value just given to `setting` can work, with the caller's line:
@@ -87,12 +108,17 @@ impl<E: KeyExtractor> Common<E> {
     /// old type (`MissingKey::UseKey`) cannot follow: building the layer then fails with
     /// [`ConfigError::MissingKeyBeforeKey`].
     pub(crate) fn rekey<E2: KeyExtractor>(self, extractor: E2) -> Common<E2> {
+        let (allow, keys_lost) = self.allow.rekey();
+        let lost = match keys_lost {
+            true => self.lost.or(Some(ConfigError::AllowKeyBeforeKey)),
+            false => self.lost,
+        };
         let (on_missing, lost) = match self.on_missing {
-            MissingKey::Reject(status) => (MissingKey::Reject(status), self.lost),
-            MissingKey::Allow => (MissingKey::Allow, self.lost),
+            MissingKey::Reject(status) => (MissingKey::Reject(status), lost),
+            MissingKey::Allow => (MissingKey::Allow, lost),
             MissingKey::UseKey(_) => (
                 MissingKey::default(),
-                self.lost.or(Some(ConfigError::MissingKeyBeforeKey)),
+                lost.or(Some(ConfigError::MissingKeyBeforeKey)),
             ),
         };
         Common {
@@ -100,7 +126,9 @@ impl<E: KeyExtractor> Common<E> {
             on_missing,
             lost,
             on_reject: self.on_reject,
+            allow,
             invalid: self.invalid,
+            observe: self.observe,
         }
     }
 
@@ -109,8 +137,12 @@ impl<E: KeyExtractor> Common<E> {
     pub(crate) fn set_on_missing(&mut self, policy: MissingKey<E::Key>) {
         self.note("on_missing_key", policy.validate());
         self.on_missing = policy;
-        // Set for the current key type: whatever an earlier key type lost is replaced.
-        self.lost = None;
+        // Set for the current key type: what an earlier key type lost is replaced, unless
+        // it was an allowed key.
+        self.lost = self
+            .lost
+            .take()
+            .filter(|e| *e == ConfigError::AllowKeyBeforeKey);
     }
 
     /// The first setting that cannot work, if any.
@@ -143,7 +175,9 @@ impl<E: KeyExtractor> Common<E> {
             extractor: self.extractor.clone(),
             on_missing: self.on_missing.clone(),
             on_reject: self.on_reject.clone(),
+            allow: self.allow.clone(),
             misconfigured_logged: AtomicBool::new(false),
+            observe: self.observe,
         })
     }
 }
@@ -153,19 +187,28 @@ pub(crate) struct Core<E: KeyExtractor> {
     extractor: E,
     on_missing: MissingKey<E::Key>,
     on_reject: Option<OnReject>,
+    allow: AllowList<E::Key>,
     /// Whether a key error that is the server's fault has been logged by this layer.
     misconfigured_logged: AtomicBool,
+    /// Dry-run mode and key tracing.
+    pub(crate) observe: Observe,
 }
 
 impl<E: KeyExtractor> Core<E> {
-    /// The request's key, or what the missing-key policy says when it has none.
+    /// The request's key, or what the missing-key policy says when it has none; `Pass` for a
+    /// request the allow list lets through (its client address is checked first, then its
+    /// key).
     ///
     /// A key error that is the server's fault ([`KeyError::is_misconfigured`], e.g. `PeerIp`
     /// served without ConnectInfo) is logged as an error the first time this layer meets it;
     /// the request still gets what the policy says.
     #[inline]
     pub(crate) fn resolve(&self, head: &RequestHead<'_>) -> Resolved<E::Key> {
+        if self.allows_address(head) {
+            return Resolved::Pass;
+        }
         match self.extractor.extract(head) {
+            Ok(key) if self.allow.allows_key(&key) => Resolved::Pass,
             Ok(key) => Resolved::Key(key),
             Err(e) => {
                 if e.is_misconfigured() {
@@ -174,6 +217,13 @@ impl<E: KeyExtractor> Core<E> {
                 self.on_missing.apply()
             }
         }
+    }
+
+    /// Whether the allow list lets the request's client address through, for a layer that
+    /// needs no key (a global concurrency limit).
+    #[inline]
+    pub(crate) fn allows_address(&self, head: &RequestHead<'_>) -> bool {
+        self.allow.has_ips() && self.allow.allows_ip(&self.extractor, head)
     }
 
     /// Logs a key error that no client can avoid, once per layer.
@@ -188,6 +238,14 @@ impl<E: KeyExtractor> Core<E> {
                 e.reason()
             );
         }
+    }
+
+    /// The key as rejection events show it: only when the layer traces keys.
+    #[inline]
+    pub(crate) fn traced<'k>(&self, key: &'k E::Key) -> Option<&'k dyn std::fmt::Debug> {
+        self.observe
+            .trace_keys
+            .then_some(key as &dyn std::fmt::Debug)
     }
 
     /// The status a request without a key is turned away with, when the policy rejects.

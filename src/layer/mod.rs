@@ -1,3 +1,4 @@
 //! What the crate's layers are made of, written once: see [`common`].
 
+pub(crate) mod allow;
 pub(crate) mod common;

@@ -126,6 +126,9 @@ pin_project! {
         request: Option<Request<ReqBody>>,
         service: Option<S>,
         taken: Option<Taken<B, K>>,
+        // The key, for rejection events, when the layer traces keys.
+        key: Option<K>,
+        cost: u32,
     }
 }
 
@@ -157,7 +160,9 @@ where
         }
     }
 
-    /// `taken` says what the request will have taken if the decision admits it.
+    /// `taken` says what the request will have taken if the decision admits it; `key` is
+    /// given when rejection events show it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn later(
         later: B::Later,
         answers: Arc<Answers>,
@@ -165,6 +170,8 @@ where
         request: Request<ReqBody>,
         service: S,
         taken: Option<Taken<B, K>>,
+        key: Option<K>,
+        cost: u32,
     ) -> Self {
         let deciding = Deciding {
             later,
@@ -173,6 +180,8 @@ where
             request: Some(request),
             service: Some(service),
             taken,
+            key,
+            cost,
         };
         ResponseFuture {
             kind: Kind::Deciding {
@@ -187,6 +196,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: From<Bytes>,
     B: Backend<K>,
+    K: std::fmt::Debug,
 {
     type Output = Result<Response<ResBody>, S::Error>;
 
@@ -203,8 +213,9 @@ where
                         // Only reachable if polled again after a panic in `call`.
                         panic!("ResponseFuture polled after completion");
                     };
-                    // A degraded decision (Redis down, failing open) took nothing.
-                    let mut taken = if decision.is_degraded() {
+                    // A degraded decision (Redis down, failing open) took nothing, nor did a
+                    // rejection that a dry run lets through: nothing to give back or settle.
+                    let mut taken = if decision.is_degraded() || !decision.is_allowed() {
                         None
                     } else {
                         d.taken.take()
@@ -212,7 +223,11 @@ where
                     if let Some(settle) = taken.as_mut().and_then(|t| t.settle.as_mut()) {
                         settle.admitted = Some(decision);
                     }
-                    match d.answers.finish(*d.tier, decision, &mut request) {
+                    let key = d.key.as_ref().map(|k| k as &dyn std::fmt::Debug);
+                    match d
+                        .answers
+                        .finish(*d.tier, decision, *d.cost, key, &mut request)
+                    {
                         Ok(headers) => Kind::Inner {
                             future: service.call(request),
                             headers,

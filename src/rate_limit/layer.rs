@@ -10,12 +10,15 @@ use super::handle::RateLimitHandle;
 use super::policy::Policy;
 use super::service::RateLimit;
 use super::settle::{AmountFn, CountFn, SettleRule};
-use super::shared::{Answers, CostFn, LiveTier, SelectFn, Shared, SkipFn, Tier};
+use super::shared::{Answers, CostFn, LiveTier, SelectFn, Shared, SkipFn, Tier, OUTCOMES};
 use super::store::{Backend, Memory};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor, MissingKey, RequestHead};
 use crate::layer::common::{Common, Lazy};
+use crate::limiter::DEFAULT_MAX_KEYS;
+use crate::observe::{self, DecisionMeter, LayerKind, Names};
+use crate::penalty::{Penalties, PenaltyBox};
 use crate::response::OnReject;
 use crate::store::OnFull;
 
@@ -54,6 +57,8 @@ struct Settings {
     clock: Option<Clock>,
     max_keys: Option<usize>,
     on_full: Option<OnFull>,
+    penalty: Option<PenaltyBox>,
+    dry_run_headers: bool,
 }
 
 /// The state of a layer, built once, shared by every service it makes.
@@ -91,6 +96,8 @@ impl RateLimitLayer<Global> {
                 clock: None,
                 max_keys: None,
                 on_full: None,
+                penalty: None,
+                dry_run_headers: false,
             },
             common,
             store: Memory,
@@ -329,6 +336,39 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
+    /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
+    /// without any limit: not counted, never rejected or banned, no `RateLimit` fields.
+    ///
+    /// The address matched is the one the key extractor resolves
+    /// ([`KeyExtractor::client_ip`](crate::key::KeyExtractor::client_ip)):
+    /// with [`key::ClientIp`](crate::key::ClientIp) the client behind your trusted proxies, so
+    /// a forwarding header is believed only from a proxy you trust; with any other extractor
+    /// the TCP peer. IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) match IPv4 ranges. Every
+    /// layer of the crate has the same allow list. An entry that is not an address or range is
+    /// a [`ConfigError::InvalidAllowedIp`], reported by [`validate`](Self::validate) and when
+    /// the layer is applied.
+    ///
+    /// ```
+    /// use tollgate::{key, Quota, RateLimitLayer};
+    /// let login = RateLimitLayer::new(Quota::per_minute(5))
+    ///     .key(key::ClientIp::new().trust_proxy("10.0.0.0/8"))
+    ///     .allow_ip("203.0.113.0/24"); // the office
+    /// # let _ = login;
+    /// ```
+    #[track_caller]
+    pub fn allow_ip(mut self, cidr: &str) -> Self {
+        self.common.allow_ip(cidr);
+        self.changed()
+    }
+
+    /// Lets requests whose key is `key` through without any limit (an internal API key, a
+    /// monitoring user). Call it after [`key`](Self::key): a key of an earlier key type is
+    /// reported as [`ConfigError::AllowKeyBeforeKey`].
+    pub fn allow_key(mut self, key: E::Key) -> Self {
+        self.common.allow_key(key);
+        self.changed()
+    }
+
     /// Builds rejection responses with `hook` instead of the default plain-text 429.
     pub fn on_reject(mut self, hook: OnReject) -> Self {
         self.common.on_reject = Some(hook);
@@ -374,6 +414,92 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     /// Memory store only: on Redis (see [`store`](Self::store)) the setting is an error.
     pub fn on_full(mut self, on_full: OnFull) -> Self {
         self.settings.on_full = Some(on_full);
+        self.changed()
+    }
+
+    /// Bans keys that keep getting rejected: after `penalty`'s number of rejections within its
+    /// window, a key's requests are answered at once (429, or the box's status, with the
+    /// `Retry-After` of the ban) without reaching the quotas or the handler, for a ban that
+    /// doubles with each repeat offence up to a cap. See [`crate::penalty`] for the rules.
+    ///
+    /// One penalty box per layer, shared by its tiers: a key banned on one tier is banned on
+    /// all. With the memory store the state is kept beside the quotas, within
+    /// [`max_keys`](Self::max_keys); with Redis it is kept in Redis and decided in the same
+    /// script call as the quotas. Strikes found elsewhere (a failed login) are recorded with
+    /// [`penalties`](Self::penalties).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{key, PenaltyBox, Quota, RateLimitLayer};
+    ///
+    /// // Three rejections within 10 minutes: banned 15 minutes, then 30, 60, … up to a day.
+    /// let login = RateLimitLayer::new(Quota::per_minute(5))
+    ///     .key(key::PeerIp)
+    ///     .penalty_box(PenaltyBox::new(3, Duration::from_secs(600), Duration::from_secs(900)));
+    /// # let _ = login;
+    /// ```
+    #[track_caller]
+    pub fn penalty_box(mut self, penalty: PenaltyBox) -> Self {
+        self.common.note("penalty_box", penalty.validate());
+        self.settings.penalty = Some(penalty);
+        self.changed()
+    }
+
+    /// The penalty state of this layer (memory store), to record strikes the layer cannot see
+    /// (a failed login, known once the handler answered), ask about or lift a ban. `None`
+    /// without a [`penalty_box`](Self::penalty_box), or when the layer's store keeps the
+    /// penalty state itself (Redis: see
+    /// `RedisRateLimiter::strike`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{key, PenaltyBox, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::new(Quota::per_minute(5))
+    ///     .key(key::Header::new("x-user"))
+    ///     .penalty_box(PenaltyBox::new(3, Duration::from_secs(600), Duration::from_secs(900)));
+    /// let penalties = layer.penalties()?.expect("a penalty box in memory");
+    /// // In the login handler, after a wrong password:
+    /// penalties.strike(&b"mallory"[..].into());
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn penalties(&self) -> Result<Option<Penalties<E::Key>>, ConfigError>
+    where
+        E: Clone,
+    {
+        Ok(self.shared()?.penalty.clone())
+    }
+
+    /// Dry-run (shadow) mode: every request is decided, counted and traced as if the limit
+    /// were enforced, but none is rejected. A request the layer would have rejected goes on
+    /// to the service with a [`DryRunRejection`](crate::observe::DryRunRejection) in its
+    /// extensions, and consumes nothing, as a rejected request would not; admitted ones
+    /// consume as they would. With Redis, a shadow instance therefore takes from the shared
+    /// state exactly what an enforcing one would. See [`observe`](crate::observe#dry-run-mode).
+    ///
+    /// No `RateLimit` header fields are sent in dry-run mode unless
+    /// [`dry_run_headers`](Self::dry_run_headers) says so.
+    ///
+    /// ```
+    /// use tollgate::{key, Quota, RateLimitLayer};
+    /// let shadow = RateLimitLayer::new(Quota::per_second(10)).key(key::PeerIp).dry_run(true);
+    /// # let _ = shadow;
+    /// ```
+    pub fn dry_run(mut self, on: bool) -> Self {
+        self.common.observe.dry_run = on;
+        self.changed()
+    }
+
+    /// Whether a layer in dry-run mode sends its `RateLimit` header fields (default: no, so
+    /// that clients that follow them do not slow down because of a limit not enforced yet).
+    pub fn dry_run_headers(mut self, on: bool) -> Self {
+        self.settings.dry_run_headers = on;
+        self.changed()
+    }
+
+    /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
+    /// `Debug` form (default: no; a key is often an IP address or a user id).
+    pub fn trace_keys(mut self, on: bool) -> Self {
+        self.common.observe.trace_keys = on;
         self.changed()
     }
 
@@ -452,12 +578,27 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 self.settings.clock.as_ref(),
                 self.settings.max_keys,
                 self.settings.on_full,
+                self.settings.penalty.as_ref(),
             )?);
+            let names = Names::new(LayerKind::RateLimit, &policy.name, &policy.item_names());
+            let observe = self.common.observe;
+            observe::config(&names, observe.dry_run, observe.trace_keys, &policy.quotas);
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
                 live: ArcSwap::from_pointee(LiveTier::new(policy.clone())),
+                meter: DecisionMeter::new(&names, observe.dry_run, OUTCOMES),
+                names,
             });
         }
+        let penalty = match &self.settings.penalty {
+            Some(p) if B::LOCAL_PENALTIES => {
+                p.validate()?;
+                let clock = self.settings.clock.clone().unwrap_or_default();
+                let max_keys = self.settings.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
+                Some(Penalties::new(p, clock, max_keys))
+            }
+            _ => None,
+        };
         Ok(Shared {
             core,
             limiters: limiters.into_boxed_slice(),
@@ -466,6 +607,12 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 on_reject: self.common.on_reject.clone(),
                 headers: self.settings.headers,
                 legacy_headers: self.settings.legacy_headers,
+                ban_status: self.settings.penalty.as_ref().map_or(
+                    http::StatusCode::TOO_MANY_REQUESTS,
+                    PenaltyBox::answer_status,
+                ),
+                observe: self.common.observe,
+                dry_run_headers: self.settings.dry_run_headers,
                 settle: SettleRule::new(self.settings.count.clone(), self.settings.amount.clone()),
             }),
             select: self.settings.select.clone(),
@@ -474,6 +621,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             skip_methods: self.settings.skip_methods.clone().into_boxed_slice(),
             skip_paths: self.settings.skip_paths.clone().into_boxed_slice(),
             unknown_tier_logged: AtomicBool::new(false),
+            penalty,
         })
     }
 }

@@ -48,16 +48,39 @@ where
                 return ResponseFuture::inner(self.inner.call(req), None, None);
             }
             Prepared::Reject(resp) => return ResponseFuture::ready(resp),
+            Prepared::Shadow(rejection) => {
+                rejection.record(req.extensions_mut());
+                crate::gcra::record_unlimited(req.extensions_mut());
+                return ResponseFuture::inner(self.inner.call(req), None, None);
+            }
             Prepared::Decide { tier, key, cost } => (tier, key, cost),
         };
+        if let Some(banned) = shared.banned(tier, &key) {
+            // Neither the handler nor the quotas see a banned key's requests.
+            let traced = shared.core.traced(&key);
+            return match shared.answers.finish(tier, banned, cost, traced, &mut req) {
+                Err(resp) => ResponseFuture::ready(resp),
+                // A banned decision is never admitted; were it, the request would pass.
+                Ok(headers) => ResponseFuture::inner(self.inner.call(req), headers, None),
+            };
+        }
         let limiter = &shared.limiters[tier];
         match B::decide(limiter, &key, cost) {
             Answer::Now(decision) => {
+                let decision = shared.strike(tier, &key, decision);
                 // What was taken goes with the response, to be given back if a layer inside
-                // rejects the request, or settled from the response; a degraded decision
-                // took nothing, nor did a cost of 0 unless the response may charge it.
-                let took = shared.reserves(cost) && !decision.is_degraded();
-                match shared.answers.finish(tier, decision, &mut req) {
+                // rejects the request, or settled from the response; a degraded decision or a
+                // rejection let through by a dry run took nothing, nor did a cost of 0 unless
+                // the response may charge it.
+                let allowed = decision.is_allowed();
+                let took = shared.reserves(cost) && allowed && !decision.is_degraded();
+                let meter = &shared.answers.tiers[tier].meter;
+                meter.keys(!allowed, || B::tracked_keys(limiter));
+                let traced = shared.core.traced(&key);
+                match shared
+                    .answers
+                    .finish(tier, decision, cost, traced, &mut req)
+                {
                     Ok(headers) => {
                         let taken = took.then(|| shared.taken(tier, key, cost, Some(decision)));
                         ResponseFuture::inner(self.inner.call(req), headers, taken)
@@ -88,10 +111,11 @@ impl<S, E: KeyExtractor, B: Backend<E::Key>> RateLimit<S, E, B> {
     {
         let (service, later) = B::hand_over(&mut self.inner, later);
         let answers = self.shared.answers.clone();
+        let traced = self.shared.core.observe.trace_keys.then(|| key.clone());
         let taken = self
             .shared
             .reserves(cost)
             .then(|| self.shared.taken(tier, key, cost, None));
-        ResponseFuture::later(later, answers, tier, req, service, taken)
+        ResponseFuture::later(later, answers, tier, req, service, taken, traced, cost)
     }
 }

@@ -48,6 +48,9 @@
 //!   reservation, and the key is settled once (the script had reached Redis) or not at all
 //!   (the reservation stands). A request admitted while Redis is down (failing open)
 //!   reserved nothing and settles nothing.
+//! * In dry-run mode an admitted request reserves and settles as when enforced; a would-be
+//!   rejection let through reserved nothing and settles nothing. A settlement is not counted
+//!   as a decision: see [the observe docs](crate::observe#settling-after-the-response).
 
 use std::sync::Arc;
 

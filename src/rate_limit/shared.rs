@@ -11,11 +11,14 @@ use http::{Method, Request, Response, StatusCode};
 use super::future::{RateHeaders, Settle, Taken};
 use super::policy::Policy;
 use super::settle::SettleRule;
+use crate::algo::Rule;
 use crate::gcra::{Decision, Outcome};
 use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::Core;
+use crate::observe::{self, DecisionMeter, DryRunRejection, Names, Observe, Verdict};
+use crate::penalty::{banned_decision, Penalties};
 use crate::response::{self, OnReject, Protocol, RejectionKind};
 
 /// Chooses a request's tier: given the request and a lookup of tier names, the tier's index.
@@ -31,22 +34,39 @@ pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 pub(crate) struct Tier {
     pub(crate) name: Box<str>,
     pub(crate) live: ArcSwap<LiveTier>,
+    /// The names its metrics and events carry.
+    pub(crate) names: Names,
+    pub(crate) meter: DecisionMeter,
 }
 
 /// The policy of a tier as it is now, and the header fields that describe it.
 pub(crate) struct LiveTier {
     pub(crate) policy: Policy,
     pub(crate) headers: PolicyHeaders,
+    /// The policy's quotas, for the fields of a banned key's answer.
+    pub(crate) rules: Box<[Rule]>,
 }
 
 impl LiveTier {
     pub(crate) fn new(policy: Policy) -> Self {
         LiveTier {
             headers: policy.headers(),
+            rules: policy.quotas.iter().map(crate::Quota::rule).collect(),
             policy,
         }
     }
 }
+
+/// The outcomes a rate-limit policy can count.
+pub(crate) const OUTCOMES: &[Verdict] = &[
+    Verdict::Allowed,
+    Verdict::MissingKey,
+    Verdict::Banned,
+    #[cfg(feature = "redis")]
+    Verdict::FailOpen,
+    #[cfg(feature = "redis")]
+    Verdict::FailClosed,
+];
 
 /// Everything a layer's services share; `L` is the limiter type of the layer's store.
 pub(crate) struct Shared<E: KeyExtractor, L> {
@@ -61,6 +81,8 @@ pub(crate) struct Shared<E: KeyExtractor, L> {
     pub(crate) skip_paths: Box<[String]>,
     /// Whether an unknown tier name from the selector has been logged.
     pub(crate) unknown_tier_logged: AtomicBool,
+    /// The penalty box, when the layer keeps it in memory (see `Backend::LOCAL_PENALTIES`).
+    pub(crate) penalty: Option<Penalties<E::Key>>,
 }
 
 /// What turns a decision into a response, whatever the store and the key: shared with the
@@ -70,6 +92,12 @@ pub(crate) struct Answers {
     pub(crate) on_reject: Option<OnReject>,
     pub(crate) headers: bool,
     pub(crate) legacy_headers: bool,
+    /// The status of a banned key's answer.
+    pub(crate) ban_status: StatusCode,
+    /// Dry-run mode and key tracing.
+    pub(crate) observe: Observe,
+    /// Whether a dry-run layer sends its header fields.
+    pub(crate) dry_run_headers: bool,
     /// How a reservation is settled from the response, when the layer learns from responses.
     pub(crate) settle: Option<SettleRule>,
 }
@@ -80,6 +108,8 @@ pub(crate) enum Prepared<K, B> {
     Pass,
     /// Answered without a decision (no key, and the layer rejects such requests).
     Reject(Response<B>),
+    /// Would have been answered without a decision, but the layer runs dry.
+    Shadow(DryRunRejection),
     /// Decide `cost` for `key` on the tier at index `tier`.
     Decide { tier: usize, key: K, cost: u32 },
 }
@@ -131,13 +161,61 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             Resolved::Key(key) => key,
             Resolved::Pass => return Prepared::Pass,
             Resolved::Reject(status) => {
-                let policy = Some(&*self.answers.tiers[tier].name);
+                let t = &self.answers.tiers[tier];
+                let dry_run = self.core.observe.dry_run;
+                t.meter.count(Verdict::MissingKey, None);
+                observe::rejected(
+                    &t.names,
+                    None,
+                    Verdict::MissingKey,
+                    status,
+                    None,
+                    dry_run,
+                    None,
+                );
+                if dry_run {
+                    let kind = RejectionKind::MissingKey;
+                    return Prepared::Shadow(DryRunRejection::new(
+                        &t.names, None, kind, status, None,
+                    ));
+                }
+                let policy = Some(&*t.name);
                 let protocol = Protocol::of(head);
                 return Prepared::Reject(self.core.reject_missing(status, policy, protocol));
             }
         };
         let cost = self.cost.as_ref().map_or(1, |f| f(head));
         Prepared::Decide { tier, key, cost }
+    }
+
+    /// The decision for `key` if the penalty box bans it now, before the quotas are asked.
+    #[inline]
+    pub(crate) fn banned(&self, tier: usize, key: &E::Key) -> Option<Decision> {
+        let penalty = self.penalty.as_ref()?;
+        match penalty.ban_left_at(key, penalty.now()) {
+            0 => None,
+            left => Some(banned_decision(
+                &self.answers.tiers[tier].live.load().rules,
+                left,
+            )),
+        }
+    }
+
+    /// A rejection by the quotas is a strike against the key: the decision to answer with,
+    /// the ban's if this strike (or one racing it) banned the key. A degraded decision (the
+    /// store did not answer) is no strike.
+    #[inline]
+    pub(crate) fn strike(&self, tier: usize, key: &E::Key, decision: Decision) -> Decision {
+        let Some(penalty) = &self.penalty else {
+            return decision;
+        };
+        if decision.is_allowed() || decision.is_degraded() {
+            return decision;
+        }
+        match penalty.strike_at(key, penalty.now()).1 {
+            0 => decision,
+            left => banned_decision(&self.answers.tiers[tier].live.load().rules, left),
+        }
     }
 }
 
@@ -177,28 +255,53 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
 }
 
 impl Answers {
-    /// Everything after the decision: an admitted request gets the decision in its extensions
-    /// and the header fields for its response (`Ok`); a rejected one gets its response (`Err`).
+    /// Everything after the decision of `cost` (for `key`, when the layer traces keys): an
+    /// admitted request gets the decision in its extensions and the header fields for its
+    /// response (`Ok`); a rejected one gets its response (`Err`), or in dry-run mode the
+    /// would-be rejection in its extensions and `Ok`.
     #[inline]
     pub(crate) fn finish<ReqBody, B: From<Bytes>>(
         &self,
         tier: usize,
         decision: Decision,
+        cost: u32,
+        key: Option<&dyn std::fmt::Debug>,
         req: &mut Request<ReqBody>,
     ) -> Result<Option<RateHeaders>, Response<B>> {
         let tier = &self.tiers[tier];
+        let dry_run = self.observe.dry_run;
         // A degraded decision knows nothing of the quotas: no fields that would say otherwise.
         // An admission that will be settled renders its fields when it is (see `Settle`).
         let settles = self.settle.is_some() && decision.is_allowed();
-        let headers = if decision.is_degraded() || settles {
+        let headers = if decision.is_degraded() || settles || (dry_run && !self.dry_run_headers) {
             None
         } else {
             self.rate_headers(tier, &decision)
         };
         if decision.is_allowed() {
+            let verdict = if decision.is_degraded() {
+                Verdict::FailOpen
+            } else {
+                Verdict::Allowed
+            };
+            tier.meter.count(verdict, None);
             crate::gcra::record_admitted(req.extensions_mut(), decision);
             return Ok(headers);
         }
+        self.rejected(tier, decision, cost, key, req, headers)
+    }
+
+    /// The rejection of a request, or in dry-run mode its record.
+    #[inline(never)]
+    fn rejected<ReqBody, B: From<Bytes>>(
+        &self,
+        tier: &Tier,
+        decision: Decision,
+        cost: u32,
+        key: Option<&dyn std::fmt::Debug>,
+        req: &mut Request<ReqBody>,
+        headers: Option<RateHeaders>,
+    ) -> Result<Option<RateHeaders>, Response<B>> {
         let (kind, status) = match decision.outcome() {
             _ if decision.is_degraded() => (
                 RejectionKind::StoreUnavailable,
@@ -208,8 +311,33 @@ impl Answers {
                 RejectionKind::CostExceedsBurst,
                 StatusCode::TOO_MANY_REQUESTS,
             ),
+            Outcome::Banned => (RejectionKind::Banned, self.ban_status),
             _ => (RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS),
         };
+        let quota = if decision.is_degraded() {
+            None
+        } else {
+            observe::fired(&decision, cost)
+        };
+        let verdict = Verdict::of_rejection(kind);
+        let retry_after = decision.retry_after();
+        let dry_run = self.observe.dry_run;
+        tier.meter.count(verdict, quota);
+        observe::rejected(
+            &tier.names,
+            quota,
+            verdict,
+            status,
+            retry_after,
+            dry_run,
+            key,
+        );
+        if dry_run {
+            let r = DryRunRejection::new(&tier.names, quota, kind, status, retry_after);
+            r.record(req.extensions_mut());
+            crate::gcra::record_admitted(req.extensions_mut(), decision);
+            return Ok(headers);
+        }
         let mut resp = response::respond(
             self.on_reject.as_ref(),
             kind,
@@ -225,8 +353,12 @@ impl Answers {
         Err(resp)
     }
 
-    /// The header fields of tier `tier` reporting `d`: the state after a settlement.
+    /// The header fields of tier `tier` reporting `d`: the state after a settlement (none in
+    /// dry-run mode unless the layer sends them there too).
     pub(crate) fn settled_headers(&self, tier: usize, d: &Decision) -> Option<RateHeaders> {
+        if self.observe.dry_run && !self.dry_run_headers {
+            return None;
+        }
         self.rate_headers(&self.tiers[tier], d)
     }
 

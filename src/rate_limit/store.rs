@@ -12,6 +12,7 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::Decision;
 use crate::limiter::{RateLimiter, DEFAULT_MAX_KEYS};
+use crate::penalty::PenaltyBox;
 use crate::quota::Quota;
 use crate::store::OnFull;
 
@@ -28,6 +29,12 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     #[doc(hidden)]
     type Later: Future<Output = Decision> + Send + 'static;
 
+    /// Whether the layer keeps a penalty box's state itself, in memory, beside the store's
+    /// limiters (the memory store), or leaves it to the limiters (Redis, which decides the ban
+    /// and the quotas in one script call).
+    #[doc(hidden)]
+    const LOCAL_PENALTIES: bool;
+
     #[doc(hidden)]
     fn make_limiter(
         &self,
@@ -36,6 +43,7 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
         clock: Option<&Clock>,
         max_keys: Option<usize>,
         on_full: Option<OnFull>,
+        penalty: Option<&PenaltyBox>,
     ) -> Result<Self::Limiter, ConfigError>;
 
     /// Replaces the quotas of `limiter` (and its clones) while serving.
@@ -50,6 +58,12 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     /// the returned future completes (Redis).
     #[doc(hidden)]
     fn refund(limiter: &Self::Limiter, key: K, cost: u32) -> Option<Refunding>;
+
+    /// How many keys the limiter tracks in this process, if it tracks them here.
+    #[doc(hidden)]
+    fn tracked_keys(_limiter: &Self::Limiter) -> Option<usize> {
+        None
+    }
 
     /// Settles a request that reserved `reserved` for `key` at the `actual` cost its response
     /// reported (different from `reserved`): gives back the difference, or charges it even
@@ -112,6 +126,7 @@ impl Future for Never {
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
     type Limiter = RateLimiter<K>;
     type Later = Never;
+    const LOCAL_PENALTIES: bool = true;
 
     fn make_limiter(
         &self,
@@ -120,6 +135,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
         clock: Option<&Clock>,
         max_keys: Option<usize>,
         on_full: Option<OnFull>,
+        _penalty: Option<&PenaltyBox>,
     ) -> Result<RateLimiter<K>, ConfigError> {
         let (first, rest) = quotas.split_first().ok_or(ConfigError::NoQuota)?;
         let mut builder = RateLimiter::<K>::builder(first.clone())
@@ -146,6 +162,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
     fn refund(limiter: &RateLimiter<K>, key: K, cost: u32) -> Option<Refunding> {
         limiter.refund(&key, cost);
         None
+    }
+
+    fn tracked_keys(limiter: &RateLimiter<K>) -> Option<usize> {
+        Some(limiter.len())
     }
 
     fn settle(limiter: &RateLimiter<K>, key: K, reserved: u32, actual: u32) -> Answer<Settling> {

@@ -12,11 +12,15 @@
 --          if every quota admitted it, beyond the limit if need be (`KeyState::charge`)
 -- ARGV[2]  now in microseconds, or "" to use the server's TIME (shared by every instance)
 -- ARGV[3]  number of quotas n, then for quota i: ARGV[1+3i] kind (0 GCRA, 1 fixed window,
---          2 sliding log, 3 sliding counter), ARGV[2+3i], ARGV[3+3i]: GCRA emission interval
---          and tolerance, or a window's count and width, in microseconds
+--          2 sliding log, 3 sliding counter, 4 GCRA with warm-up), ARGV[2+3i], ARGV[3+3i]:
+--          GCRA emission interval and tolerance, or a window's count and width, in
+--          microseconds
 -- ARGV[4+3n] bit q-1 set: GCRA quota q was replaced while serving and a key may still hold a
 --          time earned under the old quota beyond this one's tolerance (src/gcra.rs
---          `Gcra::holds`); such a time is held to the tolerance
+--          `Gcra::holds`); such a time is held to the tolerance. A warm-up quota's state is
+--          carried as it is.
+-- ARGV[5+3n..] for each warm-up quota in order, its warm-up period in microseconds and its
+--          cold factor (src/warmup.rs; its words are the TAT and the deficit of stored permits)
 --
 -- Returns {outcome, retry_after, remaining_1, reset_after_1, ..., remaining_n, reset_after_n}
 -- with outcome 0 = allowed, 1 = limited, 2 = never admissible; times in microseconds.
@@ -37,23 +41,120 @@ local key = KEYS[1]
 local function fmt(x) return string.format('%.0f', x) end
 
 local kind, pa, pb = {}, {}, {}
+local warm = {}
 local log_width = nil
 local log_limit = 0
-for q = 1, n do
-  kind[q] = tonumber(ARGV[1 + 3 * q])
-  pa[q] = tonumber(ARGV[2 + 3 * q])
-  pb[q] = tonumber(ARGV[3 + 3 * q])
-  if kind[q] == 2 and (log_width == nil or pb[q] > log_width) then log_width = pb[q] end
-  if kind[q] == 2 and pa[q] > log_limit then log_limit = pa[q] end
+do
+  local extra = 5 + 3 * n
+  for q = 1, n do
+    kind[q] = tonumber(ARGV[1 + 3 * q])
+    pa[q] = tonumber(ARGV[2 + 3 * q])
+    pb[q] = tonumber(ARGV[3 + 3 * q])
+    if kind[q] == 2 and (log_width == nil or pb[q] > log_width) then log_width = pb[q] end
+    if kind[q] == 2 and pa[q] > log_limit then log_limit = pa[q] end
+    if kind[q] == 4 then
+      warm[q] = {period = tonumber(ARGV[extra]), cold = tonumber(ARGV[extra + 1])}
+      extra = extra + 2
+    end
+  end
 end
 local hold = tonumber(ARGV[4 + 3 * n]) or 0
-local WORDS = {[0] = 1, [1] = 2, [2] = 0, [3] = 3}
+local WORDS = {[0] = 1, [1] = 2, [2] = 0, [3] = 3, [4] = 2}
 
 -- floor(a / b) for integers a >= 0, b > 0 below 2^53, exactly.
 local function idiv(a, b)
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
+end
+
+-- floor(x * y / d) exactly, for integers 0 <= x, y < 2^52 and 0 < d < 2^52 whose result is
+-- below 2^53 (src/warmup.rs computes the same in 128 bits). A product beyond 2^52 is taken
+-- bit by bit: x * y = x * (q0 * d + r0), and x * r0 is divided by doubling.
+local function muldiv(x, y, d)
+  if x == 0 or y == 0 then return 0 end
+  local p = x * y
+  if p < 4503599627370496 then return idiv(p, d) end
+  local q0 = idiv(y, d)
+  local r0 = y - q0 * d
+  local bits, m = {}, x
+  while m > 0 do
+    local b = m % 2
+    bits[#bits + 1] = b
+    m = (m - b) / 2
+  end
+  local q, r = 0, 0
+  for i = #bits, 1, -1 do
+    q = q * 2
+    r = r * 2
+    if r >= d then r = r - d; q = q + 1 end
+    if bits[i] == 1 then
+      r = r + r0
+      if r >= d then r = r - d; q = q + 1 end
+    end
+  end
+  return x * q0 + q
+end
+
+-- The warm-up curve of quota q (src/warmup.rs `Curve`), in microseconds; stored permits are
+-- measured in time and kept as the deficit below `max` (0: fully cold, as a key never seen).
+local curves = {}
+local function curve(q)
+  local c = curves[q]
+  if c then return c end
+  local w = warm[q]
+  local zone = idiv(2 * w.period, w.cold + 1)
+  local threshold = idiv(w.period, 2)
+  c = {t = pa[q], period = w.period, cold = w.cold, threshold = threshold, zone = zone,
+       max = threshold + zone}
+  curves[q] = c
+  return c
+end
+
+local function warm_regain(c, deficit, idle)
+  if deficit == 0 or idle <= 0 then return deficit end
+  if idle > c.period then idle = c.period end
+  local d = deficit - muldiv(idle, c.max, c.period)
+  if d < 0 then d = 0 end
+  return d
+end
+
+local function warm_surcharge_to(c, x)
+  if c.zone == 0 or c.cold == 1 or x <= 0 then return 0 end
+  return muldiv(x, (c.cold - 1) * x, 2 * c.zone)
+end
+
+local function warm_above(c, deficit)
+  local a = c.max - deficit - c.threshold
+  if a < 0 then a = 0 end
+  return a
+end
+
+-- The surcharge of n requests taken one after another from `deficit`.
+local function warm_surcharge(c, deficit, n)
+  local a = warm_above(c, deficit)
+  local k = c.t * n
+  if k > a then k = a end
+  return warm_surcharge_to(c, a) - warm_surcharge_to(c, a - k)
+end
+
+-- The state as of now: (base, deficit).
+local function warm_resync(q, s)
+  if s[1] < now then return now, warm_regain(curve(q), s[2], now - s[1]) end
+  return s[1], s[2]
+end
+
+-- The most requests of cost 1 that fit in `budget` from `deficit`.
+local function warm_fits(c, deficit, budget)
+  local hi = idiv(budget, c.t)
+  local function fits(k) return k * c.t + warm_surcharge(c, deficit, k) <= budget end
+  if fits(hi) then return hi end
+  local lo = 0
+  while hi - lo > 1 do
+    local mid = lo + idiv(hi - lo, 2)
+    if fits(mid) then lo = mid else hi = mid end
+  end
+  return lo
 end
 
 -- ---- state ----
@@ -118,6 +219,23 @@ end
 -- Returns 'allow', new state | 'deny', retry | 'never'
 local function step(q, c)
   local k, a, b, s = kind[q], pa[q], pb[q], st[q]
+  if k == 4 then
+    local inc = c * a
+    if inc > b and not force then return 'never' end
+    local base, deficit = warm_resync(q, s)
+    local ahead = base + inc - now
+    if ahead > b and not force then return 'deny', ahead - b end
+    local cv = curve(q)
+    local stored = cv.max - deficit
+    if stored < 0 then stored = 0 end
+    local spent = inc
+    if spent > stored then spent = stored end
+    local above = warm_above(cv, deficit)
+    local kk = spent
+    if kk > above then kk = above end
+    local extra = warm_surcharge_to(cv, above) - warm_surcharge_to(cv, above - kk)
+    return 'allow', {base + inc + extra, deficit + spent, 0}
+  end
   if k == 0 then
     local inc = c * a
     if inc > b and not force then return 'never' end
@@ -169,7 +287,13 @@ end
 -- remaining, reset_after of quota q in the current state
 local function figures(q)
   local k, a, b, s = kind[q], pa[q], pb[q], st[q]
-  if k == 0 then
+  if k == 4 then
+    local base, deficit = warm_resync(q, s)
+    local ahead = base - now
+    local remaining = 0
+    if b - ahead >= a then remaining = warm_fits(curve(q), deficit, b - ahead - a) + 1 end
+    return remaining, ahead
+  elseif k == 0 then
     local ahead = s[1] - now
     if ahead < 0 then ahead = 0 end
     -- A time earned under a replaced quota reads as held to the tolerance; a debt does not.
@@ -208,7 +332,12 @@ end
 -- When quota q's state is idle again.
 local function idle_at(q)
   local k, b, s = kind[q], pb[q], st[q]
-  if k == 0 then return s[1]
+  if k == 4 then
+    -- No backlog and fully cold again (rounded up by 1 µs, which only keeps it longer).
+    local c = curve(q)
+    if s[2] <= 0 or c.max == 0 then return s[1] end
+    return s[1] + muldiv(s[2], c.period, c.max) + 1
+  elseif k == 0 then return s[1]
   elseif k == 1 then if s[2] > 0 then return s[1] + b end return 0
   elseif k == 2 then
     local t = log_newest()
@@ -253,13 +382,14 @@ if cost < 0 then
   local c = -cost
   for q = 1, n do
     local k, a, b, s = kind[q], pa[q], pb[q], st[q]
-    if k == 0 then
+    if k == 0 or k == 4 then
+      -- Warm-up: the TAT moves back by the stable cost, the warm-up is kept.
       local tat = s[1]
       if tat > now then
         tat = tat - c * a
         if tat < now then tat = now end
       end
-      st[q] = {tat, 0, 0}
+      if k == 4 then st[q] = {tat, s[2], 0} else st[q] = {tat, 0, 0} end
     elseif k == 1 then
       local start, used = fixed_current(s, b)
       used = used - c

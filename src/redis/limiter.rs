@@ -7,8 +7,10 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::redis::Script;
 use arc_swap::ArcSwap;
 
+use super::ban::{BanCache, DECIDE, MAX_MICROS, PARDON, PEEK, STRIKE};
 use super::deny::DenyCache;
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
 use super::store::{Arg, FailMode, RedisStore, RETRY_WHEN_UNAVAILABLE};
@@ -17,10 +19,16 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
 use crate::limiter::InsufficientCapacity;
+use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
 use crate::wait::Lines;
+use crate::warmup::{Curve, WarmGcra};
 
 const MICRO: u64 = 1_000;
+
+fn ns_of(d: Option<Duration>) -> u64 {
+    d.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
 
 /// A keyed GCRA rate limiter whose state lives in Redis, shared by every instance of a service
 /// that uses the same store prefix, policy name and key. The same methods and semantics as
@@ -121,6 +129,13 @@ struct Inner<K> {
     /// Whether to send the clock's time to the script rather than use the server's `TIME`.
     local_time: bool,
     deny: Option<DenyCache<K>>,
+    /// The penalty box, decided in Redis with the quotas.
+    penalty: Option<Penalty<K>>,
+    /// Its script calls, in the metrics.
+    meter: crate::observe::RedisMeter,
+    /// Its decisions through `check_n`, in the metrics.
+    #[cfg(feature = "metrics")]
+    decisions: Option<crate::observe::LimiterMeter>,
     /// The tasks of this process waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
 }
@@ -156,6 +171,30 @@ impl Limits {
     }
 }
 
+/// A penalty box on Redis: where its state lives, its rules as script arguments, and the bans
+/// this instance has seen.
+struct Penalty<K> {
+    /// `<prefix>ban:<name length>:<name>:`, with an unclosed `{` closed.
+    key_prefix: Box<[u8]>,
+    tag_guard: TagGuard,
+    /// strikes, within, ban, max_ban, forget_after (times in microseconds).
+    rules: [u64; 5],
+    bans: Option<BanCache<K>>,
+}
+
+/// The script arguments of a penalty box's rules, in microseconds (at most [`MAX_MICROS`]).
+fn penalty_rules(p: &PenaltyBox) -> [u64; 5] {
+    let r = p.rules();
+    let us = |ns: u64| (ns.div_ceil(MICRO)).clamp(1, MAX_MICROS);
+    [
+        u64::from(r.strikes),
+        us(r.within),
+        us(r.ban),
+        us(r.max_ban),
+        us(r.forget_after).max(1),
+    ]
+}
+
 /// Builds a [`RedisRateLimiter`].
 #[derive(Debug, Clone)]
 #[must_use]
@@ -165,12 +204,21 @@ pub struct RedisRateLimiterBuilder<K> {
     quotas: Vec<Quota>,
     name: Cow<'static, str>,
     clock: Option<Clock>,
+    penalty: Option<PenaltyBox>,
+    /// Whether its own decisions are counted (not when a layer counts them).
+    counted: bool,
 }
 
 impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     /// Adds a quota, decided together with the others (at most 4).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);
+        self
+    }
+
+    /// The limiter of a layer, which counts the decisions itself.
+    pub(crate) fn uncounted(mut self) -> Self {
+        self.counted = false;
         self
     }
 
@@ -190,6 +238,14 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         self
     }
 
+    /// Bans keys that keep getting rejected, with the rules of a [`PenaltyBox`]: the ban, the
+    /// strikes and the quotas are decided together, in the one script call of each decision.
+    /// See [`crate::penalty`].
+    pub fn penalty_box(mut self, penalty: PenaltyBox) -> Self {
+        self.penalty = Some(penalty);
+        self
+    }
+
     /// Builds the limiter.
     ///
     /// # Panics
@@ -206,6 +262,24 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     pub fn try_build(self) -> Result<RedisRateLimiter<K>, ConfigError> {
         let limits = Limits::new(self.quotas)?;
         crate::headers::check_name(&self.name)?;
+        if let Some(p) = &self.penalty {
+            p.validate()?;
+            // The quota key and the penalty key go to one script call: on a cluster they
+            // must share a slot, which only a hash tag in the prefix ensures.
+            let prefix = &self.store.prefix;
+            // Redis's rule: the bytes between the first `{` and the next `}`, if not empty.
+            let tagged = prefix.iter().position(|&b| b == b'{').is_some_and(|open| {
+                let rest = &prefix[open + 1..];
+                rest.iter()
+                    .position(|&b| b == b'}')
+                    .is_some_and(|close| close > 0)
+            });
+            if self.store.is_cluster() && !tagged {
+                return Err(ConfigError::InvalidPenaltyBox(
+                    "on Redis Cluster it needs a store prefix with a hash tag, e.g. \"app{1}:\"",
+                ));
+            }
+        }
         let all_gcra = limits.gcras.len() == limits.rules.len();
         let mut key_prefix = self.store.prefix.to_vec();
         RedisKey::write_key(&self.name.len(), &mut key_prefix);
@@ -217,6 +291,30 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
         let deny = (all_gcra && self.store.deny_cache > 0 && max_age > 0)
             .then(|| DenyCache::new(self.store.deny_cache, max_age));
+        let penalty = self.penalty.as_ref().map(|p| {
+            let mut prefix = self.store.prefix.to_vec();
+            prefix.extend_from_slice(b"ban:");
+            RedisKey::write_key(&self.name.len(), &mut prefix);
+            prefix.push(b':');
+            prefix.extend_from_slice(self.name.as_bytes());
+            prefix.push(b':');
+            let tag_guard = guard_fixed_part(&mut prefix);
+            Penalty {
+                key_prefix: prefix.into_boxed_slice(),
+                tag_guard,
+                rules: penalty_rules(p),
+                bans: (self.store.deny_cache > 0 && max_age > 0)
+                    .then(|| BanCache::new(self.store.deny_cache, max_age)),
+            }
+        });
+        #[cfg(feature = "metrics")]
+        let decisions = self.counted.then(|| {
+            let policy = crate::Policy::new(self.name.to_string(), limits.quotas[0].clone());
+            let policy = limits.quotas[1..]
+                .iter()
+                .fold(policy, |p, q| p.quota(q.clone()));
+            crate::observe::LimiterMeter::new(&self.name, &policy.item_names(), true)
+        });
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 name: self.name.as_ref().into(),
@@ -227,6 +325,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                 tag_guard,
                 store: self.store,
                 deny,
+                penalty,
+                meter: crate::observe::RedisMeter::new(&self.name),
+                #[cfg(feature = "metrics")]
+                decisions,
                 waiters: Lines::default(),
             }),
         })
@@ -257,6 +359,15 @@ fn micros(q: &Quota) -> Result<Rule, ConfigError> {
         Rule::FixedWindow(w) => window(&w, false).map(Rule::FixedWindow),
         Rule::SlidingLog(w) => window(&w, false).map(Rule::SlidingLog),
         Rule::SlidingWindow(w) => window(&w, true).map(Rule::SlidingWindow),
+        Rule::WarmUp(_) => {
+            let g = gcra_micros(q)?;
+            // The script computes the curve in whole microseconds: the period is rounded down
+            // to one (at least 1 µs).
+            let w = q.warm_up_settings().ok_or(ConfigError::WarmUpOnWindow)?;
+            let period = (w.period().as_nanos() / u128::from(MICRO)).max(1) as u64;
+            let curve = Curve::new(g.interval, period * MICRO, w.cold_factor(), MICRO);
+            Ok(Rule::WarmUp(WarmGcra::new(curve, g.tolerance)))
+        }
     }
 }
 
@@ -289,6 +400,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             quotas: vec![quota],
             name: Cow::Borrowed("default"),
             clock: None,
+            penalty: None,
+            counted: true,
         }
     }
 
@@ -307,10 +420,15 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// As [`check`](Self::check).
     pub async fn check_n(&self, key: &K, cost: u32) -> Decision {
         let now = self.now();
-        match self.local(key, cost, now) {
+        let decision = match self.local(key, cost, now) {
             Some(d) => d,
             None => self.remote(key, cost, now).await,
+        };
+        #[cfg(feature = "metrics")]
+        if let Some(meter) = &self.inner.decisions {
+            meter.record(&decision, cost, || None);
         }
+        decision
     }
 
     /// Reports the state of `key` without consuming anything (`check_n(key, 0)`).
@@ -436,6 +554,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// The decision the deny cache already knows, without a round trip.
     #[inline]
     pub(crate) fn local(&self, key: &K, cost: u32, now: u64) -> Option<Decision> {
+        if let Some(p) = &self.inner.penalty {
+            // Rejections must reach Redis to count as strikes: only bans are answered here.
+            let left = p.bans.as_ref()?.left(key, now)?;
+            return Some(banned_decision(&self.inner.limits.load().rules, left));
+        }
         if cost == 0 {
             return None;
         }
@@ -445,16 +568,18 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
 
     /// The script's arguments after the key: the cost (negative for a refund), the time sent
     /// (empty: the server's clock), then each quota's kind and two numbers (GCRA: interval and
-    /// tolerance in microseconds; a window: its count and width in microseconds). Returns
-    /// them with how many are used.
+    /// tolerance in microseconds; a window: its count and width in microseconds; warm-up: as
+    /// GCRA), then the quotas that hold a key to their tolerance (bit i: quota i, see
+    /// `Gcra::holds`), then for each warm-up quota in order its period in microseconds and its
+    /// cold factor. Returns them with how many are used.
     fn script_args<'a>(
         &self,
         rules: &[Rule],
         cost: Arg<'a>,
         now: u64,
-    ) -> ([Arg<'a>; 4 + 3 * MAX_QUOTAS], usize) {
+    ) -> ([Arg<'a>; 4 + 5 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
-        let mut args = [Arg::Int(0); 4 + 3 * MAX_QUOTAS];
+        let mut args = [Arg::Int(0); 4 + 5 * MAX_QUOTAS];
         // Bit i: quota i holds a key to its tolerance (see `Gcra::holds`).
         let mut hold = 0;
         args[0] = cost;
@@ -470,6 +595,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 Rule::FixedWindow(w) => (1, w.limit, w.width / MICRO),
                 Rule::SlidingLog(w) => (2, w.limit, w.width / MICRO),
                 Rule::SlidingWindow(w) => (3, w.limit, w.width / MICRO),
+                Rule::WarmUp(g) => (4, g.curve.interval / MICRO, g.tolerance / MICRO),
             };
             args[3 + 3 * i] = Arg::Int(kind);
             args[4 + 3 * i] = Arg::Int(a);
@@ -481,7 +607,15 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             }
         }
         args[3 + 3 * rules.len()] = Arg::Int(hold);
-        (args, 4 + 3 * rules.len())
+        let mut used = 4 + 3 * rules.len();
+        for r in rules {
+            if let Rule::WarmUp(g) = r {
+                args[used] = Arg::Int(g.curve.period);
+                args[used + 1] = Arg::Int(g.curve.cold_factor);
+                used += 2;
+            }
+        }
+        (args, used)
     }
 
     /// The decision of Redis, or of the failure policy.
@@ -490,19 +624,43 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         // One set of quotas for the whole decision, whatever changes while it is on its way.
         let limits = inner.limits.load_full();
         let (args, n) = self.script_args(&limits.rules, Arg::Int(u64::from(cost)), now);
-        let reply = inner.store.eval(&self.redis_key(key), &args[..n]).await;
+        let reply = match &inner.penalty {
+            Some(p) => {
+                let ban_key = self.ban_key(p, key);
+                let args = self.with_penalty_args(p, &args[..n], now);
+                let keys: [&[u8]; 2] = [&self.redis_key(key), &ban_key];
+                inner
+                    .store
+                    .eval_script(&DECIDE, &keys, &args, &inner.meter)
+                    .await
+            }
+            None => {
+                inner
+                    .store
+                    .eval(&self.redis_key(key), &args[..n], &inner.meter)
+                    .await
+            }
+        };
         let decision = reply.and_then(|r| {
             let d = decision_of(&limits.rules, &r);
             if d.is_none() {
-                inner.store.bad_reply();
+                inner.store.bad_reply(&inner.meter);
             }
             d
         });
         match decision {
             Some(d) => {
+                if d.outcome() == Outcome::Banned {
+                    if let Some(bans) = inner.penalty.as_ref().and_then(|p| p.bans.as_ref()) {
+                        bans.remember(key, now, ns_of(d.retry_after()));
+                    }
+                }
                 if let Some(deny) = &inner.deny {
                     match d.outcome() {
-                        Outcome::Limited => deny.remember(key, now, cost, &d),
+                        // With a penalty box, every rejection must reach Redis as a strike.
+                        Outcome::Limited if inner.penalty.is_none() => {
+                            deny.remember(key, now, cost, &d)
+                        }
                         // The key moved on: a cached rejection must not report stale times.
                         Outcome::Allowed if cost > 0 => deny.admitted(key, now, &d),
                         _ => {}
@@ -553,7 +711,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let now = self.now();
         let limits = inner.limits.load_full();
         let (args, n) = self.script_args(&limits.rules, Arg::Bytes(cost.as_bytes()), now);
-        let reply = inner.store.eval(&self.redis_key(key), &args[..n]).await?;
+        let reply = inner
+            .store
+            .eval(&self.redis_key(key), &args[..n], &inner.meter)
+            .await?;
         match decision_of(&limits.rules, &reply) {
             Some(d) => {
                 if let Some(deny) = &inner.deny {
@@ -562,15 +723,102 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 Some(d)
             }
             None => {
-                inner.store.bad_reply();
+                inner.store.bad_reply(&inner.meter);
                 None
             }
         }
+    }
+
+    /// The Redis key of `key`'s penalty state.
+    fn ban_key(&self, p: &Penalty<K>, key: &K) -> Vec<u8> {
+        let mut name = Vec::with_capacity(p.key_prefix.len() + 32);
+        name.extend_from_slice(&p.key_prefix);
+        write_guarded(&mut name, key, p.tag_guard);
+        name
+    }
+
+    /// `args` followed by the penalty box's: the time (empty: the server's), then its rules.
+    fn with_penalty_args<'a>(&self, p: &Penalty<K>, args: &[Arg<'a>], now: u64) -> Vec<Arg<'a>> {
+        let mut all = Vec::with_capacity(args.len() + 6);
+        all.extend_from_slice(args);
+        all.push(if self.inner.local_time {
+            Arg::Int(now / MICRO)
+        } else {
+            Arg::Bytes(b"")
+        });
+        all.extend(p.rules.iter().map(|&r| Arg::Int(r)));
+        all
+    }
+
+    /// Runs the penalty box alone (`script`: [`STRIKE`] or [`PEEK`]); the ban left, `Some(0)`
+    /// when not banned, `None` without a penalty box or when Redis did not answer.
+    async fn penalty_only(&self, script: &Script, key: &K) -> Option<u64> {
+        let inner = &*self.inner;
+        let p = inner.penalty.as_ref()?;
+        let now = self.now();
+        let args = self.with_penalty_args(p, &[], now);
+        let ban_key = self.ban_key(p, key);
+        // The quota key is never touched by these scripts; it is passed for the slot.
+        let keys: [&[u8]; 2] = [&self.redis_key(key), &ban_key];
+        let reply = inner
+            .store
+            .eval_script(script, &keys, &args, &inner.meter)
+            .await?;
+        match reply.as_slice() {
+            [3, left] => {
+                let left = u64::try_from(*left).ok()?.saturating_mul(MICRO);
+                if let Some(bans) = &p.bans {
+                    bans.remember(key, now, left);
+                }
+                Some(left)
+            }
+            [_, _] => Some(0),
+            _ => {
+                inner.store.bad_reply(&inner.meter);
+                None
+            }
+        }
+    }
+
+    /// Records a strike against `key` in the penalty box (a failed login found after the
+    /// response, say), in one script call, by the rules of [`PenaltyBox`]; returns how long
+    /// the key is banned now, if it is. `None` too without a penalty box, or when Redis did
+    /// not answer in time (the strike may then be lost).
+    pub async fn strike(&self, key: &K) -> Option<Duration> {
+        let left = self.penalty_only(&STRIKE, key).await?;
+        (left > 0).then(|| Duration::from_nanos(left))
+    }
+
+    /// How long `key` is still banned, as Redis says; `None` when it is not, without a
+    /// penalty box, or when Redis did not answer in time.
+    pub async fn ban_left(&self, key: &K) -> Option<Duration> {
+        let left = self.penalty_only(&PEEK, key).await?;
+        (left > 0).then(|| Duration::from_nanos(left))
+    }
+
+    /// Lifts `key`'s ban and forgets its strikes and offences, in Redis and in this instance
+    /// (other instances may still answer a ban they cached, for at most the store's
+    /// `deny_cache_max_age`).
+    pub async fn pardon(&self, key: &K) {
+        let inner = &*self.inner;
+        let Some(p) = &inner.penalty else { return };
+        if let Some(bans) = &p.bans {
+            bans.forget(key);
+        }
+        let ban_key = self.ban_key(p, key);
+        let _ = inner
+            .store
+            .eval_script(&PARDON, &[&ban_key], &[], &inner.meter)
+            .await;
     }
 }
 
 /// Maps the script's reply onto a decision under `rules`; `None` when it does not fit.
 fn decision_of(rules: &[Rule], r: &[i64]) -> Option<Decision> {
+    if let [3, left] = r {
+        let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
+        return Some(banned_decision(rules, left));
+    }
     if r.len() != 2 + 2 * rules.len() {
         return None;
     }
@@ -600,6 +848,12 @@ fn decision_of(rules: &[Rule], r: &[i64]) -> Option<Decision> {
                     return None;
                 }
                 QuotaState::counted(w.limit, remaining, reset)
+            }
+            Rule::WarmUp(g) => {
+                if remaining > g.burst() {
+                    return None;
+                }
+                QuotaState::counted(g.burst(), remaining, reset)
             }
         };
     }

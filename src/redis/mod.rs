@@ -48,6 +48,7 @@
 //! Logs (`tracing`, target `tollgate::redis`): the first error, then at most one line per 10 s
 //! counting the errors, then one line when Redis is back.
 
+mod ban;
 mod deny;
 mod key;
 mod limiter;

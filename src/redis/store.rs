@@ -1,5 +1,6 @@
 //! [`RedisStore`]: the connection, its timeout and what happens when Redis does not answer.
 
+use crate::observe::{RedisMeter, StoreError};
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -218,8 +219,27 @@ impl RedisStore {
 
     /// Runs the decision script on `key` with `args`; `None` when Redis did not answer in time
     /// (the error is logged as an outage).
-    pub(crate) async fn eval(&self, key: &[u8], args: &[Arg<'_>]) -> Option<Vec<i64>> {
-        let mut call = SCRIPT.key(key);
+    pub(crate) async fn eval(
+        &self,
+        key: &[u8],
+        args: &[Arg<'_>],
+        meter: &RedisMeter,
+    ) -> Option<Vec<i64>> {
+        self.eval_script(&SCRIPT, &[key], args, meter).await
+    }
+
+    /// Runs `script` on `keys` with `args`, as [`eval`](Self::eval) runs the decision script.
+    pub(crate) async fn eval_script(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[Arg<'_>],
+        meter: &RedisMeter,
+    ) -> Option<Vec<i64>> {
+        let mut call = script.prepare_invoke();
+        for k in keys {
+            call.key(*k);
+        }
         for a in args {
             match a {
                 Arg::Int(n) => call.arg(*n),
@@ -232,7 +252,10 @@ impl RedisStore {
                 Connection::Cluster(c) => call.invoke_async::<Vec<i64>>(&mut c.clone()).await,
             }
         };
-        match tokio::time::timeout(self.timeout, reply).await {
+        let start = tokio::time::Instant::now();
+        let reply = tokio::time::timeout(self.timeout, reply).await;
+        meter.call(start.elapsed());
+        match reply {
             Ok(Ok(reply)) => {
                 if let Some(line) = self.outage.success(Instant::now) {
                     log(&line, None);
@@ -240,18 +263,26 @@ impl RedisStore {
                 Some(reply)
             }
             Ok(Err(e)) => {
+                meter.error(StoreError::Connection);
                 self.failed(&e);
                 None
             }
             Err(_) => {
+                meter.error(StoreError::Timeout);
                 self.failed(&format_args!("no answer within {:?}", self.timeout));
                 None
             }
         }
     }
 
+    /// Whether the store is a Redis Cluster connection.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.conn, Connection::Cluster(_))
+    }
+
     /// Reports a reply that does not fit the script: a failure like any other.
-    pub(crate) fn bad_reply(&self) {
+    pub(crate) fn bad_reply(&self, meter: &RedisMeter) {
+        meter.error(StoreError::BadReply);
         self.failed(&"unexpected reply from the decision script");
     }
 
@@ -304,6 +335,7 @@ where
 {
     type Limiter = super::RedisRateLimiter<K>;
     type Later = Later;
+    const LOCAL_PENALTIES: bool = false;
 
     /// Now when the cache of known rejections already knows (no round trip, no clone of the
     /// inner service); later, after the round trip, otherwise.
@@ -353,6 +385,7 @@ where
         clock: Option<&crate::Clock>,
         max_keys: Option<usize>,
         on_full: Option<crate::store::OnFull>,
+        penalty: Option<&crate::PenaltyBox>,
     ) -> Result<Self::Limiter, crate::ConfigError> {
         // Redis expires idle keys itself: a bound meant for memory must not pass unnoticed.
         if max_keys.is_some() {
@@ -363,12 +396,16 @@ where
         }
         let (first, rest) = quotas.split_first().ok_or(crate::ConfigError::NoQuota)?;
         let mut builder = super::RedisRateLimiter::<K>::builder(self.clone(), first.clone())
-            .name(name.to_owned());
+            .name(name.to_owned())
+            .uncounted();
         for q in rest {
             builder = builder.quota(q.clone());
         }
         if let Some(clock) = clock {
             builder = builder.clock(clock.clone());
+        }
+        if let Some(penalty) = penalty {
+            builder = builder.penalty_box(penalty.clone());
         }
         builder.try_build()
     }

@@ -35,6 +35,8 @@ pin_project! {
             slot: Slot,
             service: Option<S>,
             request: Option<Req>,
+            // Its place in the queue-length gauge, and its delay when it leaves.
+            queued: crate::observe::Held,
         },
         Calling {
             #[pin]
@@ -48,10 +50,21 @@ pin_project! {
 
 impl<S: Service<Req>, Req> State<S, Req> {
     pub(crate) fn waiting(slot: Slot, service: S, request: Req) -> Self {
+        Self::counted(slot, service, request, crate::observe::Held::default())
+    }
+
+    /// Waiting, counted in a layer's metrics by `queued`.
+    pub(crate) fn counted(
+        slot: Slot,
+        service: S,
+        request: Req,
+        queued: crate::observe::Held,
+    ) -> Self {
         State::Waiting {
             slot,
             service: Some(service),
             request: Some(request),
+            queued,
         }
     }
 
@@ -75,6 +88,7 @@ impl<S: Service<Req>, Req> State<S, Req> {
                     slot,
                     service,
                     request,
+                    ..
                 } => {
                     ready!(Pin::new(slot).poll(cx));
                     let (Some(mut service), Some(request)) = (service.take(), request.take())

@@ -8,6 +8,7 @@ use tower_layer::Layer;
 use arc_swap::ArcSwap;
 
 use super::handle::{Change, ShapeHandle};
+use super::service::OUTCOMES;
 use super::service::{Fields, Shape, Shared};
 use super::shaper::Shaper;
 use crate::error::ConfigError;
@@ -16,6 +17,7 @@ use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor};
 use crate::layer::common::{Common, Lazy};
 use crate::limiter::DEFAULT_MAX_KEYS;
+use crate::observe::{self, DecisionMeter, LayerKind, Names, ShapeMeter};
 use crate::quota::Quota;
 use crate::rate_limit::policy::rate_name;
 use crate::response::OnReject;
@@ -31,6 +33,7 @@ pub struct ShapeLayer<E: KeyExtractor = Global> {
     quota: Quota,
     common: Common<E>,
     no_delay_burst: u32,
+    warm_up: Option<(Duration, u32)>,
     max_queue: Option<usize>,
     max_delay: Option<Duration>,
     max_keys: usize,
@@ -65,6 +68,7 @@ impl ShapeLayer<Global> {
             quota,
             common: Common::new(Global),
             no_delay_burst: 0,
+            warm_up: None,
             max_queue: None,
             max_delay: None,
             max_keys: DEFAULT_MAX_KEYS,
@@ -92,6 +96,7 @@ impl<E: KeyExtractor> ShapeLayer<E> {
             quota: self.quota,
             common: self.common.rekey(extractor),
             no_delay_burst: self.no_delay_burst,
+            warm_up: self.warm_up,
             max_queue: self.max_queue,
             max_delay: self.max_delay,
             max_keys: self.max_keys,
@@ -111,6 +116,20 @@ impl<E: KeyExtractor> ShapeLayer<E> {
     /// `nodelay`) is `.max_queue(B)`.
     pub fn no_delay_burst(mut self, n: u32) -> Self {
         self.no_delay_burst = n;
+        self.changed()
+    }
+
+    /// Forwards slowly after idleness: a key's first departures are spaced `cold_factor`
+    /// times wider than the quota's interval, narrowing to the interval over `period` of
+    /// steady traffic (Sentinel's warm-up with queue). A key left idle cools down again over
+    /// `period`. The spacing follows the same curve as a warm-up quota; see
+    /// [`crate::warmup`] for the formula, and [`ShaperBuilder::warm_up`](super::ShaperBuilder::warm_up).
+    ///
+    /// The queue bounds count the same: a cold key's waiters wait longer, so
+    /// [`max_delay`](Self::max_delay) admits fewer of them. Invalid values are reported by
+    /// [`validate`](Self::validate), or when the layer is applied.
+    pub fn warm_up(mut self, period: Duration, cold_factor: u32) -> Self {
+        self.warm_up = Some((period, cold_factor));
         self.changed()
     }
 
@@ -154,6 +173,48 @@ impl<E: KeyExtractor> ShapeLayer<E> {
     #[track_caller]
     pub fn on_missing_key(mut self, policy: MissingKey<E::Key>) -> Self {
         self.common.set_on_missing(policy);
+        self.changed()
+    }
+
+    /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
+    /// without any limit, as [`RateLimitLayer::allow_ip`](crate::RateLimitLayer::allow_ip)
+    /// describes: matched against the client address the key extractor resolves.
+    #[track_caller]
+    pub fn allow_ip(mut self, cidr: &str) -> Self {
+        self.common.allow_ip(cidr);
+        self.changed()
+    }
+
+    /// Lets requests whose key is `key` through without any limit. Call it after
+    /// [`key`](Self::key): a key of an earlier key type is reported as
+    /// [`ConfigError::AllowKeyBeforeKey`](crate::ConfigError::AllowKeyBeforeKey).
+    pub fn allow_key(mut self, key: E::Key) -> Self {
+        self.common.allow_key(key);
+        self.changed()
+    }
+
+    /// Dry-run (shadow) mode: every request is decided, counted and traced as if shaping
+    /// were enforced, but none is delayed or rejected. A request that would have waited goes
+    /// on at once and its place in the schedule is kept until its slot, so the schedule and
+    /// the delays reported are those enforcement would have; one the queue would have
+    /// refused goes on with a [`DryRunRejection`](crate::observe::DryRunRejection) in its
+    /// extensions and takes no place. No `RateLimit` header fields are sent. See
+    /// [`observe`](crate::observe#dry-run-mode).
+    ///
+    /// ```
+    /// use tollgate::{Quota, ShapeLayer};
+    /// let shadow = ShapeLayer::new(Quota::per_second(50)).name("upstream").dry_run(true);
+    /// # let _ = shadow;
+    /// ```
+    pub fn dry_run(mut self, on: bool) -> Self {
+        self.common.observe.dry_run = on;
+        self.changed()
+    }
+
+    /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
+    /// `Debug` form (default: no; a key is often an IP address or a user id).
+    pub fn trace_keys(mut self, on: bool) -> Self {
+        self.common.observe.trace_keys = on;
         self.changed()
     }
 
@@ -241,6 +302,9 @@ impl<E: KeyExtractor> ShapeLayer<E> {
         let mut builder = Shaper::<E::Key>::builder(self.quota.clone())
             .no_delay_burst(self.no_delay_burst)
             .max_keys(self.max_keys);
+        if let Some((period, cold_factor)) = self.warm_up {
+            builder = builder.warm_up(period, cold_factor);
+        }
         if self.max_queue.is_none() && self.max_delay.is_none() {
             let one_period = self.quota.count().saturating_sub(1).max(1);
             builder = builder.max_queue(one_period as usize);
@@ -253,11 +317,17 @@ impl<E: KeyExtractor> ShapeLayer<E> {
         }
         let shaper = builder.try_build()?;
         let fields = Fields::of(&shaper, &name, self.headers);
+        let names = Names::new(LayerKind::Shape, &name, &[]);
+        let observe = self.common.observe;
+        observe::config(&names, observe.dry_run, observe.trace_keys, &self.quota);
         Ok(Shared {
             core,
             shaper,
             fields: ArcSwap::from_pointee(fields),
             name,
+            meter: DecisionMeter::new(&names, observe.dry_run, OUTCOMES),
+            gauges: ShapeMeter::new(&names, observe.dry_run),
+            names,
         })
     }
 }

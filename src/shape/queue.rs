@@ -15,6 +15,12 @@
 //! * **Cancelling** (any waiter) removes it and takes `T` off `next`: everyone behind moves
 //!   up one slot, and the slot the cancelled waiter held goes to the one behind it.
 //! * Only the head needs a timer. Whoever makes a new head (by leaving or cancelling) wakes it.
+//! * **Warm-up.** With a warm-up curve, each request's spacing is its price on the curve
+//!   (see [`crate::warmup`]): each waiter keeps the price it was given when it joined, the
+//!   queue keeps their sum, and the virtual time of the waiter at position `i` is `next`
+//!   minus the prices from `i` on. A cancelled waiter takes its price off `next`; the warm-up
+//!   it brought is kept. Without warm-up every price is `T` and the arithmetic is the plain
+//!   one above.
 //! * **Catch-up.** A head that leaves late (a coarse timer tick, a busy runtime) leaves at once,
 //!   and so may the waiters behind it whose slots have passed: the average rate holds. A
 //!   schedule that fell more than `catch_up` behind is moved forward first, so a stall never
@@ -22,6 +28,8 @@
 
 use std::collections::VecDeque;
 use std::task::Waker;
+
+use crate::warmup::Curve;
 
 /// The timing of a shaper, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +40,15 @@ pub(crate) struct Timing {
     pub(crate) ahead: u64,
     /// How far behind `now` the schedule may lag and still be caught up.
     pub(crate) catch_up: u64,
+    /// The warm-up curve, if the spacing follows one.
+    pub(crate) warm: Option<Curve>,
+}
+
+impl Timing {
+    /// Time until a key with `deficit`, idle from its last slot, is fully cold.
+    fn cold_in(&self, deficit: u64) -> u64 {
+        self.warm.as_ref().map_or(0, |c| c.cold_in(deficit))
+    }
 }
 
 /// Admission bounds, in requests and nanoseconds. `None`: no bound.
@@ -69,6 +86,8 @@ pub(crate) enum Turn {
 struct Waiter {
     ticket: u64,
     waker: Option<Waker>,
+    /// The time this waiter's slot adds to the schedule: `T`, or its warm-up price.
+    price: u64,
 }
 
 /// The queue of one key.
@@ -82,6 +101,10 @@ pub(crate) struct Queue {
     ticket: u64,
     /// The interval `next` was spaced with (0: not yet); see [`Queue::follow`].
     spaced: u64,
+    /// The sum of the waiters' prices (`len × T` without warm-up).
+    queued: u64,
+    /// Warm-up: stored permits below the most a key may store, in time (0: fully cold).
+    deficit: u64,
 }
 
 impl Queue {
@@ -95,50 +118,90 @@ impl Queue {
     }
 
     /// Re-spaces the schedule after the shaper's interval changed while serving: the head
-    /// keeps its virtual time (its place and its slot) and those behind it follow one new
-    /// interval apart; with nobody waiting, the next newcomer comes one new interval after
-    /// the last one to leave. Called under the queue's lock before anything reads positions.
+    /// keeps its virtual time (its place and its slot) and every waiter is re-priced at the new
+    /// interval, so those behind the head follow one new interval apart; with nobody waiting,
+    /// the next newcomer comes one new interval after the last one to leave. Called under the
+    /// queue's lock before anything reads positions. (A shaper with warm-up never changes its
+    /// interval, so every price here is the interval.)
     fn follow(&mut self, t: &Timing) {
         if self.spaced == t.interval {
             return;
         }
         if self.spaced != 0 && self.next != 0 {
-            let len = self.len();
             let (old, new) = (self.spaced, t.interval);
-            self.next = if len == 0 {
-                self.next.saturating_sub(old).saturating_add(new)
+            if self.waiters.is_empty() {
+                self.next = self.next.saturating_sub(old).saturating_add(new);
             } else {
-                let head = self.next.saturating_sub(len.saturating_mul(old));
-                head.saturating_add(len.saturating_mul(new))
-            };
+                let head = self.next.saturating_sub(self.queued);
+                for w in &mut self.waiters {
+                    w.price = new;
+                }
+                self.queued = self.len().saturating_mul(new);
+                self.next = head.saturating_add(self.queued);
+            }
         }
         self.spaced = t.interval;
     }
 
     /// The virtual time of the waiter at `pos`.
     fn virtual_at(&self, t: &Timing, pos: u64) -> u64 {
-        let behind = self.len().saturating_sub(pos);
-        self.next.saturating_sub(behind.saturating_mul(t.interval))
+        if t.warm.is_none() {
+            let behind = self.len().saturating_sub(pos);
+            return self.next.saturating_sub(behind.saturating_mul(t.interval));
+        }
+        let behind: u64 = self
+            .waiters
+            .iter()
+            .skip(usize::try_from(pos).unwrap_or(usize::MAX))
+            .map(|w| w.price)
+            .sum();
+        self.next.saturating_sub(behind)
     }
 
-    /// The virtual time a newcomer would get.
-    fn newcomer(&self, now: u64) -> u64 {
-        if self.waiters.is_empty() {
-            self.next.max(now)
+    /// The virtual time a newcomer would get, and the warm-up deficit it would see.
+    fn newcomer(&self, t: &Timing, now: u64) -> (u64, u64) {
+        if self.waiters.is_empty() && self.next < now {
+            // Idle since `next`: an idle key cools down.
+            let deficit = match &t.warm {
+                Some(c) => c.regain(self.deficit, now - self.next),
+                None => self.deficit,
+            };
+            (now, deficit)
         } else {
-            self.next
+            (self.next, self.deficit)
         }
     }
 
     /// Waiters whose slot has not come yet.
     fn waiting(&self, t: &Timing, now: u64) -> u64 {
         let len = self.len();
-        let head_slot = self.virtual_at(t, 0).saturating_sub(t.ahead);
-        if len == 0 || head_slot > now {
+        let head = self.next.saturating_sub(self.queued);
+        if len == 0 || head.saturating_sub(t.ahead) > now {
             return len;
         }
-        let due = (now - head_slot) / t.interval + 1;
-        len - due.min(len)
+        if t.warm.is_none() {
+            let due = (now - head.saturating_sub(t.ahead)) / t.interval + 1;
+            return len - due.min(len);
+        }
+        let mut v = head;
+        let mut due = 0;
+        for w in &self.waiters {
+            if v.saturating_sub(t.ahead) > now {
+                break;
+            }
+            due += 1;
+            v = v.saturating_add(w.price);
+        }
+        len - due
+    }
+
+    /// The price of a newcomer that sees `deficit` (the time it adds to the schedule), and the
+    /// deficit after it.
+    fn spacing(t: &Timing, deficit: u64) -> (u64, u64) {
+        match &t.warm {
+            Some(c) => c.price(deficit, 1),
+            None => (t.interval, deficit),
+        }
     }
 
     /// Admits a newcomer at `now`, within `bounds` when given.
@@ -153,7 +216,7 @@ impl Queue {
         leave_now: bool,
     ) -> Join {
         self.follow(t);
-        let v = self.newcomer(now);
+        let (v, deficit) = self.newcomer(t, now);
         let slot = v.saturating_sub(t.ahead);
         let wait = slot.saturating_sub(now);
         if wait > 0 {
@@ -163,15 +226,19 @@ impl Queue {
                 }
             }
         }
-        self.next = v.saturating_add(t.interval);
+        let (price, deficit) = Self::spacing(t, deficit);
+        self.deficit = deficit;
+        self.next = v.saturating_add(price);
         if leave_now && wait == 0 && self.waiters.is_empty() {
             return Join::Leave;
         }
         let ticket = self.ticket;
         self.ticket += 1;
+        self.queued = self.queued.saturating_add(price);
         self.waiters.push_back(Waiter {
             ticket,
             waker: None,
+            price,
         });
         Join::Wait(ticket)
     }
@@ -210,7 +277,7 @@ impl Queue {
             return Turn::Leave(None);
         };
         if pos == 0 {
-            let head = self.virtual_at(t, 0);
+            let head = self.next.saturating_sub(self.queued);
             let slot = head.saturating_sub(t.ahead);
             if slot <= now {
                 let floor = now.saturating_sub(t.catch_up);
@@ -218,7 +285,9 @@ impl Queue {
                     // Fell behind by more than the catch-up allowance: forfeit the lost slots.
                     self.next = self.next.saturating_add(floor - head);
                 }
-                self.waiters.pop_front();
+                if let Some(w) = self.waiters.pop_front() {
+                    self.queued = self.queued.saturating_sub(w.price);
+                }
                 let next_head = self.waiters.front_mut().and_then(|w| w.waker.take());
                 return Turn::Leave(next_head);
             }
@@ -234,8 +303,9 @@ impl Queue {
     pub(crate) fn cancel(&mut self, t: &Timing, ticket: u64) -> Option<Waker> {
         self.follow(t);
         let pos = self.position(ticket)?;
-        self.waiters.remove(pos);
-        self.next = self.next.saturating_sub(t.interval);
+        let price = self.waiters.remove(pos).map_or(0, |w| w.price);
+        self.next = self.next.saturating_sub(price);
+        self.queued = self.queued.saturating_sub(price);
         if pos == 0 {
             self.waiters.front_mut().and_then(|w| w.waker.take())
         } else {
@@ -258,9 +328,16 @@ impl Queue {
         }
     }
 
-    /// Whether the queue decides exactly like an absent one (nothing waiting, schedule past).
-    pub(crate) fn is_idle(&self, now: u64) -> bool {
-        self.waiters.is_empty() && self.next <= now
+    /// Whether the queue decides exactly like an absent one (nothing waiting, schedule past,
+    /// and with warm-up, fully cold again).
+    pub(crate) fn is_idle(&self, t: &Timing, now: u64) -> bool {
+        self.waiters.is_empty() && self.idle_at(t) <= now
+    }
+
+    /// When the queue, if nobody joins, decides exactly like an absent one (a lower bound
+    /// while someone is waiting).
+    pub(crate) fn idle_at(&self, t: &Timing) -> u64 {
+        self.next.saturating_add(t.cold_in(self.deficit))
     }
 
     /// Whether nobody is waiting (the entry may still remember a recent departure).
@@ -275,14 +352,18 @@ impl Queue {
 
     /// How many newcomers would be admitted right now, one after another, within `bounds`.
     pub(crate) fn room(&self, t: &Timing, bounds: &Bounds, now: u64) -> u64 {
-        let base = self.newcomer(now);
-        // The j-th newcomer (from 0) has virtual time base + j·T; it may leave at once when
-        // that is at most now + tau, and may join when it is at most now + tau + max_delay.
+        let (base, deficit) = self.newcomer(t, now);
+        // The j-th newcomer (from 0) has virtual time base + j·T (plus its warm-up surcharge);
+        // it may leave at once when that is at most now + tau, and may join when it is at most
+        // now + tau + max_delay.
         let count_until = |limit: u64| {
             if base > limit {
                 0
             } else {
-                (limit - base) / t.interval + 1
+                match &t.warm {
+                    Some(c) => c.fits(deficit, limit - base).saturating_add(1),
+                    None => (limit - base) / t.interval + 1,
+                }
             }
         };
         let due = count_until(now.saturating_add(t.ahead));
@@ -315,6 +396,7 @@ mod tests {
             interval: T,
             ahead: ahead * T,
             catch_up: T,
+            warm: None,
         }
     }
 
@@ -354,8 +436,8 @@ mod tests {
         assert_eq!(slot(&mut q, &t, a, 1_100), None);
         assert_eq!(slot(&mut q, &t, b, 1_100), Some(1_200));
         assert_eq!(slot(&mut q, &t, b, 1_200), None);
-        assert!(!q.is_idle(1_299));
-        assert!(q.is_idle(1_300));
+        assert!(!q.is_idle(&t, 1_299));
+        assert!(q.is_idle(&t, 1_300));
     }
 
     #[test]
@@ -374,7 +456,7 @@ mod tests {
         assert!(q.cancel(&t, c).is_none(), "c never stored a waker");
         assert_eq!(slot(&mut q, &t, d, 150), Some(200));
         assert_eq!(slot(&mut q, &t, d, 200), None);
-        assert!(q.is_idle(300));
+        assert!(q.is_idle(&t, 300));
     }
 
     #[test]
@@ -385,7 +467,7 @@ mod tests {
         let b = ticket(q.join(&t, None, 500, false));
         q.cancel(&t, b);
         q.cancel(&t, a);
-        assert!(q.is_idle(500));
+        assert!(q.is_idle(&t, 500));
     }
 
     #[test]

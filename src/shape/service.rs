@@ -13,7 +13,16 @@ use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::{service_shell, Core};
+use crate::observe::{self, DecisionMeter, DryRunRejection, Names, ShapeMeter, Verdict};
 use crate::response::{Protocol, RejectionKind};
+
+/// The outcomes a shaping layer can count.
+pub(crate) const OUTCOMES: &[Verdict] = &[
+    Verdict::Allowed,
+    Verdict::Delayed,
+    Verdict::QueueFull,
+    Verdict::MissingKey,
+];
 use std::time::Duration;
 
 pub(crate) struct Shared<E: KeyExtractor> {
@@ -22,6 +31,10 @@ pub(crate) struct Shared<E: KeyExtractor> {
     /// What the header fields say of the shaper's rate and bounds, replaced with them.
     pub(crate) fields: ArcSwap<Fields>,
     pub(crate) name: Box<str>,
+    /// The names its metrics and events carry, and its metrics.
+    pub(crate) names: Names,
+    pub(crate) meter: DecisionMeter,
+    pub(crate) gauges: ShapeMeter,
 }
 
 /// The `RateLimit-Policy` of a shaping layer at its current rate and bounds.
@@ -50,6 +63,38 @@ impl Fields {
 }
 
 impl<E: KeyExtractor> Shared<E> {
+    /// Counts and traces a rejection (or a would-be one), and in dry-run mode records it in
+    /// the request's extensions: `true` when the request is to be turned away.
+    #[inline(never)]
+    fn rejects<ReqBody>(
+        &self,
+        kind: RejectionKind,
+        status: StatusCode,
+        retry_after: Option<Duration>,
+        key: Option<&E::Key>,
+        req: &mut Request<ReqBody>,
+    ) -> bool {
+        let verdict = Verdict::of_rejection(kind);
+        self.meter.count(verdict, None);
+        self.meter.keys(true, || Some(self.shaper.len()));
+        let key = key.and_then(|k| self.core.traced(k));
+        let dry_run = self.core.observe.dry_run;
+        observe::rejected(
+            &self.names,
+            None,
+            verdict,
+            status,
+            retry_after,
+            dry_run,
+            key,
+        );
+        if dry_run {
+            let r = DryRunRejection::new(&self.names, None, kind, status, retry_after);
+            r.record(req.extensions_mut());
+        }
+        !dry_run
+    }
+
     /// The header fields for a response, from the state of the key's queue.
     fn headers(&self, room: &Room) -> Option<ShapeHeaders> {
         let fields = self.fields.load();
@@ -88,14 +133,18 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
+        let dry_run = shared.core.observe.dry_run;
         let key = match shared.core.resolve(&RequestHead::new(&req)) {
             Resolved::Key(key) => key,
             Resolved::Pass => {
                 return ResponseFuture::new(State::calling(self.inner.call(req)), None)
             }
             Resolved::Reject(status) => {
+                if !shared.rejects(RejectionKind::MissingKey, status, None, None, &mut req) {
+                    return ResponseFuture::new(State::calling(self.inner.call(req)), None);
+                }
                 let protocol = Protocol::of(&RequestHead::new(&req));
                 let resp = shared
                     .core
@@ -105,18 +154,41 @@ where
         };
         match shared.shaper.admit(&key) {
             Admission::Leave(room) => {
-                let headers = shared.headers(&room);
+                shared.meter.count(Verdict::Allowed, None);
+                shared.gauges.left();
+                let headers = shared.headers(&room).filter(|_| !dry_run);
                 ResponseFuture::new(State::calling(self.inner.call(req)), headers)
             }
+            Admission::Wait(slot, room) if dry_run => {
+                shared.meter.count(Verdict::Delayed, None);
+                // Not delayed: the slot alone waits for its turn, so that the schedule is the
+                // one enforcement would have.
+                let queued = shared.gauges.queued();
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        slot.await;
+                        drop(queued);
+                    });
+                }
+                let _ = room;
+                ResponseFuture::new(State::calling(self.inner.call(req)), None)
+            }
             Admission::Wait(slot, room) => {
+                shared.meter.count(Verdict::Delayed, None);
+                let queued = shared.gauges.queued();
                 let headers = shared.headers(&room);
                 // The service made ready for this request waits with it; the clone serves the
                 // next one.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::new(State::waiting(slot, ready, req), headers)
+                ResponseFuture::new(State::counted(slot, ready, req, queued), headers)
             }
             Admission::Full(full, room) => {
+                let (kind, status) = (RejectionKind::QueueFull, StatusCode::TOO_MANY_REQUESTS);
+                let wait = Some(full.retry_after());
+                if !shared.rejects(kind, status, wait, Some(&key), &mut req) {
+                    return ResponseFuture::new(State::calling(self.inner.call(req)), None);
+                }
                 let mut resp = shared.core.reject(
                     RejectionKind::QueueFull,
                     StatusCode::TOO_MANY_REQUESTS,

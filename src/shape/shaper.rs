@@ -19,6 +19,7 @@ use crate::error::ConfigError;
 use crate::keyed::{Absent, Entry, OnFull, Table};
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::quota::Quota;
+use crate::warmup::WarmUp;
 
 /// How late a departure may be and still be caught up. It covers tokio's 1 ms timer ticks
 /// and a busy runtime's scheduling delays (several ms on a loaded machine); a schedule that
@@ -75,6 +76,7 @@ impl<K> fmt::Debug for Shaper<K> {
         f.debug_struct("Shaper")
             .field("quota", &settings.quota)
             .field("no_delay_burst", &settings.no_delay_burst)
+            .field("warm_up", &settings.warm_up)
             .field("bounds", &settings.bounds)
             .finish_non_exhaustive()
     }
@@ -98,12 +100,18 @@ struct Core {
 struct Settings {
     quota: Quota,
     no_delay_burst: u32,
+    warm_up: Option<WarmUp>,
     timing: Timing,
     bounds: Bounds,
 }
 
 impl Settings {
-    fn new(quota: Quota, no_delay_burst: u32, bounds: Bounds) -> Result<Self, ConfigError> {
+    fn new(
+        quota: Quota,
+        no_delay_burst: u32,
+        warm_up: Option<WarmUp>,
+        bounds: Bounds,
+    ) -> Result<Self, ConfigError> {
         let interval = u64::try_from(quota.emission_interval().as_nanos())
             .map_err(|_| ConfigError::ToleranceTooLong)?;
         let ahead = interval
@@ -113,10 +121,12 @@ impl Settings {
         Ok(Settings {
             quota,
             no_delay_burst,
+            warm_up,
             timing: Timing {
                 interval,
                 ahead,
                 catch_up: CATCH_UP.as_nanos() as u64,
+                warm: warm_up.map(|w| w.curve(interval, Duration::from_nanos(1))),
             },
             bounds,
         })
@@ -151,6 +161,7 @@ pub struct ShaperBuilder<K> {
     key: PhantomData<fn() -> K>,
     quota: Quota,
     no_delay_burst: u32,
+    warm_up: Option<(Duration, u32)>,
     bounds: Bounds,
     max_keys: usize,
 }
@@ -164,6 +175,40 @@ impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
     /// its allowance back at one request per interval. This is nginx `limit_req ... delay=n`.
     pub fn no_delay_burst(mut self, n: u32) -> Self {
         self.no_delay_burst = n;
+        self
+    }
+
+    /// Makes a key's queue drain slowly after idleness: the first departures are spaced
+    /// `cold_factor` times wider than the quota's interval, and the spacing narrows to the
+    /// interval over `period` of steady departures (Sentinel's warm-up with queue). The
+    /// spacing follows the same curve as a warm-up quota; see [`crate::warmup`] for the
+    /// formula. A key that stays idle cools down again over `period`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{shape::Shaper, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// // 2 per second, warming up over 3 s from a third of that (Guava's example).
+    /// let shaper = Shaper::<u8>::builder(Quota::per_second(2))
+    ///     .warm_up(Duration::from_secs(3), 3)
+    ///     .build();
+    /// let start = tokio::time::Instant::now();
+    /// let mut left = Vec::new();
+    /// for _ in 0..5 {
+    ///     shaper.until_slot(&0).await;
+    ///     left.push(start.elapsed().as_millis());
+    /// }
+    /// // Spaced 1333.3, 1000, 666.7, then 500 ms (tokio's timer fires on whole ms).
+    /// assert_eq!(left, [0, 1334, 2334, 3000, 3500]);
+    /// # }
+    /// ```
+    ///
+    /// Invalid values (a zero or too long period, a zero cold factor) are reported by
+    /// [`try_build`](Self::try_build).
+    pub fn warm_up(mut self, period: Duration, cold_factor: u32) -> Self {
+        self.warm_up = Some((period, cold_factor));
         self
     }
 
@@ -212,7 +257,11 @@ impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
         if self.max_keys == 0 {
             return Err(ConfigError::ZeroMaxKeys);
         }
-        let settings = Settings::new(self.quota, self.no_delay_burst, self.bounds)?;
+        let warm_up = match self.warm_up {
+            Some((period, cold_factor)) => Some(WarmUp::try_new(period, cold_factor)?),
+            None => None,
+        };
+        let settings = Settings::new(self.quota, self.no_delay_burst, warm_up, self.bounds)?;
         let core = Arc::new(Core {
             settings: ArcSwap::from_pointee(settings),
             clock: Clock::tokio(),
@@ -285,6 +334,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
             key: PhantomData,
             quota,
             no_delay_burst: 0,
+            warm_up: None,
             bounds: Bounds::default(),
             max_keys: DEFAULT_MAX_KEYS,
         }
@@ -371,7 +421,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
                 let (join, room) = enter(&lane, now);
                 let entry = LaneEntry {
                     lane: lane.clone(),
-                    interval: timing.interval,
+                    timing: *timing,
                 };
                 Absent::Insert((join, room, lane), entry)
             },
@@ -437,7 +487,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
     /// after it. A key nobody waits on sends its next request one new interval after its last
     /// one left. The no-delay burst stays the same number of requests, at the new interval.
     ///
-    /// An invalid quota returns a [`ConfigError`] and the rate in force stays.
+    /// An invalid quota returns a [`ConfigError`] and the rate in force stays. A shaper built
+    /// with [`warm_up`](ShaperBuilder::warm_up) keeps its rate: each waiter is spaced by the
+    /// price it was given on the warm-up curve, which a new interval would change under it, so
+    /// a quota of another rate returns [`ConfigError::NotChangeable`].
     ///
     /// ```
     /// use tollgate::{Quota, Shaper};
@@ -447,7 +500,17 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
     /// assert_eq!(shaper.quota(), Quota::per_second(100));
     /// ```
     pub fn set_quota(&self, quota: Quota) -> Result<(), ConfigError> {
-        self.change(|s| Settings::new(quota, s.no_delay_burst, s.bounds))
+        self.change(|s| {
+            let new = Settings::new(quota, s.no_delay_burst, s.warm_up, s.bounds)?;
+            // Each waiter keeps the warm-up price it was given; a new interval would move the
+            // whole curve under them, so a shaper with warm-up keeps its rate.
+            if s.warm_up.is_some() && new.timing.interval != s.timing.interval {
+                return Err(ConfigError::NotChangeable(
+                    "the rate of a shaper with warm-up",
+                ));
+            }
+            Ok(new)
+        })
     }
 
     /// Changes the bounds of every key's queue, for this shaper and every clone of it:
@@ -465,7 +528,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
             max_queue: max_queue.map(|n| n as u64),
             max_delay: max_delay.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         };
-        self.change(|s| Settings::new(s.quota.clone(), s.no_delay_burst, bounds))
+        self.change(|s| Settings::new(s.quota.clone(), s.no_delay_burst, s.warm_up, bounds))
     }
 
     fn change(
@@ -616,7 +679,7 @@ impl Drop for Slot {
             let (next_head, idle_at) = {
                 let mut queue = lock(&lane);
                 let next_head = queue.cancel(&timing, self.ticket);
-                (next_head, queue.horizon())
+                (next_head, queue.idle_at(&timing))
             };
             if let Some((table, hash)) = &self.hint {
                 table.lower(*hash, idle_at);
@@ -631,25 +694,27 @@ impl Drop for Slot {
 /// A key's queue as the keyed table sees it.
 struct LaneEntry {
     lane: Lane,
-    /// The shaper's emission interval.
-    interval: u64,
+    /// The shaper's timing.
+    timing: Timing,
 }
 
 impl Entry for LaneEntry {
-    /// When the schedule ends; a queue with waiters is idle only once they have left.
+    /// When the schedule ends (and with warm-up, the key is fully cold again); a queue with
+    /// waiters is idle only once they have left.
     fn idle_at(&self) -> u64 {
-        lock(&self.lane).horizon()
+        lock(&self.lane).idle_at(&self.timing)
     }
 
     fn is_idle(&self, now: u64) -> bool {
-        lock(&self.lane).is_idle(now)
+        lock(&self.lane).is_idle(&self.timing, now)
     }
 
     /// Nobody waiting and the schedule at most one interval ahead: forgetting the key lets its
-    /// next request leave at most one interval early, once.
+    /// next request leave at most one interval early, once. (With warm-up, a forgotten key
+    /// starts cold: slower, never faster.)
     fn evictable(&self, now: u64) -> bool {
         let q = lock(&self.lane);
-        q.is_empty() && q.horizon() <= now.saturating_add(self.interval)
+        q.is_empty() && q.horizon() <= now.saturating_add(self.timing.interval)
     }
 }
 

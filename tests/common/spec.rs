@@ -72,10 +72,11 @@ impl Step {
 
 use Outcome::{Allowed as A, Exceeds as X, Limited as L};
 
-/// Every case: GCRA's, then the window kinds'.
+/// Every case: GCRA's, then the window kinds', then warm-up's.
 pub fn cases() -> Vec<Case> {
     let mut all = gcra_cases();
     all.extend(window_cases());
+    all.extend(warm_up_cases());
     all
 }
 
@@ -373,6 +374,104 @@ pub fn window_cases() -> Vec<Case> {
                 // the fixed window keeps its last unit.
                 step(1000, 1, L).retry(3000).remaining(&[1, 0]),
                 step(1000, 1, L).retry(3000).remaining(&[1, 0]),
+            ],
+        },
+    ]
+}
+
+/// 1 per second warming up over 4 s with cold factor 3: `T` = 1 s, threshold 2 s, warm zone
+/// 2 s, an idle key stores 4 s of permits, and taking `k` from `a` above the threshold costs
+/// `k·T + (a² − (a − k)²) / 2` (in seconds). From cold: 2.5 s, 1.5 s, then 1 s.
+fn warm(burst: u32) -> Quota {
+    Quota::per_second(1)
+        .burst(burst)
+        .warm_up(Duration::from_secs(4), 3)
+}
+
+/// The cases of GCRA with warm-up (src/warmup.rs).
+pub fn warm_up_cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "warm-up, burst 1: spaced 2.5 s, 1.5 s, then 1 s after idle",
+            quotas: vec![warm(1)],
+            steps: vec![
+                step(0, 1, A).remaining(&[0]).reset(2500),
+                step(0, 1, L).retry(2500),
+                step(2499, 1, L).retry(1),
+                step(2500, 1, A).remaining(&[0]).reset(1500),
+                step(4000, 1, A).reset(1000),
+                step(5000, 1, A).reset(1000),
+                step(5500, 1, L).retry(500),
+            ],
+        },
+        Case {
+            name: "warm-up: a cold key admits a shorter burst than a warm one",
+            quotas: vec![warm(4)],
+            steps: vec![
+                // Cold: the second request already uses 2.5 s of the 4 s tolerance.
+                step(0, 0, A).remaining(&[2]).reset(0),
+                step(0, 1, A).remaining(&[1]).reset(2500),
+                step(0, 1, A).remaining(&[0]).reset(4000),
+                step(0, 1, L).retry(1000),
+                // Warm at 4 s (2 s stored, the threshold): the whole burst of 4.
+                step(4000, 0, A).remaining(&[4]),
+                step(4000, 4, A).remaining(&[0]).reset(4000),
+                // Idle for the warm-up period after 8 s: cold again.
+                step(12000, 0, A).remaining(&[2]).reset(0),
+            ],
+        },
+        Case {
+            name: "warm-up: idle after partial warm-up resumes part way up",
+            quotas: vec![warm(1)],
+            steps: vec![
+                step(0, 1, A),
+                step(2500, 1, A),
+                step(4000, 1, A),
+                step(5000, 1, A).reset(1000),
+                // Idle 3 s from 6 s: 3 s of permits, 1 s above the threshold: 1.5 s.
+                step(9000, 1, A).reset(1500),
+                step(10000, 1, L).retry(500),
+                step(10500, 1, A).reset(1000),
+            ],
+        },
+        Case {
+            name: "warm-up: cost above the burst never passes, cost 0 consumes nothing",
+            quotas: vec![warm(2)],
+            steps: vec![
+                step(0, 3, X),
+                step(0, 0, A).remaining(&[1]),
+                // Two at once from cold: the whole warm zone, 2 s + 2 s.
+                step(0, 2, A).remaining(&[0]).reset(4000),
+                step(2000, 1, L).retry(1000),
+                step(3000, 1, A).reset(2000),
+            ],
+        },
+        Case {
+            name: "warm-up with cold factor 1 is plain GCRA (seed example)",
+            quotas: vec![Quota::per_second(10)
+                .burst(5)
+                .warm_up(Duration::from_secs(1), 1)],
+            steps: vec![
+                step(0, 1, A).remaining(&[4]).reset(100),
+                step(0, 1, A).remaining(&[3]).reset(200),
+                step(0, 1, A).remaining(&[2]).reset(300),
+                step(0, 1, A).remaining(&[1]).reset(400),
+                step(0, 1, A).remaining(&[0]).reset(500),
+                step(0, 1, L).remaining(&[0]).retry(100).reset(500),
+            ],
+        },
+        Case {
+            name: "warm-up beside plain GCRA, all or nothing",
+            quotas: vec![warm(1), Quota::per_minute(3)],
+            steps: vec![
+                step(0, 1, A).remaining(&[0, 2]),
+                step(2500, 1, A).remaining(&[0, 1]),
+                step(4000, 1, A).remaining(&[0, 0]),
+                // The minute quota rejects: the warm-up quota is not charged either.
+                step(5000, 1, L).retry(15000),
+                // Idle long enough to be cold again: 2.5 s for the warm-up quota.
+                step(20000, 1, A).remaining(&[0, 0]).reset(60000),
+                step(22499, 1, L).retry(17501),
             ],
         },
     ]

@@ -298,4 +298,8 @@ impl KeyExtractor for ClientIp {
             self.peer.v6_prefix,
         )))
     }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        let peer = peer_addr(req)?.ip().to_canonical();
+        Some(self.client(peer, req.headers).to_canonical())
+    }
 }

@@ -36,6 +36,7 @@ mod client;
 mod forwarded;
 
 use cidr::mask128;
+pub(crate) use cidr::Cidr;
 pub use client::{ClientIp, ForwardedHeader};
 
 /// The address of the TCP peer (axum's `ConnectInfo<SocketAddr>`, tonic's `TcpConnectInfo`
@@ -189,6 +190,9 @@ impl KeyExtractor for PeerIp {
         peer_addr(req)
             .map(|a| IpKey::from(group(a.ip(), self.v6_prefix)))
             .ok_or(MISSING_PEER)
+    }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        peer_addr(req).map(|a| a.ip().to_canonical())
     }
 }
 

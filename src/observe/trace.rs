@@ -1,0 +1,85 @@
+//! The tracing events of the layers: one per rejection (or would-be rejection), and the
+//! configuration of a layer when it is built.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::{Names, Verdict};
+
+/// Logs a rejection at `DEBUG` (target `tollgate::reject`), or a would-be rejection of a
+/// dry-run layer at `INFO` (target `tollgate::dry_run`). `key` is given only when the layer
+/// traces keys.
+#[inline]
+pub(crate) fn rejected(
+    names: &Names,
+    quota: Option<usize>,
+    outcome: Verdict,
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    dry_run: bool,
+    key: Option<&dyn Debug>,
+) {
+    if dry_run {
+        if tracing::enabled!(target: "tollgate::dry_run", tracing::Level::INFO) {
+            event(names, quota, outcome, status, retry_after, true, key);
+        }
+    } else if tracing::enabled!(target: "tollgate::reject", tracing::Level::DEBUG) {
+        event(names, quota, outcome, status, retry_after, false, key);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn event(
+    names: &Names,
+    quota: Option<usize>,
+    outcome: Verdict,
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    dry_run: bool,
+    key: Option<&dyn Debug>,
+) {
+    let layer = names.layer.as_str();
+    let policy = &*names.policy;
+    let quota = names.quota(quota).map(|q| &**q);
+    let outcome = outcome.as_str();
+    let status = status.as_u16();
+    let retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    match (dry_run, key) {
+        (false, None) => tracing::debug!(
+            target: "tollgate::reject",
+            layer, policy, quota, outcome, status, retry_after_ms, dry_run,
+            "request rejected"
+        ),
+        (false, Some(key)) => tracing::debug!(
+            target: "tollgate::reject",
+            layer, policy, quota, outcome, status, retry_after_ms, dry_run, key = ?key,
+            "request rejected"
+        ),
+        (true, None) => tracing::info!(
+            target: "tollgate::dry_run",
+            layer, policy, quota, outcome, status, retry_after_ms, dry_run,
+            "request would have been rejected (dry run)"
+        ),
+        (true, Some(key)) => tracing::info!(
+            target: "tollgate::dry_run",
+            layer, policy, quota, outcome, status, retry_after_ms, dry_run, key = ?key,
+            "request would have been rejected (dry run)"
+        ),
+    }
+}
+
+/// Logs a layer's configuration when it is built, at `DEBUG` (target `tollgate::config`).
+pub(crate) fn config(names: &Names, dry_run: bool, trace_keys: bool, settings: &dyn Debug) {
+    tracing::debug!(
+        target: "tollgate::config",
+        layer = names.layer.as_str(),
+        policy = &*names.policy,
+        dry_run,
+        trace_keys,
+        settings = ?settings,
+        "layer built"
+    );
+}

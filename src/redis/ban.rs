@@ -1,0 +1,119 @@
+//! The penalty box on Redis: the scripts that check a ban, decide the quotas and count the
+//! strike in one call, and the local cache of bans Redis has announced.
+//!
+//! * **One round trip.** With a penalty box, a decision is one `EVALSHA` of a script made of
+//!   `ban.lua` around the quota script: the ban is checked first (a banned key's request
+//!   consumes nothing), then the quotas decide, then a rejection counts as a strike and may
+//!   ban. The penalty state is a second Redis key, `<prefix>ban:<name length>:<name>:<key>`,
+//!   which never has the name of a quota key (those start with a digit after the prefix).
+//! * **Bans are cached, rejections are not.** A ban Redis announced is answered locally until
+//!   it ends, for at most the store's `deny_cache_max_age` (so that a ban lost with Redis's
+//!   state is not enforced longer than that). Quota rejections are *not* answered from the
+//!   deny cache when a penalty box is on: each must reach Redis to count as a strike, so a
+//!   key costs one round trip per rejected request until it is banned, and about one per
+//!   `deny_cache_max_age` and instance while banned.
+//! * **State loss.** A ban lives in Redis only: after a restart without persistence or a
+//!   `FLUSHALL`, bans, strikes and offences are gone, and every instance serves the key again
+//!   within `deny_cache_max_age`.
+
+use std::hash::Hash;
+use std::sync::LazyLock;
+
+use ::redis::Script;
+
+use crate::keyed::{Absent, OnFull, Table};
+
+/// The quota script wrapped by the penalty box, for decisions.
+pub(crate) static DECIDE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("ban.lua"),
+        "\nlocal function decide()\n",
+        include_str!("gcra.lua"),
+        "\nend\nreturn penalize(decide)\n"
+    ))
+});
+
+/// The penalty box alone, recording one strike (as if the quotas had rejected the request).
+pub(crate) static STRIKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("ban.lua"),
+        "\nreturn penalize(function() return {1, 0} end)\n"
+    ))
+});
+
+/// The penalty box alone, reading whether the key is banned (`{3, left}`) or not (`{0, 0}`).
+pub(crate) static PEEK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("ban.lua"),
+        "\nreturn penalize(function() return {0, 0} end)\n"
+    ))
+});
+
+/// Forgets a key's penalty state.
+pub(crate) static PARDON: LazyLock<Script> =
+    LazyLock::new(|| Script::new("redis.call('DEL', KEYS[1])\nreturn {0, 0}\n"));
+
+/// The largest time sent to the script, in microseconds (about 35 years): sums of two stay
+/// exact in Lua's doubles.
+pub(crate) const MAX_MICROS: u64 = 1 << 50;
+
+/// A ban Redis announced, as this instance remembers it (limiter clock, ns).
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    /// When the ban ends.
+    ends: u64,
+    /// Until when the ban is answered without asking Redis.
+    trusted_until: u64,
+}
+
+impl crate::keyed::Entry for Cached {
+    fn idle_at(&self) -> u64 {
+        self.trusted_until
+    }
+}
+
+/// The bans this instance has seen Redis announce.
+pub(crate) struct BanCache<K> {
+    table: Table<K, Cached>,
+    max_age: u64,
+}
+
+impl<K: Hash + Eq + Clone> BanCache<K> {
+    pub(crate) fn new(max_entries: usize, max_age: u64) -> Self {
+        BanCache {
+            table: Table::new(max_entries, OnFull::RejectNewKeys),
+            max_age,
+        }
+    }
+
+    /// Nanoseconds of ban left for `key` at `now`, if a ban is known and still trusted.
+    pub(crate) fn left(&self, key: &K, now: u64) -> Option<u64> {
+        let hash = self.table.hash(key);
+        let c = self.table.get(hash, key, now, |c| *c)?;
+        (now < c.trusted_until && now < c.ends).then(|| c.ends - now)
+    }
+
+    /// Remembers that Redis said `key` is banned for `left` ns, for a request sent at `sent_at`
+    /// (never later than when Redis answered, so the ban is never thought to end later).
+    pub(crate) fn remember(&self, key: &K, sent_at: u64, left: u64) {
+        let entry = Cached {
+            ends: sent_at.saturating_add(left),
+            trusted_until: sent_at.saturating_add(left.min(self.max_age)),
+        };
+        let hash = self.table.hash(key);
+        let _ = self.table.upsert(
+            hash,
+            key,
+            false,
+            || sent_at,
+            |e, _| *e = entry,
+            |_| Absent::Insert((), entry),
+        );
+    }
+
+    /// Forgets what is known of `key`'s ban.
+    pub(crate) fn forget(&self, key: &K) {
+        let hash = self.table.hash(key);
+        self.table.remove_if(hash, |k, _| k == key);
+    }
+}

@@ -1,0 +1,48 @@
+//! `cargo run --example warmup_plot`, replayed: the table it prints (and docs/bench/warmup.md
+//! shows) is what the rate limit and the shaper do, second by second, on a manual clock and
+//! tokio's paused clock.
+
+#[path = "../examples/warmup_plot.rs"]
+#[allow(dead_code)]
+mod warmup_plot;
+
+fn per_second(times: &[f64]) -> Vec<usize> {
+    (0..24)
+        .map(|s| {
+            let s = f64::from(s);
+            times.iter().filter(|&&t| t >= s && t < s + 1.0).count()
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_plotted_run_admits_what_docs_bench_warmup_md_shows() {
+    let shaped = warmup_plot::departures().await;
+    let limited = warmup_plot::admissions();
+    assert_eq!(
+        per_second(&shaped),
+        [
+            36, 41, 50, 73, 100, 100, // cold start: a third of the rate, full after 4 s
+            0, 0, 0, // 3 s idle: half way cold
+            59, 92, 100, 100, // resumes at half the rate
+            0, 0, 0, 0, 0, 0, 0, // 7 s idle: cold again
+            36, 41, 50, 73, // the same slow start
+        ]
+    );
+    assert_eq!(
+        per_second(&limited),
+        [
+            36, 41, 50, 73, 99, 100, 0, 0, 0, 58, 91, 100, 100, 0, 0, 0, 0, 0, 0, 0, 36, 41, 50,
+            73,
+        ]
+    );
+    let table = warmup_plot::table(&limited, &shaped);
+    let doc = std::fs::read_to_string("docs/bench/warmup.md").unwrap();
+    assert!(
+        doc.contains(table.trim_end()),
+        "docs/bench/warmup.md is stale"
+    );
+    let svg = warmup_plot::svg(&warmup_plot::rates(&limited), &warmup_plot::rates(&shaped));
+    assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+    assert_eq!(svg.matches("<polyline").count(), 2);
+}
