@@ -101,6 +101,19 @@ pub enum ConfigError {
         /// The requested window.
         window: Duration,
     },
+    /// A change while serving gave a policy a different number of quotas than it was built
+    /// with: each new quota replaces the one at its position, whose per-key state it keeps.
+    QuotaCountChanged {
+        /// How many quotas the policy has.
+        was: usize,
+        /// How many the change gave.
+        got: usize,
+    },
+    /// A change while serving named a tier (policy) the layer does not have.
+    UnknownTier(String),
+    /// A change while serving asked for something the layer was not built with (a waiting
+    /// queue on a layer that rejects at once, say); the setting named cannot change.
+    NotChangeable(&'static str),
     /// A warm-up period was zero or longer than
     /// [`MAX_WARM_UP_PERIOD`](crate::warmup::MAX_WARM_UP_PERIOD).
     InvalidWarmUpPeriod(Duration),
@@ -197,6 +210,14 @@ impl fmt::Display for ConfigError {
                 "a sliding log keeps one time per request: a count of {count} is above the \
                  most it may hold ({max}); use a sliding window counter"
             ),
+            ConfigError::QuotaCountChanged { was, got } => write!(
+                f,
+                "a policy built with {was} quotas can only be given {was} while serving (got {got})"
+            ),
+            ConfigError::UnknownTier(name) => write!(f, "the layer has no tier named {name:?}"),
+            ConfigError::NotChangeable(what) => {
+                write!(f, "{what} cannot be changed while serving")
+            }
             ConfigError::InvalidWarmUpPeriod(period) => write!(
                 f,
                 "warm-up period {period:?} must be longer than zero and at most {:?}",

@@ -31,6 +31,10 @@ pub(crate) struct Gcra {
     pub(crate) tolerance: u64,
     /// `tau / T`, kept so that no decision divides for it.
     burst: u64,
+    /// The furthest time a key could hold from a quota this one replaced while serving (0:
+    /// none). Only until the tolerance ahead of now passes it is a key held to the tolerance;
+    /// after that, a time further ahead can only be a debt charged on purpose, which stands.
+    horizon: u64,
 }
 
 /// What one quota says about one request.
@@ -51,13 +55,45 @@ impl Gcra {
             interval,
             tolerance,
             burst: tolerance / interval,
+            horizon: 0,
         }
+    }
+
+    /// This quota as the replacement, at `now`, of `old` at the same position: the times a
+    /// key earned under `old` (at most its tolerance ahead of now, or what an earlier
+    /// replacement left) are held to this quota's tolerance.
+    pub(crate) fn replacing(mut self, old: &Gcra, now: u64) -> Self {
+        self.horizon = old.horizon.max(now.saturating_add(old.tolerance));
+        self
     }
 
     /// The burst, in requests.
     #[inline]
     pub(crate) fn burst(&self) -> u64 {
         self.burst
+    }
+
+    /// The time a key stored as `tat` is held to at `now`: at most the tolerance ahead.
+    ///
+    /// Only a quota replaced while serving by one with a smaller tolerance leaves a key
+    /// further ahead (its time was earned under the old quota); the key is then brought back
+    /// to exactly the tolerance ahead, "burst spent", rather than paying a debt the new quota
+    /// could never have let it build. A time further ahead once no replaced quota can explain
+    /// it (see `horizon`) is a debt charged after a response, and is kept.
+    #[inline]
+    pub(crate) fn held(&self, tat: u64, now: u64) -> u64 {
+        if self.holds(now) {
+            tat.min(now.saturating_add(self.tolerance))
+        } else {
+            tat
+        }
+    }
+
+    /// Whether a key may still hold, at `now`, a time earned under a replaced quota beyond
+    /// this one's tolerance (and is then held to it).
+    #[inline]
+    pub(crate) fn holds(&self, now: u64) -> bool {
+        now.saturating_add(self.tolerance) < self.horizon
     }
 
     /// Decides a request of `cost` against stored `tat` at `now`.
@@ -125,7 +161,9 @@ impl QuotaState {
         QuotaState {
             interval: g.interval,
             tolerance: g.tolerance,
-            ahead: tat.saturating_sub(now),
+            // As `Gcra::step` reads it: a time earned under a replaced quota is held to the
+            // tolerance, a debt is not.
+            ahead: g.held(tat, now).saturating_sub(now),
         }
     }
 
@@ -483,16 +521,24 @@ pub(crate) fn record_unlimited(ext: &mut http::Extensions) {
 /// Decides a request of `cost` against every quota at once, all or nothing.
 ///
 /// `tats` holds one stored time per quota (`0` for absent); when the request is admitted they
-/// are replaced by the new times, otherwise left alone. Returns the decision and whether `tats`
-/// changed.
+/// are replaced by the new times, otherwise left alone, except that a time further ahead than
+/// its quota's tolerance is brought back to it ([`Gcra::held`]). Returns the decision and
+/// whether `tats` changed.
 pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (Decision, bool) {
     debug_assert_eq!(gcras.len(), tats.len());
     debug_assert!(gcras.len() <= MAX_QUOTAS);
     let mut outcome = Outcome::Allowed;
     let mut retry_after = 0;
     let mut new_tats = [0u64; MAX_QUOTAS];
-    for (i, (g, &tat)) in gcras.iter().zip(tats.iter()).enumerate() {
-        match g.step(tat, now, cost) {
+    let mut clamped = false;
+    for (i, (g, tat)) in gcras.iter().zip(tats.iter_mut()).enumerate() {
+        let held = g.held(*tat, now);
+        if held != *tat && cost > 0 {
+            // Written even when the request is rejected: see `Gcra::held`.
+            *tat = held;
+            clamped = true;
+        }
+        match g.step(held, now, cost) {
             Step::Allow { new_tat } => new_tats[i] = new_tat,
             Step::Deny { retry_after: r } => {
                 if outcome == Outcome::Allowed {
@@ -507,6 +553,7 @@ pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (
     if allowed {
         tats.copy_from_slice(&new_tats[..tats.len()]);
     }
+    let changed = allowed || clamped;
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
     for (i, (g, &tat)) in gcras.iter().zip(tats.iter()).enumerate() {
         quotas[i] = QuotaState::of(g, tat, now);
@@ -518,16 +565,21 @@ pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (
         degraded: false,
         quotas,
     };
-    (decision, allowed)
+    (decision, changed)
 }
 
-/// The single-quota case, on one word: returns the decision and the value to store, if any.
+/// The single-quota case, on one word: returns the decision and the value to store, if any
+/// (the new time when admitted; the time brought back to the tolerance by [`Gcra::held`]
+/// when that moved it).
 #[inline]
 pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, Option<u64>) {
-    let (outcome, retry_after, stored) = match g.step(tat, now, cost) {
+    let held = g.held(tat, now);
+    // Brought back to the tolerance even when rejected: see `Gcra::held`.
+    let clamped = (held != tat && cost > 0).then_some(held);
+    let (outcome, retry_after, stored) = match g.step(held, now, cost) {
         Step::Allow { new_tat } => (Outcome::Allowed, 0, (cost > 0).then_some(new_tat)),
-        Step::Deny { retry_after } => (Outcome::Limited, retry_after, None),
-        Step::Never => (Outcome::Exceeds, 0, None),
+        Step::Deny { retry_after } => (Outcome::Limited, retry_after, clamped),
+        Step::Never => (Outcome::Exceeds, 0, clamped),
     };
     let tat = stored.unwrap_or(tat);
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];

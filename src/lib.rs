@@ -186,6 +186,7 @@ pub mod rate_limit;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 pub mod response;
+pub mod settings;
 pub mod shape;
 pub mod store;
 #[cfg(feature = "stream")]
@@ -198,14 +199,14 @@ pub mod warmup;
 mod axum_support;
 
 pub use clock::{Clock, ManualClock};
-pub use concurrency::ConcurrencyLimitLayer;
+pub use concurrency::{ConcurrencyHandle, ConcurrencyLimitLayer};
 pub use error::ConfigError;
 pub use gcra::{Decision, Decisions, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
 pub use penalty::PenaltyBox;
 pub use quota::{Quota, QuotaKind};
-pub use rate_limit::{MissingKey, Policy, RateLimitLayer};
-pub use shape::{PoliteLayer, ShapeLayer, Shaper};
+pub use rate_limit::{MissingKey, Policy, RateLimitHandle, RateLimitLayer};
+pub use shape::{PoliteLayer, ShapeHandle, ShapeLayer, Shaper};
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

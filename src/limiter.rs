@@ -7,6 +7,8 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::error::ConfigError;
@@ -60,16 +62,15 @@ impl<K> Clone for RateLimiter<K> {
 impl<K> fmt::Debug for RateLimiter<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("quotas", &self.inner.quotas)
+            .field("quotas", &self.inner.limits.load().quotas)
             .finish_non_exhaustive()
     }
 }
 
 struct Inner<K> {
-    quotas: Box<[Quota]>,
-    /// The quotas as GCRA when every quota is one (else empty).
-    gcras: Box<[Gcra]>,
-    rules: Box<[Rule]>,
+    /// The quotas in force: read once per decision, replaced whole by
+    /// [`RateLimiter::set_quotas`].
+    limits: ArcSwap<Limits>,
     store: Store<K>,
     clock: Clock,
     /// The tasks waiting in `until_ready_n`, in one line per key.
@@ -77,6 +78,64 @@ struct Inner<K> {
     /// Its decisions in the metrics, when it has a name.
     #[cfg(feature = "metrics")]
     meter: Option<crate::observe::LimiterMeter>,
+}
+
+/// A set of quotas and the numbers the algorithms take from them, swapped as one.
+struct Limits {
+    quotas: Arc<[Quota]>,
+    /// The quotas as GCRA when every quota is one (else empty).
+    gcras: Box<[Gcra]>,
+    rules: Box<[Rule]>,
+}
+
+impl Limits {
+    fn new(quotas: Vec<Quota>) -> Self {
+        Limits::replacing(quotas, &[], 0)
+    }
+
+    /// `quotas` in place of the rules `old`, at `now` (see [`Gcra::replacing`]).
+    fn replacing(quotas: Vec<Quota>, old: &[Rule], now: u64) -> Self {
+        let mut rules: Box<[Rule]> = quotas.iter().map(Quota::rule).collect();
+        Rule::replacing(&mut rules, old, now);
+        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
+        Limits {
+            quotas: quotas.into(),
+            gcras,
+            rules,
+        }
+    }
+}
+
+/// The checks every set of quotas passes, at build time and when replaced.
+pub(crate) fn check_quotas(quotas: &[Quota]) -> Result<(), ConfigError> {
+    if quotas.is_empty() {
+        return Err(ConfigError::NoQuota);
+    }
+    if quotas.len() > MAX_QUOTAS {
+        return Err(ConfigError::TooManyQuotas {
+            got: quotas.len(),
+            max: MAX_QUOTAS,
+        });
+    }
+    Ok(())
+}
+
+/// Whether `new` may replace `old` while serving: as many quotas, each of the kind of the
+/// one it replaces (the per-key state of a position is read by its kind).
+pub(crate) fn check_replacement(old: &[Quota], new: &[Quota]) -> Result<(), ConfigError> {
+    check_quotas(new)?;
+    if new.len() != old.len() {
+        return Err(ConfigError::QuotaCountChanged {
+            was: old.len(),
+            got: new.len(),
+        });
+    }
+    if old.iter().zip(new).any(|(o, n)| o.kind() != n.kind()) {
+        return Err(ConfigError::NotChangeable(
+            "the kind (algorithm) of a quota, whose per-key state it keeps,",
+        ));
+    }
+    Ok(())
 }
 
 enum Store<K> {
@@ -168,8 +227,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
         if self.max_keys == 0 {
             return Err(ConfigError::ZeroMaxKeys);
         }
-        let rules: Box<[Rule]> = self.quotas.iter().map(Quota::rule).collect();
-        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
+        let limits = Limits::new(self.quotas);
+        let (gcras, rules) = (&limits.gcras, &limits.rules);
         let direct = std::mem::size_of::<K>() == 0;
         let (max, on_full) = (self.max_keys, self.on_full);
         let store = if gcras.len() < rules.len() {
@@ -188,8 +247,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
         };
         #[cfg(feature = "metrics")]
         let meter = self.name.as_deref().map(|name| {
-            let policy = crate::Policy::new(name.to_owned(), self.quotas[0].clone());
-            let policy = self.quotas[1..]
+            let policy = crate::Policy::new(name.to_owned(), limits.quotas[0].clone());
+            let policy = limits.quotas[1..]
                 .iter()
                 .fold(policy, |p, q| p.quota(q.clone()));
             crate::observe::LimiterMeter::new(name, &policy.item_names(), false)
@@ -198,9 +257,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
         let _ = self.name;
         Ok(RateLimiter {
             inner: Arc::new(Inner {
-                quotas: self.quotas.into_boxed_slice(),
-                gcras,
-                rules,
+                limits: ArcSwap::from_pointee(limits),
                 store,
                 clock: self.clock.unwrap_or_default(),
                 waiters: Lines::default(),
@@ -262,7 +319,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         let now = self.inner.clock.now();
         // The global limiter's whole state is one word: decide it here, inlined.
         let decision = if let Store::DirectOne(slot) = &self.inner.store {
-            slot.decide(&self.inner.gcras[0], now, cost)
+            slot.decide(&self.inner.limits.load().gcras[0], now, cost)
         } else {
             self.decide_at(key, now, cost)
         };
@@ -280,7 +337,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
 
     #[inline]
     pub(crate) fn decide_at(&self, key: &K, now: u64, cost: u32) -> Decision {
-        let (gcras, rules) = (&self.inner.gcras, &self.inner.rules);
+        let limits = self.inner.limits.load();
+        let (gcras, rules) = (&limits.gcras, &limits.rules);
         let clock = &self.inner.clock;
         match &self.inner.store {
             Store::One(s) => s.decide(key, &gcras[0], clock, now, cost),
@@ -300,7 +358,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
             return;
         }
         let now = self.inner.clock.now();
-        let (gcras, rules) = (&self.inner.gcras, &self.inner.rules);
+        let limits = self.inner.limits.load();
+        let (gcras, rules) = (&limits.gcras, &limits.rules);
         match &self.inner.store {
             Store::One(s) => s.refund(key, &gcras[0], now, cost),
             Store::Many(s) => s.refund(key, gcras, now, cost),
@@ -329,7 +388,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// `cost` more in its current window.
     fn charge(&self, key: &K, cost: u32) {
         let now = self.inner.clock.now();
-        let (gcras, rules, clock) = (&self.inner.gcras, &self.inner.rules, &self.inner.clock);
+        let limits = self.inner.limits.load();
+        let (gcras, rules) = (&limits.gcras, &limits.rules);
+        let clock = &self.inner.clock;
         match &self.inner.store {
             Store::One(s) => s.charge(key, &gcras[0], clock, now, cost),
             Store::Many(s) => s.charge(key, gcras, clock, now, cost),
@@ -378,14 +439,84 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
         let inner = &*self.inner;
+        let limits = inner.limits.load_full();
         let check = || std::future::ready(self.check_n(key, cost));
-        crate::wait::until_admitted(&inner.waiters, key, &inner.rules, &inner.clock, cost, check)
-            .await
+        crate::wait::until_admitted(
+            &inner.waiters,
+            key,
+            &limits.rules,
+            &inner.clock,
+            cost,
+            check,
+        )
+        .await
+    }
+    /// The quotas in force, in the order given (the latest set by
+    /// [`set_quotas`](Self::set_quotas)).
+    pub fn quotas(&self) -> Arc<[Quota]> {
+        self.inner.limits.load().quotas.clone()
     }
 
-    /// The quotas, in the order given.
-    pub fn quotas(&self) -> &[Quota] {
-        &self.inner.quotas
+    /// Replaces the quotas of this limiter and of every clone of it, from the next decision
+    /// on, keeping the state of every key.
+    ///
+    /// The new quotas must be as many as the limiter was built with, each of the
+    /// [kind](Quota::kind) of the one it replaces (it takes over that quota's per-key state),
+    /// and valid; otherwise this returns a [`ConfigError`] and the quotas in force stay.
+    ///
+    /// # Window quotas
+    /// A fixed window, sliding log or sliding window keeps the requests it counted: a new
+    /// count applies to them at once (a key over a lower count is rejected until enough of
+    /// them leave the window, never longer than one window), and a new period applies from
+    /// the key's next window (fixed) or to the times and counts already kept (sliding).
+    ///
+    /// # A key in the middle of a burst
+    /// A key's state is a time, its theoretical arrival time, and a change carries it over
+    /// exactly: what the key spent is still spent, counted in time, and is earned back at the
+    /// new rate. Two rules follow, in memory and in Redis alike:
+    /// * **No free burst on change.** Raising the rate or the burst gives a key only what its
+    ///   time allows under the new quota: a key that had spent its whole burst of 10 at 10/s
+    ///   (1 s ahead of now) has spent all of a new burst of 10 at 100/s too (its 1 s is ten
+    ///   new bursts) and earns one request back each new interval.
+    /// * **No punishment beyond the new quota.** A key is never held further ahead of now
+    ///   than the new quota's tolerance (`burst × interval`): lowering the limits leaves a
+    ///   busy key with at most "burst spent", never a debt from the old rate. Concretely,
+    ///   each decision reads a time more than the tolerance ahead as exactly the tolerance
+    ///   ahead.
+    ///
+    /// Requests already decided keep their decision; waiters of
+    /// [`until_ready`](Self::until_ready) decide again under the new quotas when their turn
+    /// comes.
+    ///
+    /// ```
+    /// use tollgate::{Clock, Quota, RateLimiter};
+    ///
+    /// let (clock, _time) = Clock::manual();
+    /// let limiter = RateLimiter::<&str>::builder(Quota::per_second(2))
+    ///     .clock(clock)
+    ///     .build();
+    /// let handle = limiter.clone();
+    /// assert!(limiter.check(&"k").is_allowed());
+    /// assert!(limiter.check(&"k").is_allowed());
+    /// assert!(!limiter.check(&"k").is_allowed());
+    ///
+    /// // During an incident: at most 1 per second, at once, for every clone.
+    /// handle.set_quotas([Quota::per_second(1)]).unwrap();
+    /// assert_eq!(limiter.quotas()[0], Quota::per_second(1));
+    /// // Still spent: the key's time (1 s ahead) is the new burst's whole tolerance.
+    /// assert!(!limiter.check(&"k").is_allowed());
+    /// // An invalid change is refused and the quotas in force stay.
+    /// assert!(handle.set_quotas([]).is_err());
+    /// assert_eq!(limiter.quotas()[0], Quota::per_second(1));
+    /// ```
+    pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
+        let quotas: Vec<Quota> = quotas.into_iter().collect();
+        let old = self.inner.limits.load();
+        check_replacement(&old.quotas, &quotas)?;
+        let now = self.inner.clock.now();
+        let limits = Limits::replacing(quotas, &old.rules, now);
+        self.inner.limits.store(Arc::new(limits));
+        Ok(())
     }
 
     /// The clock decisions are made with.

@@ -33,6 +33,10 @@ mod quickstart;
 #[path = "../examples/redis.rs"]
 #[allow(dead_code)]
 mod redis_example;
+#[cfg(feature = "serde")]
+#[path = "../examples/reload.rs"]
+#[allow(dead_code)]
+mod reload;
 #[path = "../examples/shaping.rs"]
 #[allow(dead_code)]
 mod shaping;
@@ -765,6 +769,50 @@ async fn polite_client_calls_go_out_100_ms_apart_then_the_jobs() {
             "job 2 may call the partner"
         ]
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// reload
+
+/// The documented commands: six requests (5 × 200, then 429); the file gets a burst of 20 and
+/// SIGHUP reloads it (here: the function the signal calls); sixteen more (15 × 200, then 429).
+#[cfg(feature = "serde")]
+#[tokio::test]
+async fn reload_five_then_429_then_after_sighup_fifteen_more_of_a_burst_of_twenty() {
+    let (clock, _time) = Clock::manual();
+    let file = std::fs::read_to_string("examples/reload.toml").unwrap();
+    let limits = reload::Limits::parse(&file).unwrap();
+    let (app, handles) = reload::app(&limits, clock).unwrap();
+    let codes = |n| {
+        let app = app.clone();
+        async move {
+            let mut codes = Vec::new();
+            for _ in 0..n {
+                codes.push(send(&app, get("/api")).await.status.as_u16());
+            }
+            codes
+        }
+    };
+    assert_eq!(codes(6).await, [200, 200, 200, 200, 200, 429]);
+
+    // sed -i 's/count = 5,/count = 5, burst = 20,/' /tmp/limits.toml
+    let edited = file.replace("count = 5,", "count = 5, burst = 20,");
+    assert_ne!(edited, file);
+    // A file that does not parse, or an invalid limit, changes nothing.
+    let err = handles
+        .reload(&edited.replace("max = 2", "max = 0"))
+        .unwrap_err();
+    assert!(err.starts_with("report:"), "{err}");
+    let err = handles
+        .reload(&edited.replace("\"1s\"", "\"1 sec\""))
+        .unwrap_err();
+    assert!(err.contains("per"), "{err}");
+    assert_eq!(codes(1).await, [429]);
+
+    handles.reload(&edited).unwrap();
+    let mut want = vec![200; 15];
+    want.push(429);
+    assert_eq!(codes(16).await, want);
 }
 
 // ---------------------------------------------------------------------------------------------

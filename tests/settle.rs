@@ -533,3 +533,28 @@ async fn a_charge_goes_beyond_the_limit_of_every_quota_kind() {
         assert_eq!(field(&resp, "retry-after"), Some(retry), "{quota:?}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_debt_charged_from_the_response_outlives_a_change_of_quota() {
+    let limit = tokens(10);
+    let handle = limit.handle().unwrap();
+    let mut svc = limit.clone().layer(Handler::new(Duration::ZERO));
+    // Reserved 10, used 250: 150 s of tokens at 100 a minute, 90 s beyond the 60 s burst.
+    let resp = call(&mut svc, req("k", 200, Some("250"))).await;
+    assert_eq!(resp.status(), 200);
+    // Twice the rate, the same 60 s burst: no time earned under the old quota lies beyond
+    // the new tolerance, so what lies beyond is the debt, and it stands.
+    handle
+        .set_quotas("tokens", [Quota::per_minute(200)])
+        .unwrap();
+    // Reserving 10 = 3 s at the new rate: admitted at 150 + 3 - 60 = 93 s.
+    let resp = call(&mut svc, req("k", 200, Some("10"))).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(&resp, "retry-after"), Some("93"));
+    assert_eq!(field(&resp, "ratelimit"), Some(r#""tokens";r=0;t=150"#));
+    tokio::time::advance(Duration::from_secs(93)).await;
+    assert_eq!(
+        call(&mut svc, req("k", 200, Some("10"))).await.status(),
+        200
+    );
+}

@@ -69,6 +69,16 @@ impl Rule {
     }
 
     /// The GCRA parameters, for a GCRA quota.
+    /// The rules `new` as the replacement, at `now`, of `old` (same kinds, same positions):
+    /// see [`Gcra::replacing`].
+    pub(crate) fn replacing(new: &mut [Rule], old: &[Rule], now: u64) {
+        for (n, o) in new.iter_mut().zip(old) {
+            if let (Rule::Gcra(n), Rule::Gcra(o)) = (n, o) {
+                *n = n.replacing(o, now);
+            }
+        }
+    }
+
     pub(crate) fn as_gcra(&self) -> Option<&Gcra> {
         match self {
             Rule::Gcra(g) => Some(g),
@@ -275,7 +285,16 @@ pub(crate) fn decide(
     let mut retry_after = 0;
     let mut new = [[0u64; 2]; MAX_QUOTAS];
     let mut log_width = None;
+    let mut clamped = false;
     for (i, r) in rules.iter().enumerate() {
+        if let (Rule::Gcra(g), true) = (r, cost > 0) {
+            // Brought back to the tolerance even when rejected: see `Gcra::held`.
+            let held = g.held(state.words[i][0], now);
+            if held != state.words[i][0] {
+                state.words[i][0] = held;
+                clamped = true;
+            }
+        }
         if let Some(w) = r.log_width() {
             log_width = Some(log_width.map_or(w, |m: u64| m.max(w)));
         }
@@ -308,7 +327,7 @@ pub(crate) fn decide(
     };
     (
         Decision::from_store(outcome, retry_after, &quotas[..rules.len()]),
-        allowed,
+        allowed || clamped,
     )
 }
 

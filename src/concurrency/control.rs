@@ -169,8 +169,8 @@ pub(crate) type Classifier = Arc<dyn Fn(&RequestHead<'_>) -> Priority + Send + S
 /// The layer's limit and what it measured.
 pub(crate) struct Control {
     limit: AtomicUsize,
-    /// The layer's `max`: the limit never goes above it.
-    cap: usize,
+    /// The layer's `max`: the limit never goes above it. Changed by a handle.
+    cap: AtomicUsize,
     algorithm: Option<Mutex<Box<dyn LimitAlgorithm>>>,
     clock: Clock,
     /// Smoothed latency of completed requests, in nanoseconds; 0 before the first.
@@ -205,7 +205,7 @@ impl Control {
     fn new(limit: usize, cap: usize, algorithm: Option<Mutex<Box<dyn LimitAlgorithm>>>) -> Self {
         Control {
             limit: AtomicUsize::new(limit),
-            cap,
+            cap: AtomicUsize::new(cap),
             algorithm,
             clock: Clock::tokio(),
             latency: AtomicU64::new(0),
@@ -230,6 +230,27 @@ impl Control {
 
     pub(crate) fn limit(&self) -> usize {
         self.limit.load(Ordering::Acquire)
+    }
+
+    /// The layer's `max`.
+    pub(crate) fn cap(&self) -> usize {
+        self.cap.load(Ordering::Acquire)
+    }
+
+    /// Sets the layer's `max` while serving: a fixed limit follows it; an adaptive one is
+    /// held under it (the algorithm moves it from there). Each semaphore follows the new
+    /// limit on its next permit taken or given back.
+    pub(crate) fn set_cap(&self, max: usize) {
+        self.cap.store(max, Ordering::Release);
+        let _ = self
+            .limit
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |limit| {
+                Some(if self.algorithm.is_none() {
+                    max
+                } else {
+                    limit.min(max)
+                })
+            });
     }
 
     /// Whether permits should note when they were taken.
@@ -286,7 +307,7 @@ impl Control {
             dropped,
         };
         let mut algorithm = algorithm.lock().unwrap_or_else(|e| e.into_inner());
-        let limit = algorithm.update(sample).clamp(1, self.cap);
+        let limit = algorithm.update(sample).clamp(1, self.cap());
         self.limit.store(limit, Ordering::Release);
         if let Some(m) = &self.meter {
             m.learnt(limit, self.latency());

@@ -9,6 +9,7 @@ use tower_layer::Layer;
 
 use super::adaptive::LimitAlgorithm;
 use super::control::{Classifier, Control, Priority, Shares};
+use super::handle::{ConcurrencyHandle, Live};
 use super::permit::{GlobalLimit, KeyedLimit};
 use super::service::OUTCOMES;
 use super::service::{ConcurrencyLimit, Limit, Shared};
@@ -415,25 +416,60 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         self.state.get().map(|shared| &shared.limit)
     }
 
+    /// A handle that changes this layer's maximum and queue bounds while it serves, for
+    /// every clone of the layer and every service it made; see [`ConcurrencyHandle`].
+    ///
+    /// Take it once the layer is configured and **before it is applied**: a limit that can
+    /// change follows a moving target on each permit, which a layer applied without a handle
+    /// does not pay for. Returns [`ConfigError::NotChangeable`] for a layer applied before,
+    /// and the layer's configuration error if it has one.
+    pub fn handle(&self) -> Result<ConcurrencyHandle, ConfigError>
+    where
+        E: Clone,
+    {
+        let shared = self.state.get_or_build(|| self.build(true))?;
+        match &shared.control {
+            Some(control) => {
+                let sync: Arc<dyn Fn() + Send + Sync> = match &shared.limit {
+                    Limit::Global(global) => {
+                        let global = global.clone();
+                        Arc::new(move || global.sync())
+                    }
+                    Limit::Keyed(keyed) => {
+                        let keyed = keyed.clone();
+                        Arc::new(move || keyed.sync())
+                    }
+                };
+                Ok(ConcurrencyHandle::new(
+                    control.clone(),
+                    shared.live.clone(),
+                    sync,
+                ))
+            }
+            None => Err(ConfigError::NotChangeable(
+                "the maximum of a concurrency limit applied before its handle was taken",
+            )),
+        }
+    }
+
     fn shared(&self) -> Result<Arc<Shared<E>>, ConfigError>
     where
         E: Clone,
     {
-        self.state.get_or_build(|| self.build())
+        self.state.get_or_build(|| self.build(false))
     }
 
-    fn build(&self) -> Result<Shared<E>, ConfigError>
+    /// Builds the state; `changeable` when a handle asks for it.
+    fn build(&self, changeable: bool) -> Result<Shared<E>, ConfigError>
     where
         E: Clone,
     {
         let core = self.common.core()?;
-        let policy = self
-            .policy_name
-            .as_ref()
-            .map(|name| Arc::new(headers::concurrency_policy(name, self.max)));
+        let live = Arc::new(Live::new(self.queue, self.policy_name.as_deref(), self.max));
         let control = match (&self.adaptive, &self.classify) {
             (Some(new), _) => Some(Control::adaptive(self.max, new())),
             (None, Some(_)) => Some(Control::fixed(self.max)),
+            (None, None) if changeable => Some(Control::fixed(self.max)),
             (None, None) => None,
         };
         let names = Names::new(
@@ -459,16 +495,14 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
             core,
             limit,
             status,
+            live,
             meter: DecisionMeter::new(&names, observe.dry_run, OUTCOMES),
             gauges: ConcurrencyMeter::new(&names, observe.dry_run),
             names,
-            max_waiting: self.queue.map(|(n, _)| n),
-            max_wait: self.queue.map_or(Duration::ZERO, |(_, d)| d),
             retry_after: self.retry_after,
             release_on_headers: self.release_on_headers || self.max_hold == Some(Duration::ZERO),
             max_hold: self.max_hold.filter(|d| !d.is_zero()),
             policy_name: self.policy_name.as_deref().map(Box::from),
-            policy,
             control,
             classify: self.classify.clone(),
         })
@@ -482,7 +516,7 @@ fn is_keyed<K>() -> bool {
 }
 
 /// A concurrency limit must be at least 1 and fit a semaphore.
-fn check_max(max: usize) -> Result<(), ConfigError> {
+pub(crate) fn check_max(max: usize) -> Result<(), ConfigError> {
     if (1..=Semaphore::MAX_PERMITS).contains(&max) {
         Ok(())
     } else {

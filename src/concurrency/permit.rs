@@ -154,6 +154,14 @@ enum Outcome {
 }
 
 impl Gate {
+    /// Brings the semaphore to the layer's current limit now (after a change while serving,
+    /// so that waiters get the places a higher limit opens without waiting for traffic).
+    fn sync(&self) {
+        if let Some(ctl) = &self.ctl {
+            ctl.sync(&self.sem);
+        }
+    }
+
     fn new(max: usize, key: Option<KeyState>, control: Option<&Arc<Control>>) -> Self {
         let (ctl, permits) = match control {
             Some(c) => {
@@ -289,6 +297,7 @@ impl Waiter {
 }
 
 /// The one limit of a layer without a key.
+#[derive(Clone)]
 pub(crate) struct GlobalLimit(Arc<Gate>);
 
 impl GlobalLimit {
@@ -311,6 +320,11 @@ impl GlobalLimit {
 
     pub(crate) fn in_flight(&self) -> usize {
         self.0.in_flight()
+    }
+
+    /// Follows a changed limit now.
+    pub(crate) fn sync(&self) {
+        self.0.sync();
     }
 
     pub(crate) fn waiting(&self) -> usize {
@@ -405,6 +419,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> KeyedLimit<K> {
                 },
             )
             .ok()
+    }
+
+    /// Follows a changed limit now, on every key's gate.
+    pub(crate) fn sync(&self) {
+        self.table.for_each(|_, g| g.sync());
     }
 
     /// Keys with requests in flight or waiting.

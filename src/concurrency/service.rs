@@ -9,6 +9,7 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::control::{Classifier, Control, Priority};
 use super::future::ResponseFuture;
+use super::handle::Live;
 use super::permit::{Attempt, GlobalLimit, KeyedLimit, Permit, Waiter};
 use crate::headers::RATELIMIT_POLICY;
 use crate::key::missing::Resolved;
@@ -36,16 +37,14 @@ pub(crate) struct Shared<E: KeyExtractor> {
     pub(crate) limit: Limit<E::Key>,
     /// 503 for a global limit, 429 for a limit per key.
     pub(crate) status: StatusCode,
-    /// How many may wait, if waiting is on.
-    pub(crate) max_waiting: Option<usize>,
-    pub(crate) max_wait: Duration,
+    /// The queue bounds and the policy field, changed while serving by a
+    /// [`ConcurrencyHandle`](super::ConcurrencyHandle).
+    pub(crate) live: Arc<Live>,
     pub(crate) retry_after: Duration,
     pub(crate) release_on_headers: bool,
     /// How long a response body may hold its permit, if bounded.
     pub(crate) max_hold: Option<Duration>,
     pub(crate) policy_name: Option<Box<str>>,
-    /// The `RateLimit-Policy` item, when configured.
-    pub(crate) policy: Option<Arc<HeaderValue>>,
     /// An adaptive limit or priorities (see `control.rs`).
     pub(crate) control: Option<Arc<Control>>,
     pub(crate) classify: Option<Classifier>,
@@ -62,7 +61,7 @@ impl<E: KeyExtractor> Shared<E> {
         if self.core.observe.dry_run {
             None
         } else {
-            self.max_waiting
+            self.live.max_waiting()
         }
     }
 
@@ -130,9 +129,9 @@ impl<E: KeyExtractor> Shared<E> {
                 self.core.reject(kind, self.status, wait, policy, protocol)
             }
         };
-        if let Some(policy) = &self.policy {
+        if let Some(policy) = &self.live.policy {
             resp.headers_mut()
-                .append(&RATELIMIT_POLICY, HeaderValue::clone(policy));
+                .append(&RATELIMIT_POLICY, HeaderValue::clone(&policy.load()));
         }
         resp
     }
@@ -197,7 +196,7 @@ where
         ResponseFuture::called(
             self.inner.call(req),
             permit,
-            shared.policy.clone(),
+            shared.live.policy(),
             shared.release_on_headers,
             shared.max_hold,
         )
@@ -221,7 +220,7 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
         if shared.core.observe.dry_run {
             let r = DryRunRejection::new(&shared.names, None, kind, status, wait);
             r.record(req.extensions_mut());
-            let policy = shared.policy.clone();
+            let policy = shared.live.policy();
             let future = self.inner.call(req);
             return ResponseFuture::called(future, None, policy, false, None);
         }
@@ -241,14 +240,14 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
         S: Service<Request<ReqBody>> + Clone,
     {
         let shared = self.shared.clone();
-        let policy = shared.policy.clone();
+        let policy = shared.live.policy();
         let release_on_headers = shared.release_on_headers;
         let max_hold = shared.max_hold;
         let protocol = Protocol::of(&RequestHead::new(&req));
         let wait = Box::pin(async move {
             let start = tokio::time::Instant::now();
             let waiting = shared.gauges.wait();
-            let permit = waiter.acquire(shared.max_wait).await;
+            let permit = waiter.acquire(shared.live.max_wait()).await;
             drop(waiting);
             shared.gauges.waited(start.elapsed());
             match permit {

@@ -2,13 +2,15 @@ use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use http::Method;
 use tower_layer::Layer;
 
+use super::handle::RateLimitHandle;
 use super::policy::Policy;
 use super::service::RateLimit;
 use super::settle::{AmountFn, CountFn, SettleRule};
-use super::shared::{Answers, CostFn, SelectFn, Shared, SkipFn, Tier, OUTCOMES};
+use super::shared::{Answers, CostFn, LiveTier, SelectFn, Shared, SkipFn, Tier, OUTCOMES};
 use super::store::{Backend, Memory};
 use crate::clock::Clock;
 use crate::error::ConfigError;
@@ -523,6 +525,34 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         Ok(found.map(|i| shared.limiters[i].clone()))
     }
 
+    /// A handle that replaces the quotas of this layer's policies while it serves, for every
+    /// clone of the layer and every service it made; see [`RateLimitHandle`].
+    ///
+    /// Returns the layer's configuration error, if it has one.
+    ///
+    /// ```
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new(Policy::new("api", Quota::per_second(100)));
+    /// let handle = layer.handle().unwrap();
+    /// // Later, during an incident:
+    /// handle.set_quotas("api", [Quota::per_second(10)]).unwrap();
+    /// assert_eq!(handle.policy("api").unwrap().quotas(), [Quota::per_second(10)]);
+    /// ```
+    pub fn handle(&self) -> Result<RateLimitHandle, ConfigError>
+    where
+        E: Clone,
+    {
+        let shared = self.shared()?;
+        let limiters = shared.limiters.clone();
+        Ok(RateLimitHandle::new(
+            shared.answers.clone(),
+            Arc::new(move |tier: usize, quotas: &[crate::Quota]| {
+                B::set_quotas(&limiters[tier], quotas)
+            }),
+        ))
+    }
+
     fn shared(&self) -> Result<Arc<SharedState<E, B>>, ConfigError>
     where
         E: Clone,
@@ -555,8 +585,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             observe::config(&names, observe.dry_run, observe.trace_keys, &policy.quotas);
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
-                headers: policy.headers(),
-                rules: policy.quotas.iter().map(crate::Quota::rule).collect(),
+                live: ArcSwap::from_pointee(LiveTier::new(policy.clone())),
                 meter: DecisionMeter::new(&names, observe.dry_run, OUTCOMES),
                 names,
             });

@@ -87,6 +87,7 @@
 //! `Router::layer` every request, unknown paths too.
 
 mod future;
+mod handle;
 mod layer;
 pub(crate) mod policy;
 mod service;
@@ -96,6 +97,7 @@ pub(crate) mod store;
 
 pub use crate::key::MissingKey;
 pub use future::ResponseFuture;
+pub use handle::RateLimitHandle;
 pub use layer::RateLimitLayer;
 pub use policy::Policy;
 pub use service::RateLimit;

@@ -4,10 +4,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 
 use super::future::{RateHeaders, Settle, Taken};
+use super::policy::Policy;
 use super::settle::SettleRule;
 use crate::algo::Rule;
 use crate::gcra::{Decision, Outcome};
@@ -27,15 +29,32 @@ pub(crate) type CostFn = dyn Fn(&RequestHead<'_>) -> u32 + Send + Sync;
 /// Whether a request goes through uncounted.
 pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 
-/// How one policy of a layer answers: its name and its header fields.
+/// How one policy of a layer answers: its name and, replaced with its quotas while serving,
+/// the policy in force and its header fields.
 pub(crate) struct Tier {
     pub(crate) name: Box<str>,
-    pub(crate) headers: PolicyHeaders,
-    /// The policy's quotas, for the fields of a banned key's answer.
-    pub(crate) rules: Box<[Rule]>,
+    pub(crate) live: ArcSwap<LiveTier>,
     /// The names its metrics and events carry.
     pub(crate) names: Names,
     pub(crate) meter: DecisionMeter,
+}
+
+/// The policy of a tier as it is now, and the header fields that describe it.
+pub(crate) struct LiveTier {
+    pub(crate) policy: Policy,
+    pub(crate) headers: PolicyHeaders,
+    /// The policy's quotas, for the fields of a banned key's answer.
+    pub(crate) rules: Box<[Rule]>,
+}
+
+impl LiveTier {
+    pub(crate) fn new(policy: Policy) -> Self {
+        LiveTier {
+            headers: policy.headers(),
+            rules: policy.quotas.iter().map(crate::Quota::rule).collect(),
+            policy,
+        }
+    }
 }
 
 /// The outcomes a rate-limit policy can count.
@@ -175,7 +194,10 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         let penalty = self.penalty.as_ref()?;
         match penalty.ban_left_at(key, penalty.now()) {
             0 => None,
-            left => Some(banned_decision(&self.answers.tiers[tier].rules, left)),
+            left => Some(banned_decision(
+                &self.answers.tiers[tier].live.load().rules,
+                left,
+            )),
         }
     }
 
@@ -192,7 +214,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         }
         match penalty.strike_at(key, penalty.now()).1 {
             0 => decision,
-            left => banned_decision(&self.answers.tiers[tier].rules, left),
+            left => banned_decision(&self.answers.tiers[tier].live.load().rules, left),
         }
     }
 }
@@ -348,9 +370,10 @@ impl Answers {
 impl RateHeaders {
     fn new(shared: &Answers, tier: &Tier, d: &Decision) -> Self {
         RateHeaders {
-            ietf: shared
-                .headers
-                .then(|| (tier.headers.policy(), tier.headers.ratelimit(d))),
+            ietf: shared.headers.then(|| {
+                let live = tier.live.load();
+                (live.headers.policy(), live.headers.ratelimit(d))
+            }),
             legacy: shared.legacy_headers.then(|| crate::headers::Legacy::of(d)),
         }
     }

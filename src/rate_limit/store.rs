@@ -46,6 +46,10 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
         penalty: Option<&PenaltyBox>,
     ) -> Result<Self::Limiter, ConfigError>;
 
+    /// Replaces the quotas of `limiter` (and its clones) while serving.
+    #[doc(hidden)]
+    fn set_quotas(limiter: &Self::Limiter, quotas: &[Quota]) -> Result<(), ConfigError>;
+
     /// Decides `cost` for `key`: at once, or with a future.
     #[doc(hidden)]
     fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> Answer<Self::Later>;
@@ -144,6 +148,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
             builder = builder.clock(clock.clone());
         }
         builder.try_build()
+    }
+
+    fn set_quotas(limiter: &RateLimiter<K>, quotas: &[Quota]) -> Result<(), ConfigError> {
+        limiter.set_quotas(quotas.iter().cloned())
     }
 
     #[inline]

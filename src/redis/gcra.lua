@@ -14,9 +14,13 @@
 -- ARGV[3]  number of quotas n, then for quota i: ARGV[1+3i] kind (0 GCRA, 1 fixed window,
 --          2 sliding log, 3 sliding counter, 4 GCRA with warm-up), ARGV[2+3i], ARGV[3+3i]:
 --          GCRA emission interval and tolerance, or a window's count and width, in
---          microseconds; then for each warm-up quota in order, its warm-up period in
---          microseconds and its cold factor (src/warmup.rs; its words are the TAT and the
---          deficit of stored permits)
+--          microseconds
+-- ARGV[4+3n] bit q-1 set: GCRA quota q was replaced while serving and a key may still hold a
+--          time earned under the old quota beyond this one's tolerance (src/gcra.rs
+--          `Gcra::holds`); such a time is held to the tolerance. A warm-up quota's state is
+--          carried as it is.
+-- ARGV[5+3n..] for each warm-up quota in order, its warm-up period in microseconds and its
+--          cold factor (src/warmup.rs; its words are the TAT and the deficit of stored permits)
 --
 -- Returns {outcome, retry_after, remaining_1, reset_after_1, ..., remaining_n, reset_after_n}
 -- with outcome 0 = allowed, 1 = limited, 2 = never admissible; times in microseconds.
@@ -41,7 +45,7 @@ local warm = {}
 local log_width = nil
 local log_limit = 0
 do
-  local extra = 4 + 3 * n
+  local extra = 5 + 3 * n
   for q = 1, n do
     kind[q] = tonumber(ARGV[1 + 3 * q])
     pa[q] = tonumber(ARGV[2 + 3 * q])
@@ -54,6 +58,7 @@ do
     end
   end
 end
+local hold = tonumber(ARGV[4 + 3 * n]) or 0
 local WORDS = {[0] = 1, [1] = 2, [2] = 0, [3] = 3, [4] = 2}
 
 -- floor(a / b) for integers a >= 0, b > 0 below 2^53, exactly.
@@ -291,6 +296,8 @@ local function figures(q)
   elseif k == 0 then
     local ahead = s[1] - now
     if ahead < 0 then ahead = 0 end
+    -- A time earned under a replaced quota reads as held to the tolerance; a debt does not.
+    if ahead > b and math.floor(hold / 2 ^ (q - 1)) % 2 == 1 then ahead = b end
     local remaining = 0
     if b > ahead then remaining = idiv(b - ahead, a) end
     return remaining, ahead
@@ -298,6 +305,7 @@ local function figures(q)
     local start, used = fixed_current(s, b)
     local reset = 0
     if used > 0 then reset = start + b - now end
+    -- More used than the count after a lower count was set while serving: none remaining.
     local remaining = a - used
     if remaining < 0 then remaining = 0 end
     return remaining, reset
@@ -408,6 +416,20 @@ end
 
 -- ---- decision ----
 
+-- A GCRA TAT more than the tolerance ahead, while a replaced quota may explain it, was earned
+-- under that quota: it is brought back to exactly the tolerance ahead, and stored so even when
+-- the request is rejected (src/gcra.rs `Gcra::held`). Otherwise it is a debt a charge made
+-- after a response ("+c"), which stands; a charge itself is never held.
+local clamped = false
+if cost > 0 and not force then
+  for q = 1, n do
+    if kind[q] == 0 and math.floor(hold / 2 ^ (q - 1)) % 2 == 1 and st[q][1] > now + pb[q] then
+      st[q] = {now + pb[q], 0, 0}
+      clamped = true
+    end
+  end
+end
+
 local outcome = 0
 local retry = 0
 local new = {}
@@ -449,6 +471,8 @@ if outcome == 0 and cost > 0 then
       i = last + 1
     end
   end
+  save()
+elseif clamped then
   save()
 end
 if outcome ~= 1 then retry = 0 end

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::Script;
+use arc_swap::ArcSwap;
 
 use super::ban::{BanCache, DECIDE, MAX_MICROS, PARDON, PEEK, STRIKE};
 use super::deny::DenyCache;
@@ -108,7 +109,7 @@ impl<K> fmt::Debug for RedisRateLimiter<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisRateLimiter")
             .field("name", &self.inner.name)
-            .field("quotas", &self.inner.quotas)
+            .field("quotas", &self.inner.limits.load().quotas)
             .field("store", &self.inner.store)
             .finish_non_exhaustive()
     }
@@ -116,11 +117,9 @@ impl<K> fmt::Debug for RedisRateLimiter<K> {
 
 struct Inner<K> {
     name: Box<str>,
-    quotas: Box<[Quota]>,
-    /// The quotas rounded to whole microseconds, in nanoseconds.
-    rules: Box<[Rule]>,
-    /// The same as GCRA, when every quota is one (the deny cache decides those locally).
-    gcras: Box<[Gcra]>,
+    /// The quotas in force: read once per decision, replaced whole by
+    /// [`RedisRateLimiter::set_quotas`].
+    limits: ArcSwap<Limits>,
     store: RedisStore,
     /// `<prefix><name length>:<name>:`, with an unclosed `{` closed.
     key_prefix: Box<[u8]>,
@@ -139,6 +138,37 @@ struct Inner<K> {
     decisions: Option<crate::observe::LimiterMeter>,
     /// The tasks of this process waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
+}
+
+/// A set of quotas and their numbers for the script, swapped as one.
+struct Limits {
+    quotas: Arc<[Quota]>,
+    /// The quotas rounded to whole microseconds, in nanoseconds.
+    rules: Box<[Rule]>,
+    /// The same as GCRA, when every quota is one (the deny cache decides those locally).
+    gcras: Box<[Gcra]>,
+}
+
+impl Limits {
+    fn new(quotas: Vec<Quota>) -> Result<Self, ConfigError> {
+        Limits::replacing(quotas, &[], 0)
+    }
+
+    /// `quotas` in place of the rules `old`, at `now` (see [`Gcra::replacing`]).
+    fn replacing(quotas: Vec<Quota>, old: &[Rule], now: u64) -> Result<Self, ConfigError> {
+        crate::limiter::check_quotas(&quotas)?;
+        let mut rules = quotas
+            .iter()
+            .map(micros)
+            .collect::<Result<Box<[Rule]>, _>>()?;
+        Rule::replacing(&mut rules, old, now);
+        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
+        Ok(Limits {
+            quotas: quotas.into(),
+            rules,
+            gcras,
+        })
+    }
 }
 
 /// A penalty box on Redis: where its state lives, its rules as script arguments, and the bans
@@ -230,15 +260,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
 
     /// Builds the limiter, or says which setting is wrong.
     pub fn try_build(self) -> Result<RedisRateLimiter<K>, ConfigError> {
-        if self.quotas.is_empty() {
-            return Err(ConfigError::NoQuota);
-        }
-        if self.quotas.len() > MAX_QUOTAS {
-            return Err(ConfigError::TooManyQuotas {
-                got: self.quotas.len(),
-                max: MAX_QUOTAS,
-            });
-        }
+        let limits = Limits::new(self.quotas)?;
         crate::headers::check_name(&self.name)?;
         if let Some(p) = &self.penalty {
             p.validate()?;
@@ -258,13 +280,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                 ));
             }
         }
-        let rules = self
-            .quotas
-            .iter()
-            .map(micros)
-            .collect::<Result<Box<[Rule]>, _>>()?;
-        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
-        let all_gcra = gcras.len() == rules.len();
+        let all_gcra = limits.gcras.len() == limits.rules.len();
         let mut key_prefix = self.store.prefix.to_vec();
         RedisKey::write_key(&self.name.len(), &mut key_prefix);
         key_prefix.push(b':');
@@ -293,8 +309,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         });
         #[cfg(feature = "metrics")]
         let decisions = self.counted.then(|| {
-            let policy = crate::Policy::new(self.name.to_string(), self.quotas[0].clone());
-            let policy = self.quotas[1..]
+            let policy = crate::Policy::new(self.name.to_string(), limits.quotas[0].clone());
+            let policy = limits.quotas[1..]
                 .iter()
                 .fold(policy, |p, q| p.quota(q.clone()));
             crate::observe::LimiterMeter::new(&self.name, &policy.item_names(), true)
@@ -302,9 +318,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 name: self.name.as_ref().into(),
-                quotas: self.quotas.into_boxed_slice(),
-                rules,
-                gcras,
+                limits: ArcSwap::from_pointee(limits),
                 local_time: !clock.is_system(),
                 clock,
                 key_prefix: key_prefix.into_boxed_slice(),
@@ -460,14 +474,51 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
         let inner = &*self.inner;
+        let limits = inner.limits.load_full();
         let check = || self.check_n(key, cost);
-        crate::wait::until_admitted(&inner.waiters, key, &inner.rules, &inner.clock, cost, check)
-            .await
+        crate::wait::until_admitted(
+            &inner.waiters,
+            key,
+            &limits.rules,
+            &inner.clock,
+            cost,
+            check,
+        )
+        .await
     }
 
-    /// The quotas, in the order given.
-    pub fn quotas(&self) -> &[Quota] {
-        &self.inner.quotas
+    /// The quotas in force, in the order given (the latest set by
+    /// [`set_quotas`](Self::set_quotas)).
+    pub fn quotas(&self) -> Arc<[Quota]> {
+        self.inner.limits.load().quotas.clone()
+    }
+
+    /// Replaces the quotas of this limiter and of every clone of it, from its next decision
+    /// on; the state in Redis is kept.
+    ///
+    /// The quotas travel with each script call, so an instance decides with the quotas its
+    /// own limiter holds: to change a limit shared by several instances, change it on each
+    /// (they read the same configuration, say). Each instance applies the change from its
+    /// next decision on; until every instance has it, each decides its own requests with the
+    /// quotas it holds, on the same stored times. The rules for a key in the middle of a
+    /// burst are those of [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas), and the
+    /// script applies them too (no free burst; a key is never held more than the new
+    /// tolerance ahead).
+    ///
+    /// The local deny cache checks every rejection it answers against the quotas in force, so
+    /// a rejection remembered under stricter quotas is not answered again once the quotas are
+    /// raised: the next request asks Redis.
+    ///
+    /// The new quotas must be as many as the limiter was built with, each of the kind of the
+    /// one it replaces, and valid for the store (whole microseconds); otherwise this returns a [`ConfigError`] and the quotas in force
+    /// stay.
+    pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
+        let quotas: Vec<Quota> = quotas.into_iter().collect();
+        let old = self.inner.limits.load();
+        crate::limiter::check_replacement(&old.quotas, &quotas)?;
+        let limits = Limits::replacing(quotas, &old.rules, self.now())?;
+        self.inner.limits.store(Arc::new(limits));
+        Ok(())
     }
 
     /// The policy name, part of every Redis key.
@@ -506,33 +557,39 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         if let Some(p) = &self.inner.penalty {
             // Rejections must reach Redis to count as strikes: only bans are answered here.
             let left = p.bans.as_ref()?.left(key, now)?;
-            return Some(banned_decision(&self.inner.rules, left));
+            return Some(banned_decision(&self.inner.limits.load().rules, left));
         }
         if cost == 0 {
             return None;
         }
-        self.inner
-            .deny
-            .as_ref()?
-            .check(key, &self.inner.gcras, now, cost)
+        let deny = self.inner.deny.as_ref()?;
+        deny.check(key, &self.inner.limits.load().gcras, now, cost)
     }
 
     /// The script's arguments after the key: the cost (negative for a refund), the time sent
     /// (empty: the server's clock), then each quota's kind and two numbers (GCRA: interval and
     /// tolerance in microseconds; a window: its count and width in microseconds; warm-up: as
-    /// GCRA), then for each warm-up quota in order its period in microseconds and its cold
-    /// factor. Returns them with how many are used.
-    fn script_args<'a>(&self, cost: Arg<'a>, now: u64) -> ([Arg<'a>; 3 + 5 * MAX_QUOTAS], usize) {
+    /// GCRA), then the quotas that hold a key to their tolerance (bit i: quota i, see
+    /// `Gcra::holds`), then for each warm-up quota in order its period in microseconds and its
+    /// cold factor. Returns them with how many are used.
+    fn script_args<'a>(
+        &self,
+        rules: &[Rule],
+        cost: Arg<'a>,
+        now: u64,
+    ) -> ([Arg<'a>; 4 + 5 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
-        let mut args = [Arg::Int(0); 3 + 5 * MAX_QUOTAS];
+        let mut args = [Arg::Int(0); 4 + 5 * MAX_QUOTAS];
+        // Bit i: quota i holds a key to its tolerance (see `Gcra::holds`).
+        let mut hold = 0;
         args[0] = cost;
         args[1] = if inner.local_time {
             Arg::Int(now / MICRO)
         } else {
             Arg::Bytes(b"")
         };
-        args[2] = Arg::Int(inner.rules.len() as u64);
-        for (i, r) in inner.rules.iter().enumerate() {
+        args[2] = Arg::Int(rules.len() as u64);
+        for (i, r) in rules.iter().enumerate() {
             let (kind, a, b) = match r {
                 Rule::Gcra(g) => (0, g.interval / MICRO, g.tolerance / MICRO),
                 Rule::FixedWindow(w) => (1, w.limit, w.width / MICRO),
@@ -543,9 +600,15 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             args[3 + 3 * i] = Arg::Int(kind);
             args[4 + 3 * i] = Arg::Int(a);
             args[5 + 3 * i] = Arg::Int(b);
+            if let Rule::Gcra(g) = r {
+                if g.holds(now) {
+                    hold |= 1 << i;
+                }
+            }
         }
-        let mut used = 3 + 3 * inner.rules.len();
-        for r in inner.rules.iter() {
+        args[3 + 3 * rules.len()] = Arg::Int(hold);
+        let mut used = 4 + 3 * rules.len();
+        for r in rules {
             if let Rule::WarmUp(g) = r {
                 args[used] = Arg::Int(g.curve.period);
                 args[used + 1] = Arg::Int(g.curve.cold_factor);
@@ -558,7 +621,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// The decision of Redis, or of the failure policy.
     pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
         let inner = &*self.inner;
-        let (args, n) = self.script_args(Arg::Int(u64::from(cost)), now);
+        // One set of quotas for the whole decision, whatever changes while it is on its way.
+        let limits = inner.limits.load_full();
+        let (args, n) = self.script_args(&limits.rules, Arg::Int(u64::from(cost)), now);
         let reply = match &inner.penalty {
             Some(p) => {
                 let ban_key = self.ban_key(p, key);
@@ -577,7 +642,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             }
         };
         let decision = reply.and_then(|r| {
-            let d = self.decision_of(&r);
+            let d = decision_of(&limits.rules, &r);
             if d.is_none() {
                 inner.store.bad_reply(&inner.meter);
             }
@@ -604,7 +669,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 d
             }
             None => Decision::degraded(
-                &inner.rules,
+                &limits.rules,
                 inner.store.on_failure == FailMode::Open,
                 RETRY_WHEN_UNAVAILABLE.as_nanos() as u64,
             ),
@@ -644,12 +709,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     async fn adjust(&self, key: &K, cost: &str) -> Option<Decision> {
         let inner = &*self.inner;
         let now = self.now();
-        let (args, n) = self.script_args(Arg::Bytes(cost.as_bytes()), now);
+        let limits = inner.limits.load_full();
+        let (args, n) = self.script_args(&limits.rules, Arg::Bytes(cost.as_bytes()), now);
         let reply = inner
             .store
             .eval(&self.redis_key(key), &args[..n], &inner.meter)
             .await?;
-        match self.decision_of(&reply) {
+        match decision_of(&limits.rules, &reply) {
             Some(d) => {
                 if let Some(deny) = &inner.deny {
                     deny.admitted(key, now, &d);
@@ -745,56 +811,55 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             .eval_script(&PARDON, &[&ban_key], &[], &inner.meter)
             .await;
     }
+}
 
-    /// Maps the script's reply onto a decision; `None` when it does not fit.
-    fn decision_of(&self, r: &[i64]) -> Option<Decision> {
-        let rules = &self.inner.rules;
-        if let [3, left] = r {
-            let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
-            return Some(banned_decision(rules, left));
-        }
-        if r.len() != 2 + 2 * rules.len() {
-            return None;
-        }
-        let outcome = match r[0] {
-            0 => Outcome::Allowed,
-            1 => Outcome::Limited,
-            2 => Outcome::Exceeds,
-            _ => return None,
-        };
-        let ns = |v: i64| u64::try_from(v).ok()?.checked_mul(MICRO);
-        let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-        for (i, rule) in rules.iter().enumerate() {
-            let remaining = u64::try_from(r[2 + 2 * i]).ok()?;
-            let reset = ns(r[3 + 2 * i])?;
-            quotas[i] = match rule {
-                Rule::Gcra(g) => {
-                    // The script's `remaining` follows from the time ahead; keep its
-                    // consistency check.
-                    let state = QuotaState::ahead_by(g, reset);
-                    if state.remaining() != remaining {
-                        return None;
-                    }
-                    state
-                }
-                Rule::FixedWindow(w) | Rule::SlidingLog(w) | Rule::SlidingWindow(w) => {
-                    if remaining > w.limit {
-                        return None;
-                    }
-                    QuotaState::counted(w.limit, remaining, reset)
-                }
-                Rule::WarmUp(g) => {
-                    if remaining > g.burst() {
-                        return None;
-                    }
-                    QuotaState::counted(g.burst(), remaining, reset)
-                }
-            };
-        }
-        Some(Decision::from_store(
-            outcome,
-            ns(r[1])?,
-            &quotas[..rules.len().min(MAX_QUOTAS)],
-        ))
+/// Maps the script's reply onto a decision under `rules`; `None` when it does not fit.
+fn decision_of(rules: &[Rule], r: &[i64]) -> Option<Decision> {
+    if let [3, left] = r {
+        let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
+        return Some(banned_decision(rules, left));
     }
+    if r.len() != 2 + 2 * rules.len() {
+        return None;
+    }
+    let outcome = match r[0] {
+        0 => Outcome::Allowed,
+        1 => Outcome::Limited,
+        2 => Outcome::Exceeds,
+        _ => return None,
+    };
+    let ns = |v: i64| u64::try_from(v).ok()?.checked_mul(MICRO);
+    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+    for (i, rule) in rules.iter().enumerate() {
+        let remaining = u64::try_from(r[2 + 2 * i]).ok()?;
+        let reset = ns(r[3 + 2 * i])?;
+        quotas[i] = match rule {
+            Rule::Gcra(g) => {
+                // The script's `remaining` follows from the time ahead; keep its
+                // consistency check.
+                let state = QuotaState::ahead_by(g, reset);
+                if state.remaining() != remaining {
+                    return None;
+                }
+                state
+            }
+            Rule::FixedWindow(w) | Rule::SlidingLog(w) | Rule::SlidingWindow(w) => {
+                if remaining > w.limit {
+                    return None;
+                }
+                QuotaState::counted(w.limit, remaining, reset)
+            }
+            Rule::WarmUp(g) => {
+                if remaining > g.burst() {
+                    return None;
+                }
+                QuotaState::counted(g.burst(), remaining, reset)
+            }
+        };
+    }
+    Some(Decision::from_store(
+        outcome,
+        ns(r[1])?,
+        &quotas[..rules.len().min(MAX_QUOTAS)],
+    ))
 }

@@ -351,6 +351,13 @@ where
         ))
     }
 
+    fn set_quotas(
+        limiter: &Self::Limiter,
+        quotas: &[crate::Quota],
+    ) -> Result<(), crate::ConfigError> {
+        limiter.set_quotas(quotas.iter().cloned())
+    }
+
     /// One script call that moves the key's times back, and forgets a cached rejection of the
     /// key that the refund makes stale.
     fn refund(limiter: &Self::Limiter, key: K, cost: u32) -> Option<crate::rate_limit::Refunding> {

@@ -5,11 +5,14 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use arc_swap::ArcSwap;
+
+use super::handle::{Change, ShapeHandle};
 use super::service::OUTCOMES;
-use super::service::{Shape, Shared};
+use super::service::{Fields, Shape, Shared};
 use super::shaper::Shaper;
 use crate::error::ConfigError;
-use crate::headers::{self, PolicyHeaders};
+use crate::headers;
 use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor};
 use crate::layer::common::{Common, Lazy};
@@ -247,6 +250,37 @@ impl<E: KeyExtractor> ShapeLayer<E> {
         Ok(self.shared()?.shaper.clone())
     }
 
+    /// A handle that changes this layer's rate and queue bounds while it serves, for every
+    /// clone of the layer and every service it made; see [`ShapeHandle`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Quota, ShapeLayer};
+    ///
+    /// let layer = ShapeLayer::new(Quota::per_second(10)).max_queue(20);
+    /// let handle = layer.handle().unwrap();
+    /// handle.set_quota(Quota::per_second(2)).unwrap();
+    /// handle.set_bounds(Some(5), Some(Duration::from_secs(3))).unwrap();
+    /// assert_eq!(layer.shaper().unwrap().quota(), Quota::per_second(2));
+    /// ```
+    pub fn handle(&self) -> Result<ShapeHandle, ConfigError>
+    where
+        E: Clone,
+    {
+        let shared = self.shared()?;
+        let on = self.headers;
+        Ok(ShapeHandle::new(Arc::new(move |change| {
+            let shaper = &shared.shaper;
+            match change {
+                Change::Quota(q) => shaper.set_quota(q)?,
+                Change::Bounds(n, d) => shaper.set_bounds(n, d)?,
+            }
+            let fields = Fields::of(shaper, &shared.name, on);
+            shared.fields.store(Arc::new(fields));
+            Ok(())
+        })))
+    }
+
     fn shared(&self) -> Result<Arc<Shared<E>>, ConfigError>
     where
         E: Clone,
@@ -282,19 +316,14 @@ impl<E: KeyExtractor> ShapeLayer<E> {
             builder = builder.max_delay(d);
         }
         let shaper = builder.try_build()?;
-        // `q`: how many requests an idle client may send at once without being refused, at
-        // the quota's rate (see `headers::policy_window`).
-        let capacity = shaper.capacity().unwrap_or(u64::MAX);
-        let (count, period) = (self.quota.count(), self.quota.period());
-        let policy = PolicyHeaders::new(&[(name.to_string(), capacity, count, period)], None);
+        let fields = Fields::of(&shaper, &name, self.headers);
         let names = Names::new(LayerKind::Shape, &name, &[]);
         let observe = self.common.observe;
         observe::config(&names, observe.dry_run, observe.trace_keys, &self.quota);
         Ok(Shared {
             core,
             shaper,
-            capacity,
-            policy: self.headers.then_some(policy),
+            fields: ArcSwap::from_pointee(fields),
             name,
             meter: DecisionMeter::new(&names, observe.dry_run, OUTCOMES),
             gauges: ShapeMeter::new(&names, observe.dry_run),

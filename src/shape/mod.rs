@@ -123,6 +123,7 @@
 //! under `#[tokio::test(start_paused = true)]` run in no real time.
 
 mod future;
+mod handle;
 mod layer;
 mod polite;
 mod queue;
@@ -130,6 +131,7 @@ mod service;
 mod shaper;
 
 pub use future::{PoliteFuture, ResponseFuture};
+pub use handle::ShapeHandle;
 pub use layer::ShapeLayer;
 pub use polite::{CallKey, Polite, PoliteLayer};
 pub use service::Shape;

@@ -99,6 +99,8 @@ pub(crate) struct Queue {
     waiters: VecDeque<Waiter>,
     /// The ticket of the next waiter to join.
     ticket: u64,
+    /// The interval `next` was spaced with (0: not yet); see [`Queue::follow`].
+    spaced: u64,
     /// The sum of the waiters' prices (`len × T` without warm-up).
     queued: u64,
     /// Warm-up: stored permits below the most a key may store, in time (0: fully cold).
@@ -113,6 +115,32 @@ impl Queue {
 
     fn len(&self) -> u64 {
         self.waiters.len() as u64
+    }
+
+    /// Re-spaces the schedule after the shaper's interval changed while serving: the head
+    /// keeps its virtual time (its place and its slot) and every waiter is re-priced at the new
+    /// interval, so those behind the head follow one new interval apart; with nobody waiting,
+    /// the next newcomer comes one new interval after the last one to leave. Called under the
+    /// queue's lock before anything reads positions. (A shaper with warm-up never changes its
+    /// interval, so every price here is the interval.)
+    fn follow(&mut self, t: &Timing) {
+        if self.spaced == t.interval {
+            return;
+        }
+        if self.spaced != 0 && self.next != 0 {
+            let (old, new) = (self.spaced, t.interval);
+            if self.waiters.is_empty() {
+                self.next = self.next.saturating_sub(old).saturating_add(new);
+            } else {
+                let head = self.next.saturating_sub(self.queued);
+                for w in &mut self.waiters {
+                    w.price = new;
+                }
+                self.queued = self.len().saturating_mul(new);
+                self.next = head.saturating_add(self.queued);
+            }
+        }
+        self.spaced = t.interval;
     }
 
     /// The virtual time of the waiter at `pos`.
@@ -187,6 +215,7 @@ impl Queue {
         now: u64,
         leave_now: bool,
     ) -> Join {
+        self.follow(t);
         let (v, deficit) = self.newcomer(t, now);
         let slot = v.saturating_sub(t.ahead);
         let wait = slot.saturating_sub(now);
@@ -241,6 +270,7 @@ impl Queue {
 
     /// The waiter holding `ticket` asks for its turn at `now`; `waker` is stored if it must wait.
     pub(crate) fn turn(&mut self, t: &Timing, ticket: u64, now: u64, waker: &Waker) -> Turn {
+        self.follow(t);
         let Some(pos) = self.position(ticket) else {
             // Only the waiter itself removes its ticket, so this cannot happen; leaving is the
             // answer that cannot hang.
@@ -270,7 +300,8 @@ impl Queue {
 
     /// The waiter holding `ticket` gives up: it leaves the queue and its slot goes to the ones
     /// behind. Returns the waker of the new head when the head gave up.
-    pub(crate) fn cancel(&mut self, ticket: u64) -> Option<Waker> {
+    pub(crate) fn cancel(&mut self, t: &Timing, ticket: u64) -> Option<Waker> {
+        self.follow(t);
         let pos = self.position(ticket)?;
         let price = self.waiters.remove(pos).map_or(0, |w| w.price);
         self.next = self.next.saturating_sub(price);
@@ -417,12 +448,12 @@ mod tests {
         let a = ticket(q.join(&t, None, 0, true)); // slot 100
         let b = ticket(q.join(&t, None, 0, true)); // slot 200
         let c = ticket(q.join(&t, None, 0, true)); // slot 300
-        q.cancel(b);
+        q.cancel(&t, b);
         assert_eq!(slot(&mut q, &t, a, 100), None);
         assert_eq!(slot(&mut q, &t, c, 100), Some(200));
         // The head gives up: the next takes its slot.
         let d = ticket(q.join(&t, None, 150, true)); // slot 300
-        assert!(q.cancel(c).is_none(), "c never stored a waker");
+        assert!(q.cancel(&t, c).is_none(), "c never stored a waker");
         assert_eq!(slot(&mut q, &t, d, 150), Some(200));
         assert_eq!(slot(&mut q, &t, d, 200), None);
         assert!(q.is_idle(&t, 300));
@@ -434,8 +465,8 @@ mod tests {
         let mut q = Queue::new();
         let a = ticket(q.join(&t, None, 500, false));
         let b = ticket(q.join(&t, None, 500, false));
-        q.cancel(b);
-        q.cancel(a);
+        q.cancel(&t, b);
+        q.cancel(&t, a);
         assert!(q.is_idle(&t, 500));
     }
 

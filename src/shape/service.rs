@@ -1,4 +1,6 @@
 use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -26,15 +28,38 @@ use std::time::Duration;
 pub(crate) struct Shared<E: KeyExtractor> {
     pub(crate) core: Core<E>,
     pub(crate) shaper: Shaper<E::Key>,
-    /// Requests an idle key is admitted at once (`q` of `RateLimit-Policy`).
-    pub(crate) capacity: u64,
-    /// `None` when the header fields are turned off.
-    pub(crate) policy: Option<PolicyHeaders>,
+    /// What the header fields say of the shaper's rate and bounds, replaced with them.
+    pub(crate) fields: ArcSwap<Fields>,
     pub(crate) name: Box<str>,
     /// The names its metrics and events carry, and its metrics.
     pub(crate) names: Names,
     pub(crate) meter: DecisionMeter,
     pub(crate) gauges: ShapeMeter,
+}
+
+/// The `RateLimit-Policy` of a shaping layer at its current rate and bounds.
+pub(crate) struct Fields {
+    /// Requests an idle key is admitted at once (`q` of `RateLimit-Policy`).
+    pub(crate) capacity: u64,
+    /// `None` when the header fields are turned off.
+    pub(crate) policy: Option<PolicyHeaders>,
+}
+
+impl Fields {
+    pub(crate) fn of<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
+        shaper: &Shaper<K>,
+        name: &str,
+        on: bool,
+    ) -> Self {
+        // `q`: how many requests an idle client may send at once without being refused, at
+        // the quota's rate (see `headers::policy_window`).
+        let capacity = shaper.capacity().unwrap_or(u64::MAX);
+        let quota = shaper.quota();
+        let (count, period) = (quota.count(), quota.period());
+        let policy =
+            on.then(|| PolicyHeaders::new(&[(name.to_string(), capacity, count, period)], None));
+        Fields { capacity, policy }
+    }
 }
 
 impl<E: KeyExtractor> Shared<E> {
@@ -72,9 +97,10 @@ impl<E: KeyExtractor> Shared<E> {
 
     /// The header fields for a response, from the state of the key's queue.
     fn headers(&self, room: &Room) -> Option<ShapeHeaders> {
-        let policy = self.policy.as_ref()?;
+        let fields = self.fields.load();
+        let policy = fields.policy.as_ref()?;
         let item = (
-            room.remaining.min(self.capacity),
+            room.remaining.min(fields.capacity),
             Duration::from_nanos(room.reset_after),
         );
         Some(ShapeHeaders {

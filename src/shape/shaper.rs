@@ -12,6 +12,8 @@ use std::time::Duration;
 use tokio::time::Sleep;
 
 use super::queue::{Bounds, Join, Queue, Timing, Turn};
+use arc_swap::ArcSwap;
+
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::keyed::{Absent, Entry, OnFull, Table};
@@ -70,29 +72,65 @@ impl<K> Clone for Shaper<K> {
 
 impl<K> fmt::Debug for Shaper<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let settings = self.inner.core.settings.load();
         f.debug_struct("Shaper")
-            .field("quota", &self.inner.quota)
-            .field("no_delay_burst", &self.inner.no_delay_burst)
-            .field("warm_up", &self.inner.warm_up)
-            .field("bounds", &self.inner.core.bounds)
+            .field("quota", &settings.quota)
+            .field("no_delay_burst", &settings.no_delay_burst)
+            .field("warm_up", &settings.warm_up)
+            .field("bounds", &settings.bounds)
             .finish_non_exhaustive()
     }
 }
 
 struct Inner<K> {
-    quota: Quota,
-    no_delay_burst: u32,
-    warm_up: Option<WarmUp>,
     core: Arc<Core>,
+    changing: Mutex<()>,
     table: Table<K, LaneEntry>,
 }
 
 /// What every waiter of a shaper needs, whatever its key.
-#[derive(Debug)]
 struct Core {
+    /// Replaced whole by [`Shaper::set_quota`] and [`Shaper::set_bounds`].
+    settings: ArcSwap<Settings>,
+    clock: Clock,
+}
+
+/// A shaper's rate and bounds, as they are now.
+#[derive(Debug, Clone)]
+struct Settings {
+    quota: Quota,
+    no_delay_burst: u32,
+    warm_up: Option<WarmUp>,
     timing: Timing,
     bounds: Bounds,
-    clock: Clock,
+}
+
+impl Settings {
+    fn new(
+        quota: Quota,
+        no_delay_burst: u32,
+        warm_up: Option<WarmUp>,
+        bounds: Bounds,
+    ) -> Result<Self, ConfigError> {
+        let interval = u64::try_from(quota.emission_interval().as_nanos())
+            .map_err(|_| ConfigError::ToleranceTooLong)?;
+        let ahead = interval
+            .checked_mul(u64::from(no_delay_burst))
+            .filter(|&a| a <= u64::MAX / 4)
+            .ok_or(ConfigError::ToleranceTooLong)?;
+        Ok(Settings {
+            quota,
+            no_delay_burst,
+            warm_up,
+            timing: Timing {
+                interval,
+                ahead,
+                catch_up: CATCH_UP.as_nanos() as u64,
+                warm: warm_up.map(|w| w.curve(interval, Duration::from_nanos(1))),
+            },
+            bounds,
+        })
+    }
 }
 
 /// One key's queue.
@@ -219,34 +257,19 @@ impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
         if self.max_keys == 0 {
             return Err(ConfigError::ZeroMaxKeys);
         }
-        let interval = u64::try_from(self.quota.emission_interval().as_nanos())
-            .map_err(|_| ConfigError::ToleranceTooLong)?;
-        let ahead = interval
-            .checked_mul(u64::from(self.no_delay_burst))
-            .filter(|&a| a <= u64::MAX / 4)
-            .ok_or(ConfigError::ToleranceTooLong)?;
-        let catch_up = CATCH_UP.as_nanos() as u64;
         let warm_up = match self.warm_up {
             Some((period, cold_factor)) => Some(WarmUp::try_new(period, cold_factor)?),
             None => None,
         };
-        let timing = Timing {
-            interval,
-            ahead,
-            catch_up,
-            warm: warm_up.map(|w| w.curve(interval, Duration::from_nanos(1))),
-        };
+        let settings = Settings::new(self.quota, self.no_delay_burst, warm_up, self.bounds)?;
         let core = Arc::new(Core {
-            timing,
-            bounds: self.bounds,
+            settings: ArcSwap::from_pointee(settings),
             clock: Clock::tokio(),
         });
         Ok(Shaper {
             inner: Arc::new(Inner {
-                quota: self.quota,
-                no_delay_burst: self.no_delay_burst,
-                warm_up,
                 core,
+                changing: Mutex::new(()),
                 table: Table::new(self.max_keys, OnFull::EvictNearestIdle),
             }),
         })
@@ -329,7 +352,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
     /// consumes nothing: everyone behind moves up one slot. Once it has completed, the slot
     /// is used, whatever the caller does next.
     pub fn until_slot(&self, key: &K) -> Slot {
-        match self.join(key, None, false) {
+        match self.join(key, false, false) {
             Admission::Wait(slot, _) => slot,
             // Unbounded joins are never refused and, without `leave_now`, never leave at once.
             Admission::Leave(_) | Admission::Full(..) => Slot::ready(self.inner.core.clone()),
@@ -343,7 +366,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
     /// As [`until_slot`](Self::until_slot): dropping the [`Slot`] before it completes gives the
     /// place back.
     pub fn reserve(&self, key: &K) -> Result<Slot, QueueFull> {
-        match self.join(key, Some(&self.inner.core.bounds), false) {
+        match self.join(key, true, false) {
             Admission::Wait(slot, _) => Ok(slot),
             Admission::Full(full, _) => Err(full),
             Admission::Leave(_) => Ok(Slot::ready(self.inner.core.clone())),
@@ -353,12 +376,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
     /// Admits a request within the shaper's bounds; one that nobody is ahead of and whose slot
     /// has come leaves at once.
     pub(crate) fn admit(&self, key: &K) -> Admission {
-        self.join(key, Some(&self.inner.core.bounds), true)
+        self.join(key, true, true)
     }
 
     /// Admits a request that will wait however long: `None` when it may leave at once.
     pub(crate) fn admit_waiting(&self, key: &K) -> Option<Slot> {
-        match self.join(key, None, true) {
+        match self.join(key, false, true) {
             Admission::Wait(slot, _) => Some(slot),
             Admission::Leave(_) | Admission::Full(..) => None,
         }
@@ -366,17 +389,20 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
 
     /// Admits a request: leave now (only with `leave_now`, when nobody is ahead and its slot
     /// has come), wait, or refused (only with `bounds`).
-    pub(crate) fn join(&self, key: &K, bounds: Option<&Bounds>, leave_now: bool) -> Admission {
+    pub(crate) fn join(&self, key: &K, bounded: bool, leave_now: bool) -> Admission {
         let core = &self.inner.core;
+        let settings = core.settings.load();
+        let timing = &settings.timing;
+        let bounds = bounded.then_some(&settings.bounds);
         let table = &self.inner.table;
         let hash = table.hash(key);
         // The table's lock is held while the key's queue changes, so a sweep cannot drop an
         // entry that a request is joining.
         let enter = |lane: &Lane, now: u64| {
             let mut queue = lock(lane);
-            let join = queue.join(&core.timing, bounds, now, leave_now);
+            let join = queue.join(timing, bounds, now, leave_now);
             let room = Room {
-                remaining: queue.room(&core.timing, bounds.unwrap_or(&core.bounds), now),
+                remaining: queue.room(timing, &settings.bounds, now),
                 reset_after: queue.reset_after(now),
             };
             (join, room)
@@ -395,7 +421,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
                 let (join, room) = enter(&lane, now);
                 let entry = LaneEntry {
                     lane: lane.clone(),
-                    timing: core.timing,
+                    timing: *timing,
                 };
                 Absent::Insert((join, room, lane), entry)
             },
@@ -406,11 +432,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
                 // Every tracked key is busy: refuse newcomers, exactly as a full queue would,
                 // until one goes idle.
                 let full = QueueFull {
-                    retry_after: Duration::from_nanos(core.timing.interval),
+                    retry_after: Duration::from_nanos(timing.interval),
                 };
                 let room = Room {
                     remaining: 0,
-                    reset_after: core.timing.interval,
+                    reset_after: timing.interval,
                 };
                 return Admission::Full(full, room);
             }
@@ -440,16 +466,81 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
     /// How many requests an idle key is admitted at once under the shaper's bounds (one leaves,
     /// the others wait), or `None` when unbounded.
     pub(crate) fn capacity(&self) -> Option<u64> {
-        let core = &self.inner.core;
-        if core.bounds == Bounds::default() {
+        let settings = self.inner.core.settings.load();
+        if settings.bounds == Bounds::default() {
             return None;
         }
-        Some(Queue::new().room(&core.timing, &core.bounds, 0))
+        Some(Queue::new().room(&settings.timing, &settings.bounds, 0))
     }
 
-    /// The quota whose rate the shaper keeps.
-    pub fn quota(&self) -> &Quota {
-        &self.inner.quota
+    /// The quota whose rate the shaper keeps (the latest set by
+    /// [`set_quota`](Self::set_quota)).
+    pub fn quota(&self) -> Quota {
+        self.inner.core.settings.load().quota.clone()
+    }
+
+    /// Changes the rate of this shaper and of every clone of it (and of the
+    /// [`ShapeLayer`](crate::ShapeLayer) it belongs to), keeping every queue.
+    ///
+    /// Requests already waiting keep their place in line: the one at the head of a key's
+    /// queue keeps its departure time, and the ones behind it leave one new interval apart
+    /// after it. A key nobody waits on sends its next request one new interval after its last
+    /// one left. The no-delay burst stays the same number of requests, at the new interval.
+    ///
+    /// An invalid quota returns a [`ConfigError`] and the rate in force stays. A shaper built
+    /// with [`warm_up`](ShaperBuilder::warm_up) keeps its rate: each waiter is spaced by the
+    /// price it was given on the warm-up curve, which a new interval would change under it, so
+    /// a quota of another rate returns [`ConfigError::NotChangeable`].
+    ///
+    /// ```
+    /// use tollgate::{Quota, Shaper};
+    ///
+    /// let shaper = Shaper::<u64>::new(Quota::per_second(10));
+    /// shaper.set_quota(Quota::per_second(100)).unwrap();
+    /// assert_eq!(shaper.quota(), Quota::per_second(100));
+    /// ```
+    pub fn set_quota(&self, quota: Quota) -> Result<(), ConfigError> {
+        self.change(|s| {
+            let new = Settings::new(quota, s.no_delay_burst, s.warm_up, s.bounds)?;
+            // Each waiter keeps the warm-up price it was given; a new interval would move the
+            // whole curve under them, so a shaper with warm-up keeps its rate.
+            if s.warm_up.is_some() && new.timing.interval != s.timing.interval {
+                return Err(ConfigError::NotChangeable(
+                    "the rate of a shaper with warm-up",
+                ));
+            }
+            Ok(new)
+        })
+    }
+
+    /// Changes the bounds of every key's queue, for this shaper and every clone of it:
+    /// `max_queue` requests waiting at most, a wait of `max_delay` at most (`None`: no bound).
+    ///
+    /// The new bounds apply to requests that come after the change: a queue longer than the
+    /// new bound keeps its waiters (none is turned away), and newcomers are refused until it is
+    /// below the bound.
+    pub fn set_bounds(
+        &self,
+        max_queue: Option<usize>,
+        max_delay: Option<Duration>,
+    ) -> Result<(), ConfigError> {
+        let bounds = Bounds {
+            max_queue: max_queue.map(|n| n as u64),
+            max_delay: max_delay.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        };
+        self.change(|s| Settings::new(s.quota.clone(), s.no_delay_burst, s.warm_up, bounds))
+    }
+
+    fn change(
+        &self,
+        f: impl FnOnce(&Settings) -> Result<Settings, ConfigError>,
+    ) -> Result<(), ConfigError> {
+        // One change at a time, so that a change of the rate and one of the bounds both hold.
+        let _one_at_a_time = lock(&self.inner.changing);
+        let settings = &self.inner.core.settings;
+        let new = f(&settings.load())?;
+        settings.store(Arc::new(new));
+        Ok(())
     }
 
     /// The number of tracked keys (idle ones included until they are swept).
@@ -559,7 +650,8 @@ impl Future for Slot {
                 return Poll::Ready(());
             };
             let now = this.core.clock.now();
-            let turn = lock(lane).turn(&this.core.timing, this.ticket, now, cx.waker());
+            let timing = this.core.settings.load().timing;
+            let turn = lock(lane).turn(&timing, this.ticket, now, cx.waker());
             match turn {
                 Turn::Leave(next_head) => {
                     this.lane = None;
@@ -583,10 +675,11 @@ impl Future for Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(lane) = self.lane.take() {
+            let timing = self.core.settings.load().timing;
             let (next_head, idle_at) = {
                 let mut queue = lock(&lane);
-                let next_head = queue.cancel(self.ticket);
-                (next_head, queue.idle_at(&self.core.timing))
+                let next_head = queue.cancel(&timing, self.ticket);
+                (next_head, queue.idle_at(&timing))
             };
             if let Some((table, hash)) = &self.hint {
                 table.lower(*hash, idle_at);
