@@ -315,7 +315,19 @@ impl Captured {
     }
 }
 
-fn capture(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
+/// A test's own subscriber, and the lock that keeps the tests that install one from doing so at
+/// the same time: tracing recomputes which call sites are enabled, for every thread, each
+/// time a subscriber comes or goes, and a test installing its own while another drops its
+/// could find its events off.
+struct Capturing {
+    _default: tracing::subscriber::DefaultGuard,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
+}
+
+static CAPTURING: Mutex<()> = Mutex::new(());
+
+fn capture(level: tracing::Level) -> (Captured, Capturing) {
+    let one_at_a_time = CAPTURING.lock().unwrap_or_else(|e| e.into_inner());
     let out = Captured::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(level)
@@ -323,7 +335,15 @@ fn capture(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuar
         .without_time()
         .with_writer(out.clone())
         .finish();
-    (out, tracing::subscriber::set_default(subscriber))
+    let default = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
+    (
+        out,
+        Capturing {
+            _default: default,
+            _one_at_a_time: one_at_a_time,
+        },
+    )
 }
 
 #[tokio::test(start_paused = true)]
