@@ -1,3 +1,4 @@
+#![allow(clippy::await_holding_lock)] // `serial()`: the tests run on one thread each
 #![cfg(feature = "axum")]
 //! Dry-run (shadow) mode: every layer decides as if enforced, but rejects and delays nothing;
 //! the would-be rejection is in the request's extensions and in a tracing event; state is
@@ -67,6 +68,7 @@ where
 
 #[tokio::test(start_paused = true)]
 async fn a_dry_run_rate_limit_lets_every_request_through_and_marks_the_ones_it_would_reject() {
+    let _serial = serial();
     let (clock, _time) = Clock::manual();
     let layer = RateLimitLayer::new(Policy::new("per-client", Quota::per_second(1).burst(2)))
         .key(Header::new("x-client"))
@@ -97,6 +99,7 @@ async fn a_dry_run_rate_limit_lets_every_request_through_and_marks_the_ones_it_w
 /// and an enforcing one fed the same requests are in the same state afterwards.
 #[tokio::test(start_paused = true)]
 async fn a_would_be_rejection_consumes_exactly_what_an_enforced_rejection_consumes() {
+    let _serial = serial();
     let (clock, time) = Clock::manual();
     let quota = Quota::per_second(1).burst(2);
     let shadow = RateLimitLayer::new(quota.clone())
@@ -130,6 +133,7 @@ async fn a_would_be_rejection_consumes_exactly_what_an_enforced_rejection_consum
 
 #[tokio::test(start_paused = true)]
 async fn dry_run_headers_sends_the_fields_of_the_decision() {
+    let _serial = serial();
     let layer = RateLimitLayer::new(Quota::per_second(1).burst(1))
         .clock(Clock::tokio())
         .dry_run(true)
@@ -143,6 +147,7 @@ async fn dry_run_headers_sends_the_fields_of_the_decision() {
 
 #[tokio::test(start_paused = true)]
 async fn the_quota_that_fired_is_named_among_several() {
+    let _serial = serial();
     let policy = Policy::new("api", Quota::per_second(10).burst(10))
         .quota(Quota::per_minute(3).named("api-minute"));
     let layer = RateLimitLayer::new(policy)
@@ -160,6 +165,7 @@ async fn the_quota_that_fired_is_named_among_several() {
 
 #[tokio::test(start_paused = true)]
 async fn a_request_that_never_fits_is_marked_and_let_through() {
+    let _serial = serial();
     let layer = RateLimitLayer::new(Quota::per_second(1).burst(2))
         .cost(|_| 3)
         .clock(Clock::tokio())
@@ -172,6 +178,7 @@ async fn a_request_that_never_fits_is_marked_and_let_through() {
 
 #[tokio::test(start_paused = true)]
 async fn a_request_without_a_key_is_marked_and_let_through_by_every_layer() {
+    let _serial = serial();
     let rate = RateLimitLayer::new(Policy::new("r", Quota::per_second(1)))
         .key(Header::new("x-client"))
         .on_missing_key(MissingKey::reject(401))
@@ -203,6 +210,7 @@ async fn a_request_without_a_key_is_marked_and_let_through_by_every_layer() {
 /// as an admitted one, and gives it back as an enforcing layer would.
 #[tokio::test(start_paused = true)]
 async fn a_shadow_layer_gives_back_what_an_inner_rejection_took() {
+    let _serial = serial();
     let (clock, _time) = Clock::manual();
     let shadow = RateLimitLayer::new(Policy::new("outer", Quota::per_second(1).burst(2)))
         .clock(clock.clone())
@@ -225,6 +233,7 @@ async fn a_shadow_layer_gives_back_what_an_inner_rejection_took() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dry_run_concurrency_limit_neither_rejects_nor_queues_and_holds_no_extra_permit() {
+    let _serial = serial();
     let layer = ConcurrencyLimitLayer::new(1)
         .queue(4, Duration::from_secs(10))
         .policy_header("db")
@@ -263,6 +272,7 @@ async fn a_dry_run_concurrency_limit_neither_rejects_nor_queues_and_holds_no_ext
 
 #[tokio::test(start_paused = true)]
 async fn a_dry_run_shaper_delays_nothing_and_refuses_nothing_but_keeps_the_schedule() {
+    let _serial = serial();
     let layer = ShapeLayer::new(Quota::per_second(1))
         .name("up")
         .max_queue(2)
@@ -315,19 +325,21 @@ impl Captured {
     }
 }
 
-/// A test's own subscriber, and the lock that keeps the tests that install one from doing so at
-/// the same time: tracing recomputes which call sites are enabled, for every thread, each
-/// time a subscriber comes or goes, and a test installing its own while another drops its
-/// could find its events off.
+/// A test's own subscriber, for as long as the test holds it.
 struct Capturing {
     _default: tracing::subscriber::DefaultGuard,
-    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
 
 static CAPTURING: Mutex<()> = Mutex::new(());
 
+/// Runs this file's tests one at a time: each makes decisions that emit events, and tracing
+/// decides which call sites are enabled once for every thread, so a call site first reached by
+/// one test while another installs its subscriber can stay off for the latter.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    CAPTURING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn capture(level: tracing::Level) -> (Captured, Capturing) {
-    let one_at_a_time = CAPTURING.lock().unwrap_or_else(|e| e.into_inner());
     let out = Captured::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(level)
@@ -337,17 +349,12 @@ fn capture(level: tracing::Level) -> (Captured, Capturing) {
         .finish();
     let default = tracing::subscriber::set_default(subscriber);
     tracing::callsite::rebuild_interest_cache();
-    (
-        out,
-        Capturing {
-            _default: default,
-            _one_at_a_time: one_at_a_time,
-        },
-    )
+    (out, Capturing { _default: default })
 }
 
 #[tokio::test(start_paused = true)]
 async fn each_rejection_is_one_debug_event_with_the_policy_quota_and_retry_time_but_no_key() {
+    let _serial = serial();
     let (out, _guard) = capture(tracing::Level::DEBUG);
     let layer = RateLimitLayer::new(Policy::new("login", Quota::per_minute(1)))
         .key(Header::new("x-client"))
@@ -394,6 +401,7 @@ async fn each_rejection_is_one_debug_event_with_the_policy_quota_and_retry_time_
 
 #[tokio::test(start_paused = true)]
 async fn trace_keys_puts_the_key_in_the_event() {
+    let _serial = serial();
     let (out, _guard) = capture(tracing::Level::DEBUG);
     let layer = ShapeLayer::new(Quota::per_second(1))
         .name("s")
@@ -422,6 +430,7 @@ async fn trace_keys_puts_the_key_in_the_event() {
 
 #[tokio::test(start_paused = true)]
 async fn a_would_be_rejection_is_an_info_event_of_its_own_target() {
+    let _serial = serial();
     let (out, _guard) = capture(tracing::Level::INFO);
     let layer = ConcurrencyLimitLayer::new(1).dry_run(true);
     let gate = Arc::new(tokio::sync::Notify::new());
@@ -463,6 +472,7 @@ async fn a_would_be_rejection_is_an_info_event_of_its_own_target() {
 
 #[test]
 fn a_dry_run_rejection_says_what_would_have_happened() {
+    let _serial = serial();
     let mut req = Request::new(());
     assert!(DryRunRejection::first(req.extensions()).is_none());
     let layer = RateLimitLayer::new(Quota::per_second(1).burst(1)).dry_run(true);
