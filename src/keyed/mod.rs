@@ -43,7 +43,7 @@ pub(crate) struct Table<K, V> {
     len: AtomicUsize,
     max_keys: usize,
     on_full: OnFull,
-    /// Counter turned into random numbers by the seeded hasher, for eviction samples.
+    /// The state of the random numbers drawn for eviction samples (see `draw`).
     draws: AtomicU64,
 }
 
@@ -90,14 +90,17 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 next_sweep: AtomicU64::new(u64::MAX),
             })
             .collect();
+        let hasher = foldhash::fast::RandomState::default();
+        // The eviction draws start at a point of the sequence nobody outside can know.
+        let seed = hasher.hash_one(u64::MAX);
         Table {
             shards,
-            hasher: foldhash::fast::RandomState::default(),
+            hasher,
             shard_mask: (n - 1) as u64,
             len: AtomicUsize::new(0),
             max_keys,
             on_full,
-            draws: AtomicU64::new(0),
+            draws: AtomicU64::new(seed),
         }
     }
 
@@ -109,7 +112,11 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
 
     #[inline]
     fn shard_index(&self, hash: u64) -> usize {
-        ((hash >> 40) & self.shard_mask) as usize
+        // foldhash's own bits are made for hashbrown's use (the low bits pick a bucket, the
+        // top seven are a tag), not for picking a shard: with some process seeds, bits 40-43
+        // of the hashes of 256 consecutive integers put 80 or more in one of 16 shards. A
+        // multiplication by the golden ratio carries every bit of the hash into the top ones.
+        ((hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) & self.shard_mask) as usize
     }
 
     /// Calls `f` with the entry of `key`, if tracked, under the shard's shared lock. `now` only
@@ -437,9 +444,18 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     }
 
     /// A random number nobody outside the process can predict.
+    ///
+    /// SplitMix64 over a counter that starts at a seed drawn from the table's random hasher
+    /// state. The hasher itself is not used on the counter: its outputs for consecutive
+    /// integers share high bits often enough that the shards picked for eviction clustered.
     fn draw(&self) -> u64 {
-        self.hasher
-            .hash_one(self.draws.fetch_add(1, Ordering::Relaxed))
+        let n = self
+            .draws
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 
     /// The earliest time at which a tracked entry goes idle, for a key refused at `now`. The
