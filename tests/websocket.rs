@@ -10,7 +10,7 @@ mod example;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use example::{app, Limits, MAX_STRIKES, POLICY_VIOLATION};
+use example::{app, Limits, MAX_STRIKES, POLICY_VIOLATION, STRIKE_WINDOW};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -76,7 +76,7 @@ async fn a_flooding_connection_is_closed_with_1008_after_the_tolerance() {
     for _ in 1..MAX_STRIKES - 1 {
         assert!(is_notice(&send(&mut ws, "more").await));
     }
-    // The MAX_STRIKES-th refusal in a row closes it: policy violation.
+    // The MAX_STRIKES-th refusal within the window closes it: policy violation.
     match send(&mut ws, "more").await {
         Message::Close(Some(frame)) => {
             assert_eq!(frame.code, CloseCode::from(POLICY_VIOLATION));
@@ -91,24 +91,42 @@ async fn a_flooding_connection_is_closed_with_1008_after_the_tolerance() {
 }
 
 #[tokio::test]
-async fn an_accepted_message_resets_the_count_of_refusals() {
+async fn a_client_at_twice_its_rate_is_closed_though_every_other_message_passes() {
     let (limits, time) = limits();
     let addr = serve(limits).await;
     let mut ws = connect(addr, "alice").await;
     for _ in 0..3 {
         assert!(is_echo(&send(&mut ws, "x").await, "x"));
     }
-    for round in 0..4 {
-        for _ in 0..MAX_STRIKES - 1 {
-            assert!(is_notice(&send(&mut ws, "x").await), "round {round}");
-        }
-        // A client that slows down: one interval later its message passes.
+    // One refused, one interval later one accepted, and again: accepted messages in between
+    // do not wipe the refusals, and the MAX_STRIKES-th within the window closes.
+    for strike in 1..MAX_STRIKES {
+        assert!(is_notice(&send(&mut ws, "x").await), "strike {strike}");
         time.advance(Duration::from_millis(334));
-        assert!(
-            is_echo(&send(&mut ws, "slow").await, "slow"),
-            "round {round}"
-        );
+        assert!(is_echo(&send(&mut ws, "y").await, "y"), "strike {strike}");
     }
+    match send(&mut ws, "x").await {
+        Message::Close(Some(frame)) => assert_eq!(frame.code, CloseCode::Policy),
+        other => panic!("expected a close frame, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_client_refused_less_often_than_the_tolerance_stays_connected() {
+    let (limits, time) = limits();
+    let addr = serve(limits).await;
+    let mut ws = connect(addr, "alice").await;
+    // Refused once every STRIKE_WINDOW / (MAX_STRIKES - 1) and a little more: never
+    // MAX_STRIKES refusals within one window, however long it goes on.
+    let gap = STRIKE_WINDOW / (MAX_STRIKES - 1) + Duration::from_millis(1);
+    for round in 0..10 {
+        for _ in 0..3 {
+            assert!(is_echo(&send(&mut ws, "x").await, "x"), "round {round}");
+        }
+        assert!(is_notice(&send(&mut ws, "x").await), "round {round}");
+        time.advance(gap);
+    }
+    assert!(is_echo(&send(&mut ws, "still here").await, "still here"));
 }
 
 #[tokio::test]
