@@ -181,10 +181,12 @@ pub(crate) fn response(r: &Rejection<'_>) -> Response<Bytes> {
     resp
 }
 
-/// Milliseconds, rounded up so that a client never comes back too early.
+/// Milliseconds, rounded up so that a client never comes back too early, and at most
+/// `i32::MAX` (24.8 days): clients parse the value as a 32-bit integer, and one they cannot
+/// parse means "do not retry", which a long wait is not.
 fn pushback_value(wait: std::time::Duration) -> HeaderValue {
     let ms = wait.as_nanos().div_ceil(1_000_000);
-    HeaderValue::from(u64::try_from(ms).unwrap_or(u64::MAX))
+    HeaderValue::from(i32::try_from(ms).unwrap_or(i32::MAX))
 }
 
 /// Makes a layer of this crate fit a tonic server (or any server whose response body cannot
@@ -445,6 +447,8 @@ mod tests {
         assert_eq!(pushback_value(Duration::from_nanos(1)), "1");
         assert_eq!(pushback_value(Duration::from_millis(250)), "250");
         assert_eq!(pushback_value(Duration::from_micros(250_001)), "251");
-        assert_eq!(pushback_value(Duration::MAX), "18446744073709551615");
+        assert_eq!(pushback_value(Duration::from_millis(2_147_483_647)), "2147483647");
+        assert_eq!(pushback_value(Duration::from_millis(2_147_483_648)), "2147483647");
+        assert_eq!(pushback_value(Duration::MAX), "2147483647");
     }
 }
