@@ -13,10 +13,12 @@
 //! Serves on `127.0.0.1:3000` (or `ADDR`) and writes its process id to `/tmp/reload.pid`. The
 //! first loop prints `200` five times, then `429`: 5 per second, burst 5, per client IP. The
 //! new file gives the same rate a burst of 20. Limits change without losing what each client
-//! already spent: this client spent its 5 (one second's worth of the key's time), so it has
-//! 15 left of the new 20, and the second loop prints `200` fifteen times, then `429`. The
-//! server logs `reloaded /tmp/limits.toml`; a file that does not parse or holds an invalid
-//! limit is logged and changes nothing.
+//! already spent: this client spent its 5 (one second's worth of the key's time), so right
+//! after the first loop it has 15 left of the new 20, and the second loop prints `200`
+//! fifteen times, then `429`. Time between the loops gives some back, at the rate of 5 per
+//! second up to the new burst: typed by hand a few seconds later, every one of the 16 is a
+//! `200` (up to 20 would be). The server logs `reloaded /tmp/limits.toml`; a file that does
+//! not parse or holds an invalid limit is logged and changes nothing.
 //!
 //! Every limit of the file works the same way: `[report]` is the concurrency limit of
 //! `/report` (its maximum and queue), `[upload]` the shaping rate and bounds of `/upload`.
