@@ -7,7 +7,7 @@
 //! for i in $(seq 6); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api; done
 //! sed -i 's/count = 5,/count = 5, burst = 20,/' /tmp/limits.toml
 //! kill -HUP "$(cat /tmp/reload.pid)"
-//! for i in $(seq 16); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api; done
+//! for i in $(seq 20); do curl -s -o /dev/null -w '%{http_code}\n' localhost:3000/api; done
 //! ```
 //!
 //! Serves on `127.0.0.1:3000` (or `ADDR`) and writes its process id to `/tmp/reload.pid`. The
@@ -15,9 +15,9 @@
 //! new file gives the same rate a burst of 20. Limits change without losing what each client
 //! already spent: this client spent its 5 (one second's worth of the key's time), so right
 //! after the first loop it has 15 left of the new 20, and the second loop prints `200`
-//! fifteen times, then `429`. Time between the loops gives some back, at the rate of 5 per
-//! second up to the new burst: typed by hand a few seconds later, every one of the 16 is a
-//! `200` (up to 20 would be). The server logs `reloaded /tmp/limits.toml`; a file that does
+//! fifteen times, then `429`. Time between and during the loops gives some back, at the rate
+//! of 5 per second up to the new burst: pasted as one block, one or two more `200`s come
+//! before the first `429`; typed by hand a few seconds later, all twenty are `200`. The server logs `reloaded /tmp/limits.toml`; a file that does
 //! not parse or holds an invalid limit is logged and changes nothing.
 //!
 //! Every limit of the file works the same way: `[report]` is the concurrency limit of
