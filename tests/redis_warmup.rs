@@ -88,6 +88,53 @@ fn the_script_decides_warm_up_as_the_memory_store_does() {
         .unwrap();
 }
 
+#[test]
+fn quotas_replaced_while_serving_decide_warm_up_as_the_memory_store_does() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = rt.block_on(RedisStore::connect(&server.url())).unwrap();
+    let mut runner = TestRunner::new(Config::with_cases(64));
+    let case_no = std::cell::Cell::new(0u32);
+    runner
+        .run(
+            &(quotas(), quotas(), requests(), 0usize..60),
+            |(before, mut after, reqs, switch_at)| {
+                case_no.set(case_no.get() + 1);
+                // As many quotas, of the same kinds, as a change while serving needs.
+                after.truncate(before.len());
+                if after.len() < before.len() {
+                    after.push(before[1].clone());
+                }
+                let (clock, time) = Clock::manual();
+                let mut r = RedisRateLimiter::<u8>::builder(store.clone(), before[0].clone())
+                    .name(format!("warm-live-{}", case_no.get()))
+                    .clock(clock.clone());
+                let mut m = RateLimiter::<u8>::builder(before[0].clone()).clock(clock);
+                for q in &before[1..] {
+                    r = r.quota(q.clone());
+                    m = m.quota(q.clone());
+                }
+                let (redis, memory) = (r.build(), m.build());
+                for (i, &(gap, key, cost)) in reqs.iter().enumerate() {
+                    if i == switch_at {
+                        redis.set_quotas(after.clone()).unwrap();
+                        memory.set_quotas(after.clone()).unwrap();
+                    }
+                    time.advance(Duration::from_millis(gap));
+                    let got = rt.block_on(redis.check_n(&key, cost));
+                    prop_assert!(!got.is_degraded(), "Redis failed at request {}", i);
+                    let want = memory.check_n(&key, cost);
+                    prop_assert_eq!(seen(&got), seen(&want), "request {}", i);
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
 fn redis_cli(server: &RedisServer, args: &[&str]) -> String {
     let out = std::process::Command::new("redis-cli")
         .args(["-p", &server.port.to_string()])

@@ -244,3 +244,26 @@ fn invalid_warm_up_settings_are_reported_when_built() {
     let layer = ShapeLayer::new(Quota::per_second(2)).warm_up(Duration::from_secs(1), 0);
     assert!(layer.validate().is_err());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_shaper_with_warm_up_refuses_another_rate_and_keeps_its_curve() {
+    let shaper = guava();
+    let start = Instant::now();
+    let got = departures(&shaper, 1, 2, start).await;
+    assert_eq!(ms(&got), [0, 1_334]);
+    // Another rate would move the curve under the waiters' prices: refused, on every clone.
+    let clone = shaper.clone();
+    assert!(matches!(
+        clone.set_quota(Quota::per_second(4)),
+        Err(ConfigError::NotChangeable(_))
+    ));
+    assert_eq!(shaper.quota(), Quota::per_second(2));
+    // The same rate under another name, and new bounds, are accepted.
+    assert!(clone
+        .set_quota(Quota::per_second(2).named("renamed"))
+        .is_ok());
+    assert!(clone.set_bounds(Some(3), None).is_ok());
+    // The key goes on along the same curve, as if nothing had been asked.
+    let more = departures(&shaper, 1, 5, start).await;
+    assert_eq!(ms(&more), [2_334, 3_000, 3_500, 4_000, 4_500]);
+}
