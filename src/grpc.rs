@@ -447,8 +447,14 @@ mod tests {
         assert_eq!(pushback_value(Duration::from_nanos(1)), "1");
         assert_eq!(pushback_value(Duration::from_millis(250)), "250");
         assert_eq!(pushback_value(Duration::from_micros(250_001)), "251");
-        assert_eq!(pushback_value(Duration::from_millis(2_147_483_647)), "2147483647");
-        assert_eq!(pushback_value(Duration::from_millis(2_147_483_648)), "2147483647");
+        assert_eq!(
+            pushback_value(Duration::from_millis(2_147_483_647)),
+            "2147483647"
+        );
+        assert_eq!(
+            pushback_value(Duration::from_millis(2_147_483_648)),
+            "2147483647"
+        );
         assert_eq!(pushback_value(Duration::MAX), "2147483647");
     }
 }

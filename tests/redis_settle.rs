@@ -376,3 +376,46 @@ async fn a_charge_goes_beyond_the_limit_of_every_quota_kind_on_redis() {
     let members = server.cli(&["ZCARD", &key]).unwrap();
     assert_eq!(members.trim(), "12");
 }
+
+/// Redis loses the key (a restart without persistence, `FLUSHALL`, an eviction) between the
+/// reservation and the settlement: the settlement neither fails nor invents a debt. What was
+/// reserved is gone with the state; a refund leaves the key as new (never better than new),
+/// and a charge takes only the difference beyond the reservation. Every kind of quota.
+#[tokio::test]
+async fn a_key_lost_between_reservation_and_settlement_is_settled_from_nothing() {
+    let server = RedisServer::start();
+    let minute = Duration::from_secs(60);
+    for (name, quota) in [
+        ("gcra", Quota::per_minute(100)),
+        ("fixed", Quota::fixed_window(100, minute)),
+        ("log", Quota::sliding_log(100, minute)),
+        ("counter", Quota::sliding_window(100, minute)),
+    ] {
+        for (actual, left_after) in [(5u32, 100u64), (80, 30)] {
+            let (limit, _hand) = on(store(&server).await, Policy::new(name, quota.clone()));
+            let limit = limit.cost(|_| 10).settle(ActualCost::of);
+            let handler = Handler::gated();
+            let svc = limit.clone().layer(handler.clone());
+            let key = format!("lost-{actual}");
+            let task = tokio::spawn(svc.oneshot(req(&key, 200, actual)));
+            // The request has reserved 10 and is in the handler; Redis forgets everything.
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while handler.entered() == 0 {
+                    handler.arrived.notified().await;
+                }
+            })
+            .await
+            .expect("the request reaches the handler");
+            assert_eq!(left(&limit, name, &key).await, [90], "{name}");
+            server.cli(&["FLUSHALL"]).expect("FLUSHALL");
+            handler.gate.add_permits(1);
+            let resp = task.await.unwrap().unwrap();
+            assert_eq!(resp.status(), 200, "{name} {actual}");
+            assert_eq!(
+                left(&limit, name, &key).await,
+                [left_after],
+                "{name}, actual {actual}"
+            );
+        }
+    }
+}
