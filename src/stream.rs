@@ -11,6 +11,9 @@
 //!   items through at once.
 //! * [`LimitStreamExt::shape`]: a [`Shaper`] spaces items out, one per emission interval per
 //!   key; [`Shaped::cost`] makes an item take several slots.
+//! * `LimitStreamExt::rate_limit_redis` (feature `redis` too): a
+//!   [`RedisRateLimiter`](crate::redis::RedisRateLimiter) decides, so that consumers in many
+//!   processes share one limit; `RedisRateLimited::cost` as above.
 //!
 //! ```
 //! use std::time::Duration;
@@ -100,9 +103,78 @@ pub trait LimitStreamExt: Stream + Sized {
             pending: None,
         }
     }
+
+    /// Yields each item once `limiter`, a limit shared through Redis by every process that
+    /// uses the same store and name, admits it for the key `key` gives, waiting as long as it
+    /// takes. Items cost 1 unless [`RedisRateLimited::cost`] says otherwise.
+    ///
+    /// ```no_run
+    /// use futures_util::StreamExt;
+    /// use tollgate::redis::{RedisRateLimiter, RedisStore};
+    /// use tollgate::stream::LimitStreamExt;
+    /// use tollgate::Quota;
+    ///
+    /// # async fn run() -> Result<(), redis::RedisError> {
+    /// // 50 messages per second per tenant, shared by every consumer process.
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// let limiter = RedisRateLimiter::<String>::builder(store, Quota::per_second(50))
+    ///     .name("consumers")
+    ///     .build();
+    /// let messages = futures_util::stream::iter([("acme", 1), ("zeta", 2)]);
+    /// let mut paced = messages.rate_limit_redis(limiter, |m: &(&str, i32)| m.0.to_owned());
+    /// while let Some(m) = paced.next().await {
+    ///     // process m
+    /// #   let _ = m;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Each part of an item's cost is one [`until_ready_n`] on the limiter: waiters of one key
+    /// in this process queue in line, and a rejection from Redis sends the item to sleep for
+    /// the retry time Redis gave. When Redis cannot be reached, the store's failure mode
+    /// decides, as for any decision.
+    ///
+    /// [`until_ready_n`]: crate::redis::RedisRateLimiter::until_ready_n
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    fn rate_limit_redis<K, KF>(
+        self,
+        limiter: crate::redis::RedisRateLimiter<K>,
+        key: KF,
+    ) -> RedisRateLimited<Self, K, KF>
+    where
+        K: crate::redis::RedisKey + Hash + Eq + Clone + Send + Sync + 'static,
+        KF: FnMut(&Self::Item) -> K,
+    {
+        let chunk = limiter
+            .quotas()
+            .iter()
+            .map(|q| q.burst_size())
+            .min()
+            .unwrap_or(1)
+            .max(1);
+        RedisRateLimited {
+            stream: self,
+            limiter,
+            key,
+            cost: unit_cost::<Self::Item>,
+            chunk,
+            pending: None,
+            waiting: None,
+        }
+    }
 }
 
 impl<S: Stream> LimitStreamExt for S {}
+
+/// The size hint of an adapter: the stream's, plus the item it holds back, if any.
+fn size_hint((lo, hi): (usize, Option<usize>), holding: bool) -> (usize, Option<usize>) {
+    let extra = usize::from(holding);
+    (
+        lo.saturating_add(extra),
+        hi.and_then(|h| h.checked_add(extra)),
+    )
+}
 
 /// The item being admitted and what it still has to pay.
 struct Pending<T, K> {
@@ -230,12 +302,7 @@ where
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let extra = usize::from(self.pending.is_some());
-        let (lo, hi) = self.stream.size_hint();
-        (
-            lo.saturating_add(extra),
-            hi.and_then(|h| h.checked_add(extra)),
-        )
+        size_hint(self.stream.size_hint(), self.pending.is_some())
     }
 }
 
@@ -334,11 +401,131 @@ where
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let extra = usize::from(self.pending.is_some());
-        let (lo, hi) = self.stream.size_hint();
-        (
-            lo.saturating_add(extra),
-            hi.and_then(|h| h.checked_add(extra)),
-        )
+        size_hint(self.stream.size_hint(), self.pending.is_some())
+    }
+}
+
+#[cfg(feature = "redis")]
+type Admission = Pin<
+    Box<dyn Future<Output = Result<crate::Decision, crate::limiter::InsufficientCapacity>> + Send>,
+>;
+
+#[cfg(feature = "redis")]
+pin_project! {
+    /// A stream whose items pass a [`RedisRateLimiter`](crate::redis::RedisRateLimiter): one
+    /// limit shared by consumers in many processes. Made by
+    /// `LimitStreamExt::rate_limit_redis`.
+    ///
+    /// # Semantics
+    /// As [`RateLimited`]: an item is yielded once its whole cost has been admitted for its
+    /// key, in parts no larger than the smallest burst; until then the stream underneath is
+    /// not polled; a cost of 0 passes at once; dropping the stream while an item waits drops
+    /// the item, and the parts already admitted stay consumed in Redis.
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[must_use = "streams do nothing unless polled"]
+    pub struct RedisRateLimited<S: Stream, K, KF, CF = fn(&<S as Stream>::Item) -> u32> {
+        #[pin]
+        stream: S,
+        limiter: crate::redis::RedisRateLimiter<K>,
+        key: KF,
+        cost: CF,
+        chunk: u32,
+        pending: Option<Pending<S::Item, K>>,
+        // The admission of the pending item's next part, and its size.
+        waiting: Option<(Admission, u32)>,
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<S: Stream, K, KF, CF> RedisRateLimited<S, K, KF, CF> {
+    /// Charges each item `cost(&item)` units instead of 1.
+    pub fn cost<CF2>(self, cost: CF2) -> RedisRateLimited<S, K, KF, CF2>
+    where
+        CF2: FnMut(&S::Item) -> u32,
+    {
+        RedisRateLimited {
+            stream: self.stream,
+            limiter: self.limiter,
+            key: self.key,
+            cost,
+            chunk: self.chunk,
+            pending: self.pending,
+            waiting: self.waiting,
+        }
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &crate::redis::RedisRateLimiter<K> {
+        &self.limiter
+    }
+
+    /// The stream underneath.
+    pub fn into_inner(self) -> S {
+        self.stream
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<S: Stream + fmt::Debug, K, KF, CF> fmt::Debug for RedisRateLimited<S, K, KF, CF> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisRateLimited")
+            .field("stream", &self.stream)
+            .field("waiting", &self.pending.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<S, K, KF, CF> Stream for RedisRateLimited<S, K, KF, CF>
+where
+    S: Stream,
+    K: crate::redis::RedisKey + Hash + Eq + Clone + Send + Sync + 'static,
+    KF: FnMut(&S::Item) -> K,
+    CF: FnMut(&S::Item) -> u32,
+{
+    type Item = S::Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        let mut this = self.project();
+        loop {
+            let Some(p) = this.pending.as_mut() else {
+                match this.stream.as_mut().poll_next(cx) {
+                    Poll::Ready(Some(item)) => {
+                        let key = (this.key)(&item);
+                        let owed = (this.cost)(&item);
+                        *this.pending = Some(Pending { item, key, owed });
+                        continue;
+                    }
+                    Poll::Ready(None) => return Poll::Ready(None),
+                    Poll::Pending => return Poll::Pending,
+                }
+            };
+            if let Some((admission, part)) = this.waiting.as_mut() {
+                let Poll::Ready(result) = admission.as_mut().poll(cx) else {
+                    return Poll::Pending;
+                };
+                let part = *part;
+                *this.waiting = None;
+                match result {
+                    Ok(_) => p.owed -= part,
+                    // Parts never exceed the smallest burst; should one anyway (a quota
+                    // changed under us), pay unit by unit rather than stall.
+                    Err(_) => *this.chunk = 1,
+                }
+            }
+            if p.owed == 0 {
+                return Poll::Ready(this.pending.take().map(|p| p.item));
+            }
+            let part = p.owed.min(*this.chunk);
+            let limiter = this.limiter.clone();
+            let key = p.key.clone();
+            let admission: Admission =
+                Box::pin(async move { limiter.until_ready_n(&key, part).await });
+            *this.waiting = Some((admission, part));
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        size_hint(self.stream.size_hint(), self.pending.is_some())
     }
 }
