@@ -8,10 +8,11 @@ mod common;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
+use common::twins::{self, Twins};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tollgate::redis::{RedisRateLimiter, RedisStore};
-use tollgate::{Clock, Outcome, Quota, RateLimiter};
+use tollgate::{Clock, Outcome, Quota};
 
 /// A quota of any kind whose numbers are whole milliseconds, so that the script's microseconds
 /// and the memory store's nanoseconds agree exactly.
@@ -48,10 +49,7 @@ fn seen(d: &tollgate::Decision) -> Seen {
 #[test]
 fn the_script_decides_every_kind_as_the_memory_store_does() {
     let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = twins::runtime();
     let store = rt
         .block_on(RedisStore::connect(&server.url()))
         .unwrap()
@@ -63,22 +61,13 @@ fn the_script_decides_every_kind_as_the_memory_store_does() {
             &(prop::collection::vec(quota(), 1..=4), requests()),
             |(quotas, reqs)| {
                 case_no.set(case_no.get() + 1);
-                let (clock, time) = Clock::manual();
-                let mut r = RedisRateLimiter::<u8>::builder(store.clone(), quotas[0].clone())
-                    .name(format!("kinds-{}", case_no.get()))
-                    .clock(clock.clone());
-                let mut m = RateLimiter::<u8>::builder(quotas[0].clone()).clock(clock);
-                for q in &quotas[1..] {
-                    r = r.quota(q.clone());
-                    m = m.quota(q.clone());
-                }
-                let (redis, memory) = (r.build(), m.build());
+                let twins = Twins::new(&store, format!("kinds-{}", case_no.get()), &quotas);
                 for (i, &(gap, key, cost)) in reqs.iter().enumerate() {
-                    time.advance(Duration::from_millis(gap));
-                    let got = rt.block_on(redis.check_n(&key, cost));
-                    prop_assert!(!got.is_degraded(), "Redis failed at request {}", i);
-                    let want = memory.check_n(&key, cost);
-                    prop_assert_eq!(seen(&got), seen(&want), "request {}", i);
+                    let got = twins.decide(&rt, Duration::from_millis(gap), key, cost);
+                    let Some((redis, memory)) = got else {
+                        return Err(TestCaseError::fail(format!("Redis failed at request {i}")));
+                    };
+                    prop_assert_eq!(seen(&redis), seen(&memory), "request {}", i);
                 }
                 Ok(())
             },

@@ -9,10 +9,11 @@ mod common;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
+use common::twins::{self, Twins};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tollgate::redis::{RedisRateLimiter, RedisStore};
-use tollgate::{Clock, Outcome, Quota, RateLimiter};
+use tollgate::{Clock, Outcome, Quota};
 
 /// A warm-up quota whose interval is whole milliseconds, beside an optional plain one.
 fn quotas() -> impl Strategy<Value = Vec<Quota>> {
@@ -55,83 +56,55 @@ fn seen(d: &tollgate::Decision) -> Seen {
 
 #[test]
 fn the_script_decides_warm_up_as_the_memory_store_does() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let store = rt.block_on(RedisStore::connect(&server.url())).unwrap();
-    let mut runner = TestRunner::new(Config::with_cases(128));
-    let case_no = std::cell::Cell::new(0u32);
-    runner
-        .run(&(quotas(), requests()), |(quotas, reqs)| {
-            case_no.set(case_no.get() + 1);
-            let (clock, time) = Clock::manual();
-            let mut r = RedisRateLimiter::<u8>::builder(store.clone(), quotas[0].clone())
-                .name(format!("warm-{}", case_no.get()))
-                .clock(clock.clone());
-            let mut m = RateLimiter::<u8>::builder(quotas[0].clone()).clock(clock);
-            for q in &quotas[1..] {
-                r = r.quota(q.clone());
-                m = m.quota(q.clone());
-            }
-            let (redis, memory) = (r.build(), m.build());
-            for (i, &(gap, key, cost)) in reqs.iter().enumerate() {
-                time.advance(Duration::from_millis(gap));
-                let got = rt.block_on(redis.check_n(&key, cost));
-                prop_assert!(!got.is_degraded(), "Redis failed at request {}", i);
-                let want = memory.check_n(&key, cost);
-                prop_assert_eq!(seen(&got), seen(&want), "request {}", i);
-            }
-            Ok(())
-        })
-        .unwrap();
+    compare(
+        "warm",
+        128,
+        (quotas(), Just(None::<(usize, Vec<Quota>)>), requests()),
+    );
 }
 
 #[test]
 fn quotas_replaced_while_serving_decide_warm_up_as_the_memory_store_does() {
+    let change = (quotas(), 0usize..60).prop_map(|(q, at)| Some((at, q)));
+    compare("warm-live", 64, (quotas(), change, requests()));
+}
+
+/// Runs `cases` random cases of (quotas, an optional change of them before request `at`,
+/// requests) on Redis and in memory side by side: every decision alike.
+fn compare(
+    name: &str,
+    cases: u32,
+    strategy: impl Strategy<Value = (Vec<Quota>, Option<(usize, Vec<Quota>)>, Vec<(u64, u8, u32)>)>,
+) {
     let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = twins::runtime();
     let store = rt.block_on(RedisStore::connect(&server.url())).unwrap();
-    let mut runner = TestRunner::new(Config::with_cases(64));
+    let mut runner = TestRunner::new(Config::with_cases(cases));
     let case_no = std::cell::Cell::new(0u32);
     runner
-        .run(
-            &(quotas(), quotas(), requests(), 0usize..60),
-            |(before, mut after, reqs, switch_at)| {
-                case_no.set(case_no.get() + 1);
-                // As many quotas, of the same kinds, as a change while serving needs.
-                after.truncate(before.len());
-                if after.len() < before.len() {
-                    after.push(before[1].clone());
-                }
-                let (clock, time) = Clock::manual();
-                let mut r = RedisRateLimiter::<u8>::builder(store.clone(), before[0].clone())
-                    .name(format!("warm-live-{}", case_no.get()))
-                    .clock(clock.clone());
-                let mut m = RateLimiter::<u8>::builder(before[0].clone()).clock(clock);
-                for q in &before[1..] {
-                    r = r.quota(q.clone());
-                    m = m.quota(q.clone());
-                }
-                let (redis, memory) = (r.build(), m.build());
-                for (i, &(gap, key, cost)) in reqs.iter().enumerate() {
-                    if i == switch_at {
-                        redis.set_quotas(after.clone()).unwrap();
-                        memory.set_quotas(after.clone()).unwrap();
+        .run(&strategy, |(before, change, reqs)| {
+            case_no.set(case_no.get() + 1);
+            let twins = Twins::new(&store, format!("{name}-{}", case_no.get()), &before);
+            for (i, &(gap, key, cost)) in reqs.iter().enumerate() {
+                if let Some((at, after)) = &change {
+                    if i == *at {
+                        // As many quotas, of the same kinds, as a change while serving needs.
+                        let mut after = after.clone();
+                        after.truncate(before.len());
+                        if after.len() < before.len() {
+                            after.push(before[1].clone());
+                        }
+                        twins.set_quotas(&after);
                     }
-                    time.advance(Duration::from_millis(gap));
-                    let got = rt.block_on(redis.check_n(&key, cost));
-                    prop_assert!(!got.is_degraded(), "Redis failed at request {}", i);
-                    let want = memory.check_n(&key, cost);
-                    prop_assert_eq!(seen(&got), seen(&want), "request {}", i);
                 }
-                Ok(())
-            },
-        )
+                let got = twins.decide(&rt, Duration::from_millis(gap), key, cost);
+                let Some((redis, memory)) = got else {
+                    return Err(TestCaseError::fail(format!("Redis failed at request {i}")));
+                };
+                prop_assert_eq!(seen(&redis), seen(&memory), "request {}", i);
+            }
+            Ok(())
+        })
         .unwrap();
 }
 

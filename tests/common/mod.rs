@@ -2,3 +2,4 @@
 pub mod model;
 pub mod redis_server;
 pub mod spec;
+pub mod twins;
