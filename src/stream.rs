@@ -44,7 +44,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
@@ -176,6 +176,20 @@ fn size_hint((lo, hi): (usize, Option<usize>), holding: bool) -> (usize, Option<
     )
 }
 
+/// The next item of `stream` with its key and cost, `None` at the stream's end.
+fn pull<S: Stream, K>(
+    stream: Pin<&mut S>,
+    cx: &mut Context<'_>,
+    key: &mut impl FnMut(&S::Item) -> K,
+    cost: &mut impl FnMut(&S::Item) -> u32,
+) -> Poll<Option<Pending<S::Item, K>>> {
+    let Some(item) = ready!(stream.poll_next(cx)) else {
+        return Poll::Ready(None);
+    };
+    let (key, owed) = (key(&item), cost(&item));
+    Poll::Ready(Some(Pending { item, key, owed }))
+}
+
 /// The item being admitted and what it still has to pay.
 struct Pending<T, K> {
     item: T,
@@ -259,16 +273,11 @@ where
         let mut this = self.project();
         loop {
             let Some(p) = this.pending.as_mut() else {
-                match this.stream.as_mut().poll_next(cx) {
-                    Poll::Ready(Some(item)) => {
-                        let key = (this.key)(&item);
-                        let owed = (this.cost)(&item);
-                        *this.pending = Some(Pending { item, key, owed });
-                        continue;
-                    }
-                    Poll::Ready(None) => return Poll::Ready(None),
-                    Poll::Pending => return Poll::Pending,
-                }
+                let Some(next) = ready!(pull(this.stream.as_mut(), cx, this.key, this.cost)) else {
+                    return Poll::Ready(None);
+                };
+                *this.pending = Some(next);
+                continue;
             };
             if p.owed == 0 {
                 *this.sleep = None;
@@ -375,16 +384,11 @@ where
         let mut this = self.project();
         loop {
             let Some((p, slot)) = this.pending.as_mut() else {
-                match this.stream.as_mut().poll_next(cx) {
-                    Poll::Ready(Some(item)) => {
-                        let key = (this.key)(&item);
-                        let owed = (this.cost)(&item);
-                        *this.pending = Some((Pending { item, key, owed }, None));
-                        continue;
-                    }
-                    Poll::Ready(None) => return Poll::Ready(None),
-                    Poll::Pending => return Poll::Pending,
-                }
+                let Some(next) = ready!(pull(this.stream.as_mut(), cx, this.key, this.cost)) else {
+                    return Poll::Ready(None);
+                };
+                *this.pending = Some((next, None));
+                continue;
             };
             if let Some(s) = slot {
                 if Pin::new(s).poll(cx).is_pending() {
@@ -489,16 +493,11 @@ where
         let mut this = self.project();
         loop {
             let Some(p) = this.pending.as_mut() else {
-                match this.stream.as_mut().poll_next(cx) {
-                    Poll::Ready(Some(item)) => {
-                        let key = (this.key)(&item);
-                        let owed = (this.cost)(&item);
-                        *this.pending = Some(Pending { item, key, owed });
-                        continue;
-                    }
-                    Poll::Ready(None) => return Poll::Ready(None),
-                    Poll::Pending => return Poll::Pending,
-                }
+                let Some(next) = ready!(pull(this.stream.as_mut(), cx, this.key, this.cost)) else {
+                    return Poll::Ready(None);
+                };
+                *this.pending = Some(next);
+                continue;
             };
             if let Some((admission, part)) = this.waiting.as_mut() {
                 let Poll::Ready(result) = admission.as_mut().poll(cx) else {
