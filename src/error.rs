@@ -128,6 +128,9 @@ pub enum ConfigError {
     AllowKeyBeforeKey,
     /// A penalty box setting cannot work; the text says which and why.
     InvalidPenaltyBox(&'static str),
+    /// The share of each quota a Redis store's local fallback enforces was not
+    /// `0 < share <= 1` (the value given).
+    InvalidFallbackShare(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -237,6 +240,11 @@ impl fmt::Display for ConfigError {
                  allow_key after key",
             ),
             ConfigError::InvalidPenaltyBox(why) => write!(f, "penalty box: {why}"),
+            ConfigError::InvalidFallbackShare(given) => write!(
+                f,
+                "the local fallback's share of each quota must be above 0 and at most 1 \
+                 (got {given})"
+            ),
         }
     }
 }

@@ -248,8 +248,10 @@ pub struct Decision {
     outcome: Outcome,
     retry_after: u64,
     len: u8,
-    /// Made by a store's failure policy, not by the quotas.
+    /// Made without the store: by its failure policy, or by its local fallback.
     degraded: bool,
+    /// Made by a store's local fallback, on the scaled quotas (and degraded).
+    local: bool,
     quotas: [QuotaState; MAX_QUOTAS],
 }
 
@@ -322,6 +324,7 @@ impl Decision {
             retry_after: 0,
             len: 0,
             degraded: false,
+            local: false,
             quotas: [QuotaState::default(); MAX_QUOTAS],
         }
     }
@@ -342,14 +345,31 @@ impl Decision {
         Duration::from_nanos(max.unwrap_or(0))
     }
 
-    /// Whether this decision was made without the quotas: a remote store (Redis) could not be
-    /// reached in time, and its failure policy admitted the request (fail open) or turned it
-    /// away (fail closed). Such a decision knows nothing of the key's state: every quota reports
-    /// `remaining` 0 and its whole burst period as `reset_after`, and the HTTP layer sends no
-    /// `RateLimit` fields with it. Always `false` for the memory store.
+    /// Whether this decision was made without the store: a remote store (Redis) could not be
+    /// reached in time, and its failure policy decided instead. Always `false` for the memory
+    /// store.
+    ///
+    /// * Fail open or fail closed: the request was admitted or turned away without the
+    ///   quotas. Such a decision knows nothing of the key's state: every quota reports
+    ///   `remaining` 0 and its whole burst period as `reset_after`, and the HTTP layer sends no
+    ///   `RateLimit` fields with it.
+    /// * The local fallback ([`is_local`](Self::is_local)): decided in this process on the
+    ///   policy's quotas scaled down; its states are the local limiter's, and the HTTP layer
+    ///   answers it as any decision (fields, `429`, `Retry-After`).
     #[inline]
     pub fn is_degraded(&self) -> bool {
         self.degraded
+    }
+
+    /// Whether this decision was made by the local fallback of a Redis store
+    /// (`FailMode::Local`, feature `redis`) while Redis could not be reached: a real decision
+    /// on the policy's quotas scaled to the fallback's share, made in memory by this process
+    /// alone. Always [`is_degraded`](Self::is_degraded) too; its [`states`](Self::states),
+    /// [`remaining`](Self::remaining) and [`retry_after`](Self::retry_after) are those of the
+    /// scaled quotas.
+    #[inline]
+    pub fn is_local(&self) -> bool {
+        self.local
     }
 
     /// The state of each quota, in the order the policy lists them.
@@ -370,6 +390,24 @@ impl Decision {
         Decision {
             degraded: true,
             ..Decision::spent(rules, outcome, retry_after)
+        }
+    }
+
+    /// This decision, made by a store's local fallback: degraded and local. `keep_exceeds`:
+    /// whether a cost above a scaled burst is above the policy's too (never admissible);
+    /// otherwise it is limited for `retry_after` nanoseconds, when the store may be back.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn made_locally(self, keep_exceeds: bool, retry_after: u64) -> Decision {
+        let (outcome, retry_after) = match self.outcome {
+            Outcome::Exceeds if !keep_exceeds => (Outcome::Limited, retry_after),
+            o => (o, self.retry_after),
+        };
+        Decision {
+            outcome,
+            retry_after,
+            degraded: true,
+            local: true,
+            ..self
         }
     }
 
@@ -395,6 +433,7 @@ impl Decision {
             retry_after,
             len: len as u8,
             degraded: false,
+            local: false,
             quotas,
         }
     }
@@ -410,6 +449,7 @@ impl Decision {
             retry_after,
             len: rules.len().min(MAX_QUOTAS) as u8,
             degraded: false,
+            local: false,
             quotas,
         }
     }
@@ -563,6 +603,7 @@ pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (
         retry_after,
         len: gcras.len() as u8,
         degraded: false,
+        local: false,
         quotas,
     };
     (decision, changed)
@@ -589,6 +630,7 @@ pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, 
         retry_after,
         len: 1,
         degraded: false,
+        local: false,
         quotas,
     };
     (decision, stored)

@@ -483,6 +483,19 @@ impl Quota {
         Gcra::new(interval, interval.saturating_mul(u64::from(self.burst)))
     }
 
+    /// This quota at `share` (in `(0, 1]`) of its count and burst, each rounded down and at
+    /// least 1; the period, kind, warm-up and name are kept. An error when the result is not a
+    /// valid quota (its tolerance would overflow the clock).
+    pub(crate) fn scaled(&self, share: f64) -> Result<Quota, ConfigError> {
+        let q = Quota {
+            count: scale(self.count, share),
+            burst: scale(self.burst, share),
+            ..self.clone()
+        };
+        q.validate()?;
+        Ok(q)
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         if self.count == 0 {
             return Err(ConfigError::ZeroCount);
@@ -518,10 +531,62 @@ impl Quota {
     }
 }
 
+/// `n × share`, rounded down, at least 1 and at most `n`. A product within a millionth of a
+/// whole number is that number: `100 × 0.29` is 29, not the 28.999… of the float.
+fn scale(n: u32, share: f64) -> u32 {
+    let x = f64::from(n) * share;
+    let whole = x.round();
+    let x = if (x - whole).abs() < 1e-6 {
+        whole
+    } else {
+        x.floor()
+    };
+    // `as` saturates: NaN is 0, and the clamp keeps the result within 1..=n.
+    (x as u32).clamp(1, n.max(1))
+}
+
 #[track_caller]
 fn unwrap(q: Result<Quota, ConfigError>) -> Quota {
     match q {
         Ok(q) => q,
         Err(e) => panic!("tollgate: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaling_rounds_down_keeps_at_least_one_and_ignores_float_noise() {
+        assert_eq!(scale(100, 0.29), 29);
+        assert_eq!(scale(10, 0.3), 3);
+        assert_eq!(scale(10, 0.25), 2);
+        assert_eq!(scale(3, 0.5), 1);
+        assert_eq!(scale(1, 0.001), 1);
+        assert_eq!(scale(u32::MAX, 1.0), u32::MAX);
+        assert_eq!(scale(u32::MAX, 0.5), u32::MAX / 2);
+        assert_eq!(scale(7, 1.0), 7);
+    }
+
+    #[test]
+    fn a_scaled_quota_keeps_its_period_kind_warm_up_and_name() {
+        let q = Quota::per_second(10)
+            .burst(20)
+            .warm_up(Duration::from_secs(3), 3)
+            .named("api");
+        let s = q.scaled(0.25).unwrap();
+        assert_eq!((s.count(), s.burst_size()), (2, 5));
+        assert_eq!(s.period(), q.period());
+        assert_eq!(s.kind(), QuotaKind::WarmUp);
+        assert_eq!(s.warm_up_settings(), q.warm_up_settings());
+        assert_eq!(s.name(), Some("api"));
+        let w = Quota::sliding_log(9, Duration::from_secs(60))
+            .scaled(0.5)
+            .unwrap();
+        assert_eq!(
+            (w.count(), w.burst_size(), w.kind()),
+            (4, 4, QuotaKind::SlidingLog)
+        );
     }
 }

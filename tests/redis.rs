@@ -476,6 +476,8 @@ async fn outage_follows(mode: FailMode) {
                 assert_eq!(d.outcome(), Outcome::Limited);
                 assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
             }
+            // Covered by tests/redis_fallback.rs.
+            FailMode::Local(_) => assert!(d.is_local()),
         }
     }
 

@@ -72,7 +72,7 @@ mod on {
     /// The decision counters of one policy (a tier of a rate limit, or a whole layer).
     pub(crate) struct DecisionMeter {
         /// One per outcome, in the order of `Verdict`, for decisions no quota made alone.
-        plain: [Counter; 10],
+        plain: [Counter; 12],
         /// Per quota: `limited` and `never_fits`.
         limited: Box<[Counter]>,
         never_fits: Box<[Counter]>,
@@ -133,7 +133,7 @@ mod on {
         }
     }
 
-    const ALL: [Verdict; 10] = [
+    const ALL: [Verdict; 12] = [
         Verdict::Allowed,
         Verdict::Delayed,
         Verdict::Waited,
@@ -144,6 +144,8 @@ mod on {
         Verdict::FailOpen,
         Verdict::FailClosed,
         Verdict::Banned,
+        Verdict::LocalAllowed,
+        Verdict::LocalLimited,
     ];
 
     /// The gauges and histogram of a concurrency layer.

@@ -55,6 +55,8 @@
 //! | `fail_open` | rate limit on Redis | Redis did not answer in time; admitted by `FailMode::Open` |
 //! | `fail_closed` | rate limit on Redis | Redis did not answer in time; rejected by `FailMode::Closed` |
 //! | `banned` | rate limit with a [penalty box](crate::penalty) | the key is banned; answered without asking the quotas |
+//! | `local_allowed` | rate limit on Redis | Redis did not answer in time; admitted by the local fallback (`FailMode::Local`) on its scaled quotas |
+//! | `local_limited` | rate limit on Redis | Redis did not answer in time; rejected by the local fallback (`429` with `Retry-After`) |
 //!
 //! A dry-run layer counts the outcome enforcement would have had: `outcome="limited",
 //! dry_run="true"` is a request it let through and would have rejected.
@@ -195,6 +197,8 @@ pub(crate) enum Verdict {
     FailOpen,
     FailClosed,
     Banned,
+    LocalAllowed,
+    LocalLimited,
 }
 
 impl Verdict {
@@ -210,6 +214,8 @@ impl Verdict {
             Verdict::FailOpen => "fail_open",
             Verdict::FailClosed => "fail_closed",
             Verdict::Banned => "banned",
+            Verdict::LocalAllowed => "local_allowed",
+            Verdict::LocalLimited => "local_limited",
         }
     }
 
@@ -231,9 +237,11 @@ impl Verdict {
 pub(crate) fn verdict_of(d: &crate::Decision, cost: u32) -> (Verdict, Option<usize>) {
     use crate::Outcome;
     match d.outcome() {
+        Outcome::Allowed if d.is_local() => (Verdict::LocalAllowed, None),
         Outcome::Allowed if d.is_degraded() => (Verdict::FailOpen, None),
         Outcome::Allowed => (Verdict::Allowed, None),
-        _ if d.is_degraded() => (Verdict::FailClosed, None),
+        Outcome::Limited if d.is_local() => (Verdict::LocalLimited, None),
+        _ if d.is_degraded() && !d.is_local() => (Verdict::FailClosed, None),
         Outcome::Exceeds => (Verdict::NeverFits, fired(d, cost)),
         Outcome::Banned => (Verdict::Banned, None),
         _ => (Verdict::Limited, fired(d, cost)),
@@ -267,7 +275,13 @@ impl LimiterMeter {
     pub(crate) fn new(policy: &str, quotas: &[String], redis: bool) -> Self {
         let names = Names::new(LayerKind::Limiter, policy, quotas);
         let outcomes: &[Verdict] = if redis {
-            &[Verdict::Allowed, Verdict::FailOpen, Verdict::FailClosed]
+            &[
+                Verdict::Allowed,
+                Verdict::FailOpen,
+                Verdict::FailClosed,
+                Verdict::LocalAllowed,
+                Verdict::LocalLimited,
+            ]
         } else {
             &[Verdict::Allowed]
         };

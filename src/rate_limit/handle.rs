@@ -132,7 +132,8 @@ impl RateLimitHandle {
         policy.quotas = quotas;
         policy.validate()?;
         (self.set)(i, &policy.quotas)?;
-        tier.live.store(Arc::new(LiveTier::new(policy)));
+        tier.live
+            .store(Arc::new(LiveTier::new(policy, tier.local_share)));
         Ok(())
     }
 }

@@ -583,11 +583,13 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             let names = Names::new(LayerKind::RateLimit, &policy.name, &policy.item_names());
             let observe = self.common.observe;
             observe::config(&names, observe.dry_run, observe.trace_keys, &policy.quotas);
+            let local_share = self.store.local_share();
             tiers.push(Tier {
                 name: policy.name.as_ref().into(),
-                live: ArcSwap::from_pointee(LiveTier::new(policy.clone())),
+                live: ArcSwap::from_pointee(LiveTier::new(policy.clone(), local_share)),
                 meter: DecisionMeter::new(&names, observe.dry_run, OUTCOMES),
                 names,
+                local_share,
             });
         }
         let penalty = match &self.settings.penalty {

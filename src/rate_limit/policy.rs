@@ -124,6 +124,21 @@ impl Policy {
             .collect();
         PolicyHeaders::new(&items, None)
     }
+
+    /// The header fields of this policy with each quota at `share` (see
+    /// [`Quota::scaled`]); `None` when a scaled quota is not valid.
+    pub(crate) fn scaled_headers(&self, share: f64) -> Option<PolicyHeaders> {
+        let items = self
+            .item_names()
+            .into_iter()
+            .zip(&self.quotas)
+            .map(|(name, q)| {
+                let s = q.scaled(share).ok()?;
+                Some((name, u64::from(s.burst_size()), s.count(), s.period()))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(PolicyHeaders::new(&items, None))
+    }
 }
 
 impl From<Quota> for Policy {

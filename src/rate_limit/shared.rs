@@ -37,20 +37,27 @@ pub(crate) struct Tier {
     /// The names its metrics and events carry.
     pub(crate) names: Names,
     pub(crate) meter: DecisionMeter,
+    /// The share of each quota the store's local fallback enforces, if it has one.
+    pub(crate) local_share: Option<f64>,
 }
 
 /// The policy of a tier as it is now, and the header fields that describe it.
 pub(crate) struct LiveTier {
     pub(crate) policy: Policy,
     pub(crate) headers: PolicyHeaders,
+    /// The fields of the policy at the local fallback's share, for its decisions.
+    pub(crate) local_headers: Option<PolicyHeaders>,
     /// The policy's quotas, for the fields of a banned key's answer.
     pub(crate) rules: Box<[Rule]>,
 }
 
 impl LiveTier {
-    pub(crate) fn new(policy: Policy) -> Self {
+    /// `policy`, with the fields of its scaled quotas when the store has a local fallback
+    /// at `local_share`.
+    pub(crate) fn new(policy: Policy, local_share: Option<f64>) -> Self {
         LiveTier {
             headers: policy.headers(),
+            local_headers: local_share.and_then(|s| policy.scaled_headers(s)),
             rules: policy.quotas.iter().map(crate::Quota::rule).collect(),
             policy,
         }
@@ -66,6 +73,10 @@ pub(crate) const OUTCOMES: &[Verdict] = &[
     Verdict::FailOpen,
     #[cfg(feature = "redis")]
     Verdict::FailClosed,
+    #[cfg(feature = "redis")]
+    Verdict::LocalAllowed,
+    #[cfg(feature = "redis")]
+    Verdict::LocalLimited,
 ];
 
 /// Everything a layer's services share; `L` is the limiter type of the layer's store.
@@ -270,16 +281,21 @@ impl Answers {
     ) -> Result<Option<RateHeaders>, Response<B>> {
         let tier = &self.tiers[tier];
         let dry_run = self.observe.dry_run;
-        // A degraded decision knows nothing of the quotas: no fields that would say otherwise.
-        // An admission that will be settled renders its fields when it is (see `Settle`).
-        let settles = self.settle.is_some() && decision.is_allowed();
-        let headers = if decision.is_degraded() || settles || (dry_run && !self.dry_run_headers) {
+        // A decision of the failure policy knows nothing of the quotas: no fields that would
+        // say otherwise. One of the local fallback is a real decision on the scaled quotas:
+        // its fields say what it decided. An admission that will be settled renders its
+        // fields when it is (see `Settle`); a degraded one took nothing and is not settled.
+        let blind = decision.is_degraded() && !decision.is_local();
+        let settles = self.settle.is_some() && decision.is_allowed() && !decision.is_degraded();
+        let headers = if blind || settles || (dry_run && !self.dry_run_headers) {
             None
         } else {
             self.rate_headers(tier, &decision)
         };
         if decision.is_allowed() {
-            let verdict = if decision.is_degraded() {
+            let verdict = if decision.is_local() {
+                Verdict::LocalAllowed
+            } else if decision.is_degraded() {
                 Verdict::FailOpen
             } else {
                 Verdict::Allowed
@@ -302,8 +318,9 @@ impl Answers {
         req: &mut Request<ReqBody>,
         headers: Option<RateHeaders>,
     ) -> Result<Option<RateHeaders>, Response<B>> {
+        let blind = decision.is_degraded() && !decision.is_local();
         let (kind, status) = match decision.outcome() {
-            _ if decision.is_degraded() => (
+            _ if blind => (
                 RejectionKind::StoreUnavailable,
                 StatusCode::SERVICE_UNAVAILABLE,
             ),
@@ -314,12 +331,15 @@ impl Answers {
             Outcome::Banned => (RejectionKind::Banned, self.ban_status),
             _ => (RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS),
         };
-        let quota = if decision.is_degraded() {
+        let quota = if blind {
             None
         } else {
             observe::fired(&decision, cost)
         };
-        let verdict = Verdict::of_rejection(kind);
+        let verdict = match decision.outcome() {
+            Outcome::Limited if decision.is_local() => Verdict::LocalLimited,
+            _ => Verdict::of_rejection(kind),
+        };
         let retry_after = decision.retry_after();
         let dry_run = self.observe.dry_run;
         tier.meter.count(verdict, quota);
@@ -372,7 +392,12 @@ impl RateHeaders {
         RateHeaders {
             ietf: shared.headers.then(|| {
                 let live = tier.live.load();
-                (live.headers.policy(), live.headers.ratelimit(d))
+                // A decision of the local fallback reports the scaled quotas it decided on.
+                let headers = match &live.local_headers {
+                    Some(local) if d.is_local() => local,
+                    _ => &live.headers,
+                };
+                (headers.policy(), headers.ratelimit(d))
             }),
             legacy: shared.legacy_headers.then(|| crate::headers::Legacy::of(d)),
         }

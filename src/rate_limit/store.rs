@@ -46,6 +46,13 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
         penalty: Option<&PenaltyBox>,
     ) -> Result<Self::Limiter, ConfigError>;
 
+    /// The share of each quota its limiters enforce in this process when the store cannot
+    /// decide (Redis's local fallback), if they do.
+    #[doc(hidden)]
+    fn local_share(&self) -> Option<f64> {
+        None
+    }
+
     /// Replaces the quotas of `limiter` (and its clones) while serving.
     #[doc(hidden)]
     fn set_quotas(limiter: &Self::Limiter, quotas: &[Quota]) -> Result<(), ConfigError>;

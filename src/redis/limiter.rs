@@ -13,12 +13,12 @@ use arc_swap::ArcSwap;
 use super::ban::{BanCache, DECIDE, MAX_MICROS, PARDON, PEEK, STRIKE};
 use super::deny::DenyCache;
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
-use super::store::{Arg, FailMode, RedisStore, RETRY_WHEN_UNAVAILABLE};
+use super::store::{Arg, FailMode, RedisStore, Share, RETRY_WHEN_UNAVAILABLE};
 use crate::algo::{Rule, Window};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
-use crate::limiter::InsufficientCapacity;
+use crate::limiter::{InsufficientCapacity, RateLimiter};
 use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
 use crate::wait::Lines;
@@ -138,6 +138,36 @@ struct Inner<K> {
     decisions: Option<crate::observe::LimiterMeter>,
     /// The tasks of this process waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
+    /// The in-memory limiter on the scaled quotas that decides while Redis does not answer,
+    /// with [`FailMode::Local`].
+    fallback: Option<Fallback<K>>,
+}
+
+/// The local fallback: an in-memory limiter on the quotas at `share`.
+struct Fallback<K> {
+    limiter: RateLimiter<K>,
+    share: Share,
+}
+
+/// The in-memory limiter of [`FailMode::Local`]: `quotas` at `share`, decided on `clock`.
+fn fallback_limiter<K: Hash + Eq + Clone + Send + Sync>(
+    quotas: &[Quota],
+    share: Share,
+    clock: &Clock,
+) -> Result<RateLimiter<K>, ConfigError> {
+    let scaled = scaled(quotas, share)?;
+    let (first, rest) = scaled.split_first().ok_or(ConfigError::NoQuota)?;
+    rest.iter()
+        .fold(RateLimiter::builder(first.clone()), |b, q| {
+            b.quota(q.clone())
+        })
+        .clock(clock.clone())
+        .try_build()
+}
+
+/// `quotas`, each at `share`.
+fn scaled(quotas: &[Quota], share: Share) -> Result<Vec<Quota>, ConfigError> {
+    quotas.iter().map(|q| q.scaled(share.get())).collect()
 }
 
 /// A set of quotas and their numbers for the script, swapped as one.
@@ -288,6 +318,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         key_prefix.push(b':');
         let tag_guard = guard_fixed_part(&mut key_prefix);
         let clock = self.clock.unwrap_or_default();
+        let fallback = match self.store.on_failure {
+            FailMode::Local(share) => Some(Fallback {
+                limiter: fallback_limiter(&limits.quotas, share, &clock)?,
+                share,
+            }),
+            FailMode::Open | FailMode::Closed => None,
+        };
         let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
         let deny = (all_gcra && self.store.deny_cache > 0 && max_age > 0)
             .then(|| DenyCache::new(self.store.deny_cache, max_age));
@@ -330,6 +367,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                 #[cfg(feature = "metrics")]
                 decisions,
                 waiters: Lines::default(),
+                fallback,
             }),
         })
     }
@@ -517,6 +555,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let old = self.inner.limits.load();
         crate::limiter::check_replacement(&old.quotas, &quotas)?;
         let limits = Limits::replacing(quotas, &old.rules, self.now())?;
+        if let Some(f) = &self.inner.fallback {
+            f.limiter.set_quotas(scaled(&limits.quotas, f.share)?)?;
+        }
         self.inner.limits.store(Arc::new(limits));
         Ok(())
     }
@@ -668,11 +709,20 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 }
                 d
             }
-            None => Decision::degraded(
-                &limits.rules,
-                inner.store.on_failure == FailMode::Open,
-                RETRY_WHEN_UNAVAILABLE.as_nanos() as u64,
-            ),
+            None => self.unanswered(key, cost, &limits.rules),
+        }
+    }
+
+    /// The decision of the failure policy for a request Redis did not decide: the local
+    /// fallback's, or an admission or rejection that knows nothing of the key.
+    fn unanswered(&self, key: &K, cost: u32, rules: &[Rule]) -> Decision {
+        let retry = RETRY_WHEN_UNAVAILABLE.as_nanos() as u64;
+        match &self.inner.fallback {
+            Some(f) => {
+                let never = rules.iter().any(|r| u64::from(cost) > r.limit());
+                f.limiter.check_n(key, cost).made_locally(never, retry)
+            }
+            None => Decision::degraded(rules, self.inner.store.on_failure == FailMode::Open, retry),
         }
     }
 

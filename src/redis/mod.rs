@@ -58,6 +58,6 @@ mod store;
 pub use key::RedisKey;
 pub use limiter::{RedisRateLimiter, RedisRateLimiterBuilder};
 pub use store::{
-    FailMode, RedisStore, DEFAULT_DENY_CACHE, DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_PREFIX,
+    FailMode, RedisStore, Share, DEFAULT_DENY_CACHE, DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_PREFIX,
     DEFAULT_TIMEOUT,
 };

@@ -1,5 +1,6 @@
 //! [`RedisStore`]: the connection, its timeout and what happens when Redis does not answer.
 
+use crate::error::ConfigError;
 use crate::observe::{RedisMeter, StoreError};
 use std::fmt;
 use std::sync::{Arc, LazyLock};
@@ -39,7 +40,93 @@ pub enum FailMode {
     /// the HTTP layer answers `503 Service Unavailable` with `Retry-After: 1`
     /// ([`RejectionKind::StoreUnavailable`](crate::response::RejectionKind::StoreUnavailable)).
     Closed,
+    /// Decide in this process, with an in-memory limiter whose quotas are the policy's scaled
+    /// by a [`Share`]: the limit stays enforced during the outage, each instance at its share.
+    ///
+    /// Built with [`FailMode::local`]. Each limiter (each tier of a layer) keeps its own
+    /// in-memory state, keyed like Redis, with every quota scaled: count and burst multiplied
+    /// by the share and rounded down, at least 1 (the period and the kind are kept). With `n`
+    /// instances behind one Redis, a share of `1 / n` keeps their sum near the quota: during
+    /// an outage a key gets at most the scaled quota from each instance, so at most `n ×`
+    /// share of the quota in all.
+    ///
+    /// A decision made so is real: it is [`is_degraded`](crate::Decision::is_degraded) and
+    /// [`is_local`](crate::Decision::is_local), its quota states are those of the local
+    /// limiter, and the HTTP layer answers it as any other (`RateLimit` fields of the scaled
+    /// quotas, `429` with `Retry-After` when it rejects). A request whose cost is above a
+    /// scaled burst but within the policy's is rejected with a retry after one second, not as
+    /// never admissible: Redis may admit it once it is back.
+    ///
+    /// When Redis answers again, it decides again, from the state it kept: the requests
+    /// admitted locally were not counted there, so a key may get the scaled quota from each
+    /// instance during the outage and then whatever its Redis state allows, at most one
+    /// burst after a long outage (or after a restart that lost the state). The local state is
+    /// kept for the next outage; it only ever makes the fallback stricter.
+    Local(Share),
 }
+
+impl FailMode {
+    /// [`FailMode::Local`] at `share` of each quota: `0 < share <= 1`, else
+    /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
+    ///
+    /// ```
+    /// use tollgate::redis::FailMode;
+    /// // Four instances: each decides alone at a quarter of each quota while Redis is down.
+    /// let mode = FailMode::local(0.25).unwrap();
+    /// assert_eq!(mode, FailMode::local(0.25).unwrap());
+    /// assert!(FailMode::local(0.0).is_err());
+    /// assert!(FailMode::local(1.5).is_err());
+    /// assert!(FailMode::local(f64::NAN).is_err());
+    /// ```
+    pub fn local(share: f64) -> Result<FailMode, ConfigError> {
+        Share::new(share).map(FailMode::Local)
+    }
+}
+
+/// The part of each quota a [`FailMode::Local`] fallback enforces: a number in `(0, 1]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Share(f64);
+
+impl Share {
+    /// `share` of each quota, when `0 < share <= 1`; else
+    /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
+    pub fn new(share: f64) -> Result<Share, ConfigError> {
+        if share > 0.0 && share <= 1.0 {
+            Ok(Share(share))
+        } else {
+            Err(ConfigError::InvalidFallbackShare(format!("{share}")))
+        }
+    }
+
+    /// One `n`-th of each quota, for `n` instances that share one Redis; `n` of 0 is
+    /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
+    ///
+    /// ```
+    /// use tollgate::redis::Share;
+    /// assert_eq!(Share::one_in(4).unwrap().get(), 0.25);
+    /// assert!(Share::one_in(0).is_err());
+    /// ```
+    pub fn one_in(n: u32) -> Result<Share, ConfigError> {
+        if n == 0 {
+            return Err(ConfigError::InvalidFallbackShare("1/0".to_owned()));
+        }
+        Share::new(1.0 / f64::from(n))
+    }
+
+    /// The share, in `(0, 1]`.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+// A share is never NaN: equality is total.
+impl PartialEq for Share {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Share {}
 
 /// Retry time of a fail-closed decision.
 pub(crate) const RETRY_WHEN_UNAVAILABLE: Duration = Duration::from_secs(1);
@@ -302,8 +389,12 @@ pub(crate) enum Arg<'a> {
 
 fn log(line: &Line, error: Option<(&dyn fmt::Display, FailMode)>) {
     let mode = match error.map(|(_, m)| m) {
-        Some(FailMode::Closed) => "rejecting requests (fail closed)",
-        _ => "admitting requests (fail open)",
+        Some(FailMode::Closed) => "rejecting requests (fail closed)".to_owned(),
+        Some(FailMode::Local(share)) => format!(
+            "deciding in this process at {}% of each quota (local fallback)",
+            (share.get() * 10_000.0).round() / 100.0
+        ),
+        _ => "admitting requests (fail open)".to_owned(),
     };
     let error = error.map(|(e, _)| e.to_string()).unwrap_or_default();
     match line {
@@ -349,6 +440,13 @@ where
         crate::rate_limit::Answer::Later(Box::pin(
             async move { limiter.remote(&key, cost, now).await },
         ))
+    }
+
+    fn local_share(&self) -> Option<f64> {
+        match self.on_failure {
+            FailMode::Local(share) => Some(share.get()),
+            FailMode::Open | FailMode::Closed => None,
+        }
     }
 
     fn set_quotas(
