@@ -580,6 +580,62 @@ mod redis {
         server.resume();
     }
 
+    /// Redis unreachable with the local fallback: each decision is counted as the fallback
+    /// made it, `local_allowed` or `local_limited`, beside the Redis errors.
+    #[tokio::test]
+    async fn local_fallback_decisions_are_counted_as_local() {
+        let port = common::redis_server::free_port();
+        let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .timeout(Duration::from_millis(50))
+            .on_failure(FailMode::local(0.5).unwrap());
+        let (clock, _time) = Clock::manual();
+        let (layer, snap) = recorded(
+            || {
+                RateLimitLayer::new(Policy::new("local", Quota::per_minute(4)))
+                    .clock(clock.clone())
+                    .store(store.clone())
+            },
+            |l| {
+                let _ = l.clone().validate().unwrap();
+            },
+        );
+        let mut svc = ServiceBuilder::new().layer(layer).service_fn(ok);
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            got.push(status(&mut svc, from("a")).await);
+        }
+        assert_eq!(got, [200, 200, 429, 429, 429]);
+        assert_eq!(decisions(&snap, "local", "", "local_allowed", "false"), 2);
+        assert_eq!(decisions(&snap, "local", "", "local_limited", "false"), 3);
+        assert_eq!(decisions(&snap, "local", "", "fail_open", "false"), 0);
+        assert_eq!(decisions(&snap, "local", "local", "limited", "false"), 0);
+
+        // A Redis limiter used directly counts its own decisions the same way.
+        let (limiter, snap) = recorded(
+            || {
+                tollgate::redis::RedisRateLimiter::<u32>::builder(store, Quota::per_hour(2))
+                    .name("mail")
+                    .clock(clock)
+                    .build()
+            },
+            |_| {},
+        );
+        for _ in 0..3 {
+            assert!(limiter.check(&1).await.is_local());
+        }
+        let labels = |outcome| {
+            [
+                ("layer", "limiter"),
+                ("policy", "mail"),
+                ("outcome", outcome),
+                ("quota", ""),
+            ]
+        };
+        assert_eq!(counter(&snap, DECISIONS, &labels("local_allowed")), 1);
+        assert_eq!(counter(&snap, DECISIONS, &labels("local_limited")), 2);
+    }
+
     #[tokio::test]
     async fn a_redis_limiter_counts_its_decisions_and_calls() {
         let server = RedisServer::start();
