@@ -136,7 +136,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     /// tiers, costs, headers and responses are the same.
     ///
     /// With Redis, decisions wait for one round trip (bounded by the store's timeout, after
-    /// which its `redis::FailMode` decides). [`max_keys`](Self::max_keys) and
+    /// which its `redis::FailMode` decides: a local fallback's decisions are answered like
+    /// any other, with the fields of its scaled quotas). [`max_keys`](Self::max_keys) and
     /// [`on_full`](Self::on_full) are settings of the memory store: Redis expires idle keys
     /// itself, so a layer on Redis that sets either (before or after `store`) is an error,
     /// reported by [`validate`](Self::validate) and when the layer is applied.

@@ -71,7 +71,8 @@ fn ns_of(d: Option<Duration>) -> u64 {
 /// name ([`RedisKey`] says more).
 ///
 /// # When Redis does not answer
-/// See [`FailMode`]: the decision is admitted or rejected as configured, and says
+/// See [`FailMode`]: the decision is admitted or rejected as configured, or made by the local
+/// fallback on the scaled quotas (each limiter and its clones keep one local state), and says
 /// [`is_degraded`](Decision::is_degraded).
 ///
 /// # Round trips

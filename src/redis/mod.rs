@@ -43,10 +43,24 @@
 //! # Outages
 //! Each decision waits at most the store's timeout. On a timeout or an error the [`FailMode`]
 //! decides: fail open admits the request (the decision [`is_degraded`](crate::Decision::is_degraded),
-//! and no `RateLimit` fields are sent), fail closed answers `503` with `Retry-After: 1`. The
-//! connection is re-established in the background; decisions resume as soon as Redis answers.
-//! Logs (`tracing`, target `tollgate::redis`): the first error, then at most one line per 10 s
-//! counting the errors, then one line when Redis is back.
+//! and no `RateLimit` fields are sent), fail closed answers `503` with `Retry-After: 1`, and
+//! the local fallback ([`FailMode::local`]) decides in this process on each quota scaled to a
+//! share, a real decision ([`is_local`](crate::Decision::is_local)) answered with its
+//! `RateLimit` fields, or `429` and `Retry-After`. The connection is re-established in the
+//! background; decisions go back to Redis as soon as it answers, from the state it kept.
+//! Logs (`tracing`, target `tollgate::redis`): the first error (saying which policy decides),
+//! then at most one line per 10 s counting the errors, then one line when Redis is back.
+//!
+//! ```no_run
+//! use tollgate::redis::{FailMode, RedisStore};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! // Four instances: during an outage each decides alone, on a quarter of every quota.
+//! let store = RedisStore::connect("redis://127.0.0.1:6379")
+//!     .await?
+//!     .on_failure(FailMode::local(0.25)?);
+//! # let _ = store; Ok(()) }
+//! ```
 
 mod ban;
 mod deny;

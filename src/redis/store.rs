@@ -50,6 +50,12 @@ pub enum FailMode {
     /// an outage a key gets at most the scaled quota from each instance, so at most `n ×`
     /// share of the quota in all.
     ///
+    /// The local state of each limiter tracks at most 1 000 000 keys, as the memory store
+    /// does by default, forgetting idle keys first, then the active key nearest to idle
+    /// ([`OnFull::EvictNearestIdle`](crate::store::OnFull::EvictNearestIdle)). A penalty box
+    /// on Redis keeps the bans this instance already saw; no new strike is counted while Redis
+    /// is down.
+    ///
     /// A decision made so is real: it is [`is_degraded`](crate::Decision::is_degraded) and
     /// [`is_local`](crate::Decision::is_local), its quota states are those of the local
     /// limiter, and the HTTP layer answers it as any other (`RateLimit` fields of the scaled
