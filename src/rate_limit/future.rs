@@ -42,6 +42,8 @@ pub(crate) struct Taken<B: Backend<K>, K> {
     pub(crate) limiter: B::Limiter,
     pub(crate) key: K,
     pub(crate) cost: u32,
+    /// Taken from the store's local fallback (Redis unreachable), not from the store.
+    pub(crate) local: bool,
     /// When the layer settles the cost from the response: what it needs then. Boxed, so
     /// that layers that do not settle carry one word.
     pub(crate) settle: Option<Box<Settle>>,
@@ -215,11 +217,13 @@ where
                     };
                     // A degraded decision (Redis down, failing open) took nothing, nor did a
                     // rejection that a dry run lets through: nothing to give back or settle.
-                    let mut taken = if decision.is_degraded() || !decision.is_allowed() {
-                        None
-                    } else {
-                        d.taken.take()
-                    };
+                    // One of the local fallback took from the fallback's state.
+                    let took =
+                        decision.is_allowed() && (!decision.is_degraded() || decision.is_local());
+                    let mut taken = if took { d.taken.take() } else { None };
+                    if let Some(t) = taken.as_mut() {
+                        t.local = decision.is_local();
+                    }
                     if let Some(settle) = taken.as_mut().and_then(|t| t.settle.as_mut()) {
                         settle.admitted = Some(decision);
                     }
@@ -249,7 +253,7 @@ where
                             if let Some(h) = headers.take() {
                                 h.apply(response.headers_mut());
                             }
-                            match B::refund(&t.limiter, t.key, t.cost) {
+                            match B::refund(&t.limiter, t.key, t.cost, t.local) {
                                 Some(refunding) => Kind::Refunding {
                                     refunding,
                                     response: Some(response),
@@ -261,6 +265,7 @@ where
                             limiter,
                             key,
                             cost,
+                            local,
                             settle: Some(settle),
                         }) => {
                             // Settled from the response head; see `settle` for the rules.
@@ -274,7 +279,7 @@ where
                             let fields = if actual == cost {
                                 settle.admitted_headers()
                             } else {
-                                match B::settle(&limiter, key, cost, actual) {
+                                match B::settle(&limiter, key, cost, actual, local) {
                                     Answer::Now(d) => {
                                         settle.answers.settled_headers(settle.tier, &d)
                                     }

@@ -69,11 +69,12 @@ where
             Answer::Now(decision) => {
                 let decision = shared.strike(tier, &key, decision);
                 // What was taken goes with the response, to be given back if a layer inside
-                // rejects the request, or settled from the response; a degraded decision or a
-                // rejection let through by a dry run took nothing, nor did a cost of 0 unless
-                // the response may charge it.
+                // rejects the request, or settled from the response; a decision of a store's
+                // failure policy (not its local fallback) or a rejection let through by a dry
+                // run took nothing, nor did a cost of 0 unless the response may charge it.
                 let allowed = decision.is_allowed();
-                let took = shared.reserves(cost) && allowed && !decision.is_degraded();
+                let blind = decision.is_degraded() && !decision.is_local();
+                let took = shared.reserves(cost) && allowed && !blind;
                 let meter = &shared.answers.tiers[tier].meter;
                 meter.keys(!allowed, || B::tracked_keys(limiter));
                 let traced = shared.core.traced(&key);

@@ -47,7 +47,9 @@
 //!   as an outage and not retried: the response carries the header fields of the
 //!   reservation, and the key is settled once (the script had reached Redis) or not at all
 //!   (the reservation stands). A request admitted while Redis is down (failing open)
-//!   reserved nothing and settles nothing.
+//!   reserved nothing and settles nothing; one admitted by the local fallback
+//!   (`FailMode::Local`) reserved from the fallback's state, and is settled (or given back)
+//!   there, at once, even if Redis is back by then.
 //! * In dry-run mode an admitted request reserves and settles as when enforced; a would-be
 //!   rejection let through reserved nothing and settles nothing. A settlement is not counted
 //!   as a decision: see [the observe docs](crate::observe#settling-after-the-response).

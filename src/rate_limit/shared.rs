@@ -254,6 +254,7 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
             limiter: self.limiters[tier].clone(),
             key,
             cost,
+            local: admitted.is_some_and(|d| d.is_local()),
             settle: self.answers.settle.is_some().then(|| {
                 Box::new(Settle {
                     answers: self.answers.clone(),
@@ -284,9 +285,9 @@ impl Answers {
         // A decision of the failure policy knows nothing of the quotas: no fields that would
         // say otherwise. One of the local fallback is a real decision on the scaled quotas:
         // its fields say what it decided. An admission that will be settled renders its
-        // fields when it is (see `Settle`); a degraded one took nothing and is not settled.
+        // fields when it is (see `Settle`); a blind one took nothing and is not settled.
         let blind = decision.is_degraded() && !decision.is_local();
-        let settles = self.settle.is_some() && decision.is_allowed() && !decision.is_degraded();
+        let settles = self.settle.is_some() && decision.is_allowed() && !blind;
         let headers = if blind || settles || (dry_run && !self.dry_run_headers) {
             None
         } else {

@@ -64,7 +64,9 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     /// Gives back `cost` admitted for `key` earlier: done when this returns (memory), or when
     /// the returned future completes (Redis).
     #[doc(hidden)]
-    fn refund(limiter: &Self::Limiter, key: K, cost: u32) -> Option<Refunding>;
+    /// `local`: the admission was made by the store's local fallback (Redis unreachable),
+    /// whose state is given back instead.
+    fn refund(limiter: &Self::Limiter, key: K, cost: u32, local: bool) -> Option<Refunding>;
 
     /// How many keys the limiter tracks in this process, if it tracks them here.
     #[doc(hidden)]
@@ -75,9 +77,16 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     /// Settles a request that reserved `reserved` for `key` at the `actual` cost its response
     /// reported (different from `reserved`): gives back the difference, or charges it even
     /// over the limit. Answers the key's state after settling: at once (memory), or when the
-    /// future completes (Redis; `None` when Redis did not answer).
+    /// future completes (Redis; `None` when Redis did not answer). `local` as for
+    /// [`refund`](Self::refund).
     #[doc(hidden)]
-    fn settle(limiter: &Self::Limiter, key: K, reserved: u32, actual: u32) -> Answer<Settling>;
+    fn settle(
+        limiter: &Self::Limiter,
+        key: K,
+        reserved: u32,
+        actual: u32,
+        local: bool,
+    ) -> Answer<Settling>;
 }
 
 /// A refund that waits for the store.
@@ -166,7 +175,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
         Answer::Now(limiter.check_n(key, cost))
     }
 
-    fn refund(limiter: &RateLimiter<K>, key: K, cost: u32) -> Option<Refunding> {
+    fn refund(limiter: &RateLimiter<K>, key: K, cost: u32, _local: bool) -> Option<Refunding> {
         limiter.refund(&key, cost);
         None
     }
@@ -175,7 +184,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
         Some(limiter.len())
     }
 
-    fn settle(limiter: &RateLimiter<K>, key: K, reserved: u32, actual: u32) -> Answer<Settling> {
+    fn settle(
+        limiter: &RateLimiter<K>,
+        key: K,
+        reserved: u32,
+        actual: u32,
+        _local: bool,
+    ) -> Answer<Settling> {
         Answer::Now(limiter.settle(&key, reserved, actual))
     }
 }

@@ -727,6 +727,22 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         }
     }
 
+    /// Gives back a request of `cost` that the local fallback admitted for `key` (a layer
+    /// inside rejected it) to the fallback's state.
+    pub(crate) fn refund_locally(&self, key: &K, cost: u32) {
+        if let Some(f) = &self.inner.fallback {
+            f.limiter.refund(key, cost);
+        }
+    }
+
+    /// Settles a request the local fallback admitted, in the fallback's state: the key's
+    /// state there after settling (a local decision); `None` without a fallback.
+    pub(crate) fn settle_locally(&self, key: &K, reserved: u32, actual: u32) -> Option<Decision> {
+        let f = self.inner.fallback.as_ref()?;
+        let d = f.limiter.settle(key, reserved, actual);
+        Some(d.made_locally(true, 0))
+    }
+
     /// Gives back a request of `cost` admitted earlier for `key` (a layer inside rejected
     /// it), in one script call: each quota's time moves back by `cost` emission intervals,
     /// never before now. A cached rejection of the key is brought up to date (or dropped).

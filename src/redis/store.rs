@@ -463,19 +463,36 @@ where
     }
 
     /// One script call that moves the key's times back, and forgets a cached rejection of the
-    /// key that the refund makes stale.
-    fn refund(limiter: &Self::Limiter, key: K, cost: u32) -> Option<crate::rate_limit::Refunding> {
+    /// key that the refund makes stale; an admission of the local fallback is given back to
+    /// it, at once.
+    fn refund(
+        limiter: &Self::Limiter,
+        key: K,
+        cost: u32,
+        local: bool,
+    ) -> Option<crate::rate_limit::Refunding> {
+        if local {
+            limiter.refund_locally(&key, cost);
+            return None;
+        }
         let limiter = limiter.clone();
         Some(Box::pin(async move { limiter.refund(&key, cost).await }))
     }
 
-    /// One script call that gives back or charges the difference, and reports the state.
+    /// One script call that gives back or charges the difference, and reports the state; an
+    /// admission of the local fallback is settled there, at once.
     fn settle(
         limiter: &Self::Limiter,
         key: K,
         reserved: u32,
         actual: u32,
+        local: bool,
     ) -> crate::rate_limit::Answer<crate::rate_limit::Settling> {
+        if local {
+            if let Some(d) = limiter.settle_locally(&key, reserved, actual) {
+                return crate::rate_limit::Answer::Now(d);
+            }
+        }
         let limiter = limiter.clone();
         crate::rate_limit::Answer::Later(Box::pin(async move {
             limiter.settle(&key, reserved, actual).await
