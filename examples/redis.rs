@@ -12,11 +12,12 @@
 //! count against one limit. Redis is taken from `REDIS_URL` (default `redis://127.0.0.1:6379`).
 //!
 //! The seven requests print five `200 OK`s (`RateLimit: "api";r=4;...` down to `r=0`), then
-//! two `429 Too Many Requests`. The handler answers `hello; N more right now`, or
-//! `hello; degraded: Redis did not answer, admitted without counting` when the store failed
-//! and the layer failed open. Outages are logged through `tracing` (set up here with
-//! `tracing-subscriber`): stop the redis-server while the example serves and the log says so,
-//! once, then once per 10 s, then once when Redis is back.
+//! two `429 Too Many Requests`. The handler answers `hello; N more right now`. When Redis does
+//! not answer, each instance decides alone on half the limit (`FailMode::local(0.5)`: two
+//! instances, 2 per minute each, 5 × 0.5 rounded down), and the handler answers
+//! `hello; N more right now, decided here: Redis did not answer`. Outages are logged through
+//! `tracing` (set up here with `tracing-subscriber`): stop the redis-server while the example
+//! serves and the log says so, once, then once per 10 s, then once when Redis is back.
 
 use axum::body::Body;
 use axum::{routing::get, Router};
@@ -27,17 +28,23 @@ use tollgate::{Decision, Policy, Quota, RateLimitLayer};
 use tower::ServiceExt;
 
 async fn hello(decision: Decision) -> String {
-    if decision.is_degraded() {
-        // Fail-open admitted the request without Redis: there is no count to report.
-        "hello; degraded: Redis did not answer, admitted without counting\n".to_owned()
+    if decision.is_local() {
+        // Redis did not answer: this instance decided on its share of the limit.
+        format!(
+            "hello; {} more right now, decided here: Redis did not answer\n",
+            decision.remaining()
+        )
     } else {
         format!("hello; {} more right now\n", decision.remaining())
     }
 }
 
 /// One instance of the service: its own connection, the shared policy name.
-pub async fn instance(url: &str) -> Result<Router, redis::RedisError> {
-    let store = RedisStore::connect(url).await?.on_failure(FailMode::Open);
+pub async fn instance(url: &str) -> Result<Router, Box<dyn std::error::Error>> {
+    // Two instances: while Redis is down, each enforces half the limit on its own.
+    let store = RedisStore::connect(url)
+        .await?
+        .on_failure(FailMode::local(0.5)?);
     let limit = RateLimitLayer::new(Policy::new("api", Quota::per_minute(5)))
         .key(Header::new("x-api-key"))
         .store(store);

@@ -132,7 +132,8 @@ pub trait LimitStreamExt: Stream + Sized {
     /// Each part of an item's cost is one [`until_ready_n`] on the limiter: waiters of one key
     /// in this process queue in line, and a rejection from Redis sends the item to sleep for
     /// the retry time Redis gave. When Redis cannot be reached, the store's failure mode
-    /// decides, as for any decision.
+    /// decides, as for any decision; with the local fallback, a part larger than a scaled
+    /// burst waits (a second at a time) until Redis answers again.
     ///
     /// [`until_ready_n`]: crate::redis::RedisRateLimiter::until_ready_n
     #[cfg(feature = "redis")]

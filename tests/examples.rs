@@ -693,7 +693,7 @@ async fn stacked_twelve_in_a_row_ten_then_429() {
 
 #[cfg(feature = "redis")]
 #[tokio::test]
-async fn redis_two_instances_share_five_per_minute_and_say_degraded_when_redis_is_gone() {
+async fn redis_two_instances_share_five_per_minute_and_each_take_half_when_redis_is_gone() {
     let mut server = common::redis_server::RedisServer::start();
     let a = redis_example::instance(&server.url()).await.unwrap();
     let b = redis_example::instance(&server.url()).await.unwrap();
@@ -726,14 +726,31 @@ async fn redis_two_instances_share_five_per_minute_and_say_degraded_when_redis_i
     assert_eq!(seen, expected);
     assert_eq!(send(&a, get("/nope")).await.status, StatusCode::NOT_FOUND);
 
-    // Fail open: with Redis gone, requests are admitted and the handler says so.
+    // With Redis gone, each instance decides alone on half the limit (2 of 5), and the
+    // handler says so.
     server.kill();
-    let ans = send(&a, curl(Method::GET, "/", &[("x-api-key", "other")])).await;
-    assert_eq!(ans.status, StatusCode::OK);
-    assert_eq!(
-        ans.body,
-        "hello; degraded: Redis did not answer, admitted without counting\n"
-    );
+    for (app, name) in [(&a, "A"), (&b, "B")] {
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let ans = send(app, curl(Method::GET, "/", &[("x-api-key", "other")])).await;
+            seen.push((ans.status.as_u16(), ans.body));
+        }
+        assert_eq!(
+            seen,
+            [
+                (
+                    200,
+                    "hello; 1 more right now, decided here: Redis did not answer\n".to_owned()
+                ),
+                (
+                    200,
+                    "hello; 0 more right now, decided here: Redis did not answer\n".to_owned()
+                ),
+                (429, "Too Many Requests\n".to_owned()),
+            ],
+            "instance {name}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
