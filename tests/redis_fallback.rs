@@ -209,14 +209,16 @@ async fn a_concurrent_flood_during_an_outage_gets_exactly_the_share() {
 /// during the outage, and once Redis answers it decides from its (empty) state: one burst,
 /// no more, and nothing the fallback admitted is added on top.
 #[tokio::test]
-async fn redis_killed_then_restarted_empty_decides_again_with_no_extra_burst() {
+async fn redis_killed_then_restarted_empty_decides_again_with_no_extra_burst_nor_fresh_share() {
     let _serial = serial().await;
     let mut server = RedisServer::start();
     let store = RedisStore::connect(&server.url())
         .await
         .unwrap()
         .timeout(TIMEOUT)
-        .on_failure(FailMode::local(0.5).unwrap());
+        .on_failure(FailMode::local(0.5).unwrap())
+        // Every decision asks Redis: none is answered by a rejection it cached.
+        .deny_cache(0);
     let (clock, _time) = Clock::manual();
     let limiter = limiter(store, &[Quota::per_hour(10)], "killed", clock);
     for n in 1..=4 {
@@ -251,6 +253,13 @@ async fn redis_killed_then_restarted_empty_decides_again_with_no_extra_burst() {
         after += u32::from(d.is_allowed());
     }
     assert_eq!(after, 10);
+
+    // A second outage finds the fallback's state as the first left it: no fresh share.
+    server.kill();
+    let d = timed(&limiter, 1, 1).await;
+    assert!(d.is_local());
+    assert_eq!(d.outcome(), Outcome::Limited);
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(720)));
 }
 
 /// Redis paused (SIGSTOP): every decision times out and the fallback decides, at its share.
