@@ -63,6 +63,11 @@ pub enum FailMode {
     /// scaled burst but within the policy's is rejected with a retry after one second, not as
     /// never admissible: Redis may admit it once it is back.
     ///
+    /// Each decision still asks Redis first and waits for it up to the store's
+    /// [`timeout`](RedisStore::timeout): during an outage every request takes that long
+    /// before the fallback decides (whether Redis refuses connections, is gone or hangs),
+    /// and Redis is used again from the first request it answers. Keep the timeout short.
+    ///
     /// When Redis answers again, it decides again, from the state it kept: the requests
     /// admitted locally were not counted there, so a key may get the scaled quota from each
     /// instance during the outage and then whatever its Redis state allows, at most one
