@@ -62,10 +62,9 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> Answer<Self::Later>;
 
     /// Gives back `cost` admitted for `key` earlier: done when this returns (memory), or when
-    /// the returned future completes (Redis).
+    /// the returned future completes (Redis). `local`: the admission was made by the store's
+    /// local fallback (Redis unreachable), whose state is given back instead.
     #[doc(hidden)]
-    /// `local`: the admission was made by the store's local fallback (Redis unreachable),
-    /// whose state is given back instead.
     fn refund(limiter: &Self::Limiter, key: K, cost: u32, local: bool) -> Option<Refunding>;
 
     /// How many keys the limiter tracks in this process, if it tracks them here.
