@@ -492,6 +492,31 @@ mod http_layer {
         assert_eq!(header(&resp, "ratelimit"), Some("\"api\";r=0;t=60"));
     }
 
+    /// A change through the layer's handle reaches the fallback: its decisions and its
+    /// fields are those of the new quotas, scaled.
+    #[tokio::test]
+    async fn a_change_while_serving_is_scaled_for_the_fallback_and_its_fields() {
+        let _serial = serial().await;
+        let (clock, _time) = Clock::manual();
+        let layer = RateLimitLayer::new(Policy::new("api", Quota::per_minute(4)))
+            .key(Header::new("x-key"))
+            .clock(clock)
+            .store(unreachable(0.5));
+        let handle = layer.handle().unwrap();
+        let app = Router::new().route("/", get(handler)).layer(layer);
+        handle.set_default_quotas([Quota::per_minute(8)]).unwrap();
+        for left in (0..4).rev() {
+            let resp = app.clone().oneshot(req("k")).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            assert_eq!(header(&resp, "ratelimit-policy"), Some("\"api\";q=4;w=60"));
+            let want = format!("\"api\";r={left};t={}", 15 * (4 - left));
+            assert_eq!(header(&resp, "ratelimit"), Some(want.as_str()));
+        }
+        let resp = app.clone().oneshot(req("k")).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&resp, "retry-after"), Some("15"));
+    }
+
     /// A layer that counts only failures: during the outage the fallback reserves each
     /// request's cost, and gives it back when the response does not count, as Redis would;
     /// a layer inside that rejects gets the cost given back too.
