@@ -128,6 +128,8 @@ pub enum ConfigError {
     AllowKeyBeforeKey,
     /// A penalty box setting cannot work; the text says which and why.
     InvalidPenaltyBox(&'static str),
+    /// A Redis [`Lease`](crate::redis::Lease) setting is out of range; the text says which.
+    InvalidLease(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -237,6 +239,7 @@ impl fmt::Display for ConfigError {
                  allow_key after key",
             ),
             ConfigError::InvalidPenaltyBox(why) => write!(f, "penalty box: {why}"),
+            ConfigError::InvalidLease(why) => write!(f, "lease: {why}"),
         }
     }
 }

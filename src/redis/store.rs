@@ -80,6 +80,7 @@ pub struct RedisStore {
     pub(crate) on_failure: FailMode,
     pub(crate) deny_cache: usize,
     pub(crate) deny_max_age: Duration,
+    pub(crate) lease: Option<super::Lease>,
     outage: Arc<Outage>,
 }
 
@@ -98,6 +99,7 @@ impl fmt::Debug for RedisStore {
             .field("on_failure", &self.on_failure)
             .field("deny_cache", &self.deny_cache)
             .field("deny_cache_max_age", &self.deny_max_age)
+            .field("lease", &self.lease)
             .finish()
     }
 }
@@ -121,6 +123,7 @@ impl RedisStore {
             on_failure: FailMode::default(),
             deny_cache: DEFAULT_DENY_CACHE,
             deny_max_age: DEFAULT_DENY_CACHE_MAX_AGE,
+            lease: None,
             outage: Arc::default(),
         }
     }
@@ -214,6 +217,26 @@ impl RedisStore {
     #[must_use]
     pub fn deny_cache_max_age(mut self, max_age: Duration) -> Self {
         self.deny_max_age = max_age;
+        self
+    }
+
+    /// Leases hot keys' quota in batches (see [`Lease`](super::Lease)): an instance takes
+    /// several units of a key in one script call and admits requests from them without a
+    /// round trip, never more than it took. Off by default. Serves policies whose quotas are
+    /// all GCRA and that have no penalty box; the others ask Redis for every decision.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), redis::RedisError> {
+    /// use std::time::Duration;
+    /// use tollgate::redis::{Lease, RedisStore};
+    ///
+    /// let store = RedisStore::open("redis://127.0.0.1:6379")?
+    ///     .lease(Lease::new(50, Duration::from_millis(100)));
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn lease(mut self, lease: super::Lease) -> Self {
+        self.lease = Some(lease);
         self
     }
 
