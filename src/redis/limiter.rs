@@ -743,7 +743,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             None => {
                 inner
                     .store
-                    .eval(&self.redis_key(key), &args[..n], &inner.meter)
+                    .eval(
+                        &self.redis_key(key),
+                        &args[..n],
+                        limits.gcras.len() == limits.rules.len(),
+                        &inner.meter,
+                    )
                     .await
             }
         };
@@ -819,7 +824,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let (args, n) = self.script_args(&limits.rules, Arg::Bytes(cost.as_bytes()), now);
         let reply = inner
             .store
-            .eval(&self.redis_key(key), &args[..n], &inner.meter)
+            .eval(
+                &self.redis_key(key),
+                &args[..n],
+                limits.gcras.len() == limits.rules.len(),
+                &inner.meter,
+            )
             .await?;
         match decision_of(&limits.rules, &reply) {
             Some(d) => {
