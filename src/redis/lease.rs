@@ -153,6 +153,9 @@ pub(crate) struct Plan {
     pub(crate) give_back: u32,
     /// How many units to ask Redis for: the request's cost, and more to hold.
     pub(crate) batch: u32,
+    /// Another request of this instance is taking a batch of the key: wait for it (see
+    /// [`Leases::taken`]) and try the lease again before asking Redis.
+    pub(crate) wait: bool,
 }
 
 /// The leases of one limiter.
@@ -164,6 +167,8 @@ pub(crate) struct Leases<K> {
     /// Bumped when the quotas change: units taken under other quotas are not used.
     generation: AtomicU64,
     served: AtomicU64,
+    /// Woken when a batch arrives or is refused, for the requests that wait for it.
+    batches: tokio::sync::Notify,
 }
 
 impl<K: Hash + Eq + Clone> Leases<K> {
@@ -174,6 +179,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             hold: u64::try_from(lease.hold.as_nanos()).unwrap_or(u64::MAX),
             generation: AtomicU64::new(0),
             served: AtomicU64::new(0),
+            batches: tokio::sync::Notify::new(),
         }
     }
 
@@ -236,6 +242,14 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             || now,
             |h, _| {
                 let mut give_back = 0;
+                if h.generation == generation && now < h.until && now < h.pending_until {
+                    // Another request is taking a batch: this one waits for it.
+                    return Plan {
+                        give_back,
+                        batch: cost,
+                        wait: true,
+                    };
+                }
                 if h.generation != generation {
                     // Taken under other quotas: dropped (they are not the ones in force).
                     let batch = h.batch;
@@ -253,24 +267,22 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                     h.batch = h.batch.saturating_mul(2);
                 }
                 h.batch = h.batch.clamp(1, max_batch.max(1));
-                if now < h.pending_until {
-                    // Another request is taking a batch: this one asks for its cost alone.
-                    return Plan {
-                        give_back,
-                        batch: cost,
-                    };
-                }
                 let batch = h.batch.max(cost);
                 if batch > cost {
                     h.pending_until = now.saturating_add(hold);
                 }
-                Plan { give_back, batch }
+                Plan {
+                    give_back,
+                    batch,
+                    wait: false,
+                }
             },
             |_| {
                 Absent::Insert(
                     Plan {
                         give_back: 0,
                         batch: cost,
+                        wait: false,
                     },
                     fresh,
                 )
@@ -279,6 +291,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
         batch.unwrap_or(Plan {
             give_back: 0,
             batch: cost,
+            wait: false,
         })
     }
 
@@ -327,6 +340,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             // and come back in Redis within the burst period.
             |_| Absent::Done(*d),
         );
+        self.batches.notify_waiters();
         recorded.unwrap_or(*d)
     }
 
@@ -340,6 +354,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             h.pending_until = 0;
             true
         });
+        self.batches.notify_waiters();
     }
 
     /// Takes every unit held (of the quotas in force), for them to be given back.
@@ -378,9 +393,20 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             .collect()
     }
 
+    /// A future that completes when a batch arrives or is refused; to be created (and
+    /// enabled) before [`plan`](Self::plan), so that no batch arriving in between is missed.
+    pub(crate) fn taken(&self) -> tokio::sync::futures::Notified<'_> {
+        self.batches.notified()
+    }
+
     /// The quotas changed: units held under the old ones are not used.
     pub(crate) fn quotas_changed(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How long a lease is used at most.
+    pub(crate) fn hold(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.hold)
     }
 
     /// Requests served from leases.

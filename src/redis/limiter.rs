@@ -353,6 +353,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     }
 }
 
+/// How many batches of other requests a request waits for at most before it asks Redis for
+/// its own cost.
+const MAX_LEASE_WAITS: u32 = 3;
+
 /// The largest integer the script's numbers (Lua doubles) hold exactly.
 const EXACT: u128 = 1 << 53;
 
@@ -672,8 +676,28 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             return self.decide(key, cost, now).await;
         };
         let limits = inner.limits.load_full();
-        let max_fit = limits.gcras.iter().map(Gcra::burst).min().unwrap_or(1);
-        let plan = leases.plan(key, now, cost, u32::try_from(max_fit).unwrap_or(u32::MAX));
+        let max_fit = u32::try_from(limits.gcras.iter().map(Gcra::burst).min().unwrap_or(1))
+            .unwrap_or(u32::MAX);
+        let mut plan;
+        let mut waits = 0;
+        loop {
+            let taken = leases.taken();
+            let mut taken = std::pin::pin!(taken);
+            taken.as_mut().enable();
+            plan = leases.plan(key, self.now().max(now), cost, max_fit);
+            // Another request of this instance is taking a batch: its answer comes as soon as
+            // this request's own would, and may serve it. A few times at most, then the
+            // request asks Redis for its cost alone.
+            if !plan.wait || waits == MAX_LEASE_WAITS {
+                break;
+            }
+            waits += 1;
+            let wait = inner.store.timeout.min(leases.hold());
+            let _ = tokio::time::timeout(wait, taken).await;
+            if let Some(d) = leases.serve(key, &limits.gcras, self.now(), cost) {
+                return d;
+            }
+        }
         if plan.give_back > 0 {
             self.refund(key, plan.give_back).await;
         }
