@@ -16,14 +16,23 @@
 //!   window, sliding log (10 000 per second, so each key's sorted set holds the ~1 000 requests
 //!   of its last second), sliding counter, and one policy with all four.
 //!
+//! * **client floor**: the same 64 tasks sending `EVALSHA` of `return 1` through one
+//!   multiplexed `redis` connection, as the store does: what the client and one connection cost
+//!   before any script work;
+//! * **one hot key** shared by 3 instances (separate connections, 64 tasks spread over them),
+//!   with a limit of a million per second (one per µs, the highest rate a Redis quota takes,
+//!   which the leased fleet reaches): the memory store, Redis without a lease and Redis with a
+//!   [`Lease`](tollgate::redis::Lease) of 50 units for 100 ms, with the Redis calls per
+//!   decision counted by `INFO commandstats`.
+//!
 //! Prints decisions/s, the ratio to the floor, and p50/p99 latency of each.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tollgate::redis::{RedisRateLimiter, RedisStore};
-use tollgate::Quota;
+use tollgate::redis::{Lease, RedisRateLimiter, RedisStore};
+use tollgate::{Quota, RateLimiter};
 
 const CALLERS: usize = 64;
 const RUN: Duration = Duration::from_secs(3);
@@ -81,6 +90,31 @@ struct Figures {
     per_sec: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// The server's own time per `EVALSHA` in the run (`INFO commandstats`), µs.
+    server_us: f64,
+}
+
+/// Zeroes the server's command statistics.
+fn reset_stats(port: u16) {
+    cli(port, &["CONFIG", "RESETSTAT"]);
+}
+
+/// `EVALSHA` calls and the server's µs per call since the last reset.
+fn evalsha_stats(port: u16) -> (u64, f64) {
+    let info = cli(port, &["INFO", "commandstats"]);
+    let Some(line) = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+    else {
+        return (0, 0.0);
+    };
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field("calls=") as u64, field("usec_per_call="))
 }
 
 /// `redis-benchmark` on `EVALSHA <sha of "return 1"> 0`, 64 connections.
@@ -107,7 +141,128 @@ fn floor(port: u16) -> Figures {
         per_sec: cols[0],
         p50_ms: cols[3],
         p99_ms: cols[5],
+        server_us: f64::NAN,
     }
+}
+
+/// Runs `CALLERS` tasks calling `call(task)` for `period`; the latencies in µs and the time.
+async fn drive<F, Fut>(period: Duration, call: F) -> (Vec<u32>, Duration)
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let tasks: Vec<_> = (0..CALLERS as u64)
+        .map(|task| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let end = Instant::now() + period;
+                let mut lat = Vec::with_capacity(100_000);
+                while Instant::now() < end {
+                    let t = Instant::now();
+                    call(task).await;
+                    lat.push(t.elapsed().as_micros() as u32);
+                }
+                lat
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    (all, start.elapsed())
+}
+
+fn figures(mut lat: Vec<u32>, took: Duration, server_us: f64) -> Figures {
+    lat.sort_unstable();
+    let pct = |p: f64| f64::from(lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)]) / 1e3;
+    Figures {
+        per_sec: lat.len() as f64 / took.as_secs_f64(),
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        server_us,
+    }
+}
+
+/// `EVALSHA` of `return 1` through one multiplexed connection of the `redis` crate.
+async fn client_floor(port: u16) -> Figures {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("url");
+    let conn = redis::aio::ConnectionManager::new(client)
+        .await
+        .expect("connect");
+    let script = redis::Script::new("return 1");
+    let call = move |_| {
+        let mut conn = conn.clone();
+        let script = script.clone();
+        async move {
+            let one: i64 = script.invoke_async(&mut conn).await.expect("evalsha");
+            assert_eq!(one, 1);
+        }
+    };
+    let _warm = drive(Duration::from_millis(300), call.clone()).await;
+    reset_stats(port);
+    let (lat, took) = drive(RUN, call).await;
+    figures(lat, took, evalsha_stats(port).1)
+}
+
+/// Where one hot key is decided.
+#[derive(Clone, Copy)]
+enum Hot {
+    Memory,
+    Redis,
+    Leased,
+}
+
+/// 3 instances deciding one key, the 64 tasks spread over them; returns the figures and the
+/// Redis calls per decision.
+async fn hot_key(port: u16, how: Hot) -> (Figures, f64) {
+    let quota = Quota::per_second(1_000_000).burst(1_000_000);
+    let name = match how {
+        Hot::Memory => "hot-memory",
+        Hot::Redis => "hot-redis",
+        Hot::Leased => "hot-leased",
+    };
+    let mut redis = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::connect(&format!("redis://127.0.0.1:{port}"))
+            .await
+            .expect("connect")
+            .timeout(Duration::from_secs(1));
+        let store = match how {
+            Hot::Leased => store.lease(Lease::new(50, Duration::from_millis(100))),
+            _ => store,
+        };
+        redis.push(
+            RedisRateLimiter::<u64>::builder(store, quota.clone())
+                .name(name)
+                .build(),
+        );
+    }
+    // The memory store decides a million a second on one key: its quota never limits.
+    let memory = RateLimiter::<u64>::new(Quota::per_second(1_000_000_000).burst(1_000_000_000));
+    let call = move |task: u64| {
+        let memory = memory.clone();
+        let limiter = redis[(task % 3) as usize].clone();
+        async move {
+            let d = match how {
+                Hot::Memory => {
+                    let d = memory.check(&0);
+                    // Yield as a Redis call would, so the tasks take turns alike.
+                    tokio::task::yield_now().await;
+                    d
+                }
+                _ => limiter.check(&0).await,
+            };
+            assert!(d.is_allowed() && !d.is_degraded(), "{name}: {d:?}");
+        }
+    };
+    let _warm = drive(Duration::from_millis(300), call.clone()).await;
+    reset_stats(port);
+    let (lat, took) = drive(RUN, call).await;
+    let n = lat.len() as f64;
+    let (calls, server_us) = evalsha_stats(port);
+    (figures(lat, took, server_us), calls as f64 / n)
 }
 
 async fn measure(port: u16, name: &str, quotas: Vec<Quota>) -> Figures {
@@ -148,14 +303,9 @@ async fn measure(port: u16, name: &str, quotas: Vec<Quota>) -> Figures {
         }
     };
     let _warm = run(Duration::from_millis(300)).await;
-    let (mut lat, took) = run(RUN).await;
-    lat.sort_unstable();
-    let pct = |p: f64| f64::from(lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)]) / 1e3;
-    Figures {
-        per_sec: lat.len() as f64 / took.as_secs_f64(),
-        p50_ms: pct(0.50),
-        p99_ms: pct(0.99),
-    }
+    reset_stats(port);
+    let (lat, took) = run(RUN).await;
+    figures(lat, took, evalsha_stats(port).1)
 }
 
 fn main() {
@@ -173,6 +323,21 @@ fn main() {
             Quota::per_day(1_000_000_000),
         ],
     ));
+    let client = rt.block_on(client_floor(port));
+    let hot = [
+        (
+            "hot key: memory store",
+            rt.block_on(hot_key(port, Hot::Memory)),
+        ),
+        (
+            "hot key: Redis, no lease",
+            rt.block_on(hot_key(port, Hot::Redis)),
+        ),
+        (
+            "hot key: Redis, lease 50 / 100 ms",
+            rt.block_on(hot_key(port, Hot::Leased)),
+        ),
+    ];
     let second = Duration::from_secs(1);
     let gcra = || Quota::per_second(1_000_000).burst(1_000_000);
     let fixed = || Quota::fixed_window(1_000_000, second);
@@ -201,8 +366,8 @@ fn main() {
     println!();
     println!("Redis decisions, {CALLERS} concurrent callers, redis-server on 127.0.0.1:{port}");
     println!(
-        "{:<48} {:>12} {:>9} {:>9}",
-        "", "calls/s", "p50 ms", "p99 ms"
+        "{:<48} {:>12} {:>9} {:>9} {:>10}",
+        "", "calls/s", "p50 ms", "p99 ms", "server µs"
     );
     println!(
         "{:<48} {:>12.0} {:>9.3} {:>9.3}",
@@ -212,17 +377,43 @@ fn main() {
         floor.p99_ms
     );
     println!(
-        "{:<48} {:>12.0} {:>9.3} {:>9.3}",
-        "tollgate: check(), 2 quotas, 1 connection", ours.per_sec, ours.p50_ms, ours.p99_ms
+        "{:<48} {:>12.0} {:>9.3} {:>9.3} {:>10.2}",
+        "tollgate: check(), 2 quotas, 1 connection",
+        ours.per_sec,
+        ours.p50_ms,
+        ours.p99_ms,
+        ours.server_us
     );
     println!("ratio to the floor: {:.2}", ours.per_sec / floor.per_sec);
+    println!(
+        "{:<48} {:>12.0} {:>9.3} {:>9.3} {:>10.2}   ratio {:.2}",
+        "client floor: EVALSHA 'return 1', 1 connection",
+        client.per_sec,
+        client.p50_ms,
+        client.p99_ms,
+        client.server_us,
+        client.per_sec / floor.per_sec
+    );
+    println!(
+        "tollgate over the client floor: {:.2}",
+        ours.per_sec / client.per_sec
+    );
+    println!();
+    println!("One hot key, 3 instances, {CALLERS} callers, 1 000 000/s burst 1 000 000:");
+    for (label, (f, per_decision)) in &hot {
+        println!(
+            "{:<48} {:>12.0} {:>9.3} {:>9.3} {:>10.2}   Redis calls per decision {:.3}",
+            label, f.per_sec, f.p50_ms, f.p99_ms, f.server_us, per_decision
+        );
+    }
     for (label, f) in &per_kind {
         println!(
-            "{:<48} {:>12.0} {:>9.3} {:>9.3}   ratio {:.2}",
+            "{:<48} {:>12.0} {:>9.3} {:>9.3} {:>10.2}   ratio {:.2}",
             label,
             f.per_sec,
             f.p50_ms,
             f.p99_ms,
+            f.server_us,
             f.per_sec / floor.per_sec
         );
     }

@@ -131,6 +131,8 @@ pub enum ConfigError {
     /// The share of each quota a Redis store's local fallback enforces was not
     /// `0 < share <= 1` (the value given).
     InvalidFallbackShare(String),
+    /// A Redis [`Lease`](crate::redis::Lease) setting is out of range; the text says which.
+    InvalidLease(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -245,6 +247,7 @@ impl fmt::Display for ConfigError {
                 "the local fallback's share of each quota must be above 0 and at most 1 \
                  (got {given})"
             ),
+            ConfigError::InvalidLease(why) => write!(f, "lease: {why}"),
         }
     }
 }

@@ -13,6 +13,7 @@ use arc_swap::ArcSwap;
 use super::ban::{BanCache, DECIDE, MAX_MICROS, PARDON, PEEK, STRIKE};
 use super::deny::DenyCache;
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
+use super::lease::Leases;
 use super::store::{Arg, FailMode, RedisStore, Share, RETRY_WHEN_UNAVAILABLE};
 use crate::algo::{Rule, Window};
 use crate::clock::Clock;
@@ -86,6 +87,11 @@ fn ns_of(d: Option<Duration>) -> u64 {
 /// [`local_rejections`](Self::local_rejections). The deny cache serves policies whose quotas
 /// are all GCRA; a policy with a window quota asks Redis for every decision.
 ///
+/// With a [`Lease`](super::Lease) on the store, a hot key's admissions come from batches
+/// taken from Redis in one call each (see [`leased`](Self::leased)): the fleet never admits
+/// more than Redis gave out, and falls short of the limit by at most `max_batch` units per
+/// instance.
+///
 /// # Window quotas
 /// Windows are counted in whole microseconds (a window is rounded up to the microsecond).
 /// The script's numbers are Lua doubles, exact below 2^53: a
@@ -130,6 +136,8 @@ struct Inner<K> {
     /// Whether to send the clock's time to the script rather than use the server's `TIME`.
     local_time: bool,
     deny: Option<DenyCache<K>>,
+    /// Batches of hot keys' quota taken from Redis, handed out locally.
+    leases: Option<Leases<K>>,
     /// The penalty box, decided in Redis with the quotas.
     penalty: Option<Penalty<K>>,
     /// Its script calls, in the metrics.
@@ -329,6 +337,15 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
         let deny = (all_gcra && self.store.deny_cache > 0 && max_age > 0)
             .then(|| DenyCache::new(self.store.deny_cache, max_age));
+        if let Some(lease) = &self.store.lease {
+            lease.validate()?;
+        }
+        // Strikes must reach Redis one by one, and window quotas cannot lend their units.
+        let leases = self
+            .store
+            .lease
+            .filter(|_| all_gcra && self.penalty.is_none())
+            .map(|lease| Leases::new(&lease));
         let penalty = self.penalty.as_ref().map(|p| {
             let mut prefix = self.store.prefix.to_vec();
             prefix.extend_from_slice(b"ban:");
@@ -363,6 +380,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                 tag_guard,
                 store: self.store,
                 deny,
+                leases,
                 penalty,
                 meter: crate::observe::RedisMeter::new(&self.name),
                 #[cfg(feature = "metrics")]
@@ -373,6 +391,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         })
     }
 }
+
+/// How many batches of other requests a request waits for at most before it asks Redis for
+/// its own cost.
+const MAX_LEASE_WAITS: u32 = 3;
 
 /// The largest integer the script's numbers (Lua doubles) hold exactly.
 const EXACT: u128 = 1 << 53;
@@ -560,6 +582,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             f.limiter.set_quotas(scaled(&limits.quotas, f.share)?)?;
         }
         self.inner.limits.store(Arc::new(limits));
+        if let Some(leases) = &self.inner.leases {
+            leases.quotas_changed();
+        }
         Ok(())
     }
 
@@ -577,6 +602,25 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// saved.
     pub fn local_rejections(&self) -> u64 {
         self.inner.deny.as_ref().map_or(0, DenyCache::saved)
+    }
+
+    /// How many requests were admitted from a [`Lease`](super::Lease), each a round trip
+    /// saved.
+    pub fn leased(&self) -> u64 {
+        self.inner.leases.as_ref().map_or(0, Leases::served)
+    }
+
+    /// Gives back to Redis every unit this limiter holds under a [`Lease`](super::Lease), one
+    /// script call per key (e.g. when the instance shuts down). Units that Redis does not take
+    /// back in time are lost to the fleet until the key recovers on its own, within its burst
+    /// period.
+    pub async fn return_leases(&self) {
+        let Some(leases) = &self.inner.leases else {
+            return;
+        };
+        for (key, units) in leases.drain() {
+            self.refund(&key, units).await;
+        }
     }
 
     /// The Redis key that holds the state of `key`: `<prefix><name length>:<name>:<key>`,
@@ -604,8 +648,14 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         if cost == 0 {
             return None;
         }
+        let limits = self.inner.limits.load();
+        if let Some(leases) = &self.inner.leases {
+            if let Some(d) = leases.serve(key, &limits.gcras, now, cost) {
+                return Some(d);
+            }
+        }
         let deny = self.inner.deny.as_ref()?;
-        deny.check(key, &self.inner.limits.load().gcras, now, cost)
+        deny.check(key, &limits.gcras, now, cost)
     }
 
     /// The script's arguments after the key: the cost (negative for a refund), the time sent
@@ -660,8 +710,101 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         (args, used)
     }
 
-    /// The decision of Redis, or of the failure policy.
+    /// The decision of Redis, or of the failure policy; with a [`Lease`](super::Lease), a
+    /// batch for the key taken with it when the key is hot.
     pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
+        let inner = &*self.inner;
+        let Some(leases) = inner.leases.as_ref().filter(|_| cost > 0) else {
+            return self.decide(key, cost, now).await;
+        };
+        let limits = inner.limits.load_full();
+        let max_fit = u32::try_from(limits.gcras.iter().map(Gcra::burst).min().unwrap_or(1))
+            .unwrap_or(u32::MAX);
+        let mut plan;
+        let mut waits = 0;
+        loop {
+            let taken = leases.taken();
+            let mut taken = std::pin::pin!(taken);
+            taken.as_mut().enable();
+            plan = leases.plan(key, self.now().max(now), cost, max_fit);
+            // Another request of this instance is taking a batch: its answer comes as soon as
+            // this request's own would, and may serve it. A few times at most, then the
+            // request asks Redis for its cost alone.
+            if !plan.wait || waits == MAX_LEASE_WAITS {
+                break;
+            }
+            waits += 1;
+            let wait = inner.store.timeout.min(leases.hold());
+            let _ = tokio::time::timeout(wait, taken).await;
+            if let Some(d) = leases.serve(key, &limits.gcras, self.now(), cost) {
+                return d;
+            }
+        }
+        if plan.give_back > 0 {
+            self.refund(key, plan.give_back).await;
+        }
+        if plan.batch > cost {
+            // A batch already known to be refused is not asked for.
+            let known = inner
+                .deny
+                .as_ref()
+                .and_then(|deny| deny.check(key, &limits.gcras, now, plan.batch));
+            if known.is_some() {
+                leases.refused(key, true);
+            } else {
+                let Some(d) = self.ask(key, plan.batch, now).await else {
+                    // Redis did not answer: the failure policy decides the cost alone (asking
+                    // Redis again would wait as long).
+                    leases.refused(key, false);
+                    return self.unanswered(key, cost, &limits.rules);
+                };
+                if d.is_allowed() {
+                    return leases.took(key, &limits.gcras, now, plan.batch, cost, &d);
+                }
+                leases.refused(key, true);
+                // The refusal says what the key has left: the cost alone may be known to be
+                // refused too (no second call), or what is left may be taken as the batch.
+                if let Some(refused) = inner
+                    .deny
+                    .as_ref()
+                    .and_then(|deny| deny.check(key, &limits.gcras, now, cost))
+                {
+                    return refused;
+                }
+                let left = u32::try_from(d.remaining()).unwrap_or(u32::MAX);
+                if left > cost && left < plan.batch {
+                    match self.ask(key, left, now).await {
+                        Some(d) if d.is_allowed() => {
+                            return leases.took(key, &limits.gcras, now, left, cost, &d);
+                        }
+                        Some(_) => {}
+                        None => return self.unanswered(key, cost, &limits.rules),
+                    }
+                }
+            }
+        }
+        let d = self.decide(key, cost, now).await;
+        if d.is_allowed() && !d.is_degraded() {
+            // A batch of the cost alone: how soon the key needs the next one sizes that one.
+            return leases.took(key, &limits.gcras, now, cost, cost, &d);
+        }
+        d
+    }
+
+    /// The decision of Redis for a request of `cost`, or of the failure policy.
+    async fn decide(&self, key: &K, cost: u32, now: u64) -> Decision {
+        match self.ask(key, cost, now).await {
+            Some(d) => d,
+            None => {
+                let limits = self.inner.limits.load();
+                self.unanswered(key, cost, &limits.rules)
+            }
+        }
+    }
+
+    /// The decision of Redis for a request of `cost`; `None` when Redis did not answer in
+    /// time (or answered nonsense).
+    async fn ask(&self, key: &K, cost: u32, now: u64) -> Option<Decision> {
         let inner = &*self.inner;
         // One set of quotas for the whole decision, whatever changes while it is on its way.
         let limits = inner.limits.load_full();
@@ -679,7 +822,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             None => {
                 inner
                     .store
-                    .eval(&self.redis_key(key), &args[..n], &inner.meter)
+                    .eval(
+                        &self.redis_key(key),
+                        &args[..n],
+                        limits.gcras.len() == limits.rules.len(),
+                        &inner.meter,
+                    )
                     .await
             }
         };
@@ -708,9 +856,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                         _ => {}
                     }
                 }
-                d
+                Some(d)
             }
-            None => self.unanswered(key, cost, &limits.rules),
+            None => None,
         }
     }
 
@@ -780,7 +928,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let (args, n) = self.script_args(&limits.rules, Arg::Bytes(cost.as_bytes()), now);
         let reply = inner
             .store
-            .eval(&self.redis_key(key), &args[..n], &inner.meter)
+            .eval(
+                &self.redis_key(key),
+                &args[..n],
+                limits.gcras.len() == limits.rules.len(),
+                &inner.meter,
+            )
             .await?;
         match decision_of(&limits.rules, &reply) {
             Some(d) => {

@@ -65,11 +65,13 @@
 mod ban;
 mod deny;
 mod key;
+mod lease;
 mod limiter;
 mod outage;
 mod store;
 
 pub use key::RedisKey;
+pub use lease::Lease;
 pub use limiter::{RedisRateLimiter, RedisRateLimiterBuilder};
 pub use store::{
     FailMode, RedisStore, Share, DEFAULT_DENY_CACHE, DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_PREFIX,

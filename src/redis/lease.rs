@@ -1,0 +1,575 @@
+//! Leased quota: an instance takes a batch of a hot key's quota from Redis in one script call
+//! and hands it out itself, so that most decisions on that key cost no round trip.
+//!
+//! Everything an instance admits under a lease was taken from Redis first, by the same script
+//! that decides every other request: the fleet never admits more than the limit. What a lease
+//! costs is the other side: units an instance holds are not available to the others until it
+//! spends them, gives them back or lets them expire. The rules that bound that:
+//!
+//! * A batch is at most [`Lease::max_batch`] units, and at most the smallest burst of the
+//!   policy's quotas.
+//! * Its size follows the instance's own rate for the key: the first request of a key takes
+//!   only its own cost (a plain decision); a lease spent in less than half its hold doubles the
+//!   next batch; a lease that expires with units left makes the next batch what was spent of
+//!   it; a batch Redis refuses halves the next one.
+//! * A lease is used for at most [`Lease::hold`]. Units left when it expires are never used;
+//!   they go back to Redis (one script call, as a refund) with the instance's next request for
+//!   the key, or with [`RedisRateLimiter::return_leases`](super::RedisRateLimiter::return_leases).
+//!
+//! So at any time each instance holds at most `max_batch` units of a key, and the fleet admits
+//! at least the limit's allowance less `instances × max_batch` units (plus what expired leases
+//! held until they are given back; Redis's own recovery makes up for those within the quota's
+//! burst period in any case).
+//!
+//! Local decisions report what the instance knows: the key's state in Redis after its latest
+//! batch, with the units it still holds given back. `r` is then what Redis would report if the
+//! instance returned its lease now and no other instance had taken anything since.
+
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::gcra::{self, Decision, Gcra, MAX_QUOTAS};
+use crate::keyed::{Absent, OnFull, Table};
+
+/// Leases of a hot key's quota, taken from Redis in batches and handed out locally.
+///
+/// Set on a store with [`RedisStore::lease`](super::RedisStore::lease); every limiter and
+/// layer built on that store leases the keys of its policies whose quotas are all GCRA and that
+/// have no penalty box (those ask Redis for every decision, as without a lease). See the
+/// [`RedisRateLimiter`](super::RedisRateLimiter) docs for what a lease promises.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::redis::Lease;
+///
+/// // At most 50 units per batch, each used for at most 100 ms.
+/// let lease = Lease::new(50, Duration::from_millis(100));
+/// assert_eq!(lease.max_batch(), 50);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    max_batch: u32,
+    hold: Duration,
+    max_keys: usize,
+}
+
+impl Lease {
+    /// The default bound on the keys a limiter holds leases of.
+    pub const DEFAULT_MAX_KEYS: usize = 10_000;
+
+    /// Batches of at most `max_batch` units, each used for at most `hold`.
+    ///
+    /// `max_batch` bounds what an instance holds of a key, so what the other instances may
+    /// miss; `hold` bounds how long a unit taken from Redis may wait before it is admitted (a
+    /// burst may therefore come up to `hold` later than Redis would have let it). Checked when
+    /// a limiter is built: `max_batch` at least 1, `hold` from 1 ms to 1 minute
+    /// ([`ConfigError::InvalidLease`]).
+    pub const fn new(max_batch: u32, hold: Duration) -> Self {
+        Lease {
+            max_batch,
+            hold,
+            max_keys: Self::DEFAULT_MAX_KEYS,
+        }
+    }
+
+    /// Holds leases of at most about `max_keys` keys per limiter (default
+    /// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS)); other keys are decided by Redis, one
+    /// request at a time.
+    #[must_use]
+    pub const fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The largest batch.
+    pub const fn max_batch(&self) -> u32 {
+        self.max_batch
+    }
+
+    /// How long a batch is used at most.
+    pub const fn hold(&self) -> Duration {
+        self.hold
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_batch == 0 {
+            return Err(ConfigError::InvalidLease("max_batch must be at least 1"));
+        }
+        if self.hold < Duration::from_millis(1) || self.hold > Duration::from_secs(60) {
+            return Err(ConfigError::InvalidLease(
+                "hold must be from 1 ms to 1 minute",
+            ));
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::InvalidLease("max_keys must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// What an instance holds of one key.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// Units taken from Redis and not handed out yet.
+    units: u32,
+    /// Until when (limiter clock, ns) they may be handed out.
+    until: u64,
+    /// When the latest batch was taken.
+    since: u64,
+    /// The size of the latest batch.
+    taken: u32,
+    /// The size of the next batch.
+    batch: u32,
+    /// Until when a batch asked for is on its way (the others ask for their cost alone, so
+    /// that an instance holds at most one batch). Bounded, for a request dropped on its way.
+    pending_until: u64,
+    /// When the entry may go: one hold after its lease expires, so that the units left go
+    /// back and the batch size is remembered across a short pause.
+    forget_at: u64,
+    /// The quotas' generation the units were taken under.
+    generation: u64,
+    /// Each quota's stored time in Redis after the latest batch, on the limiter's clock.
+    tats: Tats,
+}
+
+/// One stored time per quota.
+type Tats = [u64; MAX_QUOTAS];
+
+impl crate::keyed::Entry for Held {
+    /// An expired lease is kept one more hold, for the units to go back and the batch size to
+    /// be remembered; after that nothing is lost by dropping it but units that Redis gives
+    /// back on its own within the burst period.
+    fn idle_at(&self) -> u64 {
+        self.forget_at
+    }
+}
+
+/// What to do before deciding a request that the lease could not serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Units of an expired lease to give back to Redis first.
+    pub(crate) give_back: u32,
+    /// How many units to ask Redis for: the request's cost, and more to hold.
+    pub(crate) batch: u32,
+    /// Another request of this instance is taking a batch of the key: wait for it (see
+    /// [`Leases::taken`]) and try the lease again before asking Redis.
+    pub(crate) wait: bool,
+}
+
+/// The leases of one limiter.
+pub(crate) struct Leases<K> {
+    table: Table<K, Held>,
+    max_batch: u32,
+    /// ns
+    hold: u64,
+    /// Bumped when the quotas change: units taken under other quotas are not used.
+    generation: AtomicU64,
+    served: AtomicU64,
+    /// Woken when a batch arrives or is refused, for the requests that wait for it.
+    batches: tokio::sync::Notify,
+}
+
+impl<K: Hash + Eq + Clone> Leases<K> {
+    pub(crate) fn new(lease: &Lease) -> Self {
+        Leases {
+            table: Table::new(lease.max_keys, OnFull::RejectNewKeys),
+            max_batch: lease.max_batch,
+            hold: u64::try_from(lease.hold.as_nanos()).unwrap_or(u64::MAX),
+            generation: AtomicU64::new(0),
+            served: AtomicU64::new(0),
+            batches: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Serves a request of `cost` for `key` at `now` from the units held, if enough are held
+    /// and still valid.
+    pub(crate) fn serve(&self, key: &K, gcras: &[Gcra], now: u64, cost: u32) -> Option<Decision> {
+        if cost == 0 {
+            return None;
+        }
+        let hash = self.table.hash(key);
+        let generation = self.generation.load(Ordering::Acquire);
+        let served = self
+            .table
+            .upsert(
+                hash,
+                key,
+                false,
+                || now,
+                |h, _| {
+                    if h.generation != generation || now >= h.until || h.units < cost {
+                        return None;
+                    }
+                    let d = local_decision(gcras, &h.tats, h.units, now, cost);
+                    h.units -= cost;
+                    Some(d)
+                },
+                |_| Absent::Done(None),
+            )
+            .ok()
+            .flatten();
+        if served.is_some() {
+            self.served.fetch_add(1, Ordering::Relaxed);
+        }
+        served
+    }
+
+    /// The batch to ask for a request of `cost` that the lease did not serve (at most
+    /// `max_fit`, the smallest burst), and the units of an expired lease to give back first.
+    /// Makes room for the key: a key that finds none asks for its cost alone.
+    pub(crate) fn plan(&self, key: &K, now: u64, cost: u32, max_fit: u32) -> Plan {
+        let hash = self.table.hash(key);
+        let generation = self.generation.load(Ordering::Acquire);
+        let hold = self.hold;
+        let max_batch = self.max_batch.min(max_fit);
+        let fresh = Held {
+            units: 0,
+            until: now,
+            since: now,
+            taken: 0,
+            batch: 1,
+            pending_until: 0,
+            forget_at: now.saturating_add(hold.saturating_mul(2)),
+            generation,
+            tats: [0; MAX_QUOTAS],
+        };
+        let batch = self.table.upsert(
+            hash,
+            key,
+            false,
+            || now,
+            |h, _| {
+                let mut give_back = 0;
+                if h.generation == generation && now < h.until && now < h.pending_until {
+                    // Another request is taking a batch: this one waits for it.
+                    return Plan {
+                        give_back,
+                        batch: cost,
+                        wait: true,
+                    };
+                }
+                if h.generation != generation {
+                    // Taken under other quotas: dropped (they are not the ones in force).
+                    let batch = h.batch;
+                    *h = fresh;
+                    h.batch = batch;
+                } else if now >= h.until {
+                    // Expired with units left: the next batch is what one hold used.
+                    if h.units > 0 {
+                        give_back = h.units;
+                        h.batch = h.taken.saturating_sub(h.units).max(1);
+                        h.units = 0;
+                    }
+                } else if h.taken > 0 && now.saturating_sub(h.since) < hold / 2 {
+                    // Spent in under half its hold: twice as much next time.
+                    h.batch = h.batch.saturating_mul(2);
+                }
+                h.batch = h.batch.clamp(1, max_batch.max(1));
+                let batch = h.batch.max(cost);
+                if batch > cost {
+                    h.pending_until = now.saturating_add(hold);
+                }
+                Plan {
+                    give_back,
+                    batch,
+                    wait: false,
+                }
+            },
+            |_| {
+                Absent::Insert(
+                    Plan {
+                        give_back: 0,
+                        batch: cost,
+                        wait: false,
+                    },
+                    fresh,
+                )
+            },
+        );
+        batch.unwrap_or(Plan {
+            give_back: 0,
+            batch: cost,
+            wait: false,
+        })
+    }
+
+    /// Records a batch of `batch` units that Redis gave for a request of `cost` sent at
+    /// `sent_at` (its decision `d`); returns the request's decision.
+    pub(crate) fn took(
+        &self,
+        key: &K,
+        gcras: &[Gcra],
+        sent_at: u64,
+        batch: u32,
+        cost: u32,
+        d: &Decision,
+    ) -> Decision {
+        let mut tats = [0; MAX_QUOTAS];
+        for (t, s) in tats.iter_mut().zip(d.states()) {
+            *t = sent_at.saturating_add(s.reset_after_nanos());
+        }
+        let hash = self.table.hash(key);
+        let generation = self.generation.load(Ordering::Acquire);
+        let hold = self.hold;
+        let kept = batch - cost;
+        let recorded = self.table.upsert(
+            hash,
+            key,
+            false,
+            || sent_at,
+            |h, now| {
+                if h.generation != generation || now >= h.until {
+                    h.units = 0;
+                }
+                h.generation = generation;
+                h.pending_until = 0;
+                h.units = h.units.saturating_add(kept);
+                h.until = sent_at.saturating_add(hold);
+                h.forget_at = h.until.saturating_add(hold);
+                h.since = sent_at;
+                h.taken = batch;
+                // The later of two answers is the one that knows more.
+                for (old, new) in h.tats.iter_mut().zip(tats) {
+                    *old = (*old).max(new);
+                }
+                local_decision(gcras, &h.tats, h.units + cost, sent_at, cost)
+            },
+            // Dropped since the plan (the table was full): the units are lost to this instance,
+            // and come back in Redis within the burst period.
+            |_| Absent::Done(*d),
+        );
+        self.batches.notify_waiters();
+        recorded.unwrap_or(*d)
+    }
+
+    /// A batch that Redis refused (`halve`: the next one is half as large) or did not answer.
+    pub(crate) fn refused(&self, key: &K, halve: bool) {
+        let hash = self.table.hash(key);
+        self.table.update_or_remove(hash, key, |h| {
+            if halve {
+                h.batch = (h.batch / 2).max(1);
+            }
+            h.pending_until = 0;
+            true
+        });
+        self.batches.notify_waiters();
+    }
+
+    /// Takes every unit held (of the quotas in force), for them to be given back.
+    pub(crate) fn drain(&self) -> Vec<(K, u32)> {
+        let mut keys = Vec::new();
+        self.table.for_each(|k, h| {
+            if h.units > 0 {
+                keys.push(k.clone());
+            }
+        });
+        let generation = self.generation.load(Ordering::Acquire);
+        keys.into_iter()
+            .filter_map(|k| {
+                let hash = self.table.hash(&k);
+                let units = self
+                    .table
+                    .upsert(
+                        hash,
+                        &k,
+                        false,
+                        || 0,
+                        |h, _| {
+                            let units = if h.generation == generation {
+                                h.units
+                            } else {
+                                0
+                            };
+                            h.units = 0;
+                            units
+                        },
+                        |_| Absent::Done(0),
+                    )
+                    .unwrap_or(0);
+                (units > 0).then_some((k, units))
+            })
+            .collect()
+    }
+
+    /// A future that completes when a batch arrives or is refused; to be created (and
+    /// enabled) before [`plan`](Self::plan), so that no batch arriving in between is missed.
+    pub(crate) fn taken(&self) -> tokio::sync::futures::Notified<'_> {
+        self.batches.notified()
+    }
+
+    /// The quotas changed: units held under the old ones are not used.
+    pub(crate) fn quotas_changed(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How long a lease is used at most.
+    pub(crate) fn hold(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.hold)
+    }
+
+    /// Requests served from leases.
+    pub(crate) fn served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+}
+
+/// The decision for a request of `cost` served from a lease of `held` units (the request's
+/// included), by quotas whose stored times in Redis are `tats`: the state Redis would hold
+/// with the units still held given back.
+fn local_decision(
+    gcras: &[Gcra],
+    tats: &[u64; MAX_QUOTAS],
+    held: u32,
+    now: u64,
+    cost: u32,
+) -> Decision {
+    let mut shadow = [0u64; MAX_QUOTAS];
+    for ((s, &t), g) in shadow.iter_mut().zip(tats).zip(gcras) {
+        *s = t.saturating_sub(g.interval.saturating_mul(u64::from(held)));
+    }
+    let n = gcras.len().min(MAX_QUOTAS);
+    let (d, _) = gcra::decide(gcras, &mut shadow[..n], now, cost);
+    if d.is_allowed() {
+        d
+    } else {
+        // Only when the times the instance knows are behind what it holds (answers that
+        // crossed): the units are real, so the request is admitted with the state known.
+        Decision::from_store(gcra::Outcome::Allowed, 0, d.states())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn leases(max_batch: u32, hold_ms: u64) -> Leases<&'static str> {
+        Leases::new(&Lease::new(max_batch, Duration::from_millis(hold_ms)))
+    }
+
+    /// Redis in miniature: the decision of taking `n` from one quota stored at `tat`.
+    fn redis(g: &Gcra, tat: &mut u64, now: u64, n: u32) -> Decision {
+        let mut t = [*tat];
+        let (d, _) = gcra::decide(std::slice::from_ref(g), &mut t, now, n);
+        *tat = t[0];
+        d
+    }
+
+    #[test]
+    fn the_first_request_takes_its_cost_then_batches_double_up_to_the_bound() {
+        // 1000/s burst 100.
+        let g = Gcra::new(MS, 100 * MS);
+        let l = leases(16, 100);
+        let mut tat = 0;
+        let mut batches = Vec::new();
+        let now = 0;
+        for _ in 0..60 {
+            if l.serve(&"k", &[g], now, 1).is_some() {
+                continue;
+            }
+            let plan = l.plan(&"k", now, 1, 100);
+            assert_eq!(plan.give_back, 0);
+            let d = redis(&g, &mut tat, now, plan.batch);
+            assert!(d.is_allowed());
+            let mine = l.took(&"k", &[g], now, plan.batch, 1, &d);
+            assert!(mine.is_allowed());
+            batches.push(plan.batch);
+        }
+        assert_eq!(batches[..6], [1, 2, 4, 8, 16, 16]);
+        // Everything admitted was taken; what is held is the difference.
+        let taken: u32 = batches.iter().sum();
+        let held = l.drain();
+        assert_eq!(taken - 60, held.first().map_or(0, |h| h.1));
+    }
+
+    #[test]
+    fn an_expired_lease_is_not_used_and_its_units_go_back() {
+        let g = Gcra::new(MS, 100 * MS);
+        let l = leases(8, 100);
+        let mut tat = 0;
+        // Grow to a batch of 8, leave 7 of it.
+        let mut now = 0;
+        loop {
+            if l.serve(&"k", &[g], now, 1).is_some() {
+                continue;
+            }
+            let plan = l.plan(&"k", now, 1, 100);
+            let d = redis(&g, &mut tat, now, plan.batch);
+            l.took(&"k", &[g], now, plan.batch, 1, &d);
+            if plan.batch == 8 {
+                break;
+            }
+        }
+        now += 100 * MS;
+        assert!(l.serve(&"k", &[g], now, 1).is_none(), "expired at the hold");
+        let plan = l.plan(&"k", now, 1, 100);
+        assert_eq!(plan.give_back, 7);
+        // One unit of the 8 was spent in its hold: the next batch is 1.
+        assert_eq!(plan.batch, 1);
+        assert!(l.drain().is_empty());
+    }
+
+    #[test]
+    fn a_refused_batch_halves_the_next_and_a_batch_fits_the_burst() {
+        let l = leases(64, 100);
+        let g = Gcra::new(MS, 100 * MS);
+        let mut tat = 0;
+        let now = 0;
+        for _ in 0..20 {
+            if l.serve(&"k", &[g], now, 1).is_some() {
+                continue;
+            }
+            let plan = l.plan(&"k", now, 1, 5);
+            assert!(plan.batch <= 5, "{plan:?}");
+            let d = redis(&g, &mut tat, now, plan.batch);
+            l.took(&"k", &[g], now, plan.batch, 1, &d);
+        }
+        l.refused(&"k", true);
+        assert_eq!(l.plan(&"k", 50 * MS, 1, 5).batch, 2);
+        // A cost above the batch asks for the cost itself.
+        assert_eq!(l.plan(&"k", 50 * MS, 3, 5).batch, 3);
+    }
+
+    #[test]
+    fn a_local_decision_reports_the_state_with_the_held_units_given_back() {
+        // 10/s burst 10: interval 100 ms.
+        let g = Gcra::new(100 * MS, 1_000 * MS);
+        let l = leases(4, 1_000);
+        let mut tat = 0;
+        // Batches 1, 2, 4: seven taken, three served.
+        let mut served = Vec::new();
+        for _ in 0..7 {
+            let d = match l.serve(&"k", &[g], 0, 1) {
+                Some(d) => d,
+                None => {
+                    let plan = l.plan(&"k", 0, 1, 10);
+                    let d = redis(&g, &mut tat, 0, plan.batch);
+                    l.took(&"k", &[g], 0, plan.batch, 1, &d)
+                }
+            };
+            served.push(d.remaining());
+        }
+        // Alone on the key, the instance reports what a plain limiter would: 9, 8, ..., 3.
+        assert_eq!(served, [9, 8, 7, 6, 5, 4, 3]);
+    }
+
+    #[test]
+    fn units_taken_under_replaced_quotas_are_not_used() {
+        let g = Gcra::new(MS, 100 * MS);
+        let l = leases(8, 100);
+        let mut tat = 0;
+        for _ in 0..4 {
+            if l.serve(&"k", &[g], 0, 1).is_none() {
+                let plan = l.plan(&"k", 0, 1, 100);
+                let d = redis(&g, &mut tat, 0, plan.batch);
+                l.took(&"k", &[g], 0, plan.batch, 1, &d);
+            }
+        }
+        l.quotas_changed();
+        assert!(l.serve(&"k", &[g], 0, 1).is_none());
+        assert!(l.drain().is_empty());
+    }
+}
