@@ -19,7 +19,7 @@ use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::Core;
 use crate::observe::{self, DecisionMeter, DryRunRejection, Names, Observe, Verdict};
 use crate::penalty::{banned_decision, Penalties};
-use crate::response::{self, OnReject, Protocol, RejectionKind};
+use crate::response::{self, OnReject, Recipient, RejectionKind};
 
 /// Chooses a request's tier: given the request and a lookup of tier names, the tier's index.
 pub(crate) type SelectFn =
@@ -180,8 +180,8 @@ impl<E: KeyExtractor, L> Shared<E, L> {
                     ));
                 }
                 let policy = Some(&*t.name);
-                let protocol = Protocol::of(head);
-                return Prepared::Reject(self.core.reject_missing(status, policy, protocol));
+                let to = Recipient::of(head);
+                return Prepared::Reject(self.core.reject_missing(status, policy, to));
             }
         };
         let cost = self.cost.as_ref().map_or(1, |f| f(head));
@@ -345,7 +345,7 @@ impl Answers {
             decision.retry_after(),
             Some(&decision),
             Some(&tier.name),
-            Protocol::of(&RequestHead::new(req)),
+            Recipient::of(&RequestHead::new(req)),
         );
         if let Some(h) = headers {
             h.apply(resp.headers_mut());
