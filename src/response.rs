@@ -267,7 +267,7 @@ impl<'a> Rejection<'a> {
             self.reason(),
             self.message()
         );
-        self.response(Bytes::from(body), "application/json")
+        self.response(Bytes::from(body), APPLICATION_JSON)
     }
 
     /// The plain HTTP response whatever the request: the status, the one-line
@@ -277,16 +277,15 @@ impl<'a> Rejection<'a> {
             Some(line) => Bytes::from_static(line.as_bytes()),
             None => Bytes::from(self.composed() + "\n"),
         };
-        self.response(body, "text/plain; charset=utf-8")
+        self.response(body, TEXT_PLAIN)
     }
 
-    fn response(&self, body: Bytes, content_type: &'static str) -> Response<Bytes> {
+    fn response(&self, body: Bytes, content_type: HeaderValue) -> Response<Bytes> {
         let mut resp = Response::new(body);
         *resp.status_mut() = self.status;
         // No `reserve`: the first insertion makes room for six fields (the type, Retry-After
         // and the RateLimit fields fit), and costs less than reserving the same room ahead.
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        resp.headers_mut().insert(CONTENT_TYPE, content_type);
         if let Some(wait) = self.retry_after {
             resp.headers_mut()
                 .insert(RETRY_AFTER, headers::retry_after_value(wait));
@@ -294,6 +293,11 @@ impl<'a> Rejection<'a> {
         resp
     }
 }
+
+// Checked when compiled: `HeaderValue::from_static` at run time checks every byte, for each
+// rejection.
+const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 /// A function that builds the response for a rejected request.
 ///
