@@ -1,7 +1,7 @@
 //! What every service of one [`RateLimitLayer`](super::RateLimitLayer) shares: its tiers, the
 //! closures that pick tier, cost and skips, and everything done before and after a decision.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -34,6 +34,10 @@ pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 pub(crate) struct Tier {
     pub(crate) name: Box<str>,
     pub(crate) live: ArcSwap<LiveTier>,
+    /// The id of the live policy's header fields ([`PolicyHeaders::id`]), set after `live`:
+    /// the fields a repeated decision gets come from each thread's cache of them without
+    /// loading `live`.
+    pub(crate) live_id: AtomicU64,
     /// The names its metrics and events carry.
     pub(crate) names: Names,
     pub(crate) meter: DecisionMeter,
@@ -45,6 +49,38 @@ pub(crate) struct LiveTier {
     pub(crate) headers: PolicyHeaders,
     /// The policy's quotas, for the fields of a banned key's answer.
     pub(crate) rules: Box<[Rule]>,
+}
+
+impl Tier {
+    /// A tier named `name` answering with `policy` until it is replaced ([`Tier::replace`]).
+    pub(crate) fn new(name: Box<str>, policy: Policy, names: Names, meter: DecisionMeter) -> Self {
+        let live = LiveTier::new(policy);
+        Tier {
+            name,
+            live_id: AtomicU64::new(live.headers.id()),
+            live: ArcSwap::from_pointee(live),
+            names,
+            meter,
+        }
+    }
+
+    /// Replaces the policy in force, and then the id its fields are found by.
+    pub(crate) fn replace(&self, policy: Policy) {
+        let live = Arc::new(LiveTier::new(policy));
+        let id = live.headers.id();
+        self.live.store(live);
+        self.live_id.store(id, Ordering::Release);
+    }
+}
+
+/// The header fields of a tier's live policy, loaded.
+struct LiveHeaders(arc_swap::Guard<Arc<LiveTier>>);
+
+impl std::ops::Deref for LiveHeaders {
+    type Target = PolicyHeaders;
+    fn deref(&self) -> &PolicyHeaders {
+        &self.0.headers
+    }
 }
 
 impl LiveTier {
@@ -371,8 +407,9 @@ impl RateHeaders {
     fn new(shared: &Answers, tier: &Tier, d: &Decision) -> Self {
         RateHeaders {
             ietf: shared.headers.then(|| {
-                let live = tier.live.load();
-                (live.headers.policy(), live.headers.ratelimit(d))
+                let id = tier.live_id.load(Ordering::Acquire);
+                let items = d.states().iter().map(|s| (s.remaining(), s.reset_after()));
+                crate::headers::fields(id, items, || LiveHeaders(tier.live.load()))
             }),
             legacy: shared.legacy_headers.then(|| crate::headers::Legacy::of(d)),
         }
