@@ -169,7 +169,8 @@ pub(crate) fn response(r: &Rejection<'_>) -> Response<Bytes> {
     let h = resp.headers_mut();
     // Room for these and the RateLimit fields without growing.
     h.reserve(8);
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    const APPLICATION_GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
+    h.insert(CONTENT_TYPE, APPLICATION_GRPC);
     h.insert(GRPC_STATUS, code_value(code(r)));
     h.insert(GRPC_MESSAGE, HeaderValue::from_static(message(r)));
     if r.kind() == RejectionKind::CostExceedsBurst {

@@ -269,19 +269,98 @@ const CACHED_QUOTAS: usize = 4;
 
 /// What a rendered `RateLimit` value says: the policy and, per quota, (remaining, seconds
 /// until reset). Quotas beyond `len` are zero.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 struct RenderedKey {
     id: u64,
     len: usize,
     items: [(u64, u64); CACHED_QUOTAS],
 }
 
+impl RenderedKey {
+    /// The key of `items` for the policy `id`, clamped as rendered (so values past the largest
+    /// integer share one entry); `None` when there are more items than the cache holds.
+    #[inline]
+    fn of(id: u64, items: impl Iterator<Item = (u64, Duration)>) -> Option<Self> {
+        let mut key = RenderedKey {
+            id,
+            len: 0,
+            items: [(0, 0); CACHED_QUOTAS],
+        };
+        for (remaining, reset) in items {
+            let slot = key.items.get_mut(key.len)?;
+            *slot = (
+                remaining.min(MAX_INTEGER),
+                ceil_secs(reset).min(MAX_INTEGER),
+            );
+            key.len += 1;
+        }
+        Some(key)
+    }
+
+    /// The same policy and items: only the first `len` items are compared (the rest are zero
+    /// in both).
+    #[inline]
+    fn same(&self, other: &RenderedKey) -> bool {
+        self.id == other.id
+            && self.len == other.len
+            && self.items[..self.len] == other.items[..other.len]
+    }
+
+    /// The slot of this thread's cache that holds the last values of the key's policy.
+    #[inline]
+    fn slot(&self) -> usize {
+        (self.id % SLOTS as u64) as usize
+    }
+}
+
+/// A slot of the cache: the key, and the `RateLimit-Policy` and `RateLimit` values for it.
+type Cached = Option<(RenderedKey, HeaderValue, HeaderValue)>;
+
 thread_local! {
-    /// The last `RateLimit` value rendered on this thread, per slot.
-    static LAST_RATELIMIT: RefCell<[Option<(RenderedKey, HeaderValue)>; SLOTS]> =
+    /// The last field values handed out on this thread, per slot.
+    static LAST_FIELDS: RefCell<[Cached; SLOTS]> =
         const { RefCell::new([const { None }; SLOTS]) };
     /// The last `Retry-After` value of 10 seconds or more rendered on this thread.
     static LAST_RETRY_AFTER: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
+}
+
+/// The `RateLimit-Policy` and `RateLimit` values of the policy whose id is `id`, for `items`
+/// of (remaining, time until reset) in policy order.
+///
+/// Under a flood one key gets the same answer again and again (`r=0`, the same `t`), and a
+/// key far from its limit gets `r` = burst - 1 each time: each thread keeps the last values
+/// it handed out for each policy and hands out clones of them (reference counts, no
+/// allocation, no formatting). Only when they are not there are the policy's headers asked
+/// for (`headers`, which may load them): a policy replaced since `id` was read renders the
+/// new policy's values, not cached under the old id.
+pub(crate) fn fields<I, H>(
+    id: u64,
+    items: I,
+    headers: impl FnOnce() -> H,
+) -> (HeaderValue, HeaderValue)
+where
+    I: Iterator<Item = (u64, Duration)> + Clone,
+    H: std::ops::Deref<Target = PolicyHeaders>,
+{
+    let Some(key) = RenderedKey::of(id, items.clone()) else {
+        let h = headers();
+        return (h.policy(), h.render(items.map(|(r, t)| (r, ceil_secs(t)))));
+    };
+    LAST_FIELDS.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        let slot = &mut cache[key.slot()];
+        if let Some((k, policy, ratelimit)) = &*slot {
+            if k.same(&key) {
+                return (policy.clone(), ratelimit.clone());
+            }
+        }
+        let h = headers();
+        let ratelimit = h.render(key.items[..key.len].iter().copied());
+        if h.id == id {
+            *slot = Some((key, h.policy(), ratelimit.clone()));
+        }
+        (h.policy(), ratelimit)
+    })
 }
 
 /// The static part of a policy's headers: names and the `RateLimit-Policy` value.
@@ -324,57 +403,24 @@ impl PolicyHeaders {
         self.policy.clone()
     }
 
-    /// The `RateLimit` value for `d`.
-    pub(crate) fn ratelimit(&self, d: &Decision) -> HeaderValue {
-        self.ratelimit_items(d.states().iter().map(|s| (s.remaining(), s.reset_after())))
-    }
-
-    /// The `RateLimit` value for items of (remaining, time until reset), in policy order.
-    ///
-    /// Under a flood one key gets the same answer again and again (`r=0`, the same `t`), and
-    /// a key far from its limit gets `r` = burst - 1 each time: each thread keeps the last
-    /// value it rendered for each policy and hands out a clone of it (a reference count, no
-    /// allocation, no formatting).
-    pub(crate) fn ratelimit_items(
-        &self,
-        mut items: impl Iterator<Item = (u64, Duration)>,
-    ) -> HeaderValue {
-        if self.prefixes.len() > CACHED_QUOTAS {
-            return self.render(items.map(|(r, reset)| (r, ceil_secs(reset))));
-        }
-        let mut key = RenderedKey {
-            id: self.id,
-            len: 0,
-            items: [(0, 0); CACHED_QUOTAS],
-        };
-        for (slot, (remaining, reset)) in key.items[..self.prefixes.len()]
-            .iter_mut()
-            .zip(items.by_ref())
-        {
-            // Clamped as rendered, so values past the largest integer share one entry.
-            *slot = (
-                remaining.min(MAX_INTEGER),
-                ceil_secs(reset).min(MAX_INTEGER),
-            );
-            key.len += 1;
-        }
-        LAST_RATELIMIT.with(|cache| {
-            let mut cache = cache.borrow_mut();
-            let slot = &mut cache[self.slot()];
-            if let Some((k, v)) = &*slot {
-                if *k == key {
-                    return v.clone();
-                }
-            }
-            let v = self.render(key.items[..key.len].iter().copied());
-            *slot = Some((key, v.clone()));
-            v
-        })
-    }
-
-    /// The slot of this thread's cache that holds this policy's last `RateLimit` value.
+    /// The slot of each thread's cache that holds this policy's last values.
+    #[cfg(test)]
     fn slot(&self) -> usize {
         (self.id % SLOTS as u64) as usize
+    }
+
+    /// The id of this policy's values in each thread's cache ([`fields`]).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The `RateLimit` value for items of (remaining, time until reset), in policy order,
+    /// from this thread's cache when it repeats (see [`fields`]).
+    pub(crate) fn ratelimit_items(
+        &self,
+        items: impl Iterator<Item = (u64, Duration)> + Clone,
+    ) -> HeaderValue {
+        fields(self.id, items, || self).1
     }
 
     /// Renders items of (remaining, seconds until reset), in policy order.
@@ -597,6 +643,64 @@ mod tests {
         assert!(same_bytes(&max, &past));
         assert_eq!(p.ratelimit_items(item(0, Duration::ZERO)), "\"p\";r=0;t=0");
         assert_eq!(p.ratelimit_items(std::iter::empty()), "");
+    }
+
+    #[test]
+    fn repeated_fields_come_from_the_cache_without_asking_for_the_policy() {
+        let p = policy(&[("p", 5)]);
+        let item = || std::iter::once((3, Duration::from_secs(2)));
+        let asked = std::cell::Cell::new(0);
+        let headers = || {
+            asked.set(asked.get() + 1);
+            &p
+        };
+        let (policy_value, first) = fields(p.id(), item(), headers);
+        assert_eq!(policy_value, "\"p\";q=5;w=5");
+        assert_eq!(first, "\"p\";r=3;t=2");
+        let (again_policy, again) = fields(p.id(), item(), headers);
+        assert!(same_bytes(&again, &first));
+        assert_eq!(again_policy, policy_value);
+        assert_eq!(asked.get(), 1);
+        // Another answer asks again.
+        let other = fields(
+            p.id(),
+            std::iter::once((2, Duration::from_secs(2))),
+            headers,
+        );
+        assert_eq!(other.1, "\"p\";r=2;t=2");
+        assert_eq!(asked.get(), 2);
+    }
+
+    #[test]
+    fn a_policy_replaced_after_its_id_was_read_answers_with_the_new_policy() {
+        let old = policy(&[("old", 5)]);
+        let new = policy(&[("new", 7)]);
+        let text = |(p, r): (HeaderValue, HeaderValue)| {
+            (
+                p.to_str().unwrap().to_owned(),
+                r.to_str().unwrap().to_owned(),
+            )
+        };
+        let want = |p: &str, r: &str| (p.to_owned(), r.to_owned());
+        let item = || std::iter::once((0, Duration::from_secs(5)));
+        // The id read before the replacement, the headers loaded after it.
+        assert_eq!(
+            text(fields(old.id(), item(), || &new)),
+            want("\"new\";q=7;w=7", "\"new\";r=0;t=5")
+        );
+        // Not cached under the old id: the old policy still answers as itself.
+        assert_eq!(
+            text(fields(old.id(), item(), || &old)),
+            want("\"old\";q=5;w=5", "\"old\";r=0;t=5")
+        );
+        assert_eq!(
+            text(fields(new.id(), item(), || &new)),
+            want("\"new\";q=7;w=7", "\"new\";r=0;t=5")
+        );
+        assert_eq!(
+            text(fields(old.id(), item(), || &old)),
+            want("\"old\";q=5;w=5", "\"old\";r=0;t=5")
+        );
     }
 
     #[test]

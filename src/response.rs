@@ -267,7 +267,7 @@ impl<'a> Rejection<'a> {
             self.reason(),
             self.message()
         );
-        self.response(Bytes::from(body), "application/json")
+        self.response(Bytes::from(body), APPLICATION_JSON)
     }
 
     /// The plain HTTP response whatever the request: the status, the one-line
@@ -277,16 +277,15 @@ impl<'a> Rejection<'a> {
             Some(line) => Bytes::from_static(line.as_bytes()),
             None => Bytes::from(self.composed() + "\n"),
         };
-        self.response(body, "text/plain; charset=utf-8")
+        self.response(body, TEXT_PLAIN)
     }
 
-    fn response(&self, body: Bytes, content_type: &'static str) -> Response<Bytes> {
+    fn response(&self, body: Bytes, content_type: HeaderValue) -> Response<Bytes> {
         let mut resp = Response::new(body);
         *resp.status_mut() = self.status;
         // No `reserve`: the first insertion makes room for six fields (the type, Retry-After
         // and the RateLimit fields fit), and costs less than reserving the same room ahead.
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        resp.headers_mut().insert(CONTENT_TYPE, content_type);
         if let Some(wait) = self.retry_after {
             resp.headers_mut()
                 .insert(RETRY_AFTER, headers::retry_after_value(wait));
@@ -294,6 +293,11 @@ impl<'a> Rejection<'a> {
         resp
     }
 }
+
+// Checked when compiled: `HeaderValue::from_static` at run time checks every byte, for each
+// rejection.
+const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 /// A function that builds the response for a rejected request.
 ///
@@ -378,6 +382,29 @@ impl fmt::Debug for OnReject {
     }
 }
 
+/// Who a rejection answers: the request's protocol, and whether a layer outside already
+/// decided the request (a [`RateLimitLayer`](crate::RateLimitLayer) that admitted it records its
+/// [`Decision`] in the request's extensions before passing it on). Read once from the request
+/// head.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Recipient {
+    pub(crate) protocol: Protocol,
+    /// Only then is the rejection marked ([`Rejected`]): a mark no layer looks for would cost
+    /// an allocation in the response's extensions for nothing.
+    pub(crate) outer: bool,
+}
+
+impl Recipient {
+    /// The recipient of a rejection of the request with head `head`.
+    #[inline]
+    pub(crate) fn of(head: &RequestHead<'_>) -> Self {
+        Recipient {
+            protocol: Protocol::of(head),
+            outer: head.extensions.get::<Decision>().is_some(),
+        }
+    }
+}
+
 /// The response to a request turned away: `hook`'s, or the default one. The one place a
 /// [`Rejection`] is assembled.
 pub(crate) fn respond<B: From<Bytes>>(
@@ -387,7 +414,7 @@ pub(crate) fn respond<B: From<Bytes>>(
     retry_after: Option<Duration>,
     decision: Option<&Decision>,
     policy: Option<&str>,
-    protocol: Protocol,
+    to: Recipient,
 ) -> Response<B> {
     let r = Rejection {
         kind,
@@ -395,15 +422,15 @@ pub(crate) fn respond<B: From<Bytes>>(
         retry_after,
         decision,
         policy,
-        protocol,
+        protocol: to.protocol,
     };
-    reject(hook, &r)
+    reject(hook, &r, to.outer)
 }
 
-/// The mark every rejection the crate builds carries in its response extensions (the hook's
-/// too): an outer [`RateLimitLayer`](crate::RateLimitLayer) that admitted the request gives back
-/// what it took when it sees it. Private, so a handler's own `429` cannot carry it, and
-/// extensions are never sent to the client.
+/// The mark a rejection the crate builds (or its hook) carries in its response extensions when
+/// a layer outside decided the request: an outer [`RateLimitLayer`](crate::RateLimitLayer) that
+/// admitted the request gives back what it took when it sees it. Private, so a handler's own
+/// `429` cannot carry it, and extensions are never sent to the client.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rejected;
 
@@ -414,8 +441,8 @@ pub(crate) fn is_rejection<B>(resp: &Response<B>) -> bool {
 }
 
 /// Builds the response for `r`: the hook's or the default, with `Retry-After` ensured, in the
-/// service's body type.
-fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>) -> Response<B> {
+/// service's body type, marked as a rejection when `mark` (a layer outside decided it).
+fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>, mark: bool) -> Response<B> {
     let resp = match hook {
         Some(h) => {
             let mut resp = h.call(r);
@@ -430,7 +457,9 @@ fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>) -> Respons
         None => r.default_response(),
     };
     let mut resp = resp.map(B::from);
-    resp.extensions_mut().insert(Rejected);
+    if mark {
+        resp.extensions_mut().insert(Rejected);
+    }
     resp
 }
 
@@ -600,5 +629,40 @@ mod tests {
         assert_eq!(r.retry_after_secs(), Some(1));
         r.retry_after = None;
         assert_eq!(r.retry_after_secs(), None);
+    }
+
+    #[test]
+    fn a_rejection_is_marked_exactly_when_a_layer_outside_decided_the_request() {
+        let hook = OnReject::new(|r: &Rejection<'_>| r.json_response());
+        for hook in [None, Some(&hook)] {
+            let mut req = http::Request::new(());
+            let to = Recipient::of(&RequestHead::new(&req));
+            assert!(!to.outer);
+            let resp: Response<Bytes> = respond(
+                hook,
+                RejectionKind::RateLimited,
+                StatusCode::TOO_MANY_REQUESTS,
+                None,
+                None,
+                None,
+                to,
+            );
+            assert!(!is_rejection(&resp));
+            // What an outer layer records when it admits (or lets through) the request.
+            crate::gcra::record_unlimited(req.extensions_mut());
+            let to = Recipient::of(&RequestHead::new(&req));
+            assert!(to.outer);
+            let resp: Response<Bytes> = respond(
+                hook,
+                RejectionKind::Concurrency,
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some(Duration::from_secs(1)),
+                None,
+                None,
+                to,
+            );
+            assert!(is_rejection(&resp));
+            assert_eq!(resp.headers()[RETRY_AFTER], "1");
+        }
     }
 }

@@ -16,7 +16,7 @@ use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::{service_shell, Core};
 use crate::observe::{self, ConcurrencyMeter, DecisionMeter, DryRunRejection, Names, Verdict};
-use crate::response::{Protocol, RejectionKind};
+use crate::response::{Recipient, RejectionKind};
 
 /// The outcomes a concurrency layer can count.
 pub(crate) const OUTCOMES: &[Verdict] = &[
@@ -117,16 +117,16 @@ impl<E: KeyExtractor> Shared<E> {
     }
 
     /// The response for a request turned away.
-    fn reject(&self, kind: RejectionKind, protocol: Protocol) -> Response<Bytes> {
+    fn reject(&self, kind: RejectionKind, to: Recipient) -> Response<Bytes> {
         let policy = self.policy_name.as_deref();
         let mut resp: Response<Bytes> = match kind {
             RejectionKind::MissingKey => {
                 let status = self.core.missing_status();
-                self.core.reject_missing(status, policy, protocol)
+                self.core.reject_missing(status, policy, to)
             }
             _ => {
                 let wait = Some(self.retry_after);
-                self.core.reject(kind, self.status, wait, policy, protocol)
+                self.core.reject(kind, self.status, wait, policy, to)
             }
         };
         if let Some(policy) = &self.live.policy {
@@ -224,8 +224,8 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
             let future = self.inner.call(req);
             return ResponseFuture::called(future, None, policy, false, None);
         }
-        let protocol = Protocol::of(&RequestHead::new(&req));
-        ResponseFuture::rejected(shared.reject(kind, protocol))
+        let to = Recipient::of(&RequestHead::new(&req));
+        ResponseFuture::rejected(shared.reject(kind, to))
     }
 
     /// Waits in the queue for a permit, then calls the inner service; or rejects.
@@ -243,7 +243,7 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
         let policy = shared.live.policy();
         let release_on_headers = shared.release_on_headers;
         let max_hold = shared.max_hold;
-        let protocol = Protocol::of(&RequestHead::new(&req));
+        let to = Recipient::of(&RequestHead::new(&req));
         let wait = Box::pin(async move {
             let start = tokio::time::Instant::now();
             let waiting = shared.gauges.wait();
@@ -257,7 +257,7 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
                 }
                 None => {
                     shared.record(RejectionKind::Concurrency, key.as_ref());
-                    Err(shared.reject(RejectionKind::Concurrency, protocol))
+                    Err(shared.reject(RejectionKind::Concurrency, to))
                 }
             }
         });

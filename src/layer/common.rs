@@ -21,7 +21,7 @@ use crate::error::ConfigError;
 use crate::key::missing::Resolved;
 use crate::key::{KeyError, KeyExtractor, MissingKey, RequestHead};
 use crate::observe::Observe;
-use crate::response::{self, OnReject, Protocol, RejectionKind};
+use crate::response::{self, OnReject, Recipient, RejectionKind};
 
 /// The builder settings every layer has: who a request counts against, what happens to a
 /// request without a key, and how rejections are answered.
@@ -258,17 +258,17 @@ impl<E: KeyExtractor> Core<E> {
 
     /// The response to a request turned away without a rate-limit decision (no key, a full
     /// queue, a concurrency limit): the hook's, or the default one, in the request's
-    /// `protocol` (read once from its head with [`Protocol::of`]).
+    /// `to` (read once from its head with [`Recipient::of`]).
     pub(crate) fn reject<B: From<Bytes>>(
         &self,
         kind: RejectionKind,
         status: StatusCode,
         retry_after: Option<Duration>,
         policy: Option<&str>,
-        protocol: Protocol,
+        to: Recipient,
     ) -> Response<B> {
         let hook = self.on_reject.as_ref();
-        response::respond(hook, kind, status, retry_after, None, policy, protocol)
+        response::respond(hook, kind, status, retry_after, None, policy, to)
     }
 
     /// The response to a request without a key, when the policy rejects it: no
@@ -277,9 +277,9 @@ impl<E: KeyExtractor> Core<E> {
         &self,
         status: StatusCode,
         policy: Option<&str>,
-        protocol: Protocol,
+        to: Recipient,
     ) -> Response<B> {
-        self.reject(RejectionKind::MissingKey, status, None, policy, protocol)
+        self.reject(RejectionKind::MissingKey, status, None, policy, to)
     }
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use super::policy::Policy;
-use super::shared::{Answers, LiveTier};
+use super::shared::Answers;
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
@@ -132,8 +132,7 @@ impl RateLimitHandle {
         policy.quotas = quotas;
         policy.validate()?;
         (self.set)(i, &policy.quotas)?;
-        tier.live
-            .store(Arc::new(LiveTier::new(policy, tier.local_share)));
+        tier.replace(policy);
         Ok(())
     }
 }

@@ -2,7 +2,6 @@ use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use http::Method;
 use tower_layer::Layer;
 
@@ -10,7 +9,7 @@ use super::handle::RateLimitHandle;
 use super::policy::Policy;
 use super::service::RateLimit;
 use super::settle::{AmountFn, CountFn, SettleRule};
-use super::shared::{Answers, CostFn, LiveTier, SelectFn, Shared, SkipFn, Tier, OUTCOMES};
+use super::shared::{Answers, CostFn, SelectFn, Shared, SkipFn, Tier, OUTCOMES};
 use super::store::{Backend, Memory};
 use crate::clock::Clock;
 use crate::error::ConfigError;
@@ -584,14 +583,14 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             let names = Names::new(LayerKind::RateLimit, &policy.name, &policy.item_names());
             let observe = self.common.observe;
             observe::config(&names, observe.dry_run, observe.trace_keys, &policy.quotas);
-            let local_share = self.store.local_share();
-            tiers.push(Tier {
-                name: policy.name.as_ref().into(),
-                live: ArcSwap::from_pointee(LiveTier::new(policy.clone(), local_share)),
-                meter: DecisionMeter::new(&names, observe.dry_run, OUTCOMES),
+            let meter = DecisionMeter::new(&names, observe.dry_run, OUTCOMES);
+            tiers.push(Tier::new(
+                policy.name.as_ref().into(),
+                policy.clone(),
                 names,
-                local_share,
-            });
+                meter,
+                self.store.local_share(),
+            ));
         }
         let penalty = match &self.settings.penalty {
             Some(p) if B::LOCAL_PENALTIES => {

@@ -37,9 +37,12 @@
 //! it was. Every rejection this crate builds ([`RateLimitLayer`],
 //! [`ShapeLayer`](crate::ShapeLayer), [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer):
 //! rate limited, queue full, concurrency, missing key, store down, the default response or an
-//! [`on_reject`](RateLimitLayer::on_reject) hook's) carries a private mark in its response
-//! extensions; an outer `RateLimitLayer` that admitted the request sees the mark and gives
-//! back the cost it took, for the same key and tier. The mark is never sent to the client
+//! [`on_reject`](RateLimitLayer::on_reject) hook's) of a request an outer `RateLimitLayer`
+//! decided carries a private mark in its response extensions (the outer layer's
+//! [`Decision`](crate::Decision) in the request's extensions is how the inner layer knows, so a
+//! service in between that replaces the request's extensions loses the give-back); the outer
+//! layer that admitted the request sees the mark and gives back the cost it took, for the same
+//! key and tier. The mark is never sent to the client
 //! (extensions are not part of the response on the wire), and a `429` the handler returns
 //! itself has no mark: the request was served, and stays counted.
 //!

@@ -1,7 +1,7 @@
 //! What every service of one [`RateLimitLayer`](super::RateLimitLayer) shares: its tiers, the
 //! closures that pick tier, cost and skips, and everything done before and after a decision.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -19,7 +19,7 @@ use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::Core;
 use crate::observe::{self, DecisionMeter, DryRunRejection, Names, Observe, Verdict};
 use crate::penalty::{banned_decision, Penalties};
-use crate::response::{self, OnReject, Protocol, RejectionKind};
+use crate::response::{self, OnReject, Recipient, RejectionKind};
 
 /// Chooses a request's tier: given the request and a lookup of tier names, the tier's index.
 pub(crate) type SelectFn =
@@ -34,6 +34,10 @@ pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 pub(crate) struct Tier {
     pub(crate) name: Box<str>,
     pub(crate) live: ArcSwap<LiveTier>,
+    /// The id of the live policy's header fields ([`PolicyHeaders::id`]), set after `live`:
+    /// the fields a repeated decision gets come from each thread's cache of them without
+    /// loading `live`.
+    pub(crate) live_id: AtomicU64,
     /// The names its metrics and events carry.
     pub(crate) names: Names,
     pub(crate) meter: DecisionMeter,
@@ -49,6 +53,46 @@ pub(crate) struct LiveTier {
     pub(crate) local_headers: Option<PolicyHeaders>,
     /// The policy's quotas, for the fields of a banned key's answer.
     pub(crate) rules: Box<[Rule]>,
+}
+
+impl Tier {
+    /// A tier named `name` answering with `policy` until it is replaced ([`Tier::replace`]);
+    /// `local_share`: the share of each quota the store's local fallback enforces, if any.
+    pub(crate) fn new(
+        name: Box<str>,
+        policy: Policy,
+        names: Names,
+        meter: DecisionMeter,
+        local_share: Option<f64>,
+    ) -> Self {
+        let live = LiveTier::new(policy, local_share);
+        Tier {
+            name,
+            live_id: AtomicU64::new(live.headers.id()),
+            live: ArcSwap::from_pointee(live),
+            names,
+            meter,
+            local_share,
+        }
+    }
+
+    /// Replaces the policy in force, and then the id its fields are found by.
+    pub(crate) fn replace(&self, policy: Policy) {
+        let live = Arc::new(LiveTier::new(policy, self.local_share));
+        let id = live.headers.id();
+        self.live.store(live);
+        self.live_id.store(id, Ordering::Release);
+    }
+}
+
+/// The header fields of a tier's live policy, loaded.
+struct LiveHeaders(arc_swap::Guard<Arc<LiveTier>>);
+
+impl std::ops::Deref for LiveHeaders {
+    type Target = PolicyHeaders;
+    fn deref(&self) -> &PolicyHeaders {
+        &self.0.headers
+    }
 }
 
 impl LiveTier {
@@ -191,8 +235,8 @@ impl<E: KeyExtractor, L> Shared<E, L> {
                     ));
                 }
                 let policy = Some(&*t.name);
-                let protocol = Protocol::of(head);
-                return Prepared::Reject(self.core.reject_missing(status, policy, protocol));
+                let to = Recipient::of(head);
+                return Prepared::Reject(self.core.reject_missing(status, policy, to));
             }
         };
         let cost = self.cost.as_ref().map_or(1, |f| f(head));
@@ -366,7 +410,7 @@ impl Answers {
             decision.retry_after(),
             Some(&decision),
             Some(&tier.name),
-            Protocol::of(&RequestHead::new(req)),
+            Recipient::of(&RequestHead::new(req)),
         );
         if let Some(h) = headers {
             h.apply(resp.headers_mut());
@@ -392,13 +436,16 @@ impl RateHeaders {
     fn new(shared: &Answers, tier: &Tier, d: &Decision) -> Self {
         RateHeaders {
             ietf: shared.headers.then(|| {
-                let live = tier.live.load();
-                // A decision of the local fallback reports the scaled quotas it decided on.
-                let headers = match &live.local_headers {
-                    Some(local) if d.is_local() => local,
-                    _ => &live.headers,
-                };
-                (headers.policy(), headers.ratelimit(d))
+                let items = d.states().iter().map(|s| (s.remaining(), s.reset_after()));
+                if d.is_local() {
+                    // A decision of the local fallback reports the scaled quotas it decided on.
+                    let live = tier.live.load();
+                    if let Some(local) = &live.local_headers {
+                        return (local.policy(), local.ratelimit_items(items));
+                    }
+                }
+                let id = tier.live_id.load(Ordering::Acquire);
+                crate::headers::fields(id, items, || LiveHeaders(tier.live.load()))
             }),
             legacy: shared.legacy_headers.then(|| crate::headers::Legacy::of(d)),
         }

@@ -14,7 +14,7 @@ use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::{service_shell, Core};
 use crate::observe::{self, DecisionMeter, DryRunRejection, Names, ShapeMeter, Verdict};
-use crate::response::{Protocol, RejectionKind};
+use crate::response::{Recipient, RejectionKind};
 
 /// The outcomes a shaping layer can count.
 pub(crate) const OUTCOMES: &[Verdict] = &[
@@ -145,10 +145,8 @@ where
                 if !shared.rejects(RejectionKind::MissingKey, status, None, None, &mut req) {
                     return ResponseFuture::new(State::calling(self.inner.call(req)), None);
                 }
-                let protocol = Protocol::of(&RequestHead::new(&req));
-                let resp = shared
-                    .core
-                    .reject_missing(status, Some(&shared.name), protocol);
+                let to = Recipient::of(&RequestHead::new(&req));
+                let resp = shared.core.reject_missing(status, Some(&shared.name), to);
                 return ResponseFuture::new(State::ready(resp), None);
             }
         };
@@ -194,7 +192,7 @@ where
                     StatusCode::TOO_MANY_REQUESTS,
                     Some(full.retry_after()),
                     Some(&shared.name),
-                    Protocol::of(&RequestHead::new(&req)),
+                    Recipient::of(&RequestHead::new(&req)),
                 );
                 if let Some(h) = shared.headers(&room) {
                     h.apply(resp.headers_mut());
