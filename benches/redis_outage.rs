@@ -19,8 +19,10 @@
 //! * the run ends at 15 s.
 //!
 //! Then the same run again with leases on the store (`Lease::new(20, 100 ms)`), about 32 s in
-//! all. A decision belongs to the outage when the local fallback made it (from the kill to
-//! the last request that asked before Redis was back), else to before or after it. Prints,
+//! all. A decision belongs to the outage when the local fallback made it between the kill and
+//! the first decision Redis made again for its instance; else to before or after it (a
+//! fallback decision while Redis was up, a call that outlasted the timeout, is counted and
+//! reported as such). Prints,
 //! per phase, what was admitted per second in all and by each instance, the admissions beside
 //! what the quota allows in that time (a full burst plus the rate over the time; during the
 //! outage each instance's own scaled burst and rate), the decisions per second and the p50/p99
