@@ -714,7 +714,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// batch for the key taken with it when the key is hot.
     pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
         let inner = &*self.inner;
-        let Some(leases) = inner.leases.as_ref().filter(|_| cost > 0) else {
+        // While Redis does not answer, no batch can be taken: a request waiting for another's
+        // batch would wait the timeout twice. Each asks for its own cost, as without a lease.
+        let Some(leases) = inner
+            .leases
+            .as_ref()
+            .filter(|_| cost > 0 && !inner.store.is_down())
+        else {
             return self.decide(key, cost, now).await;
         };
         let limits = inner.limits.load_full();
@@ -738,6 +744,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             let _ = tokio::time::timeout(wait, taken).await;
             if let Some(d) = leases.serve(key, &limits.gcras, self.now(), cost) {
                 return d;
+            }
+            if inner.store.is_down() {
+                // The batch waited for was not answered: no other will be either.
+                return self.decide(key, cost, now).await;
             }
         }
         if plan.give_back > 0 {

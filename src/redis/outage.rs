@@ -64,6 +64,12 @@ impl Outage {
         }
     }
 
+    /// Whether an outage is on: the last call failed and none has succeeded since.
+    #[inline]
+    pub(crate) fn is_down(&self) -> bool {
+        self.down.load(Ordering::Acquire)
+    }
+
     /// Records a success at `now`; returns the line to log, if any.
     #[inline]
     pub(crate) fn success(&self, now: impl FnOnce() -> Instant) -> Option<Line> {
