@@ -4,12 +4,14 @@
 //! the would-be rejection is in the request's extensions and in a tracing event; state is
 //! consumed exactly as enforcement would consume it.
 
+mod common;
+
 use std::convert::Infallible;
-use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
+use common::capture::Captured;
 use http::{Request, Response, StatusCode};
 use tollgate::key::Header;
 use tollgate::observe::{DryRunRejection, LayerKind};
@@ -296,33 +298,6 @@ async fn a_dry_run_shaper_delays_nothing_and_refuses_nothing_but_keeps_the_sched
     // Once the would-be waiters' slots have passed, the queue is free again.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(call(&mut svc, from("a")).await.1, "");
-}
-
-/// Captures what the events of one target write.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
 }
 
 /// A test's own subscriber, for as long as the test holds it.

@@ -7,10 +7,9 @@
 
 mod common;
 
-use std::io;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::capture::Captured;
 use common::redis_server::{free_port, RedisServer};
 use tollgate::redis::{FailMode, RedisRateLimiter, RedisStore, Share};
 use tollgate::{Clock, ConfigError, Decision, Outcome, Quota, RateLimiter};
@@ -595,35 +594,6 @@ mod http_layer {
             assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
             assert_eq!(header(&resp, "retry-after"), Some("60"));
         }
-    }
-}
-
-// --- log capture ---------------------------------------------------------------------------
-
-/// Captures what the events write.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
     }
 }
 

@@ -1,4 +1,5 @@
 //! Shared test support.
+pub mod capture;
 pub mod model;
 pub mod redis_server;
 pub mod spec;
