@@ -7,8 +7,14 @@ mod common;
 
 use common::redis_server::RedisServer;
 
-const GENERAL: &str = include_str!("../src/redis/gcra.lua");
-const GCRA_ONLY: &str = include_str!("../src/redis/gcra_only.lua");
+const GENERAL: &str = concat!(
+    include_str!("../src/redis/prelude.lua"),
+    include_str!("../src/redis/gcra.lua")
+);
+const GCRA_ONLY: &str = concat!(
+    include_str!("../src/redis/prelude.lua"),
+    include_str!("../src/redis/gcra_only.lua")
+);
 
 /// SplitMix64: a fixed sequence, so a failure repeats.
 struct Rng(u64);
@@ -82,6 +88,11 @@ async fn the_gcra_only_script_decides_as_the_general_one() {
             }
             for key in ["general", "fast"] {
                 pipe.cmd("PEXPIRETIME").arg(key);
+            }
+            // The scripts' times are the test's, not the server's: a key they set to expire in
+            // a millisecond must not vanish on the server's clock before the next step.
+            for key in ["general", "fast"] {
+                pipe.cmd("PERSIST").arg(key).ignore();
             }
             type Both = (Vec<i64>, Vec<i64>, Option<String>, Option<String>, i64, i64);
             let (g, f, g_stored, f_stored, g_expiry, f_expiry): Both =

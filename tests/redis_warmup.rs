@@ -144,7 +144,10 @@ async fn a_warm_up_key_holds_two_words_and_expires_once_cold_again() {
 
 /// The script's `idiv` and `muldiv`, cut out of it as they are.
 fn script_arithmetic() -> String {
-    let script = include_str!("../src/redis/gcra.lua");
+    let script = concat!(
+        include_str!("../src/redis/prelude.lua"),
+        include_str!("../src/redis/gcra.lua")
+    );
     let cut = |from: &str| {
         let start = script.find(from).expect("function in the script");
         let end = script[start..].find("\nend\n").expect("its end") + start + 5;

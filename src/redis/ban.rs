@@ -28,6 +28,7 @@ pub(crate) static DECIDE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("ban.lua"),
         "\nlocal function decide()\n",
+        include_str!("prelude.lua"),
         include_str!("gcra.lua"),
         "\nend\nreturn penalize(decide)\n"
     ))

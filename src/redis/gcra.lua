@@ -26,17 +26,7 @@
 -- with outcome 0 = allowed, 1 = limited, 2 = never admissible; times in microseconds.
 -- Every number stays below 2^53, where Lua's doubles are exact integers.
 
-local cost = tonumber(ARGV[1])
-local force = string.byte(ARGV[1]) == 43
-local now
-if ARGV[2] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[2])
-end
-local n = tonumber(ARGV[3])
-local key = KEYS[1]
+-- (prelude.lua, before this: cost, force, now, n, key, idiv)
 
 local function fmt(x) return string.format('%.0f', x) end
 
@@ -61,12 +51,6 @@ end
 local hold = tonumber(ARGV[4 + 3 * n]) or 0
 local WORDS = {[0] = 1, [1] = 2, [2] = 0, [3] = 3, [4] = 2}
 
--- floor(a / b) for integers a >= 0, b > 0 below 2^53, exactly.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
 
 -- floor(x * y / d) exactly, for integers 0 <= x, y < 2^52 and 0 < d < 2^52 whose result is
 -- below 2^53 (src/warmup.rs computes the same in 128 bits). A product beyond 2^52 is taken

@@ -9,17 +9,7 @@
 --          "", the number of quotas n, then per quota 0, emission interval, tolerance; then
 --          the bits of the quotas that hold a key to their tolerance.
 
-local cost = tonumber(ARGV[1])
-local force = string.byte(ARGV[1]) == 43
-local now
-if ARGV[2] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[2])
-end
-local n = tonumber(ARGV[3])
-local key = KEYS[1]
+-- (prelude.lua, before this: cost, force, now, n, key, idiv)
 local hold = tonumber(ARGV[4 + 3 * n]) or 0
 
 local tat = {}
@@ -33,12 +23,6 @@ if raw then
 end
 for q = found + 1, n do tat[q] = 0 end
 
--- floor(a / b) for integers a >= 0, b > 0 below 2^53, exactly.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
 
 local function save()
   local words = {}

@@ -24,13 +24,21 @@ pub const DEFAULT_DENY_CACHE_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// The decision script, loaded once per server and called by its SHA1 (`EVALSHA`); reloaded
 /// by the `redis` crate when a server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
-pub(crate) static SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("gcra.lua")));
+pub(crate) static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("prelude.lua"),
+        include_str!("gcra.lua")
+    ))
+});
 
 /// The decision script of a policy whose quotas are all GCRA: the same arguments, storage,
 /// reply and decisions as [`SCRIPT`], at a fraction of the server's time per call.
-pub(crate) static GCRA_ONLY: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("gcra_only.lua")));
+pub(crate) static GCRA_ONLY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("prelude.lua"),
+        include_str!("gcra_only.lua")
+    ))
+});
 
 /// What a limiter does when Redis cannot decide in time (an error, a timeout, a refused
 /// connection).
