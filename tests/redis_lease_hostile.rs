@@ -276,7 +276,6 @@ async fn a_cost_of_zero_takes_nothing_and_costs_above_the_batch_take_exactly_the
     assert_eq!(left(&l, "k").await, 20 - 4 - 6);
 }
 
-#[ignore = "held units plus the cost overflow"]
 #[tokio::test]
 async fn a_cost_of_u32_max_admitted_while_units_are_held_does_not_overflow() {
     let server = RedisServer::start();

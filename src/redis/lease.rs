@@ -334,7 +334,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                 for (old, new) in h.tats.iter_mut().zip(tats) {
                     *old = (*old).max(new);
                 }
-                local_decision(gcras, &h.tats, h.units + cost, sent_at, cost)
+                local_decision(gcras, &h.tats, h.units.saturating_add(cost), sent_at, cost)
             },
             // Dropped since the plan (the table was full): the units are lost to this instance,
             // and come back in Redis within the burst period.
