@@ -62,7 +62,6 @@ async fn warm(l: &RedisRateLimiter<&'static str>, key: &'static str, n: u32) {
     }
 }
 
-#[ignore = "requests that find an expired lease each take a batch"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_tasks_after_an_expired_lease_leave_the_instance_at_most_max_batch() {
     let server = RedisServer::start();

@@ -242,8 +242,10 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             || now,
             |h, _| {
                 let mut give_back = 0;
-                if h.generation == generation && now < h.until && now < h.pending_until {
-                    // Another request is taking a batch: this one waits for it.
+                if h.generation == generation && now < h.pending_until {
+                    // Another request is taking a batch: this one waits for it, whether the
+                    // lease is live or expired (each request that finds an expired lease would
+                    // otherwise take a batch of its own, and the instance hold them all).
                     return Plan {
                         give_back,
                         batch: cost,
@@ -324,7 +326,11 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                     h.units = 0;
                 }
                 h.generation = generation;
-                h.pending_until = 0;
+                if batch > cost {
+                    // The batch on its way arrived. A request that asked for its cost alone
+                    // (tired of waiting) leaves a batch still on its way pending.
+                    h.pending_until = 0;
+                }
                 h.units = h.units.saturating_add(kept);
                 h.until = sent_at.saturating_add(hold);
                 h.forget_at = h.until.saturating_add(hold);
