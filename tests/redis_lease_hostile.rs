@@ -196,7 +196,6 @@ async fn a_request_dropped_while_taking_a_batch_does_not_hold_up_the_next() {
     assert!(admitted >= 17 - 4, "{admitted}");
 }
 
-#[ignore = "a batch in flight is recorded under the new quotas"]
 #[tokio::test]
 async fn a_batch_in_flight_when_the_quotas_change_is_not_used_under_the_new_ones() {
     let server = RedisServer::start();

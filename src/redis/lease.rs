@@ -156,6 +156,11 @@ pub(crate) struct Plan {
     /// Another request of this instance is taking a batch of the key: wait for it (see
     /// [`Leases::taken`]) and try the lease again before asking Redis.
     pub(crate) wait: bool,
+    /// The quotas' generation the plan was made under: a batch taken under other quotas than
+    /// those in force when it arrives is not held (see [`Leases::took`]).
+    pub(crate) generation: u64,
+    /// The request's cost.
+    pub(crate) cost: u32,
 }
 
 /// The leases of one limiter.
@@ -250,6 +255,8 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                         give_back,
                         batch: cost,
                         wait: true,
+                        generation,
+                        cost,
                     };
                 }
                 if h.generation != generation {
@@ -277,6 +284,8 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                     give_back,
                     batch,
                     wait: false,
+                    generation,
+                    cost,
                 }
             },
             |_| {
@@ -285,6 +294,8 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                         give_back: 0,
                         batch: cost,
                         wait: false,
+                        generation,
+                        cost,
                     },
                     fresh,
                 )
@@ -294,26 +305,36 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             give_back: 0,
             batch: cost,
             wait: false,
+            generation,
+            cost,
         })
     }
 
-    /// Records a batch of `batch` units that Redis gave for a request of `cost` sent at
+    /// Records a batch of `batch` units that Redis gave for the request `planned` sent at
     /// `sent_at` (its decision `d`); returns the request's decision.
+    ///
+    /// A batch planned under quotas that were replaced while it was on its way is not held:
+    /// its units were granted by the old quotas, and are dropped as those held at the change.
     pub(crate) fn took(
         &self,
         key: &K,
         gcras: &[Gcra],
         sent_at: u64,
+        planned: &Plan,
         batch: u32,
-        cost: u32,
         d: &Decision,
     ) -> Decision {
+        let cost = planned.cost;
+        let generation = self.generation.load(Ordering::Acquire);
+        if planned.generation != generation {
+            self.batches.notify_waiters();
+            return *d;
+        }
         let mut tats = [0; MAX_QUOTAS];
         for (t, s) in tats.iter_mut().zip(d.states()) {
             *t = sent_at.saturating_add(s.reset_after_nanos());
         }
         let hash = self.table.hash(key);
-        let generation = self.generation.load(Ordering::Acquire);
         let hold = self.hold;
         let kept = batch - cost;
         let recorded = self.table.upsert(
@@ -480,7 +501,7 @@ mod tests {
             assert_eq!(plan.give_back, 0);
             let d = redis(&g, &mut tat, now, plan.batch);
             assert!(d.is_allowed());
-            let mine = l.took(&"k", &[g], now, plan.batch, 1, &d);
+            let mine = l.took(&"k", &[g], now, &plan, plan.batch, &d);
             assert!(mine.is_allowed());
             batches.push(plan.batch);
         }
@@ -504,7 +525,7 @@ mod tests {
             }
             let plan = l.plan(&"k", now, 1, 100);
             let d = redis(&g, &mut tat, now, plan.batch);
-            l.took(&"k", &[g], now, plan.batch, 1, &d);
+            l.took(&"k", &[g], now, &plan, plan.batch, &d);
             if plan.batch == 8 {
                 break;
             }
@@ -531,7 +552,7 @@ mod tests {
             let plan = l.plan(&"k", now, 1, 5);
             assert!(plan.batch <= 5, "{plan:?}");
             let d = redis(&g, &mut tat, now, plan.batch);
-            l.took(&"k", &[g], now, plan.batch, 1, &d);
+            l.took(&"k", &[g], now, &plan, plan.batch, &d);
         }
         l.refused(&"k", true);
         assert_eq!(l.plan(&"k", 50 * MS, 1, 5).batch, 2);
@@ -553,7 +574,7 @@ mod tests {
                 None => {
                     let plan = l.plan(&"k", 0, 1, 10);
                     let d = redis(&g, &mut tat, 0, plan.batch);
-                    l.took(&"k", &[g], 0, plan.batch, 1, &d)
+                    l.took(&"k", &[g], 0, &plan, plan.batch, &d)
                 }
             };
             served.push(d.remaining());
@@ -571,7 +592,7 @@ mod tests {
             if l.serve(&"k", &[g], 0, 1).is_none() {
                 let plan = l.plan(&"k", 0, 1, 100);
                 let d = redis(&g, &mut tat, 0, plan.batch);
-                l.took(&"k", &[g], 0, plan.batch, 1, &d);
+                l.took(&"k", &[g], 0, &plan, plan.batch, &d);
             }
         }
         l.quotas_changed();

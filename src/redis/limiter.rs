@@ -759,7 +759,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                     return self.unanswered(key, cost, &limits.rules);
                 };
                 if d.is_allowed() {
-                    return leases.took(key, &limits.gcras, now, plan.batch, cost, &d);
+                    return leases.took(key, &limits.gcras, now, &plan, plan.batch, &d);
                 }
                 leases.refused(key, true);
                 // The refusal says what the key has left: the cost alone may be known to be
@@ -775,7 +775,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 if left > cost && left < plan.batch {
                     match self.ask(key, left, now).await {
                         Some(d) if d.is_allowed() => {
-                            return leases.took(key, &limits.gcras, now, left, cost, &d);
+                            return leases.took(key, &limits.gcras, now, &plan, left, &d);
                         }
                         Some(_) => {}
                         None => return self.unanswered(key, cost, &limits.rules),
@@ -786,7 +786,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let d = self.decide(key, cost, now).await;
         if d.is_allowed() && !d.is_degraded() {
             // A batch of the cost alone: how soon the key needs the next one sizes that one.
-            return leases.took(key, &limits.gcras, now, cost, cost, &d);
+            return leases.took(key, &limits.gcras, now, &plan, cost, &d);
         }
         d
     }
