@@ -346,6 +346,14 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                 if h.generation != generation || now >= h.until {
                     h.units = 0;
                 }
+                // Units left of the lease so far keep its end, and the new ones share it: none
+                // is handed out more than a hold after it was taken.
+                let until = sent_at.saturating_add(hold);
+                h.until = if h.units > 0 {
+                    h.until.min(until)
+                } else {
+                    until
+                };
                 h.generation = generation;
                 if batch > cost {
                     // The batch on its way arrived. A request that asked for its cost alone
@@ -353,7 +361,6 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                     h.pending_until = 0;
                 }
                 h.units = h.units.saturating_add(kept);
-                h.until = sent_at.saturating_add(hold);
                 h.forget_at = h.until.saturating_add(hold);
                 h.since = sent_at;
                 h.taken = batch;
