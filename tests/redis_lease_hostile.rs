@@ -159,7 +159,6 @@ async fn three_instances_of_four_tasks_each_never_admit_more_than_the_allowance(
     );
 }
 
-#[ignore = "a dropped request leaves its batch pending for a hold"]
 #[tokio::test]
 async fn a_request_dropped_while_taking_a_batch_does_not_hold_up_the_next() {
     let server = RedisServer::start();

@@ -391,6 +391,17 @@ impl<K: Hash + Eq + Clone> Leases<K> {
         self.batches.notify_waiters();
     }
 
+    /// The batch that `plan` asks for, on its way until [`Pending::answered`]: a request
+    /// dropped before (its future cancelled) no longer holds up the others, which would
+    /// otherwise wait for a batch that never comes, for up to a hold.
+    pub(crate) fn pending<'a>(&'a self, key: &'a K, plan: &Plan) -> Pending<'a, K> {
+        Pending {
+            leases: self,
+            key,
+            armed: plan.batch > plan.cost,
+        }
+    }
+
     /// Takes every unit held (of the quotas in force), for them to be given back.
     pub(crate) fn drain(&self) -> Vec<(K, u32)> {
         let mut keys = Vec::new();
@@ -446,6 +457,31 @@ impl<K: Hash + Eq + Clone> Leases<K> {
     /// Requests served from leases.
     pub(crate) fn served(&self) -> u64 {
         self.served.load(Ordering::Relaxed)
+    }
+}
+
+/// A batch on its way for a key (see [`Leases::pending`]).
+pub(crate) struct Pending<'a, K: Hash + Eq + Clone> {
+    leases: &'a Leases<K>,
+    key: &'a K,
+    armed: bool,
+}
+
+impl<K: Hash + Eq + Clone> Pending<'_, K> {
+    /// Redis answered (or the batch was not asked for): the request records the batch itself
+    /// ([`Leases::took`] or [`Leases::refused`]).
+    pub(crate) fn answered(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl<K: Hash + Eq + Clone> Drop for Pending<'_, K> {
+    fn drop(&mut self) {
+        if self.armed {
+            // Whatever Redis granted it is lost to this instance, and comes back in Redis
+            // within the burst period.
+            self.leases.refused(self.key, false);
+        }
     }
 }
 

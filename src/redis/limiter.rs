@@ -740,6 +740,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 return d;
             }
         }
+        // Dropped before the answer, the request no longer holds up the others.
+        let mut pending = leases.pending(key, &plan);
         if plan.give_back > 0 {
             self.refund(key, plan.give_back).await;
         }
@@ -750,9 +752,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 .as_ref()
                 .and_then(|deny| deny.check(key, &limits.gcras, now, plan.batch));
             if known.is_some() {
+                pending.answered();
                 leases.refused(key, true);
             } else {
-                let Some(d) = self.ask(key, plan.batch, now).await else {
+                let answer = self.ask(key, plan.batch, now).await;
+                pending.answered();
+                let Some(d) = answer else {
                     // Redis did not answer: the failure policy decides the cost alone (asking
                     // Redis again would wait as long).
                     leases.refused(key, false);
