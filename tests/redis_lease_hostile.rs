@@ -418,6 +418,89 @@ async fn a_restart_of_redis_under_held_leases_admits_at_most_what_was_held_beyon
     assert!(after <= 20 + 3 * 8, "{after}");
 }
 
+/// A store that falls back to half the quotas after `timeout` without an answer.
+async fn falling_back(server: &RedisServer, timeout: Duration, lease: Lease) -> RedisStore {
+    RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(timeout)
+        .on_failure(tollgate::redis::FailMode::local(0.5).unwrap())
+        .lease(lease)
+}
+
+#[ignore = "a request waiting for a batch that gets no answer then asks Redis itself"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn during_an_outage_requests_waiting_for_a_batch_wait_no_longer_than_the_timeout() {
+    let server = RedisServer::start();
+    let (clock, _time) = Clock::manual();
+    let timeout = Duration::from_millis(400);
+    let store = falling_back(&server, timeout, Lease::new(8, Duration::from_secs(10))).await;
+    let l = RedisRateLimiter::<&str>::builder(store, Quota::per_minute(60).burst(20))
+        .quota(keep_alive())
+        .name("outage")
+        .clock(clock)
+        .build();
+    // Batches 1 and 2, then the held unit: the next request takes a batch of 4.
+    warm(&l, "k", 3).await;
+    server.pause();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let l = l.clone();
+        tasks.spawn(async move {
+            let started = std::time::Instant::now();
+            let d = l.check(&"k").await;
+            (d, started.elapsed())
+        });
+    }
+    let mut admitted = 0;
+    let mut slowest = Duration::ZERO;
+    while let Some(r) = tasks.join_next().await {
+        let (d, took) = r.unwrap();
+        admitted += u32::from(d.is_allowed());
+        slowest = slowest.max(took);
+    }
+    server.resume();
+    eprintln!("slowest decision during the outage: {slowest:?} (timeout {timeout:?})");
+    // Half the burst from the fallback, charged one by one.
+    assert_eq!(admitted, 6);
+    // The store promises a decision within its timeout; waiting for another request's batch
+    // and then asking again doubles that at least. Generous: twice the timeout.
+    assert!(
+        slowest < 2 * timeout,
+        "{slowest:?} for a timeout of {timeout:?}"
+    );
+}
+
+#[ignore = "units given back without an answer are followed by a batch asked of the same silent Redis"]
+#[tokio::test]
+async fn during_an_outage_an_expired_lease_given_back_does_not_double_the_wait() {
+    let server = RedisServer::start();
+    let (clock, time) = Clock::manual();
+    let timeout = Duration::from_millis(500);
+    let store = falling_back(&server, timeout, Lease::new(8, Duration::from_millis(100))).await;
+    let l = RedisRateLimiter::<&str>::builder(store, Quota::per_minute(60).burst(20))
+        .quota(keep_alive())
+        .name("outage")
+        .clock(clock)
+        .build();
+    // Batches 1, 2, 4, 8: 7 units held, 4 of them spent; the lease expires with 3 left.
+    warm(&l, "k", 12).await;
+    time.advance(Duration::from_millis(100));
+    server.pause();
+    let started = std::time::Instant::now();
+    let d = l.check(&"k").await;
+    let took = started.elapsed();
+    server.resume();
+    eprintln!("decision with units to give back during the outage: {took:?}");
+    assert!(d.is_allowed() && d.is_local(), "{d:?}");
+    // One timeout for the units given back, another for the batch: a decision must not
+    // wait for Redis twice when it did not answer once. Generous: 1.6 timeouts.
+    assert!(
+        took < timeout * 8 / 5,
+        "{took:?} for a timeout of {timeout:?}"
+    );
+}
+
 /// The HTTP layer on a leasing store: refunds and settlements of leased units, an inner layer
 /// that rejects, a dry run, and the RateLimit field.
 #[cfg(feature = "axum")]
