@@ -428,7 +428,6 @@ async fn falling_back(server: &RedisServer, timeout: Duration, lease: Lease) -> 
         .lease(lease)
 }
 
-#[ignore = "a request waiting for a batch that gets no answer then asks Redis itself"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn during_an_outage_requests_waiting_for_a_batch_wait_no_longer_than_the_timeout() {
     let server = RedisServer::start();
@@ -471,7 +470,6 @@ async fn during_an_outage_requests_waiting_for_a_batch_wait_no_longer_than_the_t
     );
 }
 
-#[ignore = "units given back without an answer are followed by a batch asked of the same silent Redis"]
 #[tokio::test]
 async fn during_an_outage_an_expired_lease_given_back_does_not_double_the_wait() {
     let server = RedisServer::start();

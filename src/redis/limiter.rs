@@ -739,11 +739,19 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             if let Some(d) = leases.serve(key, &limits.gcras, self.now(), cost) {
                 return d;
             }
+            if inner.store.is_down() {
+                // The batch waited for got no answer: asking Redis again would wait as long
+                // once more, and a decision waits for Redis at most the store's timeout.
+                return self.unanswered(key, cost, &limits.rules);
+            }
         }
         // Dropped before the answer, the request no longer holds up the others.
         let mut pending = leases.pending(key, &plan);
-        if plan.give_back > 0 {
-            self.refund(key, plan.give_back).await;
+        if plan.give_back > 0 && !self.give_back(key, plan.give_back).await {
+            // Redis did not answer: the failure policy decides, without a second wait.
+            pending.answered();
+            leases.refused(key, false);
+            return self.unanswered(key, cost, &limits.rules);
         }
         if plan.batch > cost {
             // A batch already known to be refused is not asked for.
@@ -906,6 +914,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         }
         // A negative cost is a refund to the script.
         self.adjust(key, &format!("-{cost}")).await;
+    }
+
+    /// Gives back `units` of an expired lease of `key`, as [`refund`](Self::refund); whether
+    /// Redis answered.
+    async fn give_back(&self, key: &K, units: u32) -> bool {
+        self.adjust(key, &format!("-{units}")).await.is_some()
     }
 
     /// Settles a request that reserved `reserved` for `key` at the `actual` cost known after

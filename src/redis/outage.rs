@@ -64,6 +64,12 @@ impl Outage {
         }
     }
 
+    /// Whether the latest call failed (an outage is on).
+    #[inline]
+    pub(crate) fn is_down(&self) -> bool {
+        self.down.load(Ordering::Acquire)
+    }
+
     /// Records a success at `now`; returns the line to log, if any.
     #[inline]
     pub(crate) fn success(&self, now: impl FnOnce() -> Instant) -> Option<Line> {

@@ -406,6 +406,11 @@ impl RedisStore {
         }
     }
 
+    /// Whether Redis failed to answer the latest call (until it answers one again).
+    pub(crate) fn is_down(&self) -> bool {
+        self.outage.is_down()
+    }
+
     /// Whether the store is a Redis Cluster connection.
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.conn, Connection::Cluster(_))
