@@ -418,6 +418,90 @@ async fn a_restart_of_redis_under_held_leases_admits_at_most_what_was_held_beyon
     assert!(after <= 20 + 3 * 8, "{after}");
 }
 
+#[tokio::test]
+async fn a_burst_lowered_below_max_batch_bounds_the_batches_after_it() {
+    let server = RedisServer::start();
+    let (clock, time) = Clock::manual();
+    let l = limiter(
+        &server,
+        &Quota::per_second(100).burst(100),
+        &clock,
+        Lease::new(32, Duration::from_secs(10)),
+    )
+    .await;
+    warm(&l, "k", 40).await;
+    l.set_quotas([Quota::per_second(100).burst(3), keep_alive()])
+        .unwrap();
+    // A second later the key has recovered whatever the new burst allows.
+    time.advance(Duration::from_secs(1));
+    let mut admitted = 0;
+    for _ in 0..20 {
+        admitted += u32::from(l.check(&"k").await.is_allowed());
+        let h = held(&l, "k").await;
+        assert!(h <= 3, "{h} units held under a burst of 3");
+    }
+    assert!(admitted <= 3, "{admitted}");
+}
+
+#[tokio::test]
+async fn a_tighter_second_quota_bounds_the_batches_and_the_fleet() {
+    let server = RedisServer::start();
+    let (clock, _time) = Clock::manual();
+    let lease = Lease::new(50, Duration::from_secs(10));
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        fleet.push(
+            RedisRateLimiter::<&str>::builder(
+                store(&server, lease).await,
+                Quota::per_second(1000).burst(100),
+            )
+            .quota(Quota::per_hour(60).burst(10))
+            .quota(keep_alive())
+            .name("two")
+            .clock(clock.clone())
+            .build(),
+        );
+    }
+    let mut admitted = 0;
+    for _ in 0..30 {
+        for l in &fleet {
+            admitted += u32::from(l.check(&"k").await.is_allowed());
+        }
+    }
+    assert!(admitted <= 10, "{admitted}");
+    for l in &fleet {
+        let before = l.peek(&"k").await.states()[1].remaining();
+        l.return_leases().await;
+        let h = l.peek(&"k").await.states()[1].remaining() - before;
+        assert!(h <= 10, "{h}");
+        admitted += u32::try_from(h).unwrap();
+    }
+    // What was admitted and what was held is all that Redis gave out.
+    assert_eq!(admitted, 10);
+}
+
+#[tokio::test]
+async fn a_full_lease_table_decides_other_keys_one_by_one_within_their_limits() {
+    let server = RedisServer::start();
+    let (clock, _time) = Clock::manual();
+    let lease = Lease::new(8, Duration::from_secs(10)).max_keys(1);
+    let a = limiter(&server, &Quota::per_minute(60).burst(20), &clock, lease).await;
+    let b = limiter(&server, &Quota::per_minute(60).burst(20), &clock, lease).await;
+    let keys = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
+    let mut admitted = [0u32; 8];
+    for _ in 0..30 {
+        for (i, k) in keys.iter().enumerate() {
+            for l in [&a, &b] {
+                admitted[i] += u32::from(l.check(k).await.is_allowed());
+            }
+        }
+    }
+    for (i, k) in keys.iter().enumerate() {
+        assert!(admitted[i] <= 20, "{k}: {}", admitted[i]);
+        assert!(admitted[i] >= 20 - 2 * 8, "{k}: {}", admitted[i]);
+    }
+}
+
 /// A store that falls back to half the quotas after `timeout` without an answer.
 async fn falling_back(server: &RedisServer, timeout: Duration, lease: Lease) -> RedisStore {
     RedisStore::connect(&server.url())
@@ -634,6 +718,31 @@ mod layer {
         limiter.return_leases().await;
         let after = limiter.peek(&key).await.states()[0].remaining();
         assert!(after - before <= 8, "{before} -> {after}");
+    }
+
+    #[tokio::test]
+    async fn a_change_through_the_layers_handle_makes_held_units_unusable() {
+        let server = RedisServer::start();
+        let (limit, _time) = layer(&server, Quota::per_minute(60).burst(20)).await;
+        let mut svc = limit.clone().layer(tower::service_fn(handler));
+        // Batches 1, 2 and 4 for four requests: three units held.
+        for _ in 0..4 {
+            assert_eq!(send(&mut svc, req(200, 1)).await.status(), StatusCode::OK);
+        }
+        let limiter = limit.limiter("p").unwrap().unwrap();
+        let leased = limiter.leased();
+        assert!(leased > 0);
+        limit
+            .handle()
+            .unwrap()
+            .set_quotas("p", [Quota::per_minute(60).burst(5), keep_alive()])
+            .unwrap();
+        // Seven units taken of a burst now of 5: nothing more, held units included.
+        for _ in 0..5 {
+            let resp = send(&mut svc, req(200, 1)).await;
+            assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        }
+        assert_eq!(limiter.leased(), leased);
     }
 
     #[tokio::test]
