@@ -15,6 +15,13 @@
 //! * A lease is used for at most [`Lease::hold`]. Units left when it expires are never used;
 //!   they go back to Redis (one script call, as a refund) with the instance's next request for
 //!   the key, or with [`RedisRateLimiter::return_leases`](super::RedisRateLimiter::return_leases).
+//!   Units left when a new batch arrives keep their lease's end, which the new ones share.
+//! * An instance asks for one batch of a key at a time: its other requests that the lease
+//!   cannot serve wait for that batch (a few times at most), whether the lease is live or
+//!   expired. A request dropped while its batch is on its way clears it; a batch that gets no
+//!   answer sends those waiting to the failure policy (a decision waits for Redis once).
+//! * Units held or on their way when the quotas change are never used (those on their way
+//!   are lost to the instance; Redis recovers them within the burst period).
 //!
 //! So at any time each instance holds at most `max_batch` units of a key, and the fleet admits
 //! at least the limit's allowance less `instances × max_batch` units (plus what expired leases
