@@ -159,6 +159,59 @@ async fn three_instances_of_four_tasks_each_never_admit_more_than_the_allowance(
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_dropped_at_every_step_never_stall_the_others_nor_inflate_what_is_held() {
+    let server = RedisServer::start();
+    let (clock, time) = Clock::manual();
+    let quota = Quota::per_second(1000).burst(100);
+    let lease = Lease::new(16, Duration::from_millis(50));
+    let mut fleet = Vec::new();
+    for _ in 0..2 {
+        fleet.push(limiter(&server, &quota, &clock, lease).await);
+    }
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (n, l) in fleet.iter().enumerate() {
+        for t in 0..4u64 {
+            let (l, admitted) = (l.clone(), admitted.clone());
+            tasks.spawn(async move {
+                for i in 0..300u64 {
+                    if (i + t + n as u64) % 2 == 0 {
+                        // Polled once, then dropped: wherever it got to (a batch on its way,
+                        // units given back, a wait for another batch).
+                        let _ = tokio::time::timeout(Duration::ZERO, l.check(&"k")).await;
+                        continue;
+                    }
+                    let d = tokio::time::timeout(Duration::from_millis(1_500), l.check(&"k"))
+                        .await
+                        .expect("a request stalled behind a dropped one");
+                    if d.is_allowed() {
+                        admitted.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+            });
+        }
+    }
+    // The clock moves while they run: leases expire, batches grow and shrink.
+    let mut steps = 0u64;
+    while !tasks.is_empty() {
+        tokio::select! {
+            done = tasks.join_next() => done.unwrap().unwrap(),
+            () = tokio::task::yield_now() => {
+                time.advance(Duration::from_millis(1));
+                steps += 1;
+            }
+        }
+    }
+    let allowance = 100 + steps;
+    let a = admitted.load(Ordering::Acquire);
+    assert!(a <= allowance, "{a} admitted, allowance {allowance}");
+    for l in &fleet {
+        let h = held(l, "k").await;
+        assert!(h <= 16, "an instance held {h} units, max_batch 16");
+    }
+}
+
 #[tokio::test]
 async fn a_request_dropped_while_taking_a_batch_does_not_hold_up_the_next() {
     let server = RedisServer::start();
