@@ -725,6 +725,29 @@ mod layer {
         assert_eq!(settled_left(&limit).await, 20 - failures);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn parallel_counted_and_uncounted_requests_leak_nothing() {
+        let server = RedisServer::start();
+        let (limit, _time) = layer(&server, Quota::per_minute(60).burst(20)).await;
+        let limit = limit.count_if(|res| res.status.as_u16() == 401);
+        let svc = limit.clone().layer(tower::service_fn(handler));
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..200 {
+            let svc = svc.clone();
+            let status = if i % 3 == 0 { 401 } else { 200 };
+            tasks.spawn(async move { svc.oneshot(req(status, 1)).await.unwrap().status() });
+        }
+        let mut failures = 0;
+        while let Some(s) = tasks.join_next().await {
+            failures += u64::from(s.unwrap() == StatusCode::UNAUTHORIZED);
+        }
+        assert!(
+            failures <= 20,
+            "{failures} counted failures on a limit of 20"
+        );
+        assert_eq!(settled_left(&limit).await, 20 - failures);
+    }
+
     #[tokio::test]
     async fn settlements_of_leased_admissions_charge_and_give_back_exactly_the_difference() {
         let server = RedisServer::start();
