@@ -555,6 +555,40 @@ async fn a_full_lease_table_decides_other_keys_one_by_one_within_their_limits() 
     }
 }
 
+#[tokio::test]
+async fn a_flood_of_one_off_keys_keeps_a_hot_key_from_leasing_for_two_holds_at_most() {
+    let server = RedisServer::start();
+    let (clock, time) = Clock::manual();
+    let lease = Lease::new(8, Duration::from_millis(100)).max_keys(64);
+    let l = RedisRateLimiter::<String>::builder(
+        store(&server, lease).await,
+        Quota::per_second(1000).burst(100),
+    )
+    .quota(keep_alive())
+    .name("flood")
+    .clock(clock)
+    .build();
+    for i in 0..1_000 {
+        assert!(l.check(&format!("one-off-{i}")).await.is_allowed());
+    }
+    let hot = "hot".to_owned();
+    for _ in 0..50 {
+        assert!(l.check(&hot).await.is_allowed());
+    }
+    let while_full = l.leased();
+    // Two holds later the one-off keys' entries may go, and the hot key leases again.
+    time.advance(Duration::from_millis(201));
+    for _ in 0..50 {
+        assert!(l.check(&hot).await.is_allowed());
+    }
+    let after = l.leased() - while_full;
+    eprintln!("hot key leased {while_full} of 50 while full, {after} of 50 two holds later");
+    assert!(
+        after >= 40,
+        "{after} of 50 served from a lease two holds after the flood"
+    );
+}
+
 /// A store that falls back to half the quotas after `timeout` without an answer.
 async fn falling_back(server: &RedisServer, timeout: Duration, lease: Lease) -> RedisStore {
     RedisStore::connect(&server.url())
