@@ -123,6 +123,9 @@ async fn three_instances_of_four_tasks_each_never_admit_more_than_the_allowance(
                         admitted.fetch_add(1, Ordering::AcqRel);
                     }
                     decisions.fetch_add(1, Ordering::AcqRel);
+                    // Local decisions do not yield: without this a failed assertion of the
+                    // driver would leave the runtime unable to stop the task.
+                    tokio::task::yield_now().await;
                 }
             });
         }
