@@ -15,6 +15,13 @@
 //! * A lease is used for at most [`Lease::hold`]. Units left when it expires are never used;
 //!   they go back to Redis (one script call, as a refund) with the instance's next request for
 //!   the key, or with [`RedisRateLimiter::return_leases`](super::RedisRateLimiter::return_leases).
+//!   Units left when a new batch arrives keep their lease's end, which the new ones share.
+//! * An instance asks for one batch of a key at a time: its other requests that the lease
+//!   cannot serve wait for that batch (a few times at most), whether the lease is live or
+//!   expired. A request dropped while its batch is on its way clears it; a batch that gets no
+//!   answer sends those waiting to the failure policy (a decision waits for Redis once).
+//! * Units held or on their way when the quotas change are never used (those on their way
+//!   are lost to the instance; Redis recovers them within the burst period).
 //!
 //! So at any time each instance holds at most `max_batch` units of a key, and the fleet admits
 //! at least the limit's allowance less `instances × max_batch` units (plus what expired leases
@@ -156,6 +163,11 @@ pub(crate) struct Plan {
     /// Another request of this instance is taking a batch of the key: wait for it (see
     /// [`Leases::taken`]) and try the lease again before asking Redis.
     pub(crate) wait: bool,
+    /// The quotas' generation the plan was made under: a batch taken under other quotas than
+    /// those in force when it arrives is not held (see [`Leases::took`]).
+    pub(crate) generation: u64,
+    /// The request's cost.
+    pub(crate) cost: u32,
 }
 
 /// The leases of one limiter.
@@ -242,12 +254,16 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             || now,
             |h, _| {
                 let mut give_back = 0;
-                if h.generation == generation && now < h.until && now < h.pending_until {
-                    // Another request is taking a batch: this one waits for it.
+                if h.generation == generation && now < h.pending_until {
+                    // Another request is taking a batch: this one waits for it, whether the
+                    // lease is live or expired (each request that finds an expired lease would
+                    // otherwise take a batch of its own, and the instance hold them all).
                     return Plan {
                         give_back,
                         batch: cost,
                         wait: true,
+                        generation,
+                        cost,
                     };
                 }
                 if h.generation != generation {
@@ -275,6 +291,8 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                     give_back,
                     batch,
                     wait: false,
+                    generation,
+                    cost,
                 }
             },
             |_| {
@@ -283,6 +301,8 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                         give_back: 0,
                         batch: cost,
                         wait: false,
+                        generation,
+                        cost,
                     },
                     fresh,
                 )
@@ -292,26 +312,36 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             give_back: 0,
             batch: cost,
             wait: false,
+            generation,
+            cost,
         })
     }
 
-    /// Records a batch of `batch` units that Redis gave for a request of `cost` sent at
+    /// Records a batch of `batch` units that Redis gave for the request `planned` sent at
     /// `sent_at` (its decision `d`); returns the request's decision.
+    ///
+    /// A batch planned under quotas that were replaced while it was on its way is not held:
+    /// its units were granted by the old quotas, and are dropped as those held at the change.
     pub(crate) fn took(
         &self,
         key: &K,
         gcras: &[Gcra],
         sent_at: u64,
+        planned: &Plan,
         batch: u32,
-        cost: u32,
         d: &Decision,
     ) -> Decision {
+        let cost = planned.cost;
+        let generation = self.generation.load(Ordering::Acquire);
+        if planned.generation != generation {
+            self.batches.notify_waiters();
+            return *d;
+        }
         let mut tats = [0; MAX_QUOTAS];
         for (t, s) in tats.iter_mut().zip(d.states()) {
             *t = sent_at.saturating_add(s.reset_after_nanos());
         }
         let hash = self.table.hash(key);
-        let generation = self.generation.load(Ordering::Acquire);
         let hold = self.hold;
         let kept = batch - cost;
         let recorded = self.table.upsert(
@@ -323,10 +353,21 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                 if h.generation != generation || now >= h.until {
                     h.units = 0;
                 }
+                // Units left of the lease so far keep its end, and the new ones share it: none
+                // is handed out more than a hold after it was taken.
+                let until = sent_at.saturating_add(hold);
+                h.until = if h.units > 0 {
+                    h.until.min(until)
+                } else {
+                    until
+                };
                 h.generation = generation;
-                h.pending_until = 0;
+                if batch > cost {
+                    // The batch on its way arrived. A request that asked for its cost alone
+                    // (tired of waiting) leaves a batch still on its way pending.
+                    h.pending_until = 0;
+                }
                 h.units = h.units.saturating_add(kept);
-                h.until = sent_at.saturating_add(hold);
                 h.forget_at = h.until.saturating_add(hold);
                 h.since = sent_at;
                 h.taken = batch;
@@ -334,7 +375,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                 for (old, new) in h.tats.iter_mut().zip(tats) {
                     *old = (*old).max(new);
                 }
-                local_decision(gcras, &h.tats, h.units + cost, sent_at, cost)
+                local_decision(gcras, &h.tats, h.units.saturating_add(cost), sent_at, cost)
             },
             // Dropped since the plan (the table was full): the units are lost to this instance,
             // and come back in Redis within the burst period.
@@ -355,6 +396,17 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             true
         });
         self.batches.notify_waiters();
+    }
+
+    /// The batch that `plan` asks for, on its way until [`Pending::answered`]: a request
+    /// dropped before (its future cancelled) no longer holds up the others, which would
+    /// otherwise wait for a batch that never comes, for up to a hold.
+    pub(crate) fn pending<'a>(&'a self, key: &'a K, plan: &Plan) -> Pending<'a, K> {
+        Pending {
+            leases: self,
+            key,
+            armed: plan.batch > plan.cost,
+        }
     }
 
     /// Takes every unit held (of the quotas in force), for them to be given back.
@@ -412,6 +464,31 @@ impl<K: Hash + Eq + Clone> Leases<K> {
     /// Requests served from leases.
     pub(crate) fn served(&self) -> u64 {
         self.served.load(Ordering::Relaxed)
+    }
+}
+
+/// A batch on its way for a key (see [`Leases::pending`]).
+pub(crate) struct Pending<'a, K: Hash + Eq + Clone> {
+    leases: &'a Leases<K>,
+    key: &'a K,
+    armed: bool,
+}
+
+impl<K: Hash + Eq + Clone> Pending<'_, K> {
+    /// Redis answered (or the batch was not asked for): the request records the batch itself
+    /// ([`Leases::took`] or [`Leases::refused`]).
+    pub(crate) fn answered(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl<K: Hash + Eq + Clone> Drop for Pending<'_, K> {
+    fn drop(&mut self) {
+        if self.armed {
+            // Whatever Redis granted it is lost to this instance, and comes back in Redis
+            // within the burst period.
+            self.leases.refused(self.key, false);
+        }
     }
 }
 
@@ -474,7 +551,7 @@ mod tests {
             assert_eq!(plan.give_back, 0);
             let d = redis(&g, &mut tat, now, plan.batch);
             assert!(d.is_allowed());
-            let mine = l.took(&"k", &[g], now, plan.batch, 1, &d);
+            let mine = l.took(&"k", &[g], now, &plan, plan.batch, &d);
             assert!(mine.is_allowed());
             batches.push(plan.batch);
         }
@@ -498,7 +575,7 @@ mod tests {
             }
             let plan = l.plan(&"k", now, 1, 100);
             let d = redis(&g, &mut tat, now, plan.batch);
-            l.took(&"k", &[g], now, plan.batch, 1, &d);
+            l.took(&"k", &[g], now, &plan, plan.batch, &d);
             if plan.batch == 8 {
                 break;
             }
@@ -525,7 +602,7 @@ mod tests {
             let plan = l.plan(&"k", now, 1, 5);
             assert!(plan.batch <= 5, "{plan:?}");
             let d = redis(&g, &mut tat, now, plan.batch);
-            l.took(&"k", &[g], now, plan.batch, 1, &d);
+            l.took(&"k", &[g], now, &plan, plan.batch, &d);
         }
         l.refused(&"k", true);
         assert_eq!(l.plan(&"k", 50 * MS, 1, 5).batch, 2);
@@ -547,7 +624,7 @@ mod tests {
                 None => {
                     let plan = l.plan(&"k", 0, 1, 10);
                     let d = redis(&g, &mut tat, 0, plan.batch);
-                    l.took(&"k", &[g], 0, plan.batch, 1, &d)
+                    l.took(&"k", &[g], 0, &plan, plan.batch, &d)
                 }
             };
             served.push(d.remaining());
@@ -565,7 +642,7 @@ mod tests {
             if l.serve(&"k", &[g], 0, 1).is_none() {
                 let plan = l.plan(&"k", 0, 1, 100);
                 let d = redis(&g, &mut tat, 0, plan.batch);
-                l.took(&"k", &[g], 0, plan.batch, 1, &d);
+                l.took(&"k", &[g], 0, &plan, plan.batch, &d);
             }
         }
         l.quotas_changed();

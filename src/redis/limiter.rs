@@ -746,12 +746,18 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 return d;
             }
             if inner.store.is_down() {
-                // The batch waited for was not answered: no other will be either.
-                return self.decide(key, cost, now).await;
+                // The batch waited for got no answer: asking Redis again would wait as long
+                // once more, and a decision waits for Redis at most the store's timeout.
+                return self.unanswered(key, cost, &limits.rules);
             }
         }
-        if plan.give_back > 0 {
-            self.refund(key, plan.give_back).await;
+        // Dropped before the answer, the request no longer holds up the others.
+        let mut pending = leases.pending(key, &plan);
+        if plan.give_back > 0 && !self.give_back(key, plan.give_back).await {
+            // Redis did not answer: the failure policy decides, without a second wait.
+            pending.answered();
+            leases.refused(key, false);
+            return self.unanswered(key, cost, &limits.rules);
         }
         if plan.batch > cost {
             // A batch already known to be refused is not asked for.
@@ -760,16 +766,19 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 .as_ref()
                 .and_then(|deny| deny.check(key, &limits.gcras, now, plan.batch));
             if known.is_some() {
+                pending.answered();
                 leases.refused(key, true);
             } else {
-                let Some(d) = self.ask(key, plan.batch, now).await else {
+                let answer = self.ask(key, plan.batch, now).await;
+                pending.answered();
+                let Some(d) = answer else {
                     // Redis did not answer: the failure policy decides the cost alone (asking
                     // Redis again would wait as long).
                     leases.refused(key, false);
                     return self.unanswered(key, cost, &limits.rules);
                 };
                 if d.is_allowed() {
-                    return leases.took(key, &limits.gcras, now, plan.batch, cost, &d);
+                    return leases.took(key, &limits.gcras, now, &plan, plan.batch, &d);
                 }
                 leases.refused(key, true);
                 // The refusal says what the key has left: the cost alone may be known to be
@@ -785,7 +794,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 if left > cost && left < plan.batch {
                     match self.ask(key, left, now).await {
                         Some(d) if d.is_allowed() => {
-                            return leases.took(key, &limits.gcras, now, left, cost, &d);
+                            return leases.took(key, &limits.gcras, now, &plan, left, &d);
                         }
                         Some(_) => {}
                         None => return self.unanswered(key, cost, &limits.rules),
@@ -796,7 +805,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let d = self.decide(key, cost, now).await;
         if d.is_allowed() && !d.is_degraded() {
             // A batch of the cost alone: how soon the key needs the next one sizes that one.
-            return leases.took(key, &limits.gcras, now, cost, cost, &d);
+            return leases.took(key, &limits.gcras, now, &plan, cost, &d);
         }
         d
     }
@@ -911,6 +920,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         }
         // A negative cost is a refund to the script.
         self.adjust(key, &format!("-{cost}")).await;
+    }
+
+    /// Gives back `units` of an expired lease of `key`, as [`refund`](Self::refund); whether
+    /// Redis answered.
+    async fn give_back(&self, key: &K, units: u32) -> bool {
+        self.adjust(key, &format!("-{units}")).await.is_some()
     }
 
     /// Settles a request that reserved `reserved` for `key` at the `actual` cost known after

@@ -64,7 +64,7 @@ impl Outage {
         }
     }
 
-    /// Whether an outage is on: the last call failed and none has succeeded since.
+    /// Whether the latest call failed (an outage is on).
     #[inline]
     pub(crate) fn is_down(&self) -> bool {
         self.down.load(Ordering::Acquire)

@@ -353,11 +353,6 @@ impl RedisStore {
         self
     }
 
-    /// Whether Redis failed its last call and has not answered one since.
-    pub(crate) fn is_down(&self) -> bool {
-        self.outage.is_down()
-    }
-
     /// Runs the decision script on `key` with `args`; `None` when Redis did not answer in time
     /// (the error is logged as an outage).
     /// `gcra_only`: every quota is GCRA, and the lighter script decides.
@@ -417,6 +412,11 @@ impl RedisStore {
                 None
             }
         }
+    }
+
+    /// Whether Redis failed to answer the latest call (until it answers one again).
+    pub(crate) fn is_down(&self) -> bool {
+        self.outage.is_down()
     }
 
     /// Whether the store is a Redis Cluster connection.
