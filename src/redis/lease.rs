@@ -23,7 +23,9 @@
 //! * Units held or on their way when the quotas change are never used (those on their way
 //!   are lost to the instance; Redis recovers them within the burst period).
 //!
-//! So at any time each instance holds at most `max_batch` units of a key, and the fleet admits
+//! So each instance holds at most `max_batch` units of a key (for a moment up to twice that:
+//! after Redis refuses a batch, the request that asked takes what the key has left while
+//! another may start the next batch), and the fleet admits
 //! at least the limit's allowance less `instances × max_batch` units (plus what expired leases
 //! held until they are given back; Redis's own recovery makes up for those within the quota's
 //! burst period in any case).
@@ -181,14 +183,21 @@ pub(crate) struct Leases<K> {
     served: AtomicU64,
     /// Woken when a batch arrives or is refused, for the requests that wait for it.
     batches: tokio::sync::Notify,
+    /// How long a batch asked for counts as on its way (ns): the hold, or the store's timeout
+    /// if that is longer, so that no second batch is asked for while the first may still come.
+    pending: u64,
 }
 
 impl<K: Hash + Eq + Clone> Leases<K> {
-    pub(crate) fn new(lease: &Lease) -> Self {
+    /// The leases of one limiter whose store waits at most `timeout` for an answer.
+    pub(crate) fn new(lease: &Lease, timeout: Duration) -> Self {
+        let hold = u64::try_from(lease.hold.as_nanos()).unwrap_or(u64::MAX);
+        let timeout = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         Leases {
+            pending: hold.max(timeout),
             table: Table::new(lease.max_keys, OnFull::RejectNewKeys),
             max_batch: lease.max_batch,
-            hold: u64::try_from(lease.hold.as_nanos()).unwrap_or(u64::MAX),
+            hold,
             generation: AtomicU64::new(0),
             served: AtomicU64::new(0),
             batches: tokio::sync::Notify::new(),
@@ -235,6 +244,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
         let hash = self.table.hash(key);
         let generation = self.generation.load(Ordering::Acquire);
         let hold = self.hold;
+        let pending = self.pending;
         let max_batch = self.max_batch.min(max_fit);
         let fresh = Held {
             units: 0,
@@ -285,7 +295,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                 h.batch = h.batch.clamp(1, max_batch.max(1));
                 let batch = h.batch.max(cost);
                 if batch > cost {
-                    h.pending_until = now.saturating_add(hold);
+                    h.pending_until = now.saturating_add(pending);
                 }
                 Plan {
                     give_back,
@@ -524,7 +534,10 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     fn leases(max_batch: u32, hold_ms: u64) -> Leases<&'static str> {
-        Leases::new(&Lease::new(max_batch, Duration::from_millis(hold_ms)))
+        Leases::new(
+            &Lease::new(max_batch, Duration::from_millis(hold_ms)),
+            Duration::from_millis(50),
+        )
     }
 
     /// Redis in miniature: the decision of taking `n` from one quota stored at `tat`.

@@ -345,7 +345,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
             .store
             .lease
             .filter(|_| all_gcra && self.penalty.is_none())
-            .map(|lease| Leases::new(&lease));
+            .map(|lease| Leases::new(&lease, self.store.timeout));
         let penalty = self.penalty.as_ref().map(|p| {
             let mut prefix = self.store.prefix.to_vec();
             prefix.extend_from_slice(b"ban:");
