@@ -27,6 +27,8 @@ struct State {
     last_line: Instant,
     /// Errors not yet reported.
     errors: u64,
+    /// With probing (`RedisStore::probe_every`): when the next call may try Redis.
+    next_probe: Option<Instant>,
 }
 
 /// Outage bookkeeping shared by every clone of a store.
@@ -47,6 +49,7 @@ impl Outage {
                     since: now,
                     last_line: now,
                     errors: 0,
+                    next_probe: None,
                 });
                 self.down.store(true, Ordering::Release);
                 Some(Line::Down)
@@ -62,6 +65,25 @@ impl Outage {
                 }
             }
         }
+    }
+
+    /// Whether a call at `now` may try Redis when calls probe at most once per `every` during
+    /// an outage: always outside one; during one, the first call at or after the time set by
+    /// the previous probe (the first error sets it `every` later), and no other.
+    pub(crate) fn may_call(&self, now: Instant, every: Duration) -> bool {
+        if !self.down.load(Ordering::Acquire) {
+            return true;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = &mut *state else {
+            return true;
+        };
+        let due = *s.next_probe.get_or_insert(s.since + every);
+        if now < due {
+            return false;
+        }
+        s.next_probe = Some(now + every);
+        true
     }
 
     /// Whether the latest call failed (an outage is on).

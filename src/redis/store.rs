@@ -192,6 +192,8 @@ pub struct RedisStore {
     pub(crate) deny_cache: usize,
     pub(crate) deny_max_age: Duration,
     pub(crate) lease: Option<super::Lease>,
+    /// During an outage, how often a call may try Redis (`None`: every call).
+    probe_every: Option<Duration>,
     outage: Arc<Outage>,
 }
 
@@ -211,6 +213,7 @@ impl fmt::Debug for RedisStore {
             .field("deny_cache", &self.deny_cache)
             .field("deny_cache_max_age", &self.deny_max_age)
             .field("lease", &self.lease)
+            .field("probe_every", &self.probe_every)
             .finish()
     }
 }
@@ -235,6 +238,7 @@ impl RedisStore {
             deny_cache: DEFAULT_DENY_CACHE,
             deny_max_age: DEFAULT_DENY_CACHE_MAX_AGE,
             lease: None,
+            probe_every: None,
             outage: Arc::default(),
         }
     }
@@ -333,6 +337,31 @@ impl RedisStore {
         self
     }
 
+    /// While Redis does not answer, tries it at most once per `every` (off by default).
+    ///
+    /// Without it, every decision during an outage asks Redis and waits up to the
+    /// [`timeout`](Self::timeout) before the [`FailMode`] decides: a flood slows to one decision
+    /// per timeout and task. With it, after a call fails, the next ones are decided by the
+    /// failure policy at once, without a round trip; one call per `every` goes to Redis (it
+    /// waits up to the timeout), and the first that Redis answers ends the outage. So Redis
+    /// decides again at most `every` (plus a timeout) after it is back.
+    ///
+    /// ```
+    /// # fn run() -> Result<(), redis::RedisError> {
+    /// use std::time::Duration;
+    /// use tollgate::redis::{FailMode, RedisStore};
+    ///
+    /// let store = RedisStore::open("redis://127.0.0.1:6379")?
+    ///     .on_failure(FailMode::Closed)
+    ///     .probe_every(Duration::from_millis(250));
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn probe_every(mut self, every: Duration) -> Self {
+        self.probe_every = Some(every);
+        self
+    }
+
     /// Leases hot keys' quota in batches (see [`Lease`](super::Lease)): an instance takes
     /// several units of a key in one script call and admits requests from them without a
     /// round trip, never more than it took. Off by default. Serves policies whose quotas are
@@ -384,6 +413,13 @@ impl RedisStore {
                 Arg::Int(n) => call.arg(*n),
                 Arg::Bytes(b) => call.arg(*b),
             };
+        }
+        if let Some(every) = self.probe_every {
+            if !self.outage.may_call(Instant::now(), every) {
+                // An outage is on and this is not the call that probes: the failure policy
+                // decides at once.
+                return None;
+            }
         }
         let reply = async {
             match &self.conn {

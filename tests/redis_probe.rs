@@ -1,0 +1,95 @@
+//! `RedisStore::probe_every`: during an outage one call per interval tries Redis and the others
+//! are decided by the failure policy at once; without it each decision waits the timeout. On
+//! loopback, with Redis paused (nothing answers: every call that tries waits the timeout) and
+//! then resumed; bounded real waits.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis_server::RedisServer;
+use tollgate::redis::{FailMode, RedisRateLimiter, RedisStore};
+use tollgate::{Clock, Quota};
+
+const TIMEOUT: Duration = Duration::from_millis(200);
+
+async fn limiter(server: &RedisServer, probe: Option<Duration>) -> RedisRateLimiter<u64> {
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(TIMEOUT)
+        .on_failure(FailMode::local(0.5).unwrap());
+    let store = match probe {
+        Some(every) => store.probe_every(every),
+        None => store,
+    };
+    let (clock, _time) = Clock::manual();
+    RedisRateLimiter::builder(store, Quota::per_minute(60).burst(20))
+        .name("probe")
+        .clock(clock)
+        .build()
+}
+
+/// Decides `n` requests for one key; how many were admitted and how many waited the timeout.
+async fn flood(l: &RedisRateLimiter<u64>, n: u32) -> (u32, u32) {
+    let (mut admitted, mut waited) = (0, 0);
+    for _ in 0..n {
+        let t = Instant::now();
+        let d = l.check(&1).await;
+        assert!(d.is_degraded() && d.is_local(), "{d:?}");
+        admitted += u32::from(d.is_allowed());
+        waited += u32::from(t.elapsed() >= TIMEOUT);
+    }
+    (admitted, waited)
+}
+
+#[tokio::test]
+async fn during_an_outage_only_the_probes_wait_the_timeout() {
+    let server = RedisServer::start();
+    let probing = limiter(&server, Some(Duration::from_secs(60))).await;
+    let plain = limiter(&server, None).await;
+    server.pause();
+    // Probing: the first call finds the outage (it waits the timeout), the others are decided
+    // by the local fallback at once, at half the burst.
+    let started = Instant::now();
+    let (admitted, waited) = flood(&probing, 30).await;
+    assert_eq!(admitted, 10);
+    assert_eq!(waited, 1);
+    assert!(started.elapsed() < TIMEOUT * 5, "{:?}", started.elapsed());
+    // Without probing, every decision waits the timeout.
+    let (admitted, waited) = flood(&plain, 3).await;
+    assert_eq!(admitted, 3);
+    assert_eq!(waited, 3);
+    server.resume();
+}
+
+#[tokio::test]
+async fn a_probe_per_interval_finds_redis_back() {
+    let server = RedisServer::start();
+    let every = Duration::from_millis(300);
+    let l = limiter(&server, Some(every)).await;
+    assert!(!l.check(&1).await.is_degraded());
+    server.pause();
+    let (_, waited) = flood(&l, 5).await;
+    assert_eq!(waited, 1);
+    // One interval later, one call probes (and waits the timeout), the next ones do not.
+    tokio::time::sleep(every).await;
+    let (_, waited) = flood(&l, 5).await;
+    assert_eq!(waited, 1);
+    server.resume();
+    // Redis answers the next probe, at most one interval away: then it decides again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let d = l.check(&1).await;
+        if !d.is_degraded() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "Redis not asked again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And every decision after that is Redis's.
+    for _ in 0..5 {
+        assert!(!l.check(&1).await.is_degraded());
+    }
+}
