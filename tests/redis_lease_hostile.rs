@@ -637,9 +637,10 @@ async fn during_an_outage_requests_waiting_for_a_batch_wait_no_longer_than_the_t
     // Half the burst from the fallback, charged one by one.
     assert_eq!(admitted, 6);
     // The store promises a decision within its timeout; waiting for another request's batch
-    // and then asking again doubles that at least. Generous: twice the timeout.
+    // and then asking again, up to four times, took four. Generous, for a loaded machine
+    // running the other tests beside this one: three times the timeout.
     assert!(
-        slowest < 2 * timeout,
+        slowest < 3 * timeout,
         "{slowest:?} for a timeout of {timeout:?}"
     );
 }
@@ -666,9 +667,10 @@ async fn during_an_outage_an_expired_lease_given_back_does_not_double_the_wait()
     eprintln!("decision with units to give back during the outage: {took:?}");
     assert!(d.is_allowed() && d.is_local(), "{d:?}");
     // One timeout for the units given back, another for the batch: a decision must not
-    // wait for Redis twice when it did not answer once. Generous: 1.6 timeouts.
+    // wait for Redis twice when it did not answer once (that took 2.0 timeouts). Generous,
+    // for a loaded machine: 1.8 timeouts.
     assert!(
-        took < timeout * 8 / 5,
+        took < timeout * 9 / 5,
         "{took:?} for a timeout of {timeout:?}"
     );
 }

@@ -739,6 +739,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             if !plan.wait || waits == MAX_LEASE_WAITS {
                 break;
             }
+            if inner.store.is_down() {
+                // A batch waited for got no answer between this request's last look and its
+                // new wait (so its wake-up may have been missed): no batch is coming.
+                return self.unanswered(key, cost, &limits.rules);
+            }
             waits += 1;
             let wait = inner.store.timeout.min(leases.hold());
             let _ = tokio::time::timeout(wait, taken).await;
