@@ -116,28 +116,30 @@ impl Policy {
 
     /// The header fields of the quotas.
     pub(crate) fn headers(&self) -> PolicyHeaders {
-        let items: Vec<_> = self
-            .item_names()
-            .into_iter()
-            .zip(&self.quotas)
-            .map(|(name, q)| (name, u64::from(q.burst_size()), q.count(), q.period()))
-            .collect();
-        PolicyHeaders::new(&items, None)
+        self.headers_of(&self.quotas)
     }
 
     /// The header fields of this policy with each quota at `share` (see
     /// [`Quota::scaled`]); `None` when a scaled quota is not valid.
     pub(crate) fn scaled_headers(&self, share: f64) -> Option<PolicyHeaders> {
-        let items = self
+        let scaled = self
+            .quotas
+            .iter()
+            .map(|q| q.scaled(share).ok())
+            .collect::<Option<Vec<_>>>()?;
+        Some(self.headers_of(&scaled))
+    }
+
+    /// The header fields of `quotas` (this policy's, or the same scaled) under this policy's
+    /// item names.
+    fn headers_of(&self, quotas: &[Quota]) -> PolicyHeaders {
+        let items: Vec<_> = self
             .item_names()
             .into_iter()
-            .zip(&self.quotas)
-            .map(|(name, q)| {
-                let s = q.scaled(share).ok()?;
-                Some((name, u64::from(s.burst_size()), s.count(), s.period()))
-            })
-            .collect::<Option<Vec<_>>>()?;
-        Some(PolicyHeaders::new(&items, None))
+            .zip(quotas)
+            .map(|(name, q)| (name, u64::from(q.burst_size()), q.count(), q.period()))
+            .collect();
+        PolicyHeaders::new(&items, None)
     }
 }
 
