@@ -654,6 +654,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 return Some(d);
             }
         }
+        self.known_refused(key, &limits, now, cost)
+    }
+
+    /// The rejection of a request of `cost` for `key` at `now` that the deny cache knows.
+    #[inline]
+    fn known_refused(&self, key: &K, limits: &Limits, now: u64, cost: u32) -> Option<Decision> {
         let deny = self.inner.deny.as_ref()?;
         deny.check(key, &limits.gcras, now, cost)
     }
@@ -728,11 +734,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             .unwrap_or(u32::MAX);
         let mut plan;
         let mut waits = 0;
+        // The time of the request's first look; after a wait, the clock is read again.
+        let mut at = now;
         loop {
             let taken = leases.taken();
             let mut taken = std::pin::pin!(taken);
             taken.as_mut().enable();
-            plan = leases.plan(key, self.now().max(now), cost, max_fit);
+            plan = leases.plan(key, at, cost, max_fit);
             // Another request of this instance is taking a batch: its answer comes as soon as
             // this request's own would, and may serve it. A few times at most, then the
             // request asks Redis for its cost alone.
@@ -747,7 +755,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             waits += 1;
             let wait = inner.store.timeout.min(leases.hold());
             let _ = tokio::time::timeout(wait, taken).await;
-            if let Some(d) = leases.serve(key, &limits.gcras, self.now(), cost) {
+            at = self.now().max(at);
+            if let Some(d) = leases.serve(key, &limits.gcras, at, cost) {
                 return d;
             }
             if inner.store.is_down() {
@@ -766,11 +775,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         }
         if plan.batch > cost {
             // A batch already known to be refused is not asked for.
-            let known = inner
-                .deny
-                .as_ref()
-                .and_then(|deny| deny.check(key, &limits.gcras, now, plan.batch));
-            if known.is_some() {
+            if self.known_refused(key, &limits, now, plan.batch).is_some() {
                 pending.answered();
                 leases.refused(key, true);
             } else {
@@ -788,11 +793,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 leases.refused(key, true);
                 // The refusal says what the key has left: the cost alone may be known to be
                 // refused too (no second call), or what is left may be taken as the batch.
-                if let Some(refused) = inner
-                    .deny
-                    .as_ref()
-                    .and_then(|deny| deny.check(key, &limits.gcras, now, cost))
-                {
+                if let Some(refused) = self.known_refused(key, &limits, now, cost) {
                     return refused;
                 }
                 let left = u32::try_from(d.remaining()).unwrap_or(u32::MAX);
