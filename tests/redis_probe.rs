@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::redis_server::RedisServer;
-use tollgate::redis::{FailMode, RedisRateLimiter, RedisStore};
+use tollgate::redis::{FailMode, RedisRateLimiter, RedisStore, MAX_PROBE_INTERVAL};
 use tollgate::{Clock, Quota};
 
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -92,4 +92,67 @@ async fn a_probe_per_interval_finds_redis_back() {
     for _ in 0..5 {
         assert!(!l.check(&1).await.is_degraded());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tasks_racing_during_an_outage_send_one_probe() {
+    let server = RedisServer::start();
+    let l = limiter(&server, Some(Duration::from_secs(60))).await;
+    assert!(!l.check(&1).await.is_degraded());
+    server.pause();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let l = l.clone();
+        tasks.spawn(async move {
+            let t = Instant::now();
+            let d = l.check(&1).await;
+            (d, t.elapsed())
+        });
+    }
+    let (mut admitted, mut waited) = (0, 0);
+    while let Some(r) = tasks.join_next().await {
+        let (d, took) = r.unwrap();
+        assert!(d.is_local(), "{d:?}");
+        admitted += u32::from(d.is_allowed());
+        waited += u32::from(took >= TIMEOUT);
+    }
+    server.resume();
+    // The calls that set out before the first failure each wait the timeout (they are on
+    // their way already); once it is known, none but the probe would. The fallback admits
+    // half the burst of 20.
+    assert_eq!(admitted, 10);
+    assert!(waited >= 1, "{waited}");
+    // A second wave, all after the outage is known: not one waits (the next probe is a
+    // minute away).
+    server.pause();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let l = l.clone();
+        tasks.spawn(async move {
+            let t = Instant::now();
+            l.check(&2).await;
+            t.elapsed()
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        let took = r.unwrap();
+        assert!(took < TIMEOUT, "{took:?}");
+    }
+    server.resume();
+}
+
+#[tokio::test]
+async fn the_smallest_and_largest_intervals_are_usable() {
+    let server = RedisServer::start();
+    // Zero: every call probes, as without the setting.
+    let zero = limiter(&server, Some(Duration::ZERO)).await;
+    // The largest: capped at a minute, no overflow of the clock.
+    let largest = limiter(&server, Some(Duration::MAX)).await;
+    assert!(format!("{:?}", largest.store()).contains(&format!("{MAX_PROBE_INTERVAL:?}")));
+    server.pause();
+    let (_, waited) = flood(&zero, 3).await;
+    assert_eq!(waited, 3);
+    let (_, waited) = flood(&largest, 3).await;
+    assert_eq!(waited, 1);
+    server.resume();
 }

@@ -75,5 +75,5 @@ pub use lease::Lease;
 pub use limiter::{RedisRateLimiter, RedisRateLimiterBuilder};
 pub use store::{
     FailMode, RedisStore, Share, DEFAULT_DENY_CACHE, DEFAULT_DENY_CACHE_MAX_AGE, DEFAULT_PREFIX,
-    DEFAULT_TIMEOUT,
+    DEFAULT_TIMEOUT, MAX_PROBE_INTERVAL,
 };

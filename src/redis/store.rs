@@ -19,6 +19,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 pub const DEFAULT_PREFIX: &str = "tollgate:";
 /// The default bound on the entries of each limiter's local deny cache.
 pub const DEFAULT_DENY_CACHE: usize = 65_536;
+/// The longest interval between two calls that try Redis during an outage
+/// ([`RedisStore::probe_every`]).
+pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(60);
+
 /// The default time a rejection decided by Redis is answered locally at most.
 pub const DEFAULT_DENY_CACHE_MAX_AGE: Duration = Duration::from_secs(1);
 
@@ -344,7 +348,9 @@ impl RedisStore {
     /// per timeout and task. With it, after a call fails, the next ones are decided by the
     /// failure policy at once, without a round trip; one call per `every` goes to Redis (it
     /// waits up to the timeout), and the first that Redis answers ends the outage. So Redis
-    /// decides again at most `every` (plus a timeout) after it is back.
+    /// decides again at most `every` (plus a timeout) after it is back. Intervals above
+    /// [`MAX_PROBE_INTERVAL`] are that long, so that a Redis that is back is always found;
+    /// `Duration::ZERO` probes with every call, as without the setting.
     ///
     /// ```
     /// # fn run() -> Result<(), redis::RedisError> {
@@ -358,7 +364,7 @@ impl RedisStore {
     /// ```
     #[must_use]
     pub fn probe_every(mut self, every: Duration) -> Self {
-        self.probe_every = Some(every);
+        self.probe_every = Some(every.min(MAX_PROBE_INTERVAL));
         self
     }
 
