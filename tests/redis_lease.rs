@@ -318,3 +318,33 @@ async fn during_an_outage_the_held_units_and_the_local_share_are_all_that_is_adm
     // batch asked of a Redis that does not answer is not charged to the fallback).
     assert_eq!(admitted, 3 + 10);
 }
+
+#[tokio::test]
+async fn the_edges_of_every_lease_setting_build_and_stay_within_the_burst() {
+    let server = RedisServer::start();
+    for lease in [
+        Lease::new(1, Duration::from_millis(1)),
+        Lease::new(u32::MAX, Duration::from_secs(60)),
+        Lease::new(u32::MAX, Duration::from_millis(1)).max_keys(1),
+        Lease::new(1, Duration::from_secs(60)).max_keys(usize::MAX),
+    ] {
+        let (clock, _time) = Clock::manual();
+        let l = RedisRateLimiter::<&str>::builder(
+            store(&server, Some(lease), true).await,
+            Quota::per_minute(60).burst(20),
+        )
+        .quota(Quota::per_day(100_000).burst(100_000))
+        .name(format!("edge-{}-{:?}", lease.max_batch(), lease.hold()))
+        .clock(clock)
+        .try_build()
+        .unwrap_or_else(|e| panic!("{lease:?}: {e}"));
+        // The clock stands still: exactly the burst, however large a batch may be.
+        let mut admitted = 0;
+        for _ in 0..60 {
+            admitted += u32::from(l.check(&"k").await.is_allowed());
+        }
+        assert_eq!(admitted, 20, "{lease:?}");
+        l.return_leases().await;
+        assert_eq!(l.peek(&"k").await.remaining(), 0, "{lease:?}");
+    }
+}
