@@ -9,6 +9,9 @@
 //! |---|---|
 //! | `bare` | the app alone |
 //! | `plain_429` | the app answering every request `429` itself (the floor of the 429 path) |
+//! | `noop_layer` | + a layer that does nothing (`tower::util::MapRequestLayer` passing the request on): what any layer on an Axum route costs |
+//! | `floor_fields` | + a layer that only appends two constant values as `RateLimit-Policy` and `RateLimit`, as long as ours: the floor of a layer that sends the fields |
+//! | `floor_429` | + a layer that answers every request itself with `429` and the three fields `tollgate_429` sends, as constants: the floor of a layer that rejects with the fields |
 //! | `tollgate` | + `RateLimitLayer` keyed by peer IP, limit never reached |
 //! | `tollgate_429` | + `RateLimitLayer` keyed by peer IP, every request rejected |
 //! | `tollgate_noheaders` | `tollgate` without the `RateLimit` header fields |
@@ -36,18 +39,69 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::http::StatusCode;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
 use axum::{routing::get, Router};
 use axum_governor::nz;
 use tollgate::shape::ShapeLayer;
 use tollgate::{key, ConcurrencyLimitLayer, Quota, RateLimitLayer};
 use tower::limit::GlobalConcurrencyLimitLayer;
+use tower::util::{MapRequestLayer, MapResponseLayer};
+use tower::Service;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::PeerIpKeyExtractor;
 use tower_governor::GovernorLayer;
 
 async fn hello() -> &'static str {
     "Hello, World!"
+}
+
+/// The values `tollgate` sends for its quota (the same bytes), made once: `floor_fields` only
+/// clones them, as the cheapest layer that sends the fields would.
+fn floor_values() -> (HeaderValue, HeaderValue) {
+    static VALUES: std::sync::OnceLock<(HeaderValue, HeaderValue)> = std::sync::OnceLock::new();
+    VALUES
+        .get_or_init(|| {
+            (
+                HeaderValue::from_static("\"100000000-per-1s\";q=100000000;w=1"),
+                HeaderValue::from_static("\"100000000-per-1s\";r=99999999;t=1"),
+            )
+        })
+        .clone()
+}
+
+/// `floor_429`: answers every request with the bytes `tollgate_429` sends, from constants,
+/// without deciding anything.
+#[derive(Clone)]
+struct Floor429<S>(S);
+
+impl<S: Service<Request, Response = Response>> Service<Request> for Floor429<S> {
+    type Response = Response;
+    type Error = S::Error;
+    type Future = std::future::Ready<Result<Response, S::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request) -> Self::Future {
+        const TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+        const RETRY: HeaderValue = HeaderValue::from_static("86400");
+        const POLICY: HeaderValue = HeaderValue::from_static("\"1-per-1d\";q=1;w=86400");
+        const RATELIMIT: HeaderValue = HeaderValue::from_static("\"1-per-1d\";r=0;t=86400");
+        let mut res = Response::new(Body::from("Too Many Requests\n"));
+        *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        let headers = res.headers_mut();
+        headers.insert(header::CONTENT_TYPE, TEXT);
+        headers.insert(header::RETRY_AFTER, RETRY);
+        headers.append(HeaderName::from_static("ratelimit-policy"), POLICY);
+        headers.append(HeaderName::from_static("ratelimit"), RATELIMIT);
+        std::future::ready(Ok(res))
+    }
 }
 
 fn app(config: &str) -> Option<Router> {
@@ -66,6 +120,15 @@ fn app(config: &str) -> Option<Router> {
             "/",
             get(|| async { (StatusCode::TOO_MANY_REQUESTS, "Too Many Requests\n") }),
         ),
+        "noop_layer" => base.layer(MapRequestLayer::new(|req: Request| req)),
+        "floor_fields" => base.layer(MapResponseLayer::new(|mut res: Response| {
+            let (policy, ratelimit) = floor_values();
+            let headers = res.headers_mut();
+            headers.append(HeaderName::from_static("ratelimit-policy"), policy);
+            headers.append(HeaderName::from_static("ratelimit"), ratelimit);
+            res
+        })),
+        "floor_429" => base.layer(tower::layer::layer_fn(Floor429)),
         "tollgate" => base.layer(RateLimitLayer::new(never()).key(key::PeerIp::new())),
         "tollgate_429" => base.layer(RateLimitLayer::new(always()).key(key::PeerIp::new())),
         "tollgate_dry_run" => base.layer(

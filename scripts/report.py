@@ -43,6 +43,9 @@ LABELS = {
     "conc_tollgate": "`ConcurrencyLimitLayer` (body tracked)",
     "shape": "`ShapeLayer` per IP, never delaying",
     "stacked": "the three tollgate layers stacked",
+    "noop_layer": "a layer that does nothing (any layer's floor)",
+    "floor_fields": "a layer appending the two fields as constants (floor with fields)",
+    "floor_429": "a layer answering 429 with the three fields as constants (floor of a rejecting layer)",
 }
 
 
@@ -64,6 +67,20 @@ def http_table(path):
     by = load_runs(path)
     cpu = {c: statistics.median(u for u, _ in v) for c, v in by.items()}
     rps = {c: statistics.median(r for _, r in v) for c, v in by.items()}
+    # Each round runs every configuration once, close together in time: a ratio is the median
+    # of the ratios within a round, so that the machine getting busier or quieter between
+    # rounds (it is shared) moves both sides of a ratio alike.
+    per_round = {}
+    for row in rows:
+        us = row.get("cpu_us_per_request")
+        if us:
+            per_round.setdefault(row["config"], {})[row["round"]] = float(us)
+
+    def paired(a, b):
+        if a not in per_round or b not in per_round:
+            return None
+        both = [per_round[a][k] / per_round[b][k] for k in per_round[a] if k in per_round[b]]
+        return statistics.median(both) if both else None
 
     def base(c):
         return "plain_429" if c.endswith("_429") and c != "plain_429" else "bare"
@@ -76,7 +93,8 @@ def http_table(path):
     order = [c for c in LABELS if c in by] + [c for c in by if c not in LABELS]
     for c in order:
         b = base(c)
-        ratio = f"{cpu[c] / cpu[b]:.3f} x {'429' if b == 'plain_429' else 'bare'}" if b in cpu else "-"
+        v = paired(c, b)
+        ratio = f"{v:.3f} x {'429' if b == 'plain_429' else 'bare'}" if v is not None else "-"
         us = [u for u, _ in by[c]]
         out.append(
             f"| {LABELS.get(c, c)} (`{c}`) | {cpu[c]:.2f} | {ratio} | "
@@ -86,8 +104,7 @@ def http_table(path):
             "ours" if "tollgate" in c or c in ("stacked", "shape") else "")
         items.append((LABELS.get(c, c).replace("`", ""), cpu[c] * 1000, hl))
 
-    def r(a, b):
-        return cpu[a] / cpu[b] if a in cpu and b in cpu else None
+    r = paired
 
     pairs = [
         ("tollgate", "bare", "RateLimitLayer with fields / bare (aim ≤ 1.03)"),
@@ -99,6 +116,11 @@ def http_table(path):
         ("tollgate_429", "axgov_429", "429 path / axum-governor's 429 path"),
         ("conc_tollgate", "conc_tower", "ConcurrencyLimitLayer / tower's"),
         ("stacked", "bare", "all three stacked / bare"),
+        ("noop_layer", "bare", "a layer doing nothing / bare"),
+        ("floor_fields", "bare", "a layer appending constant fields / bare"),
+        ("tollgate", "floor_fields", "RateLimitLayer with fields / that floor"),
+        ("floor_429", "plain_429", "a layer answering 429 from constants / axum's own 429"),
+        ("tollgate_429", "floor_429", "429 path / that floor"),
     ]
     out += ["", "| ratio of CPU per request | value |", "|---|---:|"]
     for a, b, label in pairs:
