@@ -60,6 +60,10 @@ async fn hello() -> &'static str {
     "Hello, World!"
 }
 
+/// The names of the fields, checked when compiled (as tollgate's are), not per request.
+const POLICY_NAME: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT_NAME: HeaderName = HeaderName::from_static("ratelimit");
+
 /// The values `tollgate` sends for its quota (the same bytes), made once: `floor_fields` only
 /// clones them, as the cheapest layer that sends the fields would.
 fn floor_values() -> (HeaderValue, HeaderValue) {
@@ -98,8 +102,8 @@ impl<S: Service<Request, Response = Response>> Service<Request> for Floor429<S> 
         let headers = res.headers_mut();
         headers.insert(header::CONTENT_TYPE, TEXT);
         headers.insert(header::RETRY_AFTER, RETRY);
-        headers.append(HeaderName::from_static("ratelimit-policy"), POLICY);
-        headers.append(HeaderName::from_static("ratelimit"), RATELIMIT);
+        headers.append(POLICY_NAME, POLICY);
+        headers.append(RATELIMIT_NAME, RATELIMIT);
         std::future::ready(Ok(res))
     }
 }
@@ -124,8 +128,8 @@ fn app(config: &str) -> Option<Router> {
         "floor_fields" => base.layer(MapResponseLayer::new(|mut res: Response| {
             let (policy, ratelimit) = floor_values();
             let headers = res.headers_mut();
-            headers.append(HeaderName::from_static("ratelimit-policy"), policy);
-            headers.append(HeaderName::from_static("ratelimit"), ratelimit);
+            headers.append(POLICY_NAME, policy);
+            headers.append(RATELIMIT_NAME, ratelimit);
             res
         })),
         "floor_429" => base.layer(tower::layer::layer_fn(Floor429)),

@@ -2,6 +2,8 @@
 """Writes BENCHMARKS.md and its SVG plots from the outputs of scripts/benchmarks.
 
 `scripts/report.py --table results.csv` prints the HTTP table alone (scripts/loadtest uses it).
+`scripts/report.py --update` puts the HTTP and instruction sections (and docs/bench/notes.md) of
+this machine's target/loadtest into the existing BENCHMARKS.md, leaving the other sections.
 
 Inputs (any may be missing; their sections are then left out):
   target/loadtest/results.csv      round,config,requests_per_sec,non_2xx,requests,
@@ -32,6 +34,9 @@ PLOTS = "docs/bench"
 LABELS = {
     "bare": "bare axum",
     "plain_429": "axum answering 429 itself",
+    "noop_layer": "a layer that does nothing (floor of any layer)",
+    "floor_fields": "a layer appending the two fields as constants (floor of a layer sending them)",
+    "floor_429": "a layer answering 429 with the three fields as constants (floor of a rejecting layer)",
     "tollgate": "`RateLimitLayer` per IP, not limiting (draft fields)",
     "tollgate_noheaders": "`RateLimitLayer` per IP, not limiting, no fields",
     "tollgate_429": "`RateLimitLayer` per IP, every request rejected",
@@ -43,9 +48,6 @@ LABELS = {
     "conc_tollgate": "`ConcurrencyLimitLayer` (body tracked)",
     "shape": "`ShapeLayer` per IP, never delaying",
     "stacked": "the three tollgate layers stacked",
-    "noop_layer": "a layer that does nothing (any layer's floor)",
-    "floor_fields": "a layer appending the two fields as constants (floor with fields)",
-    "floor_429": "a layer answering 429 with the three fields as constants (floor of a rejecting layer)",
 }
 
 
@@ -202,30 +204,9 @@ def line_chart(path, title, xs, series, unit):
         f.write("\n".join(out) + "\n")
 
 
-def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--table":
-        table, _, _ = http_table(sys.argv[2])
-        print("\n".join(table))
-        return 0
-    os.makedirs(PLOTS, exist_ok=True)
-    cpu = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip() or platform.processor()
-    lines = ["# Benchmarks", ""]
-    lines += [
-        "Written by `scripts/benchmarks` (do not edit by hand). Every figure below was measured",
-        ("on the machine described here (see the note on the run below)"
-         if os.path.exists(os.path.join(OUT, "preface.md")) else
-         "in one run on the machine described here") +
-        "; compare ratios, not absolute numbers.",
-        "",
-        f"- Machine: {sh('nproc')} cores, {sh('uname -m')}, "
-        f"{cpu}",
-        f"- Rust: {sh('rustc --version')}",
-        f"- Load tool: {sh('wrk -v 2>&1 | head -n1') or 'wrk'}",
-        "",
-    ]
-    preface = os.path.join(OUT, "preface.md")
-    if os.path.exists(preface):
-        lines += [open(preface).read().strip(), ""]
+def http_section():
+    """The HTTP load section (and its plot), if scripts/loadtest has run."""
+    lines = []
     res = os.path.join(OUT, "results.csv")
     if os.path.exists(res):
         table, items, rounds = http_table(res)
@@ -238,7 +219,11 @@ def main():
             "the requests wrk completed is the cost per request; the ratios use it, since wrk on",
             "one core can be the bottleneck and then every configuration reaches about the same",
             "requests/s. Rows answering 429 are set against Axum answering 429 itself, the others",
-            "against bare Axum. Spread: lowest and highest run.",
+            "against bare Axum; a ratio is the median over the rounds of the ratio within each",
+            "round (a round runs every configuration once, within a minute). The `noop_layer`,",
+            "`floor_fields` and `floor_429` rows are floors: layers that decide nothing and send",
+            "constants, what any layer (sending these fields) costs on an Axum route.",
+            "Spread: lowest and highest run.",
             "Command: `scripts/benchmarks` (or `scripts/loadtest` for this part alone).",
             "",
         ]
@@ -250,6 +235,12 @@ def main():
             "ns",
         )
         lines += ["", "![server CPU per request](docs/bench/http.svg)", ""]
+    return lines
+
+
+def callgrind_section():
+    """The instructions-per-request section, if scripts/callgrind_http has run."""
+    lines = []
     cg = os.path.join(OUT, "callgrind.csv")
     if os.path.exists(cg):
         per = {r["config"]: int(r["instructions_per_request"]) for r in csv.DictReader(open(cg))}
@@ -275,6 +266,67 @@ def main():
             ratio = f"{per[c] / per[b]:.3f} x {'429' if b == 'plain_429' else 'bare'}" if b in per else "-"
             lines.append(f"| {LABELS.get(c, c)} (`{c}`) | {per[c]:,} | {ratio} |")
         lines.append("")
+    return lines
+
+
+def splice(doc, heading, section):
+    """`doc` with its section `heading` (up to the next `## `) replaced by `section`."""
+    start = doc.find("\n" + heading + "\n")
+    if start < 0 or not section:
+        return doc
+    end = doc.find("\n## ", start + 1)
+    end = len(doc) if end < 0 else end
+    return doc[: start + 1] + "\n".join(section).strip() + "\n\n" + doc[end + 1 :]
+
+
+def update():
+    """Re-measured HTTP figures and instruction counts (and the notes on them) put into the
+    existing BENCHMARKS.md, the other sections left as the last full run wrote them."""
+    doc = open(DOC).read()
+    doc = splice(doc, "## HTTP load: server CPU per request", http_section())
+    doc = splice(doc, "## Instructions per request", callgrind_section())
+    notes = os.path.join(PLOTS, "notes.md")
+    if os.path.exists(notes):
+        doc = splice(doc, "## Where the time goes", open(notes).read().strip().splitlines())
+    preface = os.path.join(OUT, "preface.md")
+    if os.path.exists(preface):
+        head, sep, rest = doc.partition("\n## ")
+        intro = head[: head.index("- Load tool:")]
+        tool = head[head.index("- Load tool:"):].splitlines()[0]
+        doc = intro + tool + "\n\n" + open(preface).read().strip() + "\n" + sep + rest
+    with open(DOC, "w") as f:
+        f.write(doc)
+    print(f"updated {DOC}")
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+        table, _, _ = http_table(sys.argv[2])
+        print("\n".join(table))
+        return 0
+    if len(sys.argv) == 2 and sys.argv[1] == "--update":
+        update()
+        return 0
+    os.makedirs(PLOTS, exist_ok=True)
+    cpu = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip() or platform.processor()
+    lines = ["# Benchmarks", ""]
+    lines += [
+        "Written by `scripts/benchmarks` (do not edit by hand). Every figure below was measured",
+        ("on the machine described here (see the note on the run below)"
+         if os.path.exists(os.path.join(OUT, "preface.md")) else
+         "in one run on the machine described here") +
+        "; compare ratios, not absolute numbers.",
+        "",
+        f"- Machine: {sh('nproc')} cores, {sh('uname -m')}, "
+        f"{cpu}",
+        f"- Rust: {sh('rustc --version')}",
+        f"- Load tool: {sh('wrk -v 2>&1 | head -n1') or 'wrk'}",
+        "",
+    ]
+    preface = os.path.join(OUT, "preface.md")
+    if os.path.exists(preface):
+        lines += [open(preface).read().strip(), ""]
+    lines += http_section() + callgrind_section()
     mem = os.path.join(OUT, "memory.txt")
     if os.path.exists(mem):
         lines += [
