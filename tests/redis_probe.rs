@@ -156,3 +156,53 @@ async fn the_smallest_and_largest_intervals_are_usable() {
     assert_eq!(waited, 1);
     server.resume();
 }
+
+#[tokio::test]
+async fn the_store_settings_give_the_same_store_in_every_order() {
+    use tollgate::redis::Lease;
+    let server = RedisServer::start();
+    let base = RedisStore::connect(&server.url()).await.unwrap();
+    type Setting = fn(RedisStore) -> RedisStore;
+    let settings: [Setting; 4] = [
+        |s| s.timeout(TIMEOUT),
+        |s| s.on_failure(FailMode::local(0.5).unwrap()),
+        |s| s.probe_every(Duration::from_millis(300)),
+        |s| s.lease(Lease::new(8, Duration::from_millis(100))),
+    ];
+    let apply = |order: &[usize]| {
+        let store = order.iter().fold(base.clone(), |s, &i| settings[i](s));
+        format!("{store:?}")
+    };
+    let want = apply(&[0, 1, 2, 3]);
+    for s in ["200ms", "Local", "300ms", "max_batch: 8"] {
+        assert!(want.contains(s), "{s} missing from {want}");
+    }
+    // All 24 orders.
+    let mut orders = Vec::new();
+    for a in 0..4 {
+        for b in 0..4 {
+            for c in 0..4 {
+                for d in 0..4 {
+                    let order = [a, b, c, d];
+                    if (0..4).all(|i| order.contains(&i)) {
+                        orders.push(order);
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(orders.len(), 24);
+    for order in &orders {
+        assert_eq!(apply(order), want, "order {order:?}");
+    }
+    // A setting given twice: the last one stands, wherever the others come.
+    let twice = base
+        .clone()
+        .probe_every(Duration::from_secs(5))
+        .timeout(TIMEOUT)
+        .lease(Lease::new(2, Duration::from_secs(1)))
+        .on_failure(FailMode::local(0.5).unwrap())
+        .probe_every(Duration::from_millis(300))
+        .lease(Lease::new(8, Duration::from_millis(100)));
+    assert_eq!(format!("{twice:?}"), want);
+}
