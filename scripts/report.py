@@ -289,7 +289,7 @@ def update():
     if os.path.exists(notes):
         doc = splice(doc, "## Where the time goes", open(notes).read().strip().splitlines())
     preface = os.path.join(OUT, "preface.md")
-    if os.path.exists(preface):
+    if os.path.exists(preface) and "- Load tool:" in doc.partition("\n## ")[0]:
         head, sep, rest = doc.partition("\n## ")
         intro = head[: head.index("- Load tool:")]
         tool = head[head.index("- Load tool:"):].splitlines()[0]
