@@ -131,7 +131,7 @@ pub enum ConfigError {
     /// The share of each quota a Redis store's local fallback enforces was not
     /// `0 < share <= 1` (the value given).
     InvalidFallbackShare(String),
-    /// A Redis [`Lease`](crate::redis::Lease) setting is out of range; the text says which.
+    /// A Redis lease setting (`redis::Lease`) is out of range; the text says which.
     InvalidLease(&'static str),
 }
 

@@ -1,13 +1,14 @@
 //! Plain settings of the layers, and their configuration-file form (feature `serde`).
 //!
-//! The limits that may change while serving, as plain values: [`Quota`] and [`Policy`] for
-//! rate limits, [`ConcurrencySettings`] and [`ShapeSettings`] for the other two layers. Each
-//! builds a layer ([`ConcurrencySettings::layer`], [`ShapeSettings::layer`]) and is applied
-//! to a running one through its handle ([`ConcurrencyHandle::apply`],
-//! [`ShapeHandle::apply`], [`RateLimitHandle::set_policy`](crate::RateLimitHandle::set_policy)).
+//! The limits that may change while serving, as plain values: [`Quota`] and
+//! [`Policy`](crate::Policy) for rate limits, [`ConcurrencySettings`] and [`ShapeSettings`]
+//! for the other two layers. Each builds a layer ([`ConcurrencySettings::layer`],
+//! [`ShapeSettings::layer`]) and is applied to a running one through its handle
+//! ([`ConcurrencyHandle::apply`], [`ShapeHandle::apply`],
+//! [`RateLimitHandle::set_policy`](crate::RateLimitHandle::set_policy)).
 //!
 //! # Configuration files
-//! With the `serde` feature, every type here, [`Quota`] and [`Policy`] implement
+//! With the `serde` feature, every type here, [`Quota`] and [`Policy`](crate::Policy) implement
 //! `Serialize` and `Deserialize`. Durations are strings: an integer and a unit, `ns`, `us`,
 //! `ms`, `s`, `m`, `h` or `d`, repeated from the largest unit down (`"500ms"`, `"1s"`,
 //! `"1h30m"`); they are written back in that form, in the largest units that fit.

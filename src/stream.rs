@@ -1,5 +1,5 @@
-//! Stream adapters: rate-limit or shape any [`futures_core::Stream`], e.g. the messages of a
-//! queue consumer.
+//! Stream adapters: rate-limit or shape any `futures::Stream`, e.g. the messages of a queue
+//! consumer.
 //!
 //! Items are never dropped: each one waits for its slot and is then yielded, in order. While an
 //! item waits, the stream underneath is not polled, so a consumer that reads with

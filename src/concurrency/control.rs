@@ -64,8 +64,9 @@ impl Priority {
 const PPM: u128 = 1_000_000;
 
 /// The fractions of the current limit that [`Priority::Sheddable`] and [`Priority::Normal`]
-/// requests may take, for [`ConcurrencyLimitLayer::shares`]; critical requests may always
-/// take all of it.
+/// requests may take, for
+/// [`ConcurrencyLimitLayer::shares`](crate::ConcurrencyLimitLayer::shares); critical requests
+/// may always take all of it.
 ///
 /// Under the limit `L`, a request is admitted while the requests in flight of all classes,
 /// itself included, are at most `⌊sheddable × L⌋` for a sheddable request, `⌊normal × L⌋`
