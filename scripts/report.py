@@ -13,11 +13,11 @@ Inputs (any may be missing; their sections are then left out):
   target/loadtest/memory.txt       output of examples/memory_per_key
   target/loadtest/flood.txt        output of examples/flood
   target/loadtest/shaping.csv      t_seconds,offered_per_sec,forwarded_per_sec
-  target/loadtest/shaping.txt      output of benches/shape_realtime.rs
-  target/loadtest/redis.txt        output of benches/redis.rs
+  target/loadtest/shaping.txt      output of bench/benches/shape_realtime.rs
+  target/loadtest/redis.txt        output of bench/benches/redis.rs
   target/loadtest/preface.md       a note on the run, pasted under the machine description
   docs/bench/notes.md              the analysis behind the figures, pasted as it is
-  target/loadtest/adaptive.md      output of benches/adaptive.rs (its section, as it is)
+  target/loadtest/adaptive.md      output of bench/benches/adaptive.rs (its section, as it is)
   target/loadtest/extra.md         further sections, pasted as they are
 """
 import csv
@@ -376,7 +376,7 @@ def main():
             "## Shaping precision",
             "",
             "A `ShapeLayer` at 200/s on loopback, driven at 400/s for 10 s with real time",
-            "(`SHAPING_CSV=target/loadtest/shaping.csv cargo bench --bench shape_realtime`).",
+            "(`SHAPING_CSV=target/loadtest/shaping.csv cargo bench -p tollgate-bench --bench shape_realtime`).",
             "",
         ]
         if os.path.exists(os.path.join(PLOTS, "shaping.svg")):
@@ -390,7 +390,7 @@ def main():
             "",
             "Decisions per second through one multiplexed connection, beside `redis-benchmark`",
             "running a trivial `EVALSHA` on the same server in the same run (the floor)",
-            "(`cargo bench --bench redis --features redis`).",
+            "(`cargo bench -p tollgate-bench --bench redis --features redis`).",
             "",
             "```text",
             open(rds).read().strip(),

@@ -14,7 +14,7 @@
 //! and the server on the same runtime) is the harness, shown by the best fixed limit, whose
 //! backend time is always `BASE`.
 //!
-//! `cargo bench --bench adaptive` (about 100 s once built).
+//! `cargo bench -p tollgate-bench --bench adaptive` (about 100 s once built).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -378,7 +378,7 @@ fn main() {
              keep-alive; a rejected client waits {} ms) drive it at three times its capacity for \
              {SECS} s per configuration, the first second not counted. Latency is that of the \
              successful requests, as the clients see it; goodput is successful requests per \
-             second. Command: `cargo bench --bench adaptive`.\n\n",
+             second. Command: `cargo bench -p tollgate-bench --bench adaptive`.\n\n",
             BASE.as_millis(),
             BASE.as_millis(),
             BASE.as_millis()
@@ -425,10 +425,10 @@ fn main() {
             BASE.as_millis()
         );
         println!("\n{md}");
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/target/loadtest");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/loadtest");
         let _ = std::fs::create_dir_all(dir);
         let _ = std::fs::write(format!("{dir}/adaptive.md"), &md);
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/bench/adaptive.svg");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/bench/adaptive.svg");
         match std::fs::write(path, svg(&traces, no_load_ms)) {
             Ok(()) => println!("wrote {path}"),
             Err(e) => println!("could not write {path}: {e}"),

@@ -1,9 +1,9 @@
 //! tollgate's `ConcurrencyLimitLayer` against tower's `GlobalConcurrencyLimitLayer`.
 //!
 //! ```text
-//! cargo bench --bench concurrency
+//! cargo bench -p tollgate-bench --bench concurrency
 //! # shorter, while developing:
-//! cargo bench --bench concurrency -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p tollgate-bench --bench concurrency -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! Each request goes through a `tower::ServiceBuilder` stack around a trivial service that

@@ -2,9 +2,9 @@
 //! against the exact sliding log.
 //!
 //! ```text
-//! cargo bench --bench kinds
+//! cargo bench -p tollgate-bench --bench kinds
 //! # shorter, on a shared machine:
-//! cargo bench --bench kinds -- --warm-up-time 1 --measurement-time 2
+//! cargo bench -p tollgate-bench --bench kinds -- --warm-up-time 1 --measurement-time 2
 //! ```
 //!
 //! Before criterion runs, two tables are printed (deterministic, no timing):

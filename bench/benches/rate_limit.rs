@@ -1,11 +1,11 @@
 //! tollgate's `RateLimiter` against governor 0.10, one check at a time.
 //!
 //! ```text
-//! cargo bench --bench rate_limit
+//! cargo bench -p tollgate-bench --bench rate_limit
 //! # shorter, while developing (a shared 2-core machine is noisy anyway):
-//! cargo bench --bench rate_limit -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p tollgate-bench --bench rate_limit -- --warm-up-time 1 --measurement-time 3
 //! # one group only:
-//! cargo bench --bench rate_limit -- keyed_10k
+//! cargo bench -p tollgate-bench --bench rate_limit -- keyed_10k
 //! ```
 //!
 //! Every group holds two functions, `tollgate` and `governor`, configured alike and measured in

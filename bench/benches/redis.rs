@@ -1,7 +1,7 @@
 //! Decisions per second on Redis, beside the server's floor for a trivial script.
 //!
 //! ```text
-//! cargo bench --bench redis --features redis
+//! cargo bench -p tollgate-bench --bench redis --features redis
 //! ```
 //!
 //! Starts its own `redis-server` on a free loopback port (install: `apt-get install -y

@@ -2,7 +2,7 @@
 //! after Redis is gone, in real time on loopback.
 //!
 //! ```text
-//! cargo bench --bench redis_outage --features redis
+//! cargo bench -p tollgate-bench --bench redis_outage --features redis
 //! ```
 //!
 //! Starts its own `redis-server` on a free loopback port (`--save "" --appendonly no`; install:
@@ -693,7 +693,10 @@ fn main() {
         println!();
         print!("{}", per_second(run));
     }
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/bench/redis_outage.svg");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/bench/redis_outage.svg"
+    );
     match std::fs::write(path, svg(&runs)) {
         Ok(()) => println!("\nwrote {path}"),
         Err(e) => println!("\ncould not write {path}: {e}"),

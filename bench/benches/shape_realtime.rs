@@ -2,7 +2,7 @@
 //! driven at twice that rate for 10 s; the forwarded rate must be within 1% of 200/s.
 //!
 //! ```text
-//! cargo bench --bench shape_realtime
+//! cargo bench -p tollgate-bench --bench shape_realtime
 //! ```
 //!
 //! Binds 127.0.0.1 only, sends a bounded number of requests (one new connection each, with
@@ -36,7 +36,7 @@ fn main() {
     // `cargo bench` passes `--bench`; a test build (`cargo test --benches`) only checks that it
     // builds and starts.
     if !std::env::args().any(|a| a == "--bench") {
-        println!("shape_realtime: run with `cargo bench --bench shape_realtime`");
+        println!("shape_realtime: run with `cargo bench -p tollgate-bench --bench shape_realtime`");
         return;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -105,7 +105,11 @@ async fn run() {
     let times = lock(&departures).clone();
     report(&times, &answers);
     if let Ok(path) = std::env::var("SHAPING_CSV") {
-        write_series(&path, start_std, every, total, &times);
+        // A relative path is taken from the repository's root, where the commands run, not
+        // from this package's directory, where cargo runs the bench.
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        let path = root.join(path);
+        write_series(&path.to_string_lossy(), start_std, every, total, &times);
     }
 }
 

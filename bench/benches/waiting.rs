@@ -1,9 +1,9 @@
 //! `RateLimiter::until_ready` with many tasks waiting on one key, against the loop it replaced.
 //!
 //! ```text
-//! cargo bench --bench waiting
+//! cargo bench -p tollgate-bench --bench waiting
 //! # shorter, while developing:
-//! cargo bench --bench waiting -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p tollgate-bench --bench waiting -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! Each iteration spawns `n` tasks that each wait for one request on one key of

@@ -2,7 +2,7 @@
 //! (the criterion bench `benches/rate_limit.rs` gives times; this gives instruction counts).
 //!
 //! ```text
-//! cargo build --profile bench --example bench_check
+//! cargo build --profile bench -p tollgate-bench --example bench_check
 //! valgrind --tool=callgrind --toggle-collect='bench_check::run*' \
 //!     target/release/examples/bench_check tg-direct 1000000
 //! callgrind_annotate --inclusive=yes callgrind.out.<pid>

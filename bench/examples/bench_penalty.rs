@@ -2,7 +2,7 @@
 //! HTTP server), with and without a penalty box, for instruction counts of one request:
 //!
 //! ```text
-//! cargo build --profile bench --example bench_penalty
+//! cargo build --profile bench -p tollgate-bench --example bench_penalty
 //! valgrind --tool=callgrind --toggle-collect='bench_penalty::run*' \
 //!     target/release/examples/bench_penalty admit-box 200000
 //! ```

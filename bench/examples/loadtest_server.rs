@@ -2,7 +2,7 @@
 //! of several configurations, chosen by the first argument.
 //!
 //! ```text
-//! cargo run --release --example loadtest_server -- <config> [addr]
+//! cargo run --release -p tollgate-bench --example loadtest_server -- <config> [addr]
 //! ```
 //!
 //! | config | what it serves |
