@@ -34,7 +34,9 @@
 //! wait (a `Retry-After` of more than 31 million years). Clamped policy items switch to the
 //! rate form so that `q / w` stays the rate.
 //!
-//! A concurrency limit is one `RateLimit-Policy` item with `q` = the most requests in flight,
+//! A concurrency limit sends nothing unless named with
+//! [`ConcurrencyLimitLayer::policy_header`](crate::ConcurrencyLimitLayer::policy_header); then
+//! it is one `RateLimit-Policy` item with `q` = the most requests in flight,
 //! `qu="concurrent-requests"` and no window.
 //!
 //! `Retry-After` is a whole number of seconds, rounded up and never `0` when the client must
@@ -43,10 +45,11 @@
 use std::time::Duration;
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::{BufMut, BytesMut};
-use http::HeaderValue;
+use http::header::Entry;
+use http::{HeaderMap, HeaderValue};
 
 use crate::error::ConfigError;
 use crate::gcra::Decision;
@@ -144,6 +147,89 @@ pub(crate) fn check_name(name: &str) -> Result<(), ConfigError> {
         Ok(())
     } else {
         Err(ConfigError::InvalidName(name.to_owned()))
+    }
+}
+
+/// Appends a layer's items to the `RateLimit-Policy` field and, when given, to `RateLimit`,
+/// keeping the items other layers (or the handler) put there: both fields are lists.
+///
+/// Two items of one name cannot be told apart by a client (two stacked layers both named
+/// `"api"`). Layers do not know what they are stacked with when they are built, so the first
+/// response that shows such a pair is logged at WARN, naming it, once per process; after that
+/// nothing more is checked.
+pub(crate) fn append_fields(
+    headers: &mut HeaderMap,
+    policy: HeaderValue,
+    ratelimit: Option<HeaderValue>,
+) {
+    match headers.entry(&RATELIMIT_POLICY) {
+        Entry::Vacant(e) => {
+            e.insert(policy);
+        }
+        Entry::Occupied(mut e) => {
+            if !DUPLICATE_WARNED.load(Ordering::Relaxed) {
+                let twice = e.iter().find_map(|v| {
+                    PolicyNames(v.as_bytes())
+                        .find(|n| PolicyNames(policy.as_bytes()).any(|m| m == *n))
+                });
+                if let Some(name) = twice {
+                    warn_duplicate(name);
+                }
+            }
+            e.append(policy);
+        }
+    }
+    if let Some(ratelimit) = ratelimit {
+        headers.append(RATELIMIT.clone(), ratelimit);
+    }
+}
+
+/// Whether a duplicate item name has been logged.
+static DUPLICATE_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// Logs, once per process, that `name` names two items of one response's `RateLimit-Policy`.
+#[cold]
+#[inline(never)]
+fn warn_duplicate(name: &[u8]) {
+    if !DUPLICATE_WARNED.swap(true, Ordering::Relaxed) {
+        let name = String::from_utf8_lossy(name);
+        tracing::warn!(
+            name = %name,
+            "tollgate: RateLimit-Policy lists two items named {name:?} on one response, which \
+             a client cannot tell apart: give the layers on one route different names \
+             (`Policy::new(name, ..)`, `Quota::named`, `.policy_header(name)`) (logged once)"
+        );
+    }
+}
+
+/// The item names of a `RateLimit-Policy` value, `"a";q=1;w=1, "b";q=2;qu="x"` giving `a`
+/// then `b`; it stops at anything it cannot read (a handler may put anything there).
+struct PolicyNames<'a>(&'a [u8]);
+
+impl<'a> Iterator for PolicyNames<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        // An item: a quoted name, then parameters `;key=value`, values tokens or quoted.
+        let rest = self.0.trim_ascii_start().strip_prefix(b"\"")?;
+        let end = rest.iter().position(|&b| b == b'"')?;
+        let (name, mut rest) = (&rest[..end], &rest[end + 1..]);
+        while let Some(param) = rest.strip_prefix(b";") {
+            let eq = param.iter().position(|&b| b == b'=')?;
+            let value = &param[eq + 1..];
+            rest = match value.strip_prefix(b"\"") {
+                Some(quoted) => &quoted[quoted.iter().position(|&b| b == b'"')? + 1..],
+                None => {
+                    let end = value.iter().position(|&b| b == b';' || b == b',');
+                    &value[end.unwrap_or(value.len())..]
+                }
+            };
+        }
+        self.0 = match rest.strip_prefix(b",") {
+            Some(next) => next,
+            None => &[],
+        };
+        Some(name)
     }
 }
 
@@ -443,6 +529,61 @@ impl PolicyHeaders {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names(value: &str) -> Vec<&str> {
+        PolicyNames(value.as_bytes())
+            .map(|n| std::str::from_utf8(n).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn policy_item_names_are_read_past_every_parameter() {
+        assert_eq!(names(r#""api";q=10;w=1"#), ["api"]);
+        assert_eq!(
+            names(r#""a, b";q=20;w=2, "daily";q=10000;w=86400,"c""#),
+            ["a, b", "daily", "c"]
+        );
+        // A quoted parameter value, with a comma and a quote-free name inside it.
+        assert_eq!(
+            names(r#""workers";q=8;qu="concurrent-requests", "api";q=1;w=1"#),
+            ["workers", "api"]
+        );
+        assert_eq!(names(r#""x";qu="a, \"y\"""#).first(), Some(&"x"));
+    }
+
+    #[test]
+    fn policy_item_names_stop_at_what_cannot_be_read() {
+        assert!(names("").is_empty());
+        assert!(names("api;q=1").is_empty());
+        assert_eq!(names(r#""api";q=1, garbage, "b";q=2"#), ["api"]);
+        assert!(names(r#""unterminated;q=1"#).is_empty());
+        assert_eq!(names(r#""a";q"#), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_second_item_of_one_name_is_found_and_the_field_keeps_both() {
+        let mut headers = HeaderMap::new();
+        let value = |s: &'static str| HeaderValue::from_static(s);
+        append_fields(
+            &mut headers,
+            value(r#""api";q=10;w=1"#),
+            Some(value(r#""api";r=9;t=1"#)),
+        );
+        append_fields(
+            &mut headers,
+            value(r#""db";q=8;qu="concurrent-requests""#),
+            None,
+        );
+        append_fields(
+            &mut headers,
+            value(r#""api";q=5;w=1"#),
+            Some(value(r#""api";r=4;t=1"#)),
+        );
+        let policy: Vec<_> = headers.get_all(&RATELIMIT_POLICY).iter().collect();
+        assert_eq!(policy.len(), 3);
+        assert_eq!(headers.get_all(&RATELIMIT).iter().count(), 2);
+        assert!(DUPLICATE_WARNED.load(Ordering::Relaxed));
+    }
 
     #[test]
     fn retry_after_rounds_up_and_is_never_zero() {

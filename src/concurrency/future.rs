@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::permit::Permit;
-use crate::headers::RATELIMIT_POLICY;
+use crate::headers::append_fields;
 
 /// Waiting in the queue: a permit, or the rejection to send when the wait is over.
 pub(crate) type Wait = Pin<Box<dyn Future<Output = Result<Permit, Response<Bytes>>> + Send>>;
@@ -184,7 +184,7 @@ where
                     }
                     if let Some(policy) = this.policy.take() {
                         let policy = Arc::unwrap_or_clone(policy);
-                        parts.headers.append(&RATELIMIT_POLICY, policy);
+                        append_fields(&mut parts.headers, policy, None);
                     }
                     // Given back now with `release_on_headers`, else when the body is done.
                     let mut permit = permit.take();

@@ -210,9 +210,18 @@
 //! # let _ = stack;
 //! ```
 //!
-//! With `policy_header`, responses also carry a `RateLimit-Policy` item
-//! `"name";q=max;qu="concurrent-requests"` (draft-ietf-httpapi-ratelimit-headers-10), appended
-//! to those of other layers.
+//! A concurrency limit sends no header field of its own unless it is given a name: with
+//! [`.policy_header(name)`](ConcurrencyLimitLayer::policy_header), every response of the layer
+//! (rejections too) carries a `RateLimit-Policy` item `"name";q=max;qu="concurrent-requests"`
+//! (draft-ietf-httpapi-ratelimit-headers-10), appended to those of other layers. It has no
+//! `RateLimit` item: what is left depends on the requests in flight, not on the client.
+//!
+//! ```
+//! use tollgate::ConcurrencyLimitLayer;
+//! // Responses say `RateLimit-Policy: "reports";q=8;qu="concurrent-requests"`.
+//! let reports = ConcurrencyLimitLayer::new(8).policy_header("reports");
+//! # let _ = reports;
+//! ```
 
 mod adaptive;
 mod body;

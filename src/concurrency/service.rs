@@ -11,7 +11,7 @@ use super::control::{Classifier, Control, Priority};
 use super::future::ResponseFuture;
 use super::handle::Live;
 use super::permit::{Attempt, GlobalLimit, KeyedLimit, Permit, Waiter};
-use crate::headers::RATELIMIT_POLICY;
+use crate::headers::append_fields;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::{service_shell, Core};
@@ -130,8 +130,8 @@ impl<E: KeyExtractor> Shared<E> {
             }
         };
         if let Some(policy) = &self.live.policy {
-            resp.headers_mut()
-                .append(&RATELIMIT_POLICY, HeaderValue::clone(&policy.load()));
+            let policy = HeaderValue::clone(&policy.load());
+            append_fields(resp.headers_mut(), policy, None);
         }
         resp
     }

@@ -93,6 +93,9 @@ impl KeyExtractor for Metadata {
             _ => Err(KeyError::new("missing metadata")),
         }
     }
+    fn describe(&self) -> String {
+        format!("key::Metadata reads the entry {:?}", self.name.as_str())
+    }
 }
 
 #[cfg(test)]

@@ -131,6 +131,15 @@ pub trait KeyExtractor: Send + Sync + 'static {
         let _ = req;
         None
     }
+
+    /// What this extractor reads, as a log names it: `header "x-api-key"` for
+    /// [`Header`]; the type's name by default.
+    ///
+    /// A layer that has never found a key among its first requests logs an error naming it
+    /// (a misspelt header name would otherwise switch a limit off in silence).
+    fn describe(&self) -> String {
+        std::any::type_name::<Self>().to_owned()
+    }
 }
 
 impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
@@ -140,6 +149,9 @@ impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
     }
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         (**self).client_ip(req)
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
     }
 }
 
@@ -209,6 +221,9 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         self.0.client_ip(req).or_else(|| self.1.client_ip(req))
     }
+    fn describe(&self) -> String {
+        format!("{}, else {}", self.0.describe(), self.1.describe())
+    }
 }
 
 /// The key of [`Or`]: which of the two extractors found it, and its key.
@@ -253,6 +268,9 @@ impl<E: KeyExtractor, C: KeyExtractor> KeyExtractor for WithClientIp<E, C> {
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         self.1.client_ip(req)
     }
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
 }
 
 /// An extractor whose key is transformed. See [`KeyExtractorExt::map`].
@@ -277,6 +295,9 @@ where
     }
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         self.0.client_ip(req)
+    }
+    fn describe(&self) -> String {
+        self.0.describe()
     }
 }
 
@@ -339,6 +360,9 @@ impl KeyExtractor for Header {
             _ => Err(KeyError::new("missing header")),
         }
     }
+    fn describe(&self) -> String {
+        format!("key::Header reads the header {:?}", self.name.as_str())
+    }
 }
 
 /// The route the request matched (axum's `MatchedPath`, e.g. `/users/{id}`), or the request
@@ -399,6 +423,9 @@ where
     fn extract(&self, req: &RequestHead<'_>) -> Result<K, KeyError> {
         (self.0)(req).ok_or(KeyError::new("the key function returned None"))
     }
+    fn describe(&self) -> String {
+        "the key function of key::from_fn".to_owned()
+    }
 }
 
 macro_rules! tuple_extractor {
@@ -410,6 +437,10 @@ macro_rules! tuple_extractor {
             }
             fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
                 None$(.or_else(|| self.$idx.client_ip(req)))+
+            }
+            fn describe(&self) -> String {
+                let parts: &[String] = &[$(self.$idx.describe()),+];
+                format!("every part of a tuple: {}", parts.join("; "))
             }
         }
     };

@@ -9,7 +9,7 @@
 //! type is reported when the layer is applied, never dropped in silence.
 
 use std::panic::Location;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -177,6 +177,7 @@ impl<E: KeyExtractor> Common<E> {
             on_reject: self.on_reject.clone(),
             allow: self.allow.clone(),
             misconfigured_logged: AtomicBool::new(false),
+            keyless: AtomicU32::new(0),
             observe: self.observe,
         })
     }
@@ -190,9 +191,18 @@ pub(crate) struct Core<E: KeyExtractor> {
     allow: AllowList<E::Key>,
     /// Whether a key error that is the server's fault has been logged by this layer.
     misconfigured_logged: AtomicBool,
+    /// Requests without a key while no request has had one; [`KEY_FOUND`] once one has.
+    keyless: AtomicU32,
     /// Dry-run mode and key tracing.
     pub(crate) observe: Observe,
 }
+
+/// [`Core::keyless`] once a request has had a key.
+const KEY_FOUND: u32 = u32::MAX;
+
+/// Requests in a row without a key, with none ever found, after which a layer logs that its
+/// extractor probably reads the wrong thing (a misspelt header name).
+pub(crate) const KEYLESS_BEFORE_ERROR: u32 = 100;
 
 impl<E: KeyExtractor> Core<E> {
     /// The request's key, or what the missing-key policy says when it has none; `Pass` for a
@@ -201,18 +211,34 @@ impl<E: KeyExtractor> Core<E> {
     ///
     /// A key error that is the server's fault ([`KeyError::is_misconfigured`], e.g. `PeerIp`
     /// served without ConnectInfo) is logged as an error the first time this layer meets it;
-    /// the request still gets what the policy says.
+    /// so is a layer whose first [`KEYLESS_BEFORE_ERROR`] requests all had no key (a header
+    /// name misspelt). The request still gets what the policy says.
     #[inline]
     pub(crate) fn resolve(&self, head: &RequestHead<'_>) -> Resolved<E::Key> {
         if self.allows_address(head) {
             return Resolved::Pass;
         }
         match self.extractor.extract(head) {
-            Ok(key) if self.allow.allows_key(&key) => Resolved::Pass,
-            Ok(key) => Resolved::Key(key),
+            Ok(key) => {
+                if self.keyless.load(Ordering::Relaxed) != KEY_FOUND {
+                    self.keyless.store(KEY_FOUND, Ordering::Relaxed);
+                }
+                match self.allow.allows_key(&key) {
+                    true => Resolved::Pass,
+                    false => Resolved::Key(key),
+                }
+            }
             Err(e) => {
-                if e.is_misconfigured() {
-                    self.misconfigured(&e);
+                match e.is_misconfigured() {
+                    true => self.misconfigured(
+                        &e,
+                        format_args!(
+                            "no request can have a key, so every request gets the missing-key \
+                             answer; {}",
+                            e.reason()
+                        ),
+                    ),
+                    false => self.keyless(&e),
                 }
                 self.on_missing.apply()
             }
@@ -226,16 +252,50 @@ impl<E: KeyExtractor> Core<E> {
         self.allow.has_ips() && self.allow.allows_ip(&self.extractor, head)
     }
 
-    /// Logs a key error that no client can avoid, once per layer.
+    /// Logs a server set up so that requests have no key, saying what to fix: once per
+    /// layer.
     #[cold]
     #[inline(never)]
-    fn misconfigured(&self, e: &KeyError) {
+    fn misconfigured(&self, e: &KeyError, what: std::fmt::Arguments<'_>) {
         if !self.misconfigured_logged.swap(true, Ordering::Relaxed) {
             tracing::error!(
                 reason = e.reason(),
-                "tollgate: no request can have a key, so every request gets the missing-key \
-                 answer; {} (logged once per layer)",
-                e.reason()
+                "tollgate: {what} (logged once per layer)"
+            );
+        }
+    }
+
+    /// Counts a request without a key while none has had one: at the
+    /// [`KEYLESS_BEFORE_ERROR`]th, the extractor is taken to read the wrong thing and logged
+    /// as a misconfiguration, naming what it reads.
+    #[cold]
+    #[inline(never)]
+    fn keyless(&self, e: &KeyError) {
+        // Stops at the bound, and at `KEY_FOUND` once a key has been found.
+        let counted = self
+            .keyless
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                if n < KEYLESS_BEFORE_ERROR {
+                    Some(n + 1)
+                } else {
+                    None
+                }
+            });
+        if counted == Ok(KEYLESS_BEFORE_ERROR - 1) {
+            let answer = match &self.on_missing {
+                MissingKey::Reject(status) => format!("was answered {}", status.as_u16()),
+                MissingKey::UseKey(_) => "was counted under the one missing-key key".to_owned(),
+                MissingKey::Allow => "went through unlimited (MissingKey::Allow)".to_owned(),
+            };
+            self.misconfigured(
+                e,
+                format_args!(
+                    "not one of the first {KEYLESS_BEFORE_ERROR} requests had a key ({}), and \
+                     each {answer}: check that the key is read from what clients send ({}; a \
+                     header name spelt as they spell it)",
+                    e.reason(),
+                    self.extractor.describe(),
+                ),
             );
         }
     }

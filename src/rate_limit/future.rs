@@ -13,7 +13,7 @@ use super::store::{Answer, Backend, Refunding, Settling};
 use crate::gcra::Decision;
 use crate::response;
 
-use crate::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
+use crate::headers::{append_fields, Legacy};
 
 /// The header fields a decision adds to its response.
 #[derive(Debug)]
@@ -27,9 +27,7 @@ pub(crate) struct RateHeaders {
 impl RateHeaders {
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
         if let Some((policy, ratelimit)) = self.ietf {
-            // Both fields are lists: keep the items other layers (or the handler) put there.
-            headers.append(RATELIMIT_POLICY.clone(), policy);
-            headers.append(RATELIMIT.clone(), ratelimit);
+            append_fields(headers, policy, Some(ratelimit));
         }
         if let Some(legacy) = self.legacy {
             legacy.apply(headers);

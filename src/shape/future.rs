@@ -7,7 +7,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::shaper::Slot;
-use crate::headers::{RATELIMIT, RATELIMIT_POLICY};
+use crate::headers::append_fields;
 
 /// The `RateLimit-Policy` and `RateLimit` values a shaped response gets.
 #[derive(Debug)]
@@ -19,8 +19,7 @@ pub(crate) struct ShapeHeaders {
 impl ShapeHeaders {
     /// Appends the fields, so that items of other layers on the same response are kept.
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        headers.append(RATELIMIT_POLICY.clone(), self.policy);
-        headers.append(RATELIMIT.clone(), self.ratelimit);
+        append_fields(headers, self.policy, Some(self.ratelimit));
     }
 }
 
