@@ -78,7 +78,7 @@ pub fn app(clock: Clock) -> Router {
     Router::new().route(
         "/login",
         // The per-IP limit sees each request first.
-        post(login).layer((per_ip, per_user)),
+        post(login).route_layer((per_ip, per_user)),
     )
 }
 

@@ -60,7 +60,7 @@ pub fn app(clock: Clock) -> Router {
     Router::new()
         .route(
             "/login",
-            post(|| async { "logged in\n" }).layer(login_limit),
+            post(|| async { "logged in\n" }).route_layer(login_limit),
         )
         .route("/health", get(|| async { "ok\n" }))
         .nest("/api", api)

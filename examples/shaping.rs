@@ -68,9 +68,9 @@ async fn main() -> std::io::Result<()> {
     );
     println!("Headers of a refusal (Retry-After, RateLimit-Policy, RateLimit):");
     println!("  for i in $(seq 6); do curl -s -o /dev/null http://{local}/ & done; sleep 0.1; curl -si http://{local}/; wait");
-    println!("Per IP, with three let through at once:");
+    println!("Per IP, ten at once: three now, six spaced 0.2 s apart, one refused with 429:");
     println!(
-        "  for i in $(seq 10); do curl -s -w '%{{http_code}} ' http://{local}/per-ip & done; wait"
+        "  for i in $(seq 10); do curl -s -o /dev/null -w '%{{http_code}} after %{{time_total}}s\\n' http://{local}/per-ip & done; wait"
     );
     // PeerIp needs the peer address: serve with ConnectInfo.
     axum::serve(

@@ -57,11 +57,17 @@
 //!
 //! # Where a layer goes, and stacking
 //!
-//! `MethodRouter::layer` covers one route, `Router::route_layer` the routes added before it
-//! (an unknown path stays `404`), `Router::layer` every request, unknown paths too. Layers
+//! `MethodRouter::layer` covers one route with all its methods (a wrong method's `405` is
+//! answered inside the layer and spends quota), `MethodRouter::route_layer` only the methods
+//! routed (a `405` costs nothing), `Router::route_layer` the routes added before it (an
+//! unknown path stays `404`), `Router::layer` every request, unknown paths too. Layers
 //! stack: the one added last runs first. Put a rate limit outside a concurrency limit, so a
-//! rejected request never takes a permit. Several quotas on one key are best given to one layer
-//! ([`Policy::quota`]): they are then decided all or nothing.
+//! rejected request never takes a permit. Stacked layers are all or nothing: a request an
+//! inner layer refuses gives back what the rate limits outside took, since it was not served
+//! (see [`rate_limit`]). Several quotas on one key are best given to one layer
+//! ([`Policy::quota`]): they are then decided all or nothing. Give stacked layers different
+//! names: two `RateLimit-Policy` items of one name cannot be told apart, and are logged at
+//! `WARN`.
 //!
 //! Two layers on one handler go in one `.layer((outer, inner))` (a tuple) or a
 //! `ServiceBuilder`: `post(h).layer(a).layer(b)` does not compile with axum (E0283, "cannot
@@ -100,7 +106,9 @@
 //! A request whose key cannot be extracted (no such header, no peer address) is never a panic
 //! or a 500: [`MissingKey`] decides. `MissingKey::reject(401)` answers that status (the
 //! default is `400`), `MissingKey::UseKey(k)` counts all such requests under one key,
-//! `MissingKey::Allow` lets them through unlimited.
+//! `MissingKey::Allow` lets them through unlimited. A layer that never finds a key (a header
+//! name misspelt, an IP key served without `ConnectInfo`) logs one `ERROR` naming what it
+//! reads: after its first 100 requests, or at once when no request can have a key.
 //!
 //! # Tiers
 //!
