@@ -517,6 +517,31 @@ mod tests {
     }
 
     #[test]
+    fn extractors_describe_what_they_read_for_the_never_found_error() {
+        let header = Header::new("x-api-kye");
+        assert_eq!(
+            header.describe(),
+            r#"key::Header reads the header "x-api-kye""#
+        );
+        assert_eq!(
+            Arc::new(header.clone()).map(|k| k.len()).describe(),
+            header.describe()
+        );
+        assert_eq!(
+            header.clone().or(Global).describe(),
+            r#"key::Header reads the header "x-api-kye", else tollgate::key::Global"#
+        );
+        assert_eq!(
+            (header.clone(), Route).describe(),
+            r#"every part of a tuple: key::Header reads the header "x-api-kye"; tollgate::key::Route"#
+        );
+        assert_eq!(
+            Metadata::new("tenant").describe(),
+            r#"key::Metadata reads the entry "tenant""#
+        );
+    }
+
+    #[test]
     fn closure_none_is_a_key_error() {
         let req = Request::builder().uri("/").body(()).unwrap();
         let f = from_fn(|r: &RequestHead<'_>| r.uri.path().strip_prefix("/t/").map(str::to_owned));
