@@ -74,6 +74,11 @@ impl Policy {
         self
     }
 
+    /// Whether the name was derived from the first quota rather than given.
+    pub(crate) fn is_derived(&self) -> bool {
+        self.derived
+    }
+
     /// The policy's name.
     pub fn name(&self) -> &str {
         &self.name
