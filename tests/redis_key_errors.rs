@@ -11,8 +11,12 @@ use std::time::Duration;
 
 use common::capture::Captured;
 use common::redis_server::RedisServer;
-use tollgate::redis::{FailMode, RedisRateLimiter, RedisStore};
-use tollgate::{Clock, Quota};
+use tollgate::redis::{FailMode, Lease, RedisRateLimiter, RedisStore};
+use tollgate::{Clock, PenaltyBox, Quota};
+
+/// The tests of this file hit the same logging callsite: one at a time, so that the one that
+/// captures the log sees its interest settled.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn store(server: &RedisServer, mode: FailMode) -> RedisStore {
     RedisStore::connect(&server.url())
@@ -39,6 +43,7 @@ fn poison(server: &RedisServer, limiter: &RedisRateLimiter<u64>, key: u64) -> St
 
 #[tokio::test]
 async fn a_key_of_the_wrong_type_refuses_that_key_only_and_never_trips_the_outage_state() {
+    let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let (clock, _time) = Clock::manual();
     let l = limiter(
@@ -60,6 +65,7 @@ async fn a_key_of_the_wrong_type_refuses_that_key_only_and_never_trips_the_outag
 
 #[tokio::test]
 async fn a_key_error_is_refused_even_when_the_store_fails_open() {
+    let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let (clock, _time) = Clock::manual();
     for mode in [FailMode::Open, FailMode::local(0.5).unwrap()] {
@@ -75,6 +81,7 @@ async fn a_key_error_is_refused_even_when_the_store_fails_open() {
 
 #[tokio::test]
 async fn a_key_error_is_logged_once_per_policy_at_error_with_the_key_name() {
+    let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let captured = Captured::default();
     let subscriber = tracing_subscriber::fmt()
@@ -82,6 +89,8 @@ async fn a_key_error_is_logged_once_per_policy_at_error_with_the_key_name() {
         .with_ansi(false)
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
+    // Callsites first seen without a subscriber (by other tests' threads) are looked at again.
+    tracing::callsite::rebuild_interest_cache();
     let (clock, _time) = Clock::manual();
     let l = limiter(
         store(&server, FailMode::Open).await,
@@ -98,4 +107,64 @@ async fn a_key_error_is_logged_once_per_policy_at_error_with_the_key_name() {
     assert!(errors[0].contains(&name), "{text}");
     assert!(errors[0].contains("another type"), "{text}");
     assert!(!text.contains("Redis unavailable"), "{text}");
+}
+
+#[tokio::test]
+async fn a_key_error_on_a_leased_key_refuses_its_requests_and_leaves_the_other_keys_leased() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let (clock, _time) = Clock::manual();
+    let store = store(&server, FailMode::Open)
+        .await
+        .lease(Lease::new(8, Duration::from_secs(1)));
+    let l = limiter(store, Quota::per_second(100), &clock);
+    // Key 1 is hot: a batch is on its way when its Redis key goes bad.
+    for _ in 0..4 {
+        assert!(l.check(&1).await.is_allowed());
+    }
+    let served = l.leased();
+    assert!(served > 0);
+    // Units already held are used up; then every request on the key is refused.
+    let name = String::from_utf8(l.redis_key(&1)).unwrap();
+    server.cli(&["DEL", &name]).unwrap();
+    server.cli(&["HSET", &name, "f", "v"]).unwrap();
+    let mut refused = 0;
+    for _ in 0..20 {
+        let d = l.check(&1).await;
+        if !d.is_allowed() {
+            assert!(d.is_degraded());
+            refused += 1;
+        }
+    }
+    assert!(refused >= 20 - 8, "{refused}");
+    // Another key still takes its batches from Redis.
+    for _ in 0..10 {
+        let d = l.check(&2).await;
+        assert!(d.is_allowed() && !d.is_degraded());
+    }
+    assert!(l.leased() > served);
+}
+
+#[tokio::test]
+async fn a_key_error_under_a_penalty_box_is_refused_and_is_no_outage() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let (clock, _time) = Clock::manual();
+    let l = RedisRateLimiter::<u64>::builder(
+        store(&server, FailMode::Open).await,
+        Quota::per_second(10),
+    )
+    .name("banned")
+    .penalty_box(PenaltyBox::new(
+        3,
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    ))
+    .clock(clock)
+    .build();
+    poison(&server, &l, 1);
+    let d = l.check(&1).await;
+    assert!(!d.is_allowed() && d.is_degraded());
+    let d = l.check(&2).await;
+    assert!(d.is_allowed() && !d.is_degraded(), "{d:?}");
 }

@@ -256,3 +256,50 @@ async fn return_leases_of_a_hundred_keys_takes_at_most_one_timeout_while_redis_h
     // One timeout for all, to tokio's timer resolution (a millisecond, rounded up).
     assert!(took <= Duration::from_millis(401), "{took:?}");
 }
+
+#[tokio::test]
+async fn another_instance_giving_back_is_seen_by_a_cached_rejection_within_its_max_age() {
+    let server = RedisServer::start();
+    let (clock, time) = Clock::manual();
+    let quota = Quota::per_hour(10);
+    // A: no lease, a deny cache trusted for 250 ms. B: leases of up to 4.
+    let a_store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+        .deny_cache_max_age(Duration::from_millis(250));
+    let b_store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+        .lease(Lease::new(4, Duration::from_secs(10)));
+    let build = |store: RedisStore| {
+        RedisRateLimiter::<&'static str>::builder(store, quota.clone())
+            .quota(Quota::per_day(1_000_000).burst(1_000_000))
+            .name("given-back")
+            .clock(clock.clone())
+            .build()
+    };
+    let (a, b) = (build(a_store), build(b_store));
+    // B admits 4 and took batches 1, 2 and 4: 7 units, 3 held.
+    for _ in 0..4 {
+        assert!(b.check(&"k").await.is_allowed());
+    }
+    // A gets the 3 left, then Redis refuses it, and A caches that.
+    for _ in 0..3 {
+        assert!(a.check(&"k").await.is_allowed());
+    }
+    assert!(!a.check(&"k").await.is_allowed());
+    b.return_leases().await;
+    // A cannot know: it refuses locally until 250 ms after it asked...
+    time.advance(Duration::from_millis(249));
+    assert!(!a.check(&"k").await.is_allowed());
+    assert_eq!(a.local_rejections(), 1);
+    // ...then asks Redis, and gets the units B gave back.
+    time.advance(Duration::from_millis(1));
+    let mut more = 0;
+    while a.check(&"k").await.is_allowed() {
+        more += 1;
+    }
+    assert_eq!(more, 3);
+}

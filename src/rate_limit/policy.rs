@@ -75,6 +75,7 @@ impl Policy {
     }
 
     /// Whether the name was derived from the first quota rather than given.
+    #[cfg(feature = "redis")]
     pub(crate) fn is_derived(&self) -> bool {
         self.derived
     }

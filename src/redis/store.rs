@@ -207,8 +207,11 @@ pub struct RedisStore {
     probe_every: Option<Duration>,
     outage: Arc<Outage>,
     /// The key name prefixes taken by live limiters without names of their own.
-    scopes: Arc<Mutex<HashMap<Box<[u8]>, Weak<()>>>>,
+    scopes: Arc<Mutex<Scopes>>,
 }
+
+/// Key name prefixes, each with the token of the limiter that holds it.
+type Scopes = HashMap<Box<[u8]>, Weak<()>>;
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
