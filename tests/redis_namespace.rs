@@ -271,3 +271,74 @@ fn built_in_extractors_describe_what_they_key_by() {
         None
     );
 }
+
+/// The Redis key name of the key `k` under an unnamed layer of `quotas` keyed by `extractor`,
+/// built and dropped (so that the next one may take the same names).
+fn key_name<E>(store: &RedisStore, quotas: &[Quota], extractor: E) -> Vec<u8>
+where
+    E: key::KeyExtractor<Key = Box<[u8]>> + Clone,
+{
+    let policy = quotas[1..]
+        .iter()
+        .fold(Policy::from(quotas[0].clone()), |p, q| p.quota(q.clone()));
+    let layer = RateLimitLayer::new(policy.clone())
+        .key(extractor)
+        .store(store.clone());
+    let limiter = layer.limiter(policy.name()).unwrap().unwrap();
+    limiter.redis_key(&Box::from(&b"k"[..]))
+}
+
+/// A quota of one of three kinds, with numbers no two of which decide alike.
+fn quota() -> impl proptest::strategy::Strategy<Value = Quota> {
+    use proptest::prelude::*;
+    let period = prop_oneof![Just(1u64), Just(60), Just(3_600)].prop_map(Duration::from_secs);
+    (0..3u8, 1..=10u32, period, 1..=10u32).prop_map(|(kind, count, period, burst)| match kind {
+        0 => Quota::new(count, period).burst(burst),
+        1 => Quota::fixed_window(count, period),
+        _ => Quota::sliding_log(count, period),
+    })
+}
+
+#[test]
+fn unnamed_layers_share_key_names_exactly_when_their_quotas_and_extractors_are_alike() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _enter = rt.enter();
+    // Connected lazily: key names need no server.
+    let store = RedisStore::open("redis://127.0.0.1:1").unwrap();
+    let quotas = || prop::collection::vec(quota(), 1..=2);
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(
+            &(quotas(), 0..3u8, quotas(), 0..3u8),
+            |(qa, ea, qb, eb): (Vec<Quota>, u8, Vec<Quota>, u8)| {
+                let name = |q: &[Quota], e: u8| match e {
+                    0 => key_name(&store, q, Header::new("x-a")),
+                    1 => key_name(&store, q, Header::new("x-b")),
+                    _ => key_name(&store, q, Header::new("x-a").named("x-a")),
+                };
+                let alike = qa == qb && ea == eb;
+                prop_assert_eq!(name(&qa, ea) == name(&qb, eb), alike);
+                // And the same layer twice (two processes) writes the same names.
+                prop_assert_eq!(name(&qa, ea), name(&qa, ea));
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+#[tokio::test]
+async fn new_quotas_set_while_serving_keep_the_key_names() {
+    let store = RedisStore::open("redis://127.0.0.1:1").unwrap();
+    let limiter = RedisRateLimiter::<u64>::builder(store, Quota::per_minute(3))
+        .try_build()
+        .unwrap();
+    let before = limiter.redis_key(&1);
+    limiter.set_quotas([Quota::per_minute(30)]).unwrap();
+    assert_eq!(limiter.redis_key(&1), before);
+}
