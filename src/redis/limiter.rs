@@ -711,9 +711,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     }
 
     /// Gives back to Redis the units this limiter holds under a live [`Lease`](super::Lease)
-    /// (e.g. when the instance shuts down): one script call per key, all sent at once on the
-    /// multiplexed connection, so that the whole takes at most the store's
-    /// [`timeout`](RedisStore::timeout) whatever the number of keys. Units of a lease older
+    /// (e.g. when the instance shuts down): one script call per key, pipelined on the
+    /// multiplexed connection a few hundred at a time, under one deadline: the whole takes at
+    /// most the store's [`timeout`](RedisStore::timeout), whatever the number of keys. Units of a lease older
     /// than its hold are never given back: Redis restored them by time alone, and returning
     /// them would give the fleet more than the limit. Units that Redis does not take back in
     /// time are lost to the fleet until the key recovers on its own, within its burst period.
@@ -721,17 +721,23 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let Some(leases) = &self.inner.leases else {
             return;
         };
-        let calls: Vec<_> = leases
-            .drain(self.now())
-            .into_iter()
-            .map(|(key, units)| {
-                Box::pin(async move {
-                    let _ = self.give_back(&key, units).await;
-                })
-            })
-            .collect();
-        // Each call waits at most the timeout from now; the bound holds for all of them.
-        let _ = tokio::time::timeout(self.inner.store.timeout, join_all(calls)).await;
+        let held = leases.drain(self.now());
+        let all = async {
+            // A few hundred calls at a time, each batch pipelined on the connection.
+            for chunk in held.chunks(RETURN_AT_ONCE) {
+                let calls: Vec<_> = chunk
+                    .iter()
+                    .map(|(key, units)| {
+                        Box::pin(async move {
+                            let _ = self.give_back(key, *units).await;
+                        })
+                    })
+                    .collect();
+                join_all(calls).await;
+            }
+        };
+        // One deadline for all of them: what is not back by then is lost to the fleet.
+        let _ = tokio::time::timeout(self.inner.store.timeout, all).await;
     }
 
     /// The Redis key that holds the state of `key`: `<prefix><name length>:<name>:<key>`,
@@ -1190,7 +1196,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     }
 }
 
-/// Runs `calls` concurrently until all are done.
+/// How many give-backs [`RedisRateLimiter::return_leases`] sends at once.
+const RETURN_AT_ONCE: usize = 256;
+
+/// Runs `calls` concurrently until all are done (each wake polls those left: for a few
+/// hundred at most).
 async fn join_all<F: std::future::Future<Output = ()> + Unpin>(mut calls: Vec<F>) {
     std::future::poll_fn(|cx| {
         calls.retain_mut(|c| std::pin::Pin::new(c).poll(cx).is_pending());
