@@ -880,9 +880,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 return self.unanswered(key, cost, &limits.rules);
             }
         }
-        // A request that waited for a batch has what is left of its time; one that did not
-        // has the store's timeout for each call, as without a lease.
-        let deadline = (waits > 0).then_some(deadline);
+        // The decision's first call has the store's whole timeout unless the request waited
+        // for a batch; a call after another has what is left of it. (A call cut short that
+        // gets no answer says nothing about Redis: it is no outage.)
+        let mut limit = (waits > 0).then_some(deadline);
         // Dropped before the answer, the request no longer holds up the others.
         let mut pending = leases.pending(key, &plan);
         if plan.batch > cost {
@@ -891,7 +892,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 pending.answered();
                 leases.refused(key, true);
             } else {
-                let answer = self.ask(key, plan.batch, now, deadline).await;
+                let answer = self.ask(key, plan.batch, now, limit).await;
+                limit = Some(deadline);
                 pending.answered();
                 let d = match answer {
                     Ok(d) => d,
@@ -913,7 +915,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 }
                 let left = u32::try_from(d.remaining()).unwrap_or(u32::MAX);
                 if left > cost && left < plan.batch {
-                    match self.ask(key, left, now, deadline).await {
+                    match self.ask(key, left, now, limit).await {
                         Ok(d) if d.is_allowed() => {
                             return leases.took(key, &limits.gcras, now, &plan, left, &d);
                         }
@@ -923,7 +925,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 }
             }
         }
-        let d = self.decide(key, cost, now, deadline).await;
+        let d = self.decide(key, cost, now, limit).await;
         if d.is_allowed() && !d.is_degraded() {
             // A batch of the cost alone: how soon the key needs the next one sizes that one.
             return leases.took(key, &limits.gcras, now, &plan, cost, &d);
