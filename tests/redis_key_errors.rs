@@ -168,3 +168,30 @@ async fn a_key_error_under_a_penalty_box_is_refused_and_is_no_outage() {
     let d = l.check(&2).await;
     assert!(d.is_allowed() && !d.is_degraded(), "{d:?}");
 }
+
+#[tokio::test]
+async fn redis_out_of_memory_refuses_the_write_and_is_no_outage() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let (clock, _time) = Clock::manual();
+    let l = limiter(
+        store(&server, FailMode::Open).await,
+        Quota::per_second(10),
+        &clock,
+    );
+    assert!(l.check(&1).await.is_allowed());
+    // Redis is full: it refuses every write with OOM.
+    server
+        .cli(&["SET", "ballast", &"x".repeat(100_000)])
+        .unwrap();
+    server
+        .cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .unwrap();
+    server.cli(&["CONFIG", "SET", "maxmemory", "1"]).unwrap();
+    let d = l.check(&2).await;
+    assert!(!d.is_allowed() && d.is_degraded(), "{d:?}");
+    // Memory again: with probe_every(5 s), an outage would keep refusing; Redis decides at once.
+    server.cli(&["CONFIG", "SET", "maxmemory", "0"]).unwrap();
+    let d = l.check(&2).await;
+    assert!(d.is_allowed() && !d.is_degraded(), "{d:?}");
+}

@@ -770,3 +770,43 @@ where
         (std::mem::replace(inner, clone), later)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::key_error_cause;
+
+    /// The error Redis sends as `line` (without its leading `-`), as the client reports it.
+    fn error(line: &str) -> ::redis::RedisError {
+        let bytes = format!("-{line}\r\n");
+        match ::redis::parse_redis_value(bytes.as_bytes()).and_then(|v| v.extract_error()) {
+            Err(e) => e,
+            Ok(v) => panic!("not an error: {v:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_about_one_key_or_its_script_are_key_errors_and_the_rest_outages() {
+        for key in [
+            "WRONGTYPE Operation against a key holding the wrong kind of value script: x",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "ERR user_script:12: attempt to perform arithmetic on a nil value script: x",
+            "ERR Error running script (call to f_0123): @user_script:1: boom",
+        ] {
+            assert!(key_error_cause(&error(key)).is_some(), "{key}");
+        }
+        for outage in [
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script.",
+            "READONLY You can't write against a read only replica.",
+            "MASTERDOWN Link with MASTER is down",
+            "NOAUTH Authentication required.",
+            "NOPERM this user has no permissions to run the 'evalsha' command",
+            "CLUSTERDOWN The cluster is down",
+            "ERR max number of clients reached",
+        ] {
+            assert_eq!(key_error_cause(&error(outage)), None, "{outage}");
+        }
+        let io = ::redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert_eq!(key_error_cause(&io), None);
+    }
+}
