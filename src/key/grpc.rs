@@ -38,6 +38,9 @@ impl KeyExtractor for GrpcMethod {
             _ => Err(KeyError::new("not a gRPC method path")),
         }
     }
+    fn describe(&self) -> Option<String> {
+        Some("grpc-method".to_owned())
+    }
 }
 
 /// The value of an ASCII metadata entry of a gRPC call (a request header), e.g. a tenant or an
@@ -92,6 +95,9 @@ impl KeyExtractor for Metadata {
             Some(Err(_)) => Err(KeyError::new("metadata value is not ASCII")),
             _ => Err(KeyError::new("missing metadata")),
         }
+    }
+    fn describe(&self) -> Option<String> {
+        Some(format!("metadata:{}", self.name))
     }
 }
 

@@ -131,6 +131,21 @@ pub trait KeyExtractor: Send + Sync + 'static {
         let _ = req;
         None
     }
+
+    /// What this extractor keys by, stably: the same text in every process that runs the same
+    /// configuration, and a different one for extractors whose keys mean different things
+    /// (`header:x-api-key`, `peer-ip/64`, `(route,global)`). `None` (the default) when it
+    /// cannot say: a closure ([`from_fn`], [`KeyExtractorExt::map`]) or an extractor of your
+    /// own that does not override this.
+    ///
+    /// A layer whose limits live in Redis and whose policy is not named puts this text (with
+    /// its quotas) into its Redis key names, so that two layers keyed differently never share
+    /// a bucket there, just as they do not in memory. Without it, such a layer does not build
+    /// ([`ConfigError::UnnamedRedisKeys`](crate::ConfigError::UnnamedRedisKeys)): name the
+    /// policy or the extractor ([`KeyExtractorExt::named`]).
+    fn describe(&self) -> Option<String> {
+        None
+    }
 }
 
 impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
@@ -140,6 +155,9 @@ impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
     }
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         (**self).client_ip(req)
+    }
+    fn describe(&self) -> Option<String> {
+        (**self).describe()
     }
 }
 
@@ -190,9 +208,43 @@ pub trait KeyExtractorExt: KeyExtractor + Sized {
     {
         Map(self, f)
     }
+
+    /// The same extractor, described as `name` (see [`KeyExtractor::describe`]): for a
+    /// closure or a mapped key whose limits live in Redis. Two extractors named alike share
+    /// their buckets there (under policies with the same quotas), so give each meaning its
+    /// own name.
+    ///
+    /// ```
+    /// use tollgate::key::{self, KeyExtractor, KeyExtractorExt, RequestHead};
+    /// let tenant = key::from_fn(|req: &RequestHead<'_>| {
+    ///     req.uri.path().split('/').nth(1).map(str::to_owned)
+    /// })
+    /// .named("tenant");
+    /// assert_eq!(tenant.describe().as_deref(), Some("named:tenant"));
+    /// ```
+    fn named(self, name: impl Into<String>) -> Named<Self> {
+        Named(self, name.into())
+    }
 }
 
 impl<E: KeyExtractor> KeyExtractorExt for E {}
+
+/// An extractor with a name of its own. See [`KeyExtractorExt::named`].
+#[derive(Debug, Clone)]
+pub struct Named<E>(E, String);
+
+impl<E: KeyExtractor> KeyExtractor for Named<E> {
+    type Key = E::Key;
+    fn extract(&self, req: &RequestHead<'_>) -> Result<E::Key, KeyError> {
+        self.0.extract(req)
+    }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        self.0.client_ip(req)
+    }
+    fn describe(&self) -> Option<String> {
+        Some(format!("named:{}", self.1))
+    }
+}
 
 /// The first of two extractors that finds a key. See [`KeyExtractorExt::or`].
 #[derive(Debug, Clone)]
@@ -208,6 +260,9 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
     }
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         self.0.client_ip(req).or_else(|| self.1.client_ip(req))
+    }
+    fn describe(&self) -> Option<String> {
+        Some(format!("or({},{})", self.0.describe()?, self.1.describe()?))
     }
 }
 
@@ -253,6 +308,10 @@ impl<E: KeyExtractor, C: KeyExtractor> KeyExtractor for WithClientIp<E, C> {
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         self.1.client_ip(req)
     }
+    /// The key's extractor's: where allow lists look changes no key.
+    fn describe(&self) -> Option<String> {
+        self.0.describe()
+    }
 }
 
 /// An extractor whose key is transformed. See [`KeyExtractorExt::map`].
@@ -289,6 +348,9 @@ impl KeyExtractor for Global {
     #[inline]
     fn extract(&self, _: &RequestHead<'_>) -> Result<(), KeyError> {
         Ok(())
+    }
+    fn describe(&self) -> Option<String> {
+        Some("global".to_owned())
     }
 }
 
@@ -339,6 +401,9 @@ impl KeyExtractor for Header {
             _ => Err(KeyError::new("missing header")),
         }
     }
+    fn describe(&self) -> Option<String> {
+        Some(format!("header:{}", self.name))
+    }
 }
 
 /// The route the request matched (axum's `MatchedPath`, e.g. `/users/{id}`), or the request
@@ -356,6 +421,9 @@ impl KeyExtractor for Route {
         }
         // The path of an unmatched request is the client's: at most 72 bytes are kept.
         Ok(bounded_str(req.uri.path()))
+    }
+    fn describe(&self) -> Option<String> {
+        Some("route".to_owned())
     }
 }
 
@@ -410,6 +478,10 @@ macro_rules! tuple_extractor {
             }
             fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
                 None$(.or_else(|| self.$idx.client_ip(req)))+
+            }
+            fn describe(&self) -> Option<String> {
+                let parts = [$(self.$idx.describe()?),+];
+                Some(format!("({})", parts.join(",")))
             }
         }
     };

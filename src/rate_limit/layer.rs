@@ -573,8 +573,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 return Err(ConfigError::DuplicateTier(policy.name.to_string()));
             }
             limiters.push(self.store.make_limiter(
-                &policy.name,
-                &policy.quotas,
+                policy,
+                self.common.extractor.describe().as_deref(),
                 self.settings.clock.as_ref(),
                 self.settings.max_keys,
                 self.settings.on_full,

@@ -35,11 +35,13 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     #[doc(hidden)]
     const LOCAL_PENALTIES: bool;
 
+    /// The limiter of `policy`, whose keys the layer's extractor describes as `keys` (see
+    /// [`KeyExtractor::describe`](crate::key::KeyExtractor::describe)).
     #[doc(hidden)]
     fn make_limiter(
         &self,
-        name: &str,
-        quotas: &[Quota],
+        policy: &crate::Policy,
+        keys: Option<&str>,
         clock: Option<&Clock>,
         max_keys: Option<usize>,
         on_full: Option<OnFull>,
@@ -145,14 +147,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
 
     fn make_limiter(
         &self,
-        _name: &str,
-        quotas: &[Quota],
+        policy: &crate::Policy,
+        _keys: Option<&str>,
         clock: Option<&Clock>,
         max_keys: Option<usize>,
         on_full: Option<OnFull>,
         _penalty: Option<&PenaltyBox>,
     ) -> Result<RateLimiter<K>, ConfigError> {
-        let (first, rest) = quotas.split_first().ok_or(ConfigError::NoQuota)?;
+        let (first, rest) = policy.quotas.split_first().ok_or(ConfigError::NoQuota)?;
         let mut builder = RateLimiter::<K>::builder(first.clone())
             .max_keys(max_keys.unwrap_or(DEFAULT_MAX_KEYS))
             .on_full(on_full.unwrap_or_default());
