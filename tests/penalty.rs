@@ -137,18 +137,19 @@ async fn exactly_m_rejections_ban_for_d_with_an_exact_retry_after_and_agreeing_f
     let (clock, time, handler) = setup();
     let svc = login(&clock).layer(handler.clone());
     assert_eq!(burst(&svc, "192.0.2.1", 4).await, [200, 200, 429, 429]);
-    // The quota alone would say 30 s (one request per 30 s).
+    // The ban is 10 s, but the quota admits the request only 29 s from now (one request per
+    // 30 s): Retry-After is when a retry is admitted, the later of the two.
     time.advance(SEC);
     let third = send(&svc, from("192.0.2.1")).await;
     assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(third.retry_after.as_deref(), Some("10"));
+    assert_eq!(third.retry_after.as_deref(), Some("29"));
     // r=0, and t no sooner than the ban's end.
     assert_eq!(third.ratelimit.as_deref(), Some("\"2-per-1m\";r=0;t=60"));
-    // 4 s later: 6 s left, exactly.
+    // 4 s later: 6 s of ban left, 25 s until the quota admits, exactly.
     time.advance(4 * SEC);
     let banned = send(&svc, from("192.0.2.1")).await;
     assert_eq!(banned.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(banned.retry_after.as_deref(), Some("6"));
+    assert_eq!(banned.retry_after.as_deref(), Some("25"));
     // Another client is not affected.
     assert_eq!(burst(&svc, "192.0.2.2", 1).await, [200]);
     assert_eq!(handler.calls(), 3);
@@ -178,7 +179,10 @@ async fn a_banned_key_reaches_no_handler_and_consumes_no_quota() {
 #[tokio::test]
 async fn repeat_offences_escalate_and_stop_at_the_cap() {
     let (clock, time, handler) = setup();
-    let svc = login(&clock).layer(handler.clone());
+    let layer = login(&clock);
+    let penalties = layer.penalties().unwrap().unwrap();
+    let key = tollgate::key::IpKey::from("192.0.2.1".parse::<std::net::IpAddr>().unwrap());
+    let svc = layer.layer(handler.clone());
     let mut bans = Vec::new();
     for _ in 0..5 {
         // Spend the quota, then three rejections: the third bans.
@@ -189,7 +193,9 @@ async fn repeat_offences_escalate_and_stop_at_the_cap() {
                 last = seen.retry_after;
             }
         }
-        let ban: u64 = last.unwrap().parse().unwrap();
+        let ban = penalties.ban_left(&key).unwrap().as_secs();
+        // The answer waits for the ban and for the quota (30 s until one request is back).
+        assert_eq!(last, Some(ban.max(30).to_string()));
         bans.push(ban);
         // Wait the ban out, and long enough for the quota to be full (60 s), but less than
         // the 100 s after which offences are forgotten.
@@ -201,19 +207,25 @@ async fn repeat_offences_escalate_and_stop_at_the_cap() {
 #[tokio::test]
 async fn offences_are_forgotten_after_the_quiet_period() {
     let (clock, time, handler) = setup();
-    let svc = login(&clock).layer(handler.clone());
-    let ban = |svc| async move {
-        let statuses = burst(svc, "192.0.2.1", 5).await;
-        assert_eq!(statuses, [200, 200, 429, 429, 429]);
-        send(svc, from("192.0.2.1")).await.retry_after.unwrap()
+    let layer = login(&clock);
+    let penalties = layer.penalties().unwrap().unwrap();
+    let key = tollgate::key::IpKey::from("192.0.2.1".parse::<std::net::IpAddr>().unwrap());
+    let svc = layer.layer(handler.clone());
+    let ban = |svc| {
+        let penalties = penalties.clone();
+        async move {
+            let statuses = burst(svc, "192.0.2.1", 5).await;
+            assert_eq!(statuses, [200, 200, 429, 429, 429]);
+            penalties.ban_left(&key).unwrap().as_secs()
+        }
     };
-    assert_eq!(ban(&svc).await, "10");
+    assert_eq!(ban(&svc).await, 10);
     // The ban ends at 10 s; offences are kept until 110 s.
     time.advance(109 * SEC);
-    assert_eq!(ban(&svc).await, "20");
+    assert_eq!(ban(&svc).await, 20);
     // That ban ends 20 s later; quiet for 100 s after it: the next ban is the first again.
     time.advance(120 * SEC);
-    assert_eq!(ban(&svc).await, "10");
+    assert_eq!(ban(&svc).await, 10);
 }
 
 #[tokio::test]
@@ -248,7 +260,8 @@ async fn requests_racing_at_the_threshold_make_one_ban_of_d() {
     for t in tasks {
         let seen = t.await.unwrap();
         assert_eq!(seen.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(seen.retry_after.as_deref(), Some("10"));
+        // The ban is 10 s; the quota admits one request 30 s from now.
+        assert_eq!(seen.retry_after.as_deref(), Some("30"));
     }
     assert_eq!(handler.calls(), 2);
     let penalties = layer.penalties().unwrap().unwrap();
@@ -269,7 +282,8 @@ async fn one_strike_bans_when_m_is_1() {
     let first = send(&svc, from("192.0.2.1")).await;
     assert_eq!(first.status, StatusCode::OK);
     let second = send(&svc, from("192.0.2.1")).await;
-    assert_eq!(second.retry_after.as_deref(), Some("7"));
+    // Banned for 7 s, but the quota admits the next request only in 60 s.
+    assert_eq!(second.retry_after.as_deref(), Some("60"));
 }
 
 #[test]
@@ -371,7 +385,8 @@ async fn the_ban_status_and_kind_reach_the_rejection_hook() {
     assert_eq!(burst(&svc, "192.0.2.1", 1).await, [200]);
     let resp = svc.clone().oneshot(from("192.0.2.1")).await.unwrap();
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
-    assert_eq!(resp.body(), "banned Some(5s)");
+    // The wait until a retry is admitted: the quota's minute outlasts the 5 s ban.
+    assert_eq!(resp.body(), "banned Some(60s)");
 }
 
 #[tokio::test]
@@ -441,7 +456,8 @@ async fn a_banned_decision_says_banned() {
             let d = r.decision().unwrap();
             assert_eq!(d.outcome(), Outcome::Banned);
             assert_eq!(d.remaining(), 0);
-            assert_eq!(d.retry_after(), Some(5 * SEC));
+            // Until a retry is admitted: the ban (5 s) and the quota (60 s).
+            assert_eq!(d.retry_after(), Some(60 * SEC));
             Response::new(Bytes::new())
         }));
     let svc = layer.layer(handler);
@@ -603,6 +619,171 @@ async fn the_shape_layer_does_not_delay_allowed_keys() {
     send(&svc, req("user")).await;
     send(&svc, req("user")).await;
     assert_eq!(start.elapsed(), SEC);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retry-After is when a retry is admitted; only the client's own traffic is an offence; a
+// repeat offender's record outlasts a flood of one-off strikes.
+
+#[tokio::test]
+async fn a_client_that_waits_as_told_is_admitted_and_never_banned_again() {
+    let (clock, time, handler) = setup();
+    // One request an hour; one strike bans for 10 s.
+    let svc = RateLimitLayer::new(Quota::per_hour(1))
+        .key(PeerIp)
+        .clock(clock)
+        .penalty_box(PenaltyBox::new(1, 60 * SEC, 10 * SEC))
+        .layer(handler.clone());
+    for round in 0..6 {
+        assert_eq!(burst(&svc, "192.0.2.1", 1).await, [200], "round {round}");
+        let refused = send(&svc, from("192.0.2.1")).await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        // The ban (10 s) is over long before the quota admits: the answer is the quota's hour,
+        // and the fields agree with it.
+        assert_eq!(refused.retry_after.as_deref(), Some("3600"));
+        assert_eq!(
+            refused.ratelimit.as_deref(),
+            Some("\"1-per-1h\";r=0;t=3600")
+        );
+        // Asked again during the ban: the same time, counted down.
+        time.advance(5 * SEC);
+        let banned = send(&svc, from("192.0.2.1")).await;
+        assert_eq!(banned.retry_after.as_deref(), Some("3595"));
+        time.advance(3595 * SEC);
+    }
+    assert_eq!(handler.calls(), 6);
+}
+
+#[tokio::test]
+async fn a_retry_after_the_ban_but_before_the_quota_is_struck_again() {
+    let (clock, time, handler) = setup();
+    let layer = RateLimitLayer::new(Quota::per_hour(1))
+        .key(PeerIp)
+        .clock(clock)
+        .penalty_box(PenaltyBox::new(1, 60 * SEC, 10 * SEC));
+    let penalties = layer.penalties().unwrap().unwrap();
+    let key = tollgate::key::IpKey::from("192.0.2.1".parse::<std::net::IpAddr>().unwrap());
+    let svc = layer.layer(handler.clone());
+    assert_eq!(burst(&svc, "192.0.2.1", 2).await, [200, 429]);
+    // Not waiting as told: after the ban, the quota refuses, which is the second offence.
+    time.advance(10 * SEC);
+    let refused = send(&svc, from("192.0.2.1")).await;
+    assert_eq!(refused.retry_after.as_deref(), Some("3590"));
+    assert_eq!(penalties.ban_left(&key), Some(20 * SEC));
+}
+
+#[tokio::test]
+async fn a_new_key_turned_away_by_a_full_table_is_not_struck() {
+    let (clock, time, handler) = setup();
+    // Two keys at most, new keys turned away; three strikes ban.
+    let layer = RateLimitLayer::new(Quota::per_minute(1))
+        .key(PeerIp)
+        .clock(clock)
+        .max_keys(2)
+        .on_full(tollgate::store::OnFull::RejectNewKeys)
+        .penalty_box(PenaltyBox::new(3, 600 * SEC, 120 * SEC));
+    let penalties = layer.penalties().unwrap().unwrap();
+    let svc = layer.layer(handler.clone());
+    assert_eq!(burst(&svc, "192.0.2.1", 1).await, [200]);
+    assert_eq!(burst(&svc, "192.0.2.2", 1).await, [200]);
+    // Full: the new client is turned away three times, for the server's state, not its own.
+    for _ in 0..3 {
+        let seen = send(&svc, from("192.0.2.3")).await;
+        assert_eq!(seen.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(seen.retry_after.as_deref(), Some("60"));
+    }
+    assert_eq!(penalties.len(), 0);
+    // Room again a minute later: served.
+    time.advance(60 * SEC);
+    assert_eq!(burst(&svc, "192.0.2.3", 1).await, [200]);
+    assert_eq!(handler.calls(), 3);
+}
+
+#[tokio::test]
+async fn a_dry_run_records_no_strikes() {
+    let (clock, _time, handler) = setup();
+    let layer = RateLimitLayer::new(Quota::per_minute(1))
+        .key(PeerIp)
+        .clock(clock)
+        .dry_run(true)
+        .penalty_box(PenaltyBox::new(1, 60 * SEC, 600 * SEC));
+    let penalties = layer.penalties().unwrap().unwrap();
+    let svc = layer.layer(handler.clone());
+    assert_eq!(burst(&svc, "192.0.2.1", 5).await, [200; 5]);
+    assert_eq!(penalties.len(), 0);
+    assert_eq!(handler.calls(), 5);
+}
+
+#[test]
+fn a_repeat_offenders_record_outlasts_one_off_strikes_of_new_keys() {
+    let (clock, time) = Clock::manual();
+    // Two strikes within a minute ban for 10 s; offences forgotten an hour after a ban.
+    let boxed = PenaltyBox::new(2, 60 * SEC, 10 * SEC).forget_after(3600 * SEC);
+    let penalties = tollgate::penalty::Penalties::<&str>::try_new(&boxed, clock, 4).unwrap();
+    penalties.strike(&"mallory");
+    assert!(matches!(
+        penalties.strike(&"mallory"),
+        Strike::Banned { offence: 1, .. }
+    ));
+    time.advance(11 * SEC);
+    assert_eq!(penalties.ban_left(&"mallory"), None);
+    // Three other keys are banned; a fourth strikes once and finds no room: mallory's record
+    // (her ban is over, her offence is not forgotten) does not give way to a one-off strike.
+    for k in ["a", "b", "c"] {
+        penalties.strike(&k);
+        assert!(matches!(penalties.strike(&k), Strike::Banned { .. }));
+    }
+    assert_eq!(penalties.strike(&"d"), Strike::NotRecorded);
+    assert_eq!(penalties.len(), 4);
+    // Her next two strikes are her second offence: twice the ban.
+    assert_eq!(penalties.strike(&"mallory"), Strike::Counted(1));
+    assert_eq!(
+        penalties.strike(&"mallory"),
+        Strike::Banned {
+            ban: 20 * SEC,
+            offence: 2
+        }
+    );
+}
+
+#[test]
+fn keys_with_strikes_only_give_way_before_a_repeat_offender() {
+    let (clock, time) = Clock::manual();
+    let boxed = PenaltyBox::new(2, 60 * SEC, 10 * SEC).forget_after(3600 * SEC);
+    let penalties = tollgate::penalty::Penalties::<&str>::try_new(&boxed, clock, 2).unwrap();
+    penalties.strike(&"mallory");
+    penalties.strike(&"mallory");
+    time.advance(11 * SEC);
+    // One key with one strike; a new key's strike takes its place, never mallory's.
+    assert_eq!(penalties.strike(&"a"), Strike::Counted(1));
+    for k in ["b", "c", "d", "e"] {
+        assert_eq!(penalties.strike(&k), Strike::Counted(1));
+    }
+    assert_eq!(penalties.strike(&"mallory"), Strike::Counted(1));
+    assert!(matches!(
+        penalties.strike(&"mallory"),
+        Strike::Banned { offence: 2, .. }
+    ));
+}
+
+#[test]
+fn a_key_banned_by_its_first_strike_may_take_the_place_of_an_offence_on_record() {
+    let (clock, time) = Clock::manual();
+    let boxed = PenaltyBox::new(1, 60 * SEC, 10 * SEC).forget_after(3600 * SEC);
+    let penalties = tollgate::penalty::Penalties::<&str>::try_new(&boxed, clock, 1).unwrap();
+    assert!(matches!(
+        penalties.strike(&"mallory"),
+        Strike::Banned { .. }
+    ));
+    // While she is banned, no room for anyone.
+    assert_eq!(penalties.strike(&"a"), Strike::NotRecorded);
+    time.advance(10 * SEC);
+    // Her ban over, a ban now outranks an offence on record.
+    assert!(matches!(
+        penalties.strike(&"a"),
+        Strike::Banned { offence: 1, .. }
+    ));
+    assert_eq!(penalties.len(), 1);
 }
 
 // ---------------------------------------------------------------------------------------------

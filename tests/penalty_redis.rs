@@ -74,16 +74,17 @@ async fn exactly_m_rejections_ban_for_d_and_the_ban_consumes_nothing_on_redis() 
     time.advance(SEC);
     let third = limiter.check(&1).await;
     assert_eq!(third.outcome(), B);
-    assert_eq!(third.retry_after(), Some(10 * SEC));
+    // Banned for 10 s; the quota admits a request 29 s from now: the later is the answer.
+    assert_eq!(third.retry_after(), Some(29 * SEC));
     assert_eq!(third.remaining(), 0);
     // While banned: answered from the local ban cache for up to 1 s, then by Redis.
     let calls = server.calls("evalsha");
     time.advance(4 * SEC);
     let d = limiter.check(&1).await;
-    assert_eq!((d.outcome(), d.retry_after()), (B, Some(6 * SEC)));
+    assert_eq!((d.outcome(), d.retry_after()), (B, Some(25 * SEC)));
     assert_eq!(server.calls("evalsha"), calls + 1);
     let d = limiter.check(&1).await;
-    assert_eq!((d.outcome(), d.retry_after()), (B, Some(6 * SEC)));
+    assert_eq!((d.outcome(), d.retry_after()), (B, Some(25 * SEC)));
     assert_eq!(server.calls("evalsha"), calls + 1, "answered locally");
     assert_eq!(limiter.ban_left(&1).await, Some(6 * SEC));
     // Another key is not affected.
@@ -102,7 +103,9 @@ async fn repeat_offences_escalate_and_stop_at_the_cap_on_redis() {
         for _ in 0..5 {
             let d = limiter.check(&1).await;
             if d.outcome() == B {
-                ban = d.retry_after();
+                ban = limiter.ban_left(&1).await;
+                // The answer waits for the ban and for the quota (30 s to one request).
+                assert_eq!(d.retry_after(), ban.map(|b| b.max(30 * SEC)));
                 break;
             }
         }
@@ -133,7 +136,8 @@ async fn requests_racing_at_the_threshold_make_one_ban_of_d_on_redis() {
         .collect();
     for t in tasks {
         let d = t.await.unwrap();
-        assert_eq!((d.outcome(), d.retry_after()), (B, Some(10 * SEC)));
+        // Banned for 10 s; the quota admits one request 30 s from now.
+        assert_eq!((d.outcome(), d.retry_after()), (B, Some(30 * SEC)));
     }
     // One ban, the first: strikes racing it did not escalate it.
     assert_eq!(a.ban_left(&1).await, Some(10 * SEC));
@@ -323,7 +327,8 @@ async fn window_quotas_are_banned_in_the_same_script_call() {
             .build();
     assert_eq!(outcomes(&limiter, 1, 4).await, [A, A, L, B]);
     let d = limiter.check(&1).await;
-    assert_eq!((d.outcome(), d.retry_after()), (B, Some(30 * SEC)));
+    // Banned for 30 s; the log admits a request when its window has passed, 60 s from now.
+    assert_eq!((d.outcome(), d.retry_after()), (B, Some(60 * SEC)));
     assert!(d.states().iter().all(|s| s.remaining() == 0));
     assert!(d.states().iter().all(|s| s.reset_after() >= 30 * SEC));
     // After the ban and the log's window: two more (the hour has used four of its five).

@@ -167,6 +167,8 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         let mut evictions = 0;
         loop {
             let now;
+            // The rank of the value to insert: no entry of a higher rank makes room for it.
+            let rank;
             {
                 let mut map = write(&shard.map);
                 now = clock();
@@ -204,6 +206,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                     self.sweep(shard, &mut map, now);
                     reserved = self.reserve();
                 }
+                rank = value.rank(now);
                 if reserved {
                     let idle_at = value.idle_at();
                     let hasher = &self.hasher;
@@ -226,7 +229,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             match self.on_full {
                 OnFull::RejectNewKeys => {}
                 OnFull::EvictNearestIdle => {
-                    if evictions < EVICTION_SHARDS && self.evict_one(now) {
+                    if evictions < EVICTION_SHARDS && self.evict_one(now, rank) {
                         // The evicted entry's place in `len` is now this key's.
                         reserved = true;
                         evictions += 1;
@@ -381,66 +384,97 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         false
     }
 
-    /// Forgets the evictable entry nearest to idle among a random sample, keeping its place in
-    /// `len` for the caller.
-    fn evict_one(&self, now: u64) -> bool {
-        // From a random shard on, the first that holds an evictable entry.
+    /// Forgets an evictable entry of the lowest rank there is (at most `rank`), the nearest to
+    /// idle among a random sample of that rank, keeping its place in `len` for the caller.
+    ///
+    /// Shards are looked at from a random one on; the first entry of the lowest rank a value
+    /// can have ([`Entry::MIN_RANK`]) is taken at once, so a table whose values all share one
+    /// rank looks at one shard as before. Otherwise every shard is looked at once and the
+    /// shard that held the lowest rank is looked at again.
+    fn evict_one(&self, now: u64, rank: u8) -> bool {
         let n = self.shards.len();
         let start = self.shard_index(self.draw());
+        let mut lowest: Option<(u8, usize)> = None;
         for step in 0..n {
-            let shard = &self.shards[(start + step) % n];
-            let mut map = write(&shard.map);
-            let buckets = map.entries.num_buckets();
-            if map.entries.is_empty() || buckets == 0 {
+            let i = (start + step) % n;
+            let mut map = write(&self.shards[i].map);
+            let Some((r, index)) = self.pick(&map, now, rank) else {
                 continue;
-            }
-            let mut best: Option<(u64, usize)> = None;
-            let mut seen = 0;
-            for _ in 0..EVICTION_PROBES {
-                // Each draw gives two bucket indices.
-                let draw = self.draw();
-                for index in [draw as u32 as usize, (draw >> 32) as usize] {
-                    let index = index % buckets;
-                    let Some((_, v)) = map.entries.get_bucket(index) else {
-                        continue;
-                    };
-                    seen += 1;
-                    if v.evictable(now) {
-                        let at = v.idle_at();
-                        if best.map_or(true, |(b, _)| at < b) {
-                            best = Some((at, index));
-                        }
-                    }
-                }
-                if seen >= EVICTION_SAMPLE {
-                    break;
-                }
-            }
-            if best.is_none() && seen < EVICTION_SAMPLE {
-                // A sparse shard: look at every entry.
-                best = map
-                    .entries
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (_, v))| v.evictable(now))
-                    .map(|(i, (_, v))| (v.idle_at(), i))
-                    .min()
-                    .and_then(|(at, i)| {
-                        let (k, _) = map.entries.iter().nth(i)?;
-                        let h = self.hasher.hash_one(k);
-                        map.entries
-                            .find_bucket_index(h, |(x, _)| x == k)
-                            .map(|index| (at, index))
-                    });
-            }
-            if let Some((_, index)) = best {
+            };
+            if r <= V::MIN_RANK {
                 if let Ok(entry) = map.entries.get_bucket_entry(index) {
                     entry.remove();
                     return true;
                 }
             }
+            if lowest.map_or(true, |(l, _)| r < l) {
+                lowest = Some((r, i));
+            }
         }
-        false
+        let Some((r, i)) = lowest else {
+            return false;
+        };
+        let mut map = write(&self.shards[i].map);
+        match self.pick(&map, now, r) {
+            Some((_, index)) => match map.entries.get_bucket_entry(index) {
+                Ok(entry) => {
+                    entry.remove();
+                    true
+                }
+                Err(_) => false,
+            },
+            None => false,
+        }
+    }
+
+    /// The bucket of the evictable entry of one shard to forget first: the lowest rank (at
+    /// most `rank`), then the nearest to idle, among a random sample (every entry of a sparse
+    /// shard). With it, its rank.
+    fn pick(&self, map: &Map<K, V>, now: u64, rank: u8) -> Option<(u8, usize)> {
+        let buckets = map.entries.num_buckets();
+        if map.entries.is_empty() || buckets == 0 {
+            return None;
+        }
+        let eligible = |v: &V| {
+            let r = v.rank(now);
+            (r <= rank && v.evictable(now)).then(|| (r, v.idle_at()))
+        };
+        let mut best: Option<((u8, u64), usize)> = None;
+        let mut seen = 0;
+        for _ in 0..EVICTION_PROBES {
+            // Each draw gives two bucket indices.
+            let draw = self.draw();
+            for index in [draw as u32 as usize, (draw >> 32) as usize] {
+                let index = index % buckets;
+                let Some((_, v)) = map.entries.get_bucket(index) else {
+                    continue;
+                };
+                seen += 1;
+                if let Some(at) = eligible(v) {
+                    if best.map_or(true, |(b, _)| at < b) {
+                        best = Some((at, index));
+                    }
+                }
+            }
+            if seen >= EVICTION_SAMPLE {
+                break;
+            }
+        }
+        if best.is_none() && seen < EVICTION_SAMPLE {
+            // A sparse shard: look at every entry.
+            best = map
+                .entries
+                .iter()
+                .filter_map(|(k, v)| Some((eligible(v)?, k)))
+                .min_by_key(|(at, _)| *at)
+                .and_then(|(at, k)| {
+                    let h = self.hasher.hash_one(k);
+                    map.entries
+                        .find_bucket_index(h, |(x, _)| x == k)
+                        .map(|index| (at, index))
+                });
+        }
+        best.map(|((r, _), index)| (r, index))
     }
 
     /// A random number nobody outside the process can predict.
