@@ -350,6 +350,22 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         }
     }
 
+    /// Decides a request of `cost` for `key` whose cost may be charged after its response (a
+    /// layer that settles): as [`check_n`](Self::check_n), but a cost of 0 needs a place for
+    /// the key like any other cost (see `MemoryStore::reserve`).
+    pub(crate) fn reserve_n(&self, key: &K, cost: u32) -> Decision {
+        let now = self.inner.clock.now();
+        let limits = self.inner.limits.load();
+        let (gcras, rules) = (&limits.gcras, &limits.rules);
+        let clock = &self.inner.clock;
+        match &self.inner.store {
+            Store::One(s) => s.reserve(key, &gcras[0], clock, now, cost),
+            Store::Many(s) => s.reserve(key, gcras, clock, now, cost),
+            Store::Mixed(s) => s.reserve(key, rules, clock, now, cost),
+            _ => self.check_n(key, cost),
+        }
+    }
+
     /// Gives back a request of `cost` that this limiter admitted for `key` but that was not
     /// served after all (a layer inside rejected it): each quota's time moves back by `cost`
     /// emission intervals, never before now (see the rate-limit module's docs on stacking).

@@ -243,6 +243,31 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         }
     }
 
+    /// Whether a new key would find a place now: fewer than `max_keys` entries, an idle entry
+    /// (dropped here), or under [`OnFull::EvictNearestIdle`] an entry to evict. For a key that
+    /// takes nothing now but may need its entry later; nothing is inserted or evicted.
+    pub(crate) fn room(&self, now: u64) -> Result<(), Full> {
+        if self.len() < self.max_keys {
+            return Ok(());
+        }
+        let first = &self.shards[0];
+        if first.min_idle.load(Ordering::Relaxed) <= now {
+            let mut map = write(&first.map);
+            if self.sweep(first, &mut map, now) > 0 {
+                return Ok(());
+            }
+        }
+        if self.sweep_idle_shards(0, now) {
+            return Ok(());
+        }
+        match self.on_full {
+            OnFull::EvictNearestIdle => Ok(()),
+            OnFull::RejectNewKeys => Err(Full {
+                retry_at: self.retry_at(now),
+            }),
+        }
+    }
+
     /// Tells the table that the entry of `hash` may now be idle as early as `at`: for values
     /// whose idle time moves earlier outside the table's lock (a shaping queue whose waiter
     /// gives up). Without it the shard's hint could stay above the truth, and a full table

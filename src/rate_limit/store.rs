@@ -61,6 +61,14 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     #[doc(hidden)]
     fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> Answer<Self::Later>;
 
+    /// Decides `cost` for `key` on a layer that may charge it after the response (a
+    /// settlement): as [`decide`](Self::decide), except that a store bounding its keys finds
+    /// a place for the key even at a cost of 0.
+    #[doc(hidden)]
+    fn reserve(limiter: &Self::Limiter, key: &K, cost: u32) -> Answer<Self::Later> {
+        Self::decide(limiter, key, cost)
+    }
+
     /// Gives back `cost` admitted for `key` earlier: done when this returns (memory), or when
     /// the returned future completes (Redis). `local`: the admission was made by the store's
     /// local fallback (Redis unreachable), whose state is given back instead.
@@ -172,6 +180,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
     #[inline]
     fn decide(limiter: &RateLimiter<K>, key: &K, cost: u32) -> Answer<Never> {
         Answer::Now(limiter.check_n(key, cost))
+    }
+
+    fn reserve(limiter: &RateLimiter<K>, key: &K, cost: u32) -> Answer<Never> {
+        Answer::Now(limiter.reserve_n(key, cost))
     }
 
     fn refund(limiter: &RateLimiter<K>, key: K, cost: u32, _local: bool) -> Option<Refunding> {

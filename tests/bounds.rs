@@ -1,0 +1,147 @@
+//! Bounds that hold on every path: `max_keys` is one bound for everything a layer tracks per
+//! key, a reservation settled from the response needs a place like any other request, and
+//! `OnFull::RejectNewKeys` turns new keys away whatever their cost. Manual clock throughout.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use tollgate::key::PeerIp;
+use tollgate::rate_limit::ActualCost;
+use tollgate::store::OnFull;
+use tollgate::{Clock, ManualClock, Quota, RateLimitLayer};
+use tower::{Layer, Service, ServiceExt};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A handler that reports the cost the request asks for (`x-cost`) as its [`ActualCost`].
+#[derive(Clone, Default)]
+struct Reporting(Arc<AtomicUsize>);
+
+impl Reporting {
+    fn calls(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Service<Request<()>> for Reporting {
+    type Response = Response<Bytes>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<Bytes>, Infallible>>;
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn call(&mut self, req: Request<()>) -> Self::Future {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        let cost = req
+            .headers()
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        let mut resp = Response::new(Bytes::from_static(b"ok"));
+        if let Some(c) = cost {
+            resp.extensions_mut().insert(ActualCost(c));
+        }
+        std::future::ready(Ok(resp))
+    }
+}
+
+/// A request from `10.0.0.<n>` whose response reports `cost`.
+fn from(n: u8, cost: u32) -> Request<()> {
+    let mut req = Request::builder()
+        .uri("/")
+        .header("x-cost", cost.to_string())
+        .body(())
+        .unwrap();
+    let addr: SocketAddr = ([10, 0, 0, n], 40_000).into();
+    req.extensions_mut().insert(addr);
+    req
+}
+
+async fn send<S>(svc: &S, req: Request<()>) -> (StatusCode, Option<String>)
+where
+    S: Service<Request<()>, Response = Response<Bytes>, Error = Infallible> + Clone,
+{
+    let resp = svc.clone().oneshot(req).await.unwrap();
+    let retry = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (resp.status(), retry)
+}
+
+fn setup() -> (Clock, ManualClock, Reporting) {
+    let (clock, time) = Clock::manual();
+    (clock, time, Reporting::default())
+}
+
+/// 100 per hour per client (one every 36 s), nothing reserved, the cost settled from the
+/// response; at most three clients tracked.
+fn settled(clock: &Clock, on_full: OnFull) -> RateLimitLayer<PeerIp> {
+    RateLimitLayer::new(Quota::per_hour(100))
+        .key(PeerIp)
+        .clock(clock.clone())
+        .max_keys(3)
+        .on_full(on_full)
+        .cost(|_| 0)
+        .settle(ActualCost::of)
+}
+
+#[tokio::test]
+async fn a_zero_reservation_of_a_new_key_does_not_pass_a_full_table() {
+    let (clock, time, handler) = setup();
+    let svc = settled(&clock, OnFull::RejectNewKeys).layer(handler.clone());
+    let mut served = 0;
+    for n in 1..=50 {
+        let (status, retry) = send(&svc, from(n, 1)).await;
+        if status == StatusCode::OK {
+            served += 1;
+        } else {
+            // Turned away until the first tracked client is idle: its one unit, 36 s.
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "client {n}");
+            assert_eq!(retry.as_deref(), Some("36"), "client {n}");
+        }
+    }
+    assert_eq!(served, 3);
+    assert_eq!(handler.calls(), 3);
+    // A tracked client is still served on a full table; a new one once a place is free.
+    assert_eq!(send(&svc, from(1, 1)).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&svc, from(4, 1)).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    time.advance(36 * SEC);
+    assert_eq!(send(&svc, from(4, 1)).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_zero_reservation_evicts_like_any_new_key_by_default() {
+    let (clock, _time, handler) = setup();
+    let svc = settled(&clock, OnFull::EvictNearestIdle).layer(handler.clone());
+    for n in 1..=50 {
+        assert_eq!(send(&svc, from(n, 1)).await.0, StatusCode::OK, "client {n}");
+    }
+    assert_eq!(handler.calls(), 50);
+}
+
+#[tokio::test]
+async fn a_settled_debt_stands_on_a_full_table() {
+    let (clock, time, handler) = setup();
+    let svc = settled(&clock, OnFull::RejectNewKeys).layer(handler.clone());
+    // Client 1 reports 150 units: 50 more than the hour's burst, a debt of 150 × 36 s.
+    assert_eq!(send(&svc, from(1, 150)).await.0, StatusCode::OK);
+    assert_eq!(send(&svc, from(2, 1)).await.0, StatusCode::OK);
+    assert_eq!(send(&svc, from(3, 1)).await.0, StatusCode::OK);
+    // Its next reservation (0) passes once the debt is paid down to the burst: 50 × 36 s.
+    let (status, retry) = send(&svc, from(1, 1)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry.as_deref(), Some("1800"));
+    time.advance(1800 * SEC);
+    assert_eq!(send(&svc, from(1, 1)).await.0, StatusCode::OK);
+}
