@@ -51,7 +51,7 @@ use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Outcome, QuotaState};
-use crate::keyed::{Absent, Entry, OnFull, Table};
+use crate::keyed::{Absent, Bound, Entry, OnFull, Room, Table};
 
 /// The longest ban when none is set: one day (or the first ban, if longer).
 pub const DEFAULT_MAX_BAN: Duration = Duration::from_secs(24 * 60 * 60);
@@ -307,11 +307,11 @@ const RANK_BANNED: u8 = 3;
 
 /// A record and the rules it was made under (the table asks when it is idle).
 ///
-/// When the table is full, room for a new key is made in this order: idle records first (they
-/// decide nothing), then keys with strikes only, then, and only for a key that this very strike
-/// bans, keys whose bans are on record but over. A banned key is never evicted, and a key is
-/// never evicted for a newcomer of a lower rank: a flood of one-off strikes cannot wash away
-/// the history of a repeat offender.
+/// When the table is full, room for a new key is made in this order: idle entries first (they
+/// decide nothing), then the quota state of keys (in a layer, whose bound the penalty box
+/// shares), then keys with strikes only, then, and only for a key that this very strike bans,
+/// keys whose bans are over but on record. A banned key is never evicted: a flood of one-off
+/// strikes cannot wash away the history of a repeat offender.
 pub(crate) struct Held {
     record: Record,
     forget_after: u64,
@@ -369,6 +369,35 @@ impl<K> fmt::Debug for Penalties<K> {
         f.debug_struct("Penalties")
             .field("rules", &self.inner.rules)
             .finish_non_exhaustive()
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Penalties<K> {
+    /// The state for `config`, on `clock`, counting its keys in `bound` with those of the
+    /// tables that share it (a layer's quotas): `max_keys` is one bound for both.
+    pub(crate) fn sharing(config: &PenaltyBox, clock: Clock, bound: &Arc<Bound>) -> Self {
+        let penalties = Self::new(config, clock, bound.max_keys());
+        penalties.inner.table.share(bound.clone());
+        let inner: Arc<dyn Room> = penalties.inner.clone();
+        bound.join(Arc::downgrade(&inner));
+        penalties
+    }
+}
+
+impl<K: Hash + Eq + Clone> Room for Inner<K>
+where
+    K: Send + Sync,
+{
+    fn drop_idle(&self) -> bool {
+        self.table.drop_idle(self.clock.now())
+    }
+
+    fn evict(&self, rank: u8) -> bool {
+        self.table.evict_for_other(self.clock.now(), rank)
+    }
+
+    fn idle_in(&self) -> u64 {
+        self.table.idle_in(self.clock.now())
     }
 }
 

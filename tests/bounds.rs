@@ -145,3 +145,95 @@ async fn a_settled_debt_stands_on_a_full_table() {
     time.advance(1800 * SEC);
     assert_eq!(send(&svc, from(1, 1)).await.0, StatusCode::OK);
 }
+
+/// One request a minute per client; three refusals within ten minutes ban for a minute.
+fn guarded(clock: &Clock, max_keys: usize, on_full: OnFull) -> RateLimitLayer<PeerIp> {
+    RateLimitLayer::new(Quota::per_minute(1))
+        .key(PeerIp)
+        .clock(clock.clone())
+        .max_keys(max_keys)
+        .on_full(on_full)
+        .penalty_box(tollgate::PenaltyBox::new(3, 600 * SEC, 60 * SEC))
+}
+
+#[tokio::test]
+async fn max_keys_counts_quota_state_and_penalty_records_together() {
+    let (clock, time, handler) = setup();
+    let layer = guarded(&clock, 4, OnFull::RejectNewKeys);
+    let penalties = layer.penalties().unwrap().unwrap();
+    let svc = layer.layer(handler.clone());
+    // Two clients, each with quota state and a strike on record: four entries, the bound.
+    for n in [1, 2] {
+        assert_eq!(send(&svc, from(n, 1)).await.0, StatusCode::OK);
+        assert_eq!(
+            send(&svc, from(n, 1)).await.0,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    assert_eq!(penalties.len(), 2);
+    // A third client finds no place, until the quota state of the first goes idle (60 s).
+    let (status, retry) = send(&svc, from(3, 1)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry.as_deref(), Some("60"));
+    time.advance(60 * SEC);
+    assert_eq!(send(&svc, from(3, 1)).await.0, StatusCode::OK);
+    // The strikes stand: they go idle when their run ends.
+    assert_eq!(penalties.len(), 2);
+}
+
+#[tokio::test]
+async fn a_strike_takes_the_place_of_quota_state_and_bans_on_a_full_table() {
+    let (clock, _time, handler) = setup();
+    let layer = guarded(&clock, 3, OnFull::EvictNearestIdle);
+    let penalties = layer.penalties().unwrap().unwrap();
+    let svc = layer.layer(handler.clone());
+    // Three clients fill the bound with quota state.
+    for n in [1, 2, 3] {
+        assert_eq!(send(&svc, from(n, 1)).await.0, StatusCode::OK);
+    }
+    // Three strikes against client 9 (found by the handler, say): its record takes the place
+    // of quota state, and the third bans.
+    let key = tollgate::key::IpKey::from(std::net::IpAddr::from([10, 0, 0, 9]));
+    assert_eq!(
+        penalties.strike(&key),
+        tollgate::penalty::Strike::Counted(1)
+    );
+    assert_eq!(
+        penalties.strike(&key),
+        tollgate::penalty::Strike::Counted(2)
+    );
+    assert!(matches!(
+        penalties.strike(&key),
+        tollgate::penalty::Strike::Banned { offence: 1, .. }
+    ));
+    assert_eq!(penalties.len(), 1);
+    let (status, retry) = send(&svc, from(9, 1)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry.as_deref(), Some("60"));
+    // New clients still find a place: they evict quota state, never the ban.
+    for n in 10..40 {
+        assert_eq!(send(&svc, from(n, 1)).await.0, StatusCode::OK, "client {n}");
+    }
+    assert_eq!(penalties.ban_left(&key), Some(60 * SEC));
+}
+
+#[tokio::test]
+async fn under_reject_new_keys_a_strike_does_not_evict_quota_state() {
+    let (clock, _time, handler) = setup();
+    let layer = guarded(&clock, 2, OnFull::RejectNewKeys);
+    let penalties = layer.penalties().unwrap().unwrap();
+    let svc = layer.layer(handler.clone());
+    for n in [1, 2] {
+        assert_eq!(send(&svc, from(n, 1)).await.0, StatusCode::OK);
+    }
+    // Refused by its quota, client 1 would strike, but tracked keys keep their exact state.
+    assert_eq!(
+        send(&svc, from(1, 1)).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(penalties.len(), 0);
+    assert_eq!(
+        send(&svc, from(2, 1)).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

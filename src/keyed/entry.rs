@@ -26,8 +26,9 @@ pub(crate) trait Entry {
 
     /// How much the value is worth keeping at `now`, when it is not idle: room for a new key is
     /// made by evicting the lowest rank first (the nearest to idle among equals), and never a
-    /// value of a higher rank than the one to insert. Every value is of rank 0 unless its type
-    /// says otherwise.
+    /// value of a higher rank than the one to insert, unless that rank is at most
+    /// [`GIVES_WAY_TO_ANY`](super::bound::GIVES_WAY_TO_ANY). Every value is of rank 0 unless
+    /// its type says otherwise.
     fn rank(&self, _now: u64) -> u8 {
         0
     }

@@ -7,7 +7,10 @@
 //! * **Sharding.** Each shard is a `RwLock` around a `hashbrown::HashTable`: lookups of tracked
 //!   keys share the lock; inserts, removals and sweeps take it alone.
 //! * **Bound.** `len() <= max_keys` over the whole table, exactly: an insert first reserves its
-//!   place in one shared counter (only new keys touch it, never lookups).
+//!   place in one shared counter (only new keys touch it, never lookups). Several tables may
+//!   share one bound (a [`Bound`]: a rate-limit layer's tiers and its penalty box), so that
+//!   `max_keys` counts the entries of all of them; a table that finds no room then drops the
+//!   idle entries of the others too, and evicts from them as their own policies allow.
 //! * **Idle entries** (see [`Entry`]) decide exactly like absent ones, so dropping them changes
 //!   nothing. A full table drops them, from any shard, before it applies [`OnFull`]; each shard
 //!   keeps a lower bound of its entries' idle times, so a shard without idle entries is skipped
@@ -23,12 +26,13 @@ mod entry;
 
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use arc_swap::ArcSwap;
 use hashbrown::HashTable;
 
-pub(crate) use bound::Full;
 pub use bound::OnFull;
+pub(crate) use bound::{Bound, Full, Room};
 use bound::{
     EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SHARDS, MIN_SWEEP, SWEEP_GAP, SWEEP_SAMPLE,
 };
@@ -39,9 +43,11 @@ pub(crate) struct Table<K, V> {
     shards: Box<[Shard<K, V>]>,
     hasher: foldhash::fast::RandomState,
     shard_mask: u64,
-    /// Entries in all shards (reserved before an insert, released after a removal).
+    /// The places of this table's entries (reserved before an insert, released after a
+    /// removal), counted with those of the tables it shares its bound with.
+    bound: ArcSwap<Bound>,
+    /// Entries in all shards of this table.
     len: AtomicUsize,
-    max_keys: usize,
     on_full: OnFull,
     /// The state of the random numbers drawn for eviction samples (see `draw`).
     draws: AtomicU64,
@@ -97,8 +103,8 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             shards,
             hasher,
             shard_mask: (n - 1) as u64,
+            bound: ArcSwap::from_pointee(Bound::new(max_keys)),
             len: AtomicUsize::new(0),
-            max_keys,
             on_full,
             draws: AtomicU64::new(seed),
         }
@@ -167,7 +173,8 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         let mut evictions = 0;
         loop {
             let now;
-            // The rank of the value to insert: no entry of a higher rank makes room for it.
+            // The highest rank the value to insert may evict: its own, and at least the ranks
+            // that give way to any new key.
             let rank;
             {
                 let mut map = write(&shard.map);
@@ -177,14 +184,14 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 }
                 if let Some((_, v)) = map.entries.find_mut(hash, |(k, _)| k == key) {
                     if reserved {
-                        self.len.fetch_sub(1, Ordering::AcqRel);
+                        self.bound.load().give_back(1);
                     }
                     return Ok(present(v, now));
                 }
                 let (result, value) = match absent(now) {
                     Absent::Done(r) => {
                         if reserved {
-                            self.len.fetch_sub(1, Ordering::AcqRel);
+                            self.bound.load().give_back(1);
                         }
                         return Ok(r);
                     }
@@ -199,27 +206,29 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                     reserved = self.reserve();
                 }
                 if !reserved && over_bound && searched {
-                    self.len.fetch_add(1, Ordering::AcqRel);
+                    self.bound.load().len.fetch_add(1, Ordering::AcqRel);
                     reserved = true;
                 }
                 if !reserved && shard.min_idle.load(Ordering::Relaxed) <= now {
                     self.sweep(shard, &mut map, now);
                     reserved = self.reserve();
                 }
-                rank = value.rank(now);
+                rank = value.rank(now).max(bound::GIVES_WAY_TO_ANY);
                 if reserved {
                     let idle_at = value.idle_at();
                     let hasher = &self.hasher;
                     map.entries
                         .insert_unique(hash, (key.clone(), value), |(k, _)| hasher.hash_one(k));
+                    self.len.fetch_add(1, Ordering::AcqRel);
                     shard.min_idle.fetch_min(idle_at, Ordering::Relaxed);
                     return Ok(result);
                 }
             }
-            // Full, and this shard holds no idle entry: look in the others (once).
+            // Full, and this shard holds no idle entry: look in the others, and in the tables
+            // this one shares its bound with (once).
             if !searched {
                 searched = true;
-                if self.sweep_idle_shards(index, now) {
+                if self.sweep_idle_shards(index, now) || self.bound.load().drop_idle() {
                     continue;
                 }
             }
@@ -229,16 +238,19 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             match self.on_full {
                 OnFull::RejectNewKeys => {}
                 OnFull::EvictNearestIdle => {
-                    if evictions < EVICTION_SHARDS && self.evict_one(now, rank) {
-                        // The evicted entry's place in `len` is now this key's.
+                    if evictions < EVICTION_SHARDS
+                        && (self.evict_one(now, rank) || self.bound.load().evict(rank))
+                    {
+                        // The evicted entry's place in the bound is now this key's.
                         reserved = true;
                         evictions += 1;
                         continue;
                     }
                 }
             }
+            let elsewhere = now.saturating_add(self.bound.load().idle_in());
             return Err(Full {
-                retry_at: self.retry_at(now),
+                retry_at: self.retry_at(now).min(elsewhere),
             });
         }
     }
@@ -247,7 +259,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     /// (dropped here), or under [`OnFull::EvictNearestIdle`] an entry to evict. For a key that
     /// takes nothing now but may need its entry later; nothing is inserted or evicted.
     pub(crate) fn room(&self, now: u64) -> Result<(), Full> {
-        if self.len() < self.max_keys {
+        if self.bound.load().has_room() {
             return Ok(());
         }
         let first = &self.shards[0];
@@ -257,14 +269,17 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 return Ok(());
             }
         }
-        if self.sweep_idle_shards(0, now) {
+        if self.sweep_idle_shards(0, now) || self.bound.load().drop_idle() {
             return Ok(());
         }
         match self.on_full {
             OnFull::EvictNearestIdle => Ok(()),
-            OnFull::RejectNewKeys => Err(Full {
-                retry_at: self.retry_at(now),
-            }),
+            OnFull::RejectNewKeys => {
+                let elsewhere = now.saturating_add(self.bound.load().idle_in());
+                Err(Full {
+                    retry_at: self.retry_at(now).min(elsewhere),
+                })
+            }
         }
     }
 
@@ -292,14 +307,45 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         })
     }
 
-    /// Takes a place in `len` if there is one.
+    /// Takes a place in the bound if there is one.
     #[inline]
     fn reserve(&self) -> bool {
-        self.len
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max_keys).then_some(n + 1)
-            })
-            .is_ok()
+        self.bound.load().reserve()
+    }
+
+    /// Counts this table's entries in `bound` from now on, with those of the other tables that
+    /// share it (see [`Bound::join`]).
+    pub(crate) fn share(&self, bound: Arc<Bound>) {
+        bound
+            .len
+            .fetch_add(self.len.load(Ordering::Acquire), Ordering::AcqRel);
+        self.bound.store(bound);
+    }
+
+    /// Drops the idle entries of the shards that may hold one; whether any was dropped.
+    pub(crate) fn drop_idle(&self, now: u64) -> bool {
+        let first = &self.shards[0];
+        if first.min_idle.load(Ordering::Relaxed) <= now {
+            let mut map = write(&first.map);
+            if self.sweep(first, &mut map, now) > 0 {
+                return true;
+            }
+        }
+        self.sweep_idle_shards(0, now)
+    }
+
+    /// Evicts an entry of rank at most `rank` for a key of another table sharing the bound,
+    /// if this table's policy evicts; its place in the bound is the caller's.
+    pub(crate) fn evict_for_other(&self, now: u64, rank: u8) -> bool {
+        self.on_full == OnFull::EvictNearestIdle && self.evict_one(now, rank)
+    }
+
+    /// Nanoseconds from `now` until an entry of this table may go idle (`u64::MAX`: none).
+    pub(crate) fn idle_in(&self, now: u64) -> u64 {
+        if self.len() == 0 {
+            return u64::MAX;
+        }
+        self.retry_at(now).saturating_sub(now)
     }
 
     /// Removes the entry of `key` if `pred` says so, under the shard's exclusive lock.
@@ -310,7 +356,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             return false;
         };
         entry.remove();
-        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.release(1);
         self.shrink(&mut map);
         true
     }
@@ -328,8 +374,14 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             return;
         }
         entry.remove();
-        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.release(1);
         self.shrink(&mut map);
+    }
+
+    /// `n` entries of this table are gone, and their places in the bound are free.
+    fn release(&self, n: usize) {
+        self.len.fetch_sub(n, Ordering::AcqRel);
+        self.bound.load().give_back(n);
     }
 
     /// Sweeps one shard if its next sweep is due and nobody else holds it.
@@ -367,7 +419,9 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         });
         let len = map.entries.len();
         let dropped = before - len;
-        self.len.fetch_sub(dropped, Ordering::AcqRel);
+        if dropped > 0 {
+            self.release(dropped);
+        }
         map.sweep_at = (len * 2).max(MIN_SWEEP);
         shard.min_idle.store(min_idle, Ordering::Relaxed);
         // Due again when about half of what was kept will be idle (entries are in hash order,
@@ -429,6 +483,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             if r <= V::MIN_RANK {
                 if let Ok(entry) = map.entries.get_bucket_entry(index) {
                     entry.remove();
+                    self.len.fetch_sub(1, Ordering::AcqRel);
                     return true;
                 }
             }
@@ -444,6 +499,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             Some((_, index)) => match map.entries.get_bucket_entry(index) {
                 Ok(entry) => {
                     entry.remove();
+                    self.len.fetch_sub(1, Ordering::AcqRel);
                     true
                 }
                 Err(_) => false,
@@ -555,7 +611,8 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         self.len()
     }
 
-    /// The number of entries, idle ones included until they are swept.
+    /// The number of entries of this table, idle ones included until they are swept (the
+    /// bound may count others' too).
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }

@@ -430,6 +430,11 @@ where
         }
     }
 
+    /// The table of the keys' times.
+    pub(crate) fn table(&self) -> &Table<K, V> {
+        &self.table
+    }
+
     /// Drops every idle entry now; returns how many keys are still tracked.
     pub(crate) fn evict_idle(&self, now: u64) -> usize {
         self.table.evict_idle(now)
