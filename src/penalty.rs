@@ -1,15 +1,17 @@
 //! The penalty box: keys that keep getting rejected are banned for a while, longer each time.
 //!
 //! A [`PenaltyBox`] on a [`RateLimitLayer`](crate::RateLimitLayer) counts *strikes*: every
-//! request of a key that the layer's quotas reject is one (and
+//! request of a key that the layer's quotas reject because of the key's own traffic is one (and
 //! [`Penalties::strike`] records one from anywhere else, e.g. a failed login found after the
-//! response). The rules, for each key:
+//! response). A refusal for the server's state is not: a new key turned away because the table
+//! is full ([`Decision::is_store_full`]), a decision of a store's failure policy or local
+//! fallback, a missing key, or a dry run. The rules, for each key:
 //!
 //! * **Counting.** The first strike opens a run of `within`; `strikes` strikes inside the run
 //!   ban the key. A strike after the run has ended opens a new run, counting from 1: `strikes - 1`
 //!   strikes followed by quiet never ban.
 //! * **Ban.** The strike that completes a run bans the key at once, and that very request is
-//!   answered with the ban's `Retry-After`. While banned, every request of the key is turned away
+//!   answered as banned. While banned, every request of the key is turned away
 //!   before the quotas are asked: it never reaches the handler and consumes nothing. Strikes
 //!   during a ban do not count (requests that raced the ban cannot lengthen it).
 //! * **Escalation.** The `n`-th ban of a key lasts `ban × 2^(n-1)`, at most `max_ban`
@@ -17,17 +19,21 @@
 //! * **Forgiveness.** A key that has gone `forget_after` (default: `max_ban`) since its last ban
 //!   ended without a new ban starts again from the first ban.
 //! * **Answer.** `429 Too Many Requests` by default (or the status given to
-//!   [`PenaltyBox::status`]), with `Retry-After` the time left of the ban (whole seconds,
-//!   rounded up) and `RateLimit` fields that agree: every quota `r=0`, `t` at least the time
-//!   left. The rejection's kind is [`RejectionKind::Banned`](crate::response::RejectionKind::Banned).
+//!   [`PenaltyBox::status`]), with `Retry-After` (and gRPC pushback) the time at which a retry
+//!   is admitted: the end of the ban, or later when the quotas that refused the request that
+//!   brought the ban admit it later (whole seconds, rounded up). A client that waits as told is
+//!   served, never struck again. `RateLimit` fields agree: every quota `r=0`, `t` at least that
+//!   wait. The rejection's kind is [`RejectionKind::Banned`](crate::response::RejectionKind::Banned).
 //!
 //! # Memory
 //!
-//! The state of a key is a few numbers in the same bounded table as the quotas (`max_keys`
-//! of the layer): a key is tracked while it has a run open, a ban, or an offence not yet
-//! forgotten. A banned key is never evicted to make room for another; a key with only strikes
-//! may be (it loses them). When the table is full of banned keys, further strikes of new keys
-//! are not recorded (their requests are still limited by the quotas).
+//! The state of a key is a few numbers counted against the layer's one bound, `max_keys`, with
+//! the quota state of its tiers: a key is tracked while it has a run open, a ban, or an offence
+//! not yet forgotten. When there is no place, idle entries go first, then quota state (under
+//! [`OnFull::EvictNearestIdle`]), then keys with strikes only (they lose them), then, only for
+//! a key that its strike bans, keys whose bans are over but on record. A banned key is never
+//! evicted. A strike that finds no place is not recorded (its request is still limited by the
+//! quotas).
 //!
 //! ```
 //! use std::time::Duration;
