@@ -849,8 +849,161 @@ mod model {
         }
     }
 
+    impl History {
+        /// The start of the run open at `t`, if any: counted strikes after the last ban.
+        fn run_start(&self, t: u64) -> Option<u64> {
+            let since_ban = self.bans.last().map_or(0, |b| b.0 + 1);
+            let mut run_start = None;
+            for &s in self.counted.iter().filter(|&&s| s >= since_ban) {
+                match run_start {
+                    Some(r) if s < r + WITHIN => {}
+                    _ => run_start = Some(s),
+                }
+            }
+            run_start.filter(|&r| t < r + WITHIN)
+        }
+
+        fn ban_left(&self, t: u64) -> Option<u64> {
+            self.bans
+                .last()
+                .and_then(|&(_, end, _)| (end > t).then(|| end - t))
+        }
+
+        /// The end of the last ban while its offence is not forgotten at `t`.
+        fn on_record(&self, t: u64) -> Option<u64> {
+            self.bans
+                .last()
+                .and_then(|&(_, end, _)| (t < end + FORGET).then_some(end))
+        }
+
+        /// Whether the key holds a place no one-off strike may take: banned, or an offence on
+        /// record.
+        fn kept(&self, t: u64) -> bool {
+            self.ban_left(t).is_some() || self.on_record(t).is_some()
+        }
+    }
+
+    /// What the flood test does at one step.
+    #[derive(Debug, Clone)]
+    enum Act {
+        /// A key never seen before strikes once.
+        OneOff,
+        /// A known offender strikes (three times at once when it has nothing on record, so that
+        /// it is never left with strikes only, the one state a one-off strike may evict).
+        Offend(usize),
+    }
+
+    fn act() -> impl Strategy<Value = Act> {
+        prop_oneof![
+            2 => Just(Act::OneOff),
+            3 => (0usize..6).prop_map(Act::Offend),
+        ]
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Any quota, any penalty box, a client that sometimes waits as told, sometimes less,
+        /// sometimes more: a request sent when the last refusal said a retry is admitted (or
+        /// later) is admitted.
+        #[test]
+        fn a_client_that_waits_as_told_is_always_admitted(
+            count in 1u32..4,
+            period in 1u64..120,
+            strikes in 1u32..4,
+            ban in 1u64..200,
+            waits in prop::collection::vec(0u8..4, 1..40),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let (clock, time) = Clock::manual();
+                let s = Duration::from_secs;
+                let svc = RateLimitLayer::new(Quota::new(count, s(period)))
+                    .key(PeerIp)
+                    .clock(clock)
+                    .penalty_box(PenaltyBox::new(strikes, s(600), s(ban)).max_ban(s(3600)))
+                    .layer(Counted::default());
+                // The wait the last refusal told, while the client has not sent since.
+                let mut told: Option<u64> = None;
+                for (i, w) in waits.into_iter().enumerate() {
+                    let (wait, polite) = match (w, told) {
+                        (_, None) | (0, _) => (0, false),
+                        (1, Some(r)) => (r, true),
+                        (2, Some(r)) => (r / 2, false),
+                        (_, Some(r)) => (r + 7, true),
+                    };
+                    time.advance(s(wait));
+                    let seen = send(&svc, from("192.0.2.1")).await;
+                    if polite {
+                        assert_eq!(seen.status, StatusCode::OK, "request {i}, waited {wait} s");
+                    }
+                    told = (seen.status == StatusCode::TOO_MANY_REQUESTS)
+                        .then(|| seen.retry_after.unwrap().parse().unwrap());
+                }
+            });
+        }
+
+        /// Six offenders and a flood of one-off strikes on a table of four places: every
+        /// offender's strikes, bans, doublings, cap and forgiveness agree with the model as if
+        /// the table were unbounded (a ban or an offence on record is never evicted), a one-off
+        /// strike is recorded exactly when some place holds nothing of that kind, and the
+        /// table never holds more than four.
+        #[test]
+        fn offenders_keep_their_record_through_a_flood_of_one_off_strikes(
+            steps in prop::collection::vec((act(), 0u64..7), 1..150),
+        ) {
+            const PLACES: usize = 4;
+            let (clock, time) = Clock::manual();
+            let s = Duration::from_secs;
+            let boxed = PenaltyBox::new(STRIKES, s(WITHIN), s(BAN))
+                .max_ban(s(MAX_BAN))
+                .forget_after(s(FORGET));
+            let penalties = Penalties::<u32>::try_new(&boxed, clock, PLACES).unwrap();
+            let mut models = vec![History::default(); 6];
+            let mut next_one_off = 100u32;
+            let mut t = 0;
+            for (i, (act, dt)) in steps.into_iter().enumerate() {
+                t += dt;
+                time.advance(s(dt));
+                let kept = models.iter().filter(|m| m.kept(t)).count();
+                match act {
+                    Act::OneOff => {
+                        next_one_off += 1;
+                        let expected = if kept < PLACES {
+                            Strike::Counted(1)
+                        } else {
+                            Strike::NotRecorded
+                        };
+                        prop_assert_eq!(
+                            penalties.strike(&next_one_off), expected, "step {} at {} s", i, t
+                        );
+                    }
+                    Act::Offend(k) => {
+                        let m = &mut models[k];
+                        // A lone strike only while its run ends before the record would be
+                        // forgotten (it is then never left with strikes only).
+                        let lone = m.ban_left(t).is_some()
+                            || m.on_record(t).is_some_and(|end| t + WITHIN < end + FORGET);
+                        let room = m.kept(t) || m.run_start(t).is_some() || kept < PLACES;
+                        for _ in 0..if lone { 1 } else { STRIKES } {
+                            let expected = if room { m.strike(t) } else { Strike::NotRecorded };
+                            prop_assert_eq!(
+                                penalties.strike(&(k as u32)), expected,
+                                "step {}, offender {} at {} s", i, k, t
+                            );
+                        }
+                    }
+                }
+                prop_assert!(penalties.len() <= PLACES);
+                for (k, m) in models.iter().enumerate() {
+                    prop_assert_eq!(
+                        penalties.ban_left(&(k as u32)),
+                        m.ban_left(t).map(s),
+                        "offender {} at {} s", k, t
+                    );
+                }
+            }
+        }
+
         #[test]
         fn strikes_agree_with_the_model(steps in prop::collection::vec((0u8..3, 0u64..8), 1..120)) {
             let (clock, time) = Clock::manual();

@@ -335,3 +335,64 @@ async fn window_quotas_are_banned_in_the_same_script_call() {
     time.advance(60 * SEC);
     assert_eq!(outcomes(&limiter, 1, 3).await, [A, A, L]);
 }
+
+/// Any quota, any penalty box, a client that sometimes waits as told, sometimes less, sometimes
+/// more: a request sent when the last refusal said a retry is admitted (or later) is admitted.
+#[test]
+fn a_client_that_waits_as_told_is_always_admitted_on_redis() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = rt.block_on(store(&server));
+    let case = std::cell::Cell::new(0u32);
+    let strategy = (
+        1u32..4,
+        1u64..120,
+        1u32..4,
+        1u64..200,
+        prop::collection::vec(0u8..4, 1..30),
+    );
+    TestRunner::new(Config::with_cases(32))
+        .run(&strategy, |(count, period, strikes, ban, waits)| {
+            case.set(case.get() + 1);
+            let (clock, time) = Clock::manual();
+            let limiter = RedisRateLimiter::<u64>::builder(
+                store.clone(),
+                Quota::new(count, Duration::from_secs(period)),
+            )
+            .name(format!("polite-{}", case.get()))
+            .clock(clock)
+            .penalty_box(
+                PenaltyBox::new(strikes, 600 * SEC, Duration::from_secs(ban)).max_ban(3600 * SEC),
+            )
+            .build();
+            rt.block_on(async {
+                let mut told: Option<Duration> = None;
+                for (i, w) in waits.into_iter().enumerate() {
+                    let (wait, polite) = match (w, told) {
+                        (_, None) | (0, _) => (Duration::ZERO, false),
+                        (1, Some(r)) => (r, true),
+                        (2, Some(r)) => (r / 2, false),
+                        (_, Some(r)) => (r + 7 * SEC, true),
+                    };
+                    time.advance(wait);
+                    let d = limiter.check(&1).await;
+                    prop_assert!(!d.is_degraded());
+                    if polite {
+                        prop_assert!(d.is_allowed(), "request {}, waited {:?}: {:?}", i, wait, d);
+                    }
+                    told = if d.is_allowed() {
+                        None
+                    } else {
+                        d.retry_after()
+                    };
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}

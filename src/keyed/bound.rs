@@ -39,6 +39,9 @@ pub(crate) const GIVES_WAY_TO_ANY: u8 = 1;
 
 /// How many entries are compared to pick the one to evict.
 pub(crate) const EVICTION_SAMPLE: usize = 8;
+/// A shard of at most this many entries whose sample held nothing to evict is looked at
+/// whole.
+pub(crate) const EVICTION_SCAN: usize = 64;
 /// How many random buckets are probed at most to draw that sample from one shard.
 pub(crate) const EVICTION_PROBES: usize = 64;
 /// How many shards are tried for an eviction before giving up.

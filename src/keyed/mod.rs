@@ -34,7 +34,8 @@ use hashbrown::HashTable;
 pub use bound::OnFull;
 pub(crate) use bound::{Bound, Full, Room};
 use bound::{
-    EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SHARDS, MIN_SWEEP, SWEEP_GAP, SWEEP_SAMPLE,
+    EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SCAN, EVICTION_SHARDS, MIN_SWEEP, SWEEP_GAP,
+    SWEEP_SAMPLE,
 };
 pub(crate) use entry::Entry;
 
@@ -541,8 +542,9 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 break;
             }
         }
-        if best.is_none() && seen < EVICTION_SAMPLE {
-            // A sparse shard: look at every entry.
+        if best.is_none() && (seen < EVICTION_SAMPLE || map.entries.len() <= EVICTION_SCAN) {
+            // A sparse or small shard: look at every entry, so that an entry the probes missed
+            // is found (the only one of a rank that may go, say).
             best = map
                 .entries
                 .iter()
