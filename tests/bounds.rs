@@ -237,3 +237,32 @@ async fn under_reject_new_keys_a_strike_does_not_evict_quota_state() {
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+#[tokio::test]
+async fn an_idle_penalty_record_makes_room_for_a_new_key() {
+    let (clock, time, handler) = setup();
+    // Strikes count for 2 s; quota state lasts a minute.
+    let layer = RateLimitLayer::new(Quota::per_minute(1))
+        .key(PeerIp)
+        .clock(clock.clone())
+        .max_keys(3)
+        .on_full(OnFull::RejectNewKeys)
+        .penalty_box(tollgate::PenaltyBox::new(3, 2 * SEC, 60 * SEC));
+    let penalties = layer.penalties().unwrap().unwrap();
+    let svc = layer.layer(handler.clone());
+    // Client 1: quota state and a strike; client 2: quota state. Three places taken.
+    assert_eq!(send(&svc, from(1, 1)).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&svc, from(1, 1)).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(&svc, from(2, 1)).await.0, StatusCode::OK);
+    let (status, retry) = send(&svc, from(3, 1)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // The first entry to go idle is the strike's, when its run ends.
+    assert_eq!(retry.as_deref(), Some("2"));
+    time.advance(2 * SEC);
+    // Its place is the new client's, though it is in the other table.
+    assert_eq!(send(&svc, from(3, 1)).await.0, StatusCode::OK);
+    assert_eq!(penalties.len(), 0);
+}
