@@ -655,6 +655,35 @@ async fn a_client_that_waits_as_told_is_admitted_and_never_banned_again() {
 }
 
 #[tokio::test]
+async fn a_banned_grpc_call_is_pushed_back_until_a_retry_is_admitted() {
+    let (clock, time, handler) = setup();
+    let svc = RateLimitLayer::new(Quota::per_hour(1))
+        .key(PeerIp)
+        .clock(clock)
+        .penalty_box(PenaltyBox::new(1, 60 * SEC, 10 * SEC))
+        .layer(handler.clone());
+    let call = || {
+        let mut req = from("192.0.2.1");
+        req.headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
+        req
+    };
+    assert_eq!(send(&svc, call()).await.status, StatusCode::OK);
+    for wait in [3_600_000, 3_599_000] {
+        let resp = svc.clone().oneshot(call()).await.unwrap();
+        assert_eq!(resp.headers()["grpc-status"], "8");
+        // The hour of the quota, not the 10 s of the ban.
+        assert_eq!(
+            resp.headers()["grpc-retry-pushback-ms"],
+            wait.to_string().as_str()
+        );
+        time.advance(SEC);
+    }
+    time.advance(3_598 * SEC);
+    assert_eq!(send(&svc, call()).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn a_retry_after_the_ban_but_before_the_quota_is_struck_again() {
     let (clock, time, handler) = setup();
     let layer = RateLimitLayer::new(Quota::per_hour(1))
