@@ -266,3 +266,32 @@ async fn an_idle_penalty_record_makes_room_for_a_new_key() {
     assert_eq!(send(&svc, from(3, 1)).await.0, StatusCode::OK);
     assert_eq!(penalties.len(), 0);
 }
+
+#[tokio::test]
+async fn max_keys_is_one_bound_over_the_tiers_of_a_layer() {
+    let (clock, time, handler) = setup();
+    // Two tiers, chosen by path; two keys in all.
+    let svc = RateLimitLayer::new(tollgate::Policy::new("free", Quota::per_minute(1)))
+        .tier(tollgate::Policy::new("pro", Quota::per_minute(2)))
+        .select_tier(|head| (head.uri.path() == "/pro").then_some("pro"))
+        .key(PeerIp)
+        .clock(clock)
+        .max_keys(2)
+        .on_full(OnFull::RejectNewKeys)
+        .layer(handler.clone());
+    let at = |path: &str, n: u8| {
+        let mut req = from(n, 1);
+        *req.uri_mut() = path.parse().unwrap();
+        req
+    };
+    assert_eq!(send(&svc, at("/", 1)).await.0, StatusCode::OK);
+    assert_eq!(send(&svc, at("/pro", 2)).await.0, StatusCode::OK);
+    // Each tier holds one key: the layer's two places are taken, in either tier.
+    let (status, retry) = send(&svc, at("/", 3)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // The first place to free is the pro key's (half a minute), in the other tier.
+    assert_eq!(retry.as_deref(), Some("30"));
+    assert_eq!(send(&svc, at("/pro", 3)).await.0, StatusCode::TOO_MANY_REQUESTS);
+    time.advance(30 * SEC);
+    assert_eq!(send(&svc, at("/", 3)).await.0, StatusCode::OK);
+}
