@@ -29,7 +29,8 @@
 //! # Memory
 //!
 //! The state of a key is a few numbers counted against the layer's one bound, `max_keys`, with
-//! the quota state of its tiers: a key is tracked while it has a run open, a ban, or an offence
+//! the quota state of its tiers, of which records take at most half (so that bans can never
+//! take every place from new clients): a key is tracked while it has a run open, a ban, or an offence
 //! not yet forgotten. When there is no place, idle entries go first, then quota state (under
 //! [`OnFull::EvictNearestIdle`]), then keys with strikes only (they lose them), then, only for
 //! a key that its strike bans, keys whose bans are over but on record. A banned key is never
@@ -381,9 +382,10 @@ impl<K> fmt::Debug for Penalties<K> {
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> Penalties<K> {
     /// The state for `config`, on `clock`, counting its keys in `bound` with those of the
-    /// tables that share it (a layer's quotas): `max_keys` is one bound for both.
+    /// tables that share it (a layer's quotas): `max_keys` is one bound for both. Records take
+    /// at most half of it, so that bans can never take every place from new clients.
     pub(crate) fn sharing(config: &PenaltyBox, clock: Clock, bound: &Arc<Bound>) -> Self {
-        let penalties = Self::new(config, clock, bound.max_keys());
+        let penalties = Self::new(config, clock, (bound.max_keys() / 2).max(1));
         penalties.inner.table.share(bound.clone());
         let inner: Arc<dyn Room> = penalties.inner.clone();
         bound.join(Arc::downgrade(&inner));

@@ -291,7 +291,34 @@ async fn max_keys_is_one_bound_over_the_tiers_of_a_layer() {
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     // The first place to free is the pro key's (half a minute), in the other tier.
     assert_eq!(retry.as_deref(), Some("30"));
-    assert_eq!(send(&svc, at("/pro", 3)).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send(&svc, at("/pro", 3)).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     time.advance(30 * SEC);
     assert_eq!(send(&svc, at("/", 3)).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn bans_never_take_every_place_from_new_clients() {
+    let (clock, _time, handler) = setup();
+    // One refusal bans for an hour; four places in all.
+    let layer = RateLimitLayer::new(Quota::per_minute(1))
+        .key(PeerIp)
+        .clock(clock)
+        .max_keys(4)
+        .penalty_box(tollgate::PenaltyBox::new(1, 60 * SEC, 3600 * SEC));
+    let penalties = layer.penalties().unwrap().unwrap();
+    let svc = layer.layer(handler.clone());
+    // Twenty attackers get themselves banned: records take at most half the places.
+    for n in 100..120 {
+        send(&svc, from(n, 1)).await;
+        send(&svc, from(n, 1)).await;
+    }
+    assert_eq!(penalties.len(), 2);
+    // New clients are still served, in the other half.
+    for n in 1..30 {
+        assert_eq!(send(&svc, from(n, 1)).await.0, StatusCode::OK, "client {n}");
+    }
+    assert_eq!(penalties.len(), 2);
 }

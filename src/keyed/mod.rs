@@ -49,6 +49,9 @@ pub(crate) struct Table<K, V> {
     bound: ArcSwap<Bound>,
     /// Entries in all shards of this table.
     len: AtomicUsize,
+    /// The most entries this table takes of a bound it shares (its `max_keys`; reserves taken
+    /// at once may pass it by a few, the bound itself never).
+    cap: usize,
     on_full: OnFull,
     /// The state of the random numbers drawn for eviction samples (see `draw`).
     draws: AtomicU64,
@@ -106,6 +109,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             shard_mask: (n - 1) as u64,
             bound: ArcSwap::from_pointee(Bound::new(max_keys)),
             len: AtomicUsize::new(0),
+            cap: max_keys,
             on_full,
             draws: AtomicU64::new(seed),
         }
@@ -239,8 +243,10 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             match self.on_full {
                 OnFull::RejectNewKeys => {}
                 OnFull::EvictNearestIdle => {
+                    // A table at its own cap makes room among its own entries only.
+                    let capped = self.len() >= self.cap;
                     if evictions < EVICTION_SHARDS
-                        && (self.evict_one(now, rank) || self.bound.load().evict(rank))
+                        && (self.evict_one(now, rank) || (!capped && self.bound.load().evict(rank)))
                     {
                         // The evicted entry's place in the bound is now this key's.
                         reserved = true;
@@ -311,7 +317,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     /// Takes a place in the bound if there is one.
     #[inline]
     fn reserve(&self) -> bool {
-        self.bound.load().reserve()
+        self.len.load(Ordering::Acquire) < self.cap && self.bound.load().reserve()
     }
 
     /// Counts this table's entries in `bound` from now on, with those of the other tables that
