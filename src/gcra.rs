@@ -252,6 +252,8 @@ pub struct Decision {
     degraded: bool,
     /// Made by a store's local fallback, on the scaled quotas (and degraded).
     local: bool,
+    /// A new key turned away because the store is full: no fault of the key's own traffic.
+    full: bool,
     quotas: [QuotaState; MAX_QUOTAS],
 }
 
@@ -325,6 +327,7 @@ impl Decision {
             len: 0,
             degraded: false,
             local: false,
+            full: false,
             quotas: [QuotaState::default(); MAX_QUOTAS],
         }
     }
@@ -415,7 +418,17 @@ impl Decision {
     /// are active: limited for `retry_after` nanoseconds (until the first tracked key goes
     /// idle, when a new key is admitted), every quota reported spent.
     pub(crate) fn store_full(rules: &[Rule], retry_after: u64) -> Decision {
-        Decision::spent(rules, Outcome::Limited, retry_after)
+        Decision {
+            full: true,
+            ..Decision::spent(rules, Outcome::Limited, retry_after)
+        }
+    }
+
+    /// Whether this is a new key turned away because the store was full of active keys
+    /// ([`OnFull::RejectNewKeys`](crate::store::OnFull::RejectNewKeys)): a refusal for the
+    /// server's state, which a [penalty box](crate::penalty) does not count as a strike.
+    pub fn is_store_full(&self) -> bool {
+        self.full
     }
 
     /// A decision a remote store made and sent back: its outcome, the wait in nanoseconds and
@@ -434,6 +447,7 @@ impl Decision {
             len: len as u8,
             degraded: false,
             local: false,
+            full: false,
             quotas,
         }
     }
@@ -450,6 +464,7 @@ impl Decision {
             len: rules.len().min(MAX_QUOTAS) as u8,
             degraded: false,
             local: false,
+            full: false,
             quotas,
         }
     }
@@ -604,6 +619,7 @@ pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (
         len: gcras.len() as u8,
         degraded: false,
         local: false,
+        full: false,
         quotas,
     };
     (decision, changed)
@@ -631,6 +647,7 @@ pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, 
         len: 1,
         degraded: false,
         local: false,
+        full: false,
         quotas,
     };
     (decision, stored)

@@ -13,6 +13,7 @@ use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, MAX_QUOTAS};
+use crate::keyed::{Bound, Room};
 use crate::quota::Quota;
 use crate::store::memory::{Many, MemoryStore, Mixed, One, Slot};
 use crate::store::OnFull;
@@ -136,6 +137,38 @@ pub(crate) fn check_replacement(old: &[Quota], new: &[Quota]) -> Result<(), Conf
         ));
     }
     Ok(())
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync> Room for Inner<K> {
+    fn drop_idle(&self) -> bool {
+        let now = self.clock.now();
+        match &self.store {
+            Store::One(s) => s.table().drop_idle(now),
+            Store::Many(s) => s.table().drop_idle(now),
+            Store::Mixed(s) => s.table().drop_idle(now),
+            _ => false,
+        }
+    }
+
+    fn evict(&self, rank: u8) -> bool {
+        let now = self.clock.now();
+        match &self.store {
+            Store::One(s) => s.table().evict_for_other(now, rank),
+            Store::Many(s) => s.table().evict_for_other(now, rank),
+            Store::Mixed(s) => s.table().evict_for_other(now, rank),
+            _ => false,
+        }
+    }
+
+    fn idle_in(&self) -> u64 {
+        let now = self.clock.now();
+        match &self.store {
+            Store::One(s) => s.table().idle_in(now),
+            Store::Many(s) => s.table().idle_in(now),
+            Store::Mixed(s) => s.table().idle_in(now),
+            _ => u64::MAX,
+        }
+    }
 }
 
 enum Store<K> {
@@ -348,6 +381,38 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
             Store::DirectMany(slot) => slot.decide(gcras, now, cost),
             Store::DirectMixed(slot) => slot.decide(rules, now, cost),
         }
+    }
+
+    /// Decides a request of `cost` for `key` whose cost may be charged after its response (a
+    /// layer that settles): as [`check_n`](Self::check_n), but a cost of 0 needs a place for
+    /// the key like any other cost (see `MemoryStore::reserve`).
+    pub(crate) fn reserve_n(&self, key: &K, cost: u32) -> Decision {
+        let now = self.inner.clock.now();
+        let limits = self.inner.limits.load();
+        let (gcras, rules) = (&limits.gcras, &limits.rules);
+        let clock = &self.inner.clock;
+        match &self.inner.store {
+            Store::One(s) => s.reserve(key, &gcras[0], clock, now, cost),
+            Store::Many(s) => s.reserve(key, gcras, clock, now, cost),
+            Store::Mixed(s) => s.reserve(key, rules, clock, now, cost),
+            _ => self.check_n(key, cost),
+        }
+    }
+
+    /// Counts this limiter's keys in `bound`, with those of the other tables that share it (a
+    /// layer's other tiers, its penalty box); asked for room by them when they have none.
+    pub(crate) fn share_bound(&self, bound: &Arc<Bound>)
+    where
+        K: 'static,
+    {
+        match &self.inner.store {
+            Store::One(s) => s.table().share(bound.clone()),
+            Store::Many(s) => s.table().share(bound.clone()),
+            Store::Mixed(s) => s.table().share(bound.clone()),
+            _ => return,
+        }
+        let inner: Arc<dyn Room> = self.inner.clone();
+        bound.join(Arc::downgrade(&inner));
     }
 
     /// Gives back a request of `cost` that this limiter admitted for `key` but that was not

@@ -12,7 +12,7 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::Decision;
 use crate::limiter::{RateLimiter, DEFAULT_MAX_KEYS};
-use crate::penalty::PenaltyBox;
+use crate::penalty::{Penalties, PenaltyBox};
 use crate::quota::Quota;
 use crate::store::OnFull;
 
@@ -62,6 +62,26 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     /// Decides `cost` for `key`: at once, or with a future.
     #[doc(hidden)]
     fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> Answer<Self::Later>;
+
+    /// Makes the limiters of a layer's tiers count their keys against one bound of `max_keys`,
+    /// with the penalty box's keys when the layer keeps them (see `LOCAL_PENALTIES`); returns
+    /// that penalty state. Nothing for a store that bounds no keys here.
+    #[doc(hidden)]
+    fn share_bound(
+        _limiters: &[Self::Limiter],
+        _max_keys: usize,
+        _penalty: Option<(&PenaltyBox, Clock)>,
+    ) -> Option<Penalties<K>> {
+        None
+    }
+
+    /// Decides `cost` for `key` on a layer that may charge it after the response (a
+    /// settlement): as [`decide`](Self::decide), except that a store bounding its keys finds
+    /// a place for the key even at a cost of 0.
+    #[doc(hidden)]
+    fn reserve(limiter: &Self::Limiter, key: &K, cost: u32) -> Answer<Self::Later> {
+        Self::decide(limiter, key, cost)
+    }
 
     /// Gives back `cost` admitted for `key` earlier: done when this returns (memory), or when
     /// the returned future completes (Redis). `local`: the admission was made by the store's
@@ -174,6 +194,22 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
     #[inline]
     fn decide(limiter: &RateLimiter<K>, key: &K, cost: u32) -> Answer<Never> {
         Answer::Now(limiter.check_n(key, cost))
+    }
+
+    fn share_bound(
+        limiters: &[RateLimiter<K>],
+        max_keys: usize,
+        penalty: Option<(&PenaltyBox, Clock)>,
+    ) -> Option<Penalties<K>> {
+        let bound = std::sync::Arc::new(crate::keyed::Bound::new(max_keys));
+        for limiter in limiters {
+            limiter.share_bound(&bound);
+        }
+        penalty.map(|(p, clock)| Penalties::sharing(p, clock, &bound))
+    }
+
+    fn reserve(limiter: &RateLimiter<K>, key: &K, cost: u32) -> Answer<Never> {
+        Answer::Now(limiter.reserve_n(key, cost))
     }
 
     fn refund(limiter: &RateLimiter<K>, key: K, cost: u32, _local: bool) -> Option<Refunding> {

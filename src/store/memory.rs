@@ -336,8 +336,43 @@ where
             .get(hash, key, now, |slot| slot.refund(gcras, now, cost));
     }
 
-    /// Takes `cost` from `key` whatever its state (see [`charged`]). A key without an entry
-    /// gets one even when the table is full: a debt is never dropped for want of room.
+    /// As [`decide`](Self::decide), for a request whose cost may be charged after its
+    /// response (a settlement): such a request holds a place for its key even at a cost of 0,
+    /// so a key without an entry is admitted only if the table has room for it now. Under
+    /// [`OnFull::RejectNewKeys`] a table full of active keys turns it away like any new key.
+    pub(crate) fn reserve(
+        &self,
+        key: &K,
+        rules: &V::Rules,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        if cost > 0 {
+            return self.decide(key, rules, clock, now, cost);
+        }
+        let hash = self.table.hash(key);
+        if let Some(d) = self
+            .table
+            .get(hash, key, now, |slot| slot.decide(rules, now, 0))
+        {
+            return d;
+        }
+        let (decision, _) = V::decide_absent(rules, now, 0);
+        match self.table.room(now) {
+            Ok(()) => decision,
+            Err(full) => V::full(rules, full_retry(clock.now().max(now), full.retry_at)),
+        }
+    }
+
+    /// Takes `cost` from `key` whatever its state (see [`charged`]).
+    ///
+    /// A key without an entry needs a place like any new key, and never one beyond
+    /// `max_keys`: under [`OnFull::EvictNearestIdle`] it takes the place of the key nearest to
+    /// idle; under [`OnFull::RejectNewKeys`], when every tracked key is active, the charge is
+    /// not kept. That key was admitted when its state was that of a key never seen and the
+    /// table had room (see [`reserve`](Self::reserve)); losing the debt lets it start from a
+    /// full burst again, as an evicted key does.
     pub(crate) fn charge(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) {
         let hash = self.table.hash(key);
         let charge = |slot: &V, now: u64| slot.charge(rules, now, cost);
@@ -352,7 +387,7 @@ where
         let _ = self.table.upsert(
             hash,
             key,
-            true,
+            false,
             read,
             |slot, now| charge(&*slot, now),
             |now| Absent::Insert((), V::charged_absent(rules, now, cost)),
@@ -393,6 +428,11 @@ where
             Ok(d) => d,
             Err(full) => V::full(gcras, full_retry(read(), full.retry_at)),
         }
+    }
+
+    /// The table of the keys' times.
+    pub(crate) fn table(&self) -> &Table<K, V> {
+        &self.table
     }
 
     /// Drops every idle entry now; returns how many keys are still tracked.
@@ -436,5 +476,51 @@ mod tests {
         assert!(!store.decide(&7, &gcras, &clock, 3 * S / 2, 1).is_allowed());
         hand.set(std::time::Duration::from_secs(2));
         assert!(store.decide(&7, &gcras, &clock, 2 * S, 1).is_allowed());
+    }
+    #[test]
+    fn a_charge_of_a_new_key_never_passes_max_keys_under_reject_new_keys() {
+        let (clock, _hand) = Clock::manual();
+        let g = Gcra::new(S, 10 * S);
+        let store = MemoryStore::<u64, One>::new(2, OnFull::RejectNewKeys);
+        let now = clock.now();
+        for key in 0..50 {
+            store.charge(&key, &g, &clock, now, 5);
+            assert!(store.len() <= 2);
+        }
+        // The two charges kept stand; the others were not kept.
+        let d = store.decide(&0, &g, &clock, now, 6);
+        assert!(!d.is_allowed(), "{d:?}");
+        let d = store.decide(&0, &g, &clock, now, 5);
+        assert!(d.is_allowed(), "{d:?}");
+        // A zero reservation of a new key finds no room; of a tracked key it does.
+        assert!(store.reserve(&7, &g, &clock, now, 0).is_store_full());
+        assert!(store.reserve(&1, &g, &clock, now, 0).is_allowed());
+    }
+
+    proptest::proptest! {
+        /// Decisions, zero reservations, charges and refunds of random keys at random times:
+        /// the table never holds more than `max_keys`, under either policy.
+        #[test]
+        fn no_path_inserts_past_max_keys(
+            reject in proptest::bool::ANY,
+            ops in proptest::collection::vec((0u8..4, 0u64..12, 0u32..4, 0u64..3), 1..200),
+        ) {
+            let (clock, hand) = Clock::manual();
+            let on_full = if reject { OnFull::RejectNewKeys } else { OnFull::EvictNearestIdle };
+            let rules = [Rule::Gcra(Gcra::new(S, 2 * S)), Rule::Gcra(Gcra::new(2 * S, 4 * S))];
+            let store = MemoryStore::<u64, Mixed>::new(3, on_full);
+            let mut now = 0;
+            for (op, key, cost, dt) in ops {
+                now += dt * S / 2;
+                hand.set(std::time::Duration::from_nanos(now));
+                match op {
+                    0 => drop(store.decide(&key, &rules, &clock, now, cost)),
+                    1 => drop(store.reserve(&key, &rules, &clock, now, 0)),
+                    2 => store.charge(&key, &rules, &clock, now, cost * 5),
+                    _ => store.refund(&key, &rules, now, cost),
+                }
+                proptest::prop_assert!(store.len() <= 3, "{} keys", store.len());
+            }
+        }
     }
 }
