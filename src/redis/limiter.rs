@@ -18,7 +18,7 @@ use super::store::{Arg, FailMode, RedisStore, Share, RETRY_WHEN_UNAVAILABLE};
 use crate::algo::{Rule, Window};
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
+use crate::gcra::{Decision, Gcra, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use crate::limiter::{InsufficientCapacity, RateLimiter};
 use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
@@ -190,17 +190,17 @@ struct Limits {
 
 impl Limits {
     fn new(quotas: Vec<Quota>) -> Result<Self, ConfigError> {
-        Limits::replacing(quotas, &[], 0)
+        Limits::replacing(quotas)
     }
 
-    /// `quotas` in place of the rules `old`, at `now` (see [`Gcra::replacing`]).
-    fn replacing(quotas: Vec<Quota>, old: &[Rule], now: u64) -> Result<Self, ConfigError> {
+    /// `quotas`, whose rules judge the state every key stored (see
+    /// [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas)).
+    fn replacing(quotas: Vec<Quota>) -> Result<Self, ConfigError> {
         crate::limiter::check_quotas(&quotas)?;
-        let mut rules = quotas
+        let rules = quotas
             .iter()
             .map(micros)
             .collect::<Result<Box<[Rule]>, _>>()?;
-        Rule::replacing(&mut rules, old, now);
         let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
         Ok(Limits {
             quotas: quotas.into(),
@@ -577,7 +577,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
         let old = self.inner.limits.load();
         crate::limiter::check_replacement(&old.quotas, &quotas)?;
-        let limits = Limits::replacing(quotas, &old.rules, self.now())?;
+        let limits = Limits::replacing(quotas)?;
         if let Some(f) = &self.inner.fallback {
             f.limiter.set_quotas(scaled(&limits.quotas, f.share)?)?;
         }
@@ -619,7 +619,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             return;
         };
         for (key, units) in leases.drain() {
-            self.refund(&key, units).await;
+            let _ = self.give_back(&key, units).await;
         }
     }
 
@@ -667,9 +667,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// The script's arguments after the key: the cost (negative for a refund), the time sent
     /// (empty: the server's clock), then each quota's kind and two numbers (GCRA: interval and
     /// tolerance in microseconds; a window: its count and width in microseconds; warm-up: as
-    /// GCRA), then the quotas that hold a key to their tolerance (bit i: quota i, see
-    /// `Gcra::holds`), then for each warm-up quota in order its period in microseconds and its
-    /// cold factor. Returns them with how many are used.
+    /// GCRA), then a reserved 0, then for each warm-up quota in order its period in
+    /// microseconds and its cold factor. Returns them with how many are used.
     fn script_args<'a>(
         &self,
         rules: &[Rule],
@@ -678,8 +677,6 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     ) -> ([Arg<'a>; 4 + 5 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
         let mut args = [Arg::Int(0); 4 + 5 * MAX_QUOTAS];
-        // Bit i: quota i holds a key to its tolerance (see `Gcra::holds`).
-        let mut hold = 0;
         args[0] = cost;
         args[1] = if inner.local_time {
             Arg::Int(now / MICRO)
@@ -698,13 +695,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             args[3 + 3 * i] = Arg::Int(kind);
             args[4 + 3 * i] = Arg::Int(a);
             args[5 + 3 * i] = Arg::Int(b);
-            if let Rule::Gcra(g) = r {
-                if g.holds(now) {
-                    hold |= 1 << i;
-                }
-            }
         }
-        args[3 + 3 * rules.len()] = Arg::Int(hold);
+        args[3 + 3 * rules.len()] = Arg::Int(0);
         let mut used = 4 + 3 * rules.len();
         for r in rules {
             if let Rule::WarmUp(g) = r {
@@ -900,19 +892,24 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         }
     }
 
-    /// Gives back a request of `cost` that the local fallback admitted for `key` (a layer
+    /// Gives back what the local fallback's admission of a request for `key` took (a layer
     /// inside rejected it) to the fallback's state.
-    pub(crate) fn refund_locally(&self, key: &K, cost: u32) {
+    pub(crate) fn refund_locally(&self, key: &K, taken: &Reservation) {
         if let Some(f) = &self.inner.fallback {
-            f.limiter.refund(key, cost);
+            f.limiter.refund(key, taken, taken.cost);
         }
     }
 
     /// Settles a request the local fallback admitted, in the fallback's state: the key's
     /// state there after settling (a local decision); `None` without a fallback.
-    pub(crate) fn settle_locally(&self, key: &K, reserved: u32, actual: u32) -> Option<Decision> {
+    pub(crate) fn settle_locally(
+        &self,
+        key: &K,
+        taken: &Reservation,
+        actual: u32,
+    ) -> Option<Decision> {
         let f = self.inner.fallback.as_ref()?;
-        let d = f.limiter.settle(key, reserved, actual);
+        let d = f.limiter.settle(key, taken, actual);
         Some(d.made_locally(true, 0))
     }
 
@@ -920,7 +917,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// it), in one script call: each quota's time moves back by `cost` emission intervals,
     /// never before now. A cached rejection of the key is brought up to date (or dropped).
     /// A refund Redis does not answer in time is lost, and logged as an outage.
-    pub(crate) async fn refund(&self, key: &K, cost: u32) {
+    pub(crate) async fn refund(&self, key: &K, taken: &Reservation) {
+        let cost = taken.cost;
         if cost == 0 {
             return;
         }
@@ -940,7 +938,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// settling; `None` when Redis did not answer in time (the reservation stands).
     ///
     /// [`refund`]: Self::refund
-    pub(crate) async fn settle(&self, key: &K, reserved: u32, actual: u32) -> Option<Decision> {
+    pub(crate) async fn settle(
+        &self,
+        key: &K,
+        taken: &Reservation,
+        actual: u32,
+    ) -> Option<Decision> {
+        let reserved = taken.cost;
         let cost = match actual.cmp(&reserved) {
             std::cmp::Ordering::Less => format!("-{}", reserved - actual),
             // "+c" charges c whatever the limit.
