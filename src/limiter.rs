@@ -470,7 +470,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// stands. A fixed window keeps the end it opened with: a new period applies from the
     /// key's next window, a new count at once. A sliding log keeps each request's time and
     /// cost, and a sliding-window counter its counts, judged at once by the new window and
-    /// count. A refund or a settlement gives back what its own request took, as it was
+    /// count, except that what had left the old window when the change came stays gone. A
+    /// refund or a settlement gives back what its own request took, as it was
     /// measured then (see [`settle`](crate::rate_limit::settle#what-a-refund-gives-back)).
     /// So no sequence of changes admits more over any span than the most generous quota in
     /// force over it allows, and forgetting idle keys ([`evict_idle`](Self::evict_idle))
@@ -506,9 +507,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
         let old = self.inner.limits.load();
         check_replacement(&old.quotas, &quotas)?;
-        let limits = Limits::new(quotas);
+        let now = self.inner.clock.now();
+        let mut limits = Limits::new(quotas);
+        Rule::replacing(&mut limits.rules, &old.rules, now);
         if let Store::Mixed(s) = &self.inner.store {
-            let now = self.inner.clock.now();
             let (lag, until) = crate::algo::widening(&old.rules, &limits.rules, now);
             s.widen(now, lag, until);
         }

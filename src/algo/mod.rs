@@ -87,6 +87,18 @@ impl Rule {
         }
     }
 
+    /// The rules `new` in place of `old` (of the same kinds, position by position) from
+    /// `now` on: what had left a window of `old` stays gone (see [`Window::replacing`]).
+    pub(crate) fn replacing(new: &mut [Rule], old: &[Rule], now: u64) {
+        for (n, o) in new.iter_mut().zip(old) {
+            match (n, o) {
+                (Rule::SlidingLog(n), Rule::SlidingLog(o))
+                | (Rule::SlidingWindow(n), Rule::SlidingWindow(o)) => *n = n.replacing(o, now),
+                _ => {}
+            }
+        }
+    }
+
     /// The GCRA parameters, for a GCRA quota.
     pub(crate) fn as_gcra(&self) -> Option<&Gcra> {
         match self {
@@ -159,7 +171,10 @@ impl Rule {
         match self {
             Rule::Gcra(_) => words[0],
             Rule::FixedWindow(w) => w.fixed_idle_at(words),
-            Rule::SlidingLog(w) => log.newest().map_or(0, |t| t.saturating_add(w.width)),
+            Rule::SlidingLog(w) => match log.newest() {
+                Some(t) if w.gone == 0 || t > w.gone => t.saturating_add(w.width),
+                _ => 0,
+            },
             Rule::SlidingWindow(w) => w.counter_idle_at(words),
             Rule::WarmUp(g) => g.idle_at(warm(words)),
         }
@@ -224,12 +239,13 @@ pub(crate) struct Log {
 
 impl Log {
     /// The first entry still inside a window of `width` at `now` (times `t` with
-    /// `t + width > now`), and the cost those entries hold.
+    /// `t + width > now`, and after `gone`: see [`Window::replacing`]), and the cost those
+    /// entries hold.
     #[inline]
-    pub(crate) fn in_window(&self, now: u64, width: u64) -> (usize, u64) {
+    pub(crate) fn in_window(&self, now: u64, width: u64, gone: u64) -> (usize, u64) {
         let first = self
             .entries
-            .partition_point(|&(t, _)| t.saturating_add(width) <= now);
+            .partition_point(|&(t, _)| t.saturating_add(width) <= now || (gone > 0 && t <= gone));
         (first, self.total() - self.before(first))
     }
 
@@ -290,7 +306,7 @@ impl Log {
     /// as the log shrinks: the buffer never has room for more than four times what it holds
     /// (or 16 entries).
     fn trim(&mut self, now: u64, width: u64) {
-        let (first, _) = self.in_window(now, width);
+        let (first, _) = self.in_window(now, width, 0);
         if first > 0 {
             self.base = self.entries[first - 1].1;
             self.entries.drain(..first);

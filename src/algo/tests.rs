@@ -4,13 +4,13 @@ use proptest::prelude::*;
 const S: u64 = 1_000_000_000;
 
 fn fixed(limit: u64, width: u64) -> Rule {
-    Rule::FixedWindow(Window { limit, width })
+    Rule::FixedWindow(Window::new(limit, width))
 }
 fn log(limit: u64, width: u64) -> Rule {
-    Rule::SlidingLog(Window { limit, width })
+    Rule::SlidingLog(Window::new(limit, width))
 }
 fn counter(limit: u64, width: u64) -> Rule {
-    Rule::SlidingWindow(Window { limit, width })
+    Rule::SlidingWindow(Window::new(limit, width))
 }
 
 fn all_kinds(limit: u64, width: u64) -> [Rule; 4] {

@@ -36,10 +36,17 @@ use super::{Log, Step, Words};
 use crate::gcra::QuotaState;
 
 /// A window quota: at most `limit` per `width` nanoseconds.
+///
+/// A quota that replaced others while serving also knows what had left their windows when it
+/// came (what is gone stays gone, see [`Window::replacing`]): a sliding log's entries at or
+/// before `gone`; a sliding-window counter's previous count when its current window opened at
+/// or before `gone`, and both counts when it opened at or before `gone_cur`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Window {
     pub(crate) limit: u64,
     pub(crate) width: u64,
+    pub(crate) gone: u64,
+    pub(crate) gone_cur: u64,
 }
 
 /// The two counts of the sliding-window counter, in one word.
@@ -54,6 +61,30 @@ fn pack(prev: u64, cur: u64) -> u64 {
 }
 
 impl Window {
+    pub(crate) const fn new(limit: u64, width: u64) -> Self {
+        Window {
+            limit,
+            width,
+            gone: 0,
+            gone_cur: 0,
+        }
+    }
+
+    /// This quota in place of `old` (of the same kind) from `now` on: what had left `old`'s
+    /// window by `now` stays gone, whatever this window's width. A log entry at or before
+    /// `now - width` had; a counter's previous count had once its current window opened at or
+    /// before `now - width`, and its current count once it opened at or before
+    /// `now - 2 width`.
+    pub(crate) fn replacing(self, old: &Window, now: u64) -> Self {
+        Window {
+            gone: old.gone.max(now.saturating_sub(old.width)),
+            gone_cur: old
+                .gone_cur
+                .max(now.saturating_sub(old.width.saturating_mul(2))),
+            ..self
+        }
+    }
+
     /// The end of a window opened at `start`, never past the clock's range.
     #[inline]
     fn end(&self, start: u64) -> u64 {
@@ -139,7 +170,13 @@ impl Window {
     #[inline]
     fn counter_current(&self, words: Words, now: u64) -> (u64, u64, u64) {
         let [start, counts] = words;
-        let (prev, cur) = unpack(counts);
+        let (mut prev, cur) = unpack(counts);
+        if start <= self.gone_cur && self.gone_cur > 0 {
+            return (now, 0, 0);
+        }
+        if start <= self.gone && self.gone > 0 {
+            prev = 0;
+        }
         if prev == 0 && cur == 0 {
             return (now, 0, 0);
         }
@@ -221,7 +258,13 @@ impl Window {
 
     pub(super) fn counter_idle_at(&self, words: Words) -> u64 {
         let [start, counts] = words;
-        let (prev, cur) = unpack(counts);
+        let (mut prev, cur) = unpack(counts);
+        if start <= self.gone_cur && self.gone_cur > 0 {
+            return 0;
+        }
+        if start <= self.gone && self.gone > 0 {
+            prev = 0;
+        }
         if cur > 0 {
             self.end(self.end(start))
         } else if prev > 0 {
@@ -261,7 +304,7 @@ impl Window {
         if c > self.limit {
             return Step::Never;
         }
-        let (first, n) = log.in_window(now, self.width);
+        let (first, n) = log.in_window(now, self.width, self.gone);
         if n.saturating_add(c) <= self.limit {
             return Step::Allow {
                 words: [0, 0],
@@ -276,7 +319,7 @@ impl Window {
     }
 
     pub(super) fn log_state(&self, log: &Log, now: u64) -> QuotaState {
-        let (_, n) = log.in_window(now, self.width);
+        let (_, n) = log.in_window(now, self.width, self.gone);
         let reset = match log.newest() {
             Some(t) if n > 0 => t.saturating_add(self.width).saturating_sub(now),
             _ => 0,

@@ -410,10 +410,7 @@ fn micros(q: &Quota) -> Result<Rule, ConfigError> {
                 window: q.period(),
             });
         }
-        Ok(Window {
-            limit: w.limit,
-            width: width * MICRO,
-        })
+        Ok(Window::new(w.limit, width * MICRO))
     };
     match q.rule() {
         Rule::Gcra(_) => gcra_micros(q).map(Rule::Gcra),
