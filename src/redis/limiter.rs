@@ -190,17 +190,18 @@ struct Limits {
 
 impl Limits {
     fn new(quotas: Vec<Quota>) -> Result<Self, ConfigError> {
-        Limits::replacing(quotas)
+        Limits::replacing(quotas, &[], 0)
     }
 
-    /// `quotas`, whose rules judge the state every key stored (see
-    /// [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas)).
-    fn replacing(quotas: Vec<Quota>) -> Result<Self, ConfigError> {
+    /// `quotas` in place of the rules `old` at `now`: they judge the state every key stored
+    /// (see [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas)).
+    fn replacing(quotas: Vec<Quota>, old: &[Rule], now: u64) -> Result<Self, ConfigError> {
         crate::limiter::check_quotas(&quotas)?;
-        let rules = quotas
+        let mut rules = quotas
             .iter()
             .map(micros)
             .collect::<Result<Box<[Rule]>, _>>()?;
+        Rule::replacing(&mut rules, old, now);
         let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
         Ok(Limits {
             quotas: quotas.into(),
@@ -574,7 +575,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
         let old = self.inner.limits.load();
         crate::limiter::check_replacement(&old.quotas, &quotas)?;
-        let limits = Limits::replacing(quotas)?;
+        let limits = Limits::replacing(quotas, &old.rules, self.now())?;
         if let Some(f) = &self.inner.fallback {
             f.limiter.set_quotas(scaled(&limits.quotas, f.share)?)?;
         }
@@ -664,16 +665,19 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// The script's arguments after the key: the cost (negative for a refund), the time sent
     /// (empty: the server's clock), then each quota's kind and two numbers (GCRA: interval and
     /// tolerance in microseconds; a window: its count and width in microseconds; warm-up: as
-    /// GCRA), then a reserved 0, then for each warm-up quota in order its period in
-    /// microseconds and its cold factor. Returns them with how many are used.
+    /// GCRA), then the cost of the reservation `taken` that a refund gives back from (0:
+    /// none), then for each warm-up quota in order its period in microseconds and its cold
+    /// factor, then for each quota what had left its windows at changes of quotas (see
+    /// `Window::replacing`), then `taken`'s spots. Returns them with how many are used.
     fn script_args<'a>(
         &self,
         rules: &[Rule],
         cost: Arg<'a>,
         now: u64,
-    ) -> ([Arg<'a>; 4 + 5 * MAX_QUOTAS], usize) {
+        taken: Option<&Reservation>,
+    ) -> ([Arg<'a>; 4 + 9 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
-        let mut args = [Arg::Int(0); 4 + 5 * MAX_QUOTAS];
+        let mut args = [Arg::Int(0); 4 + 9 * MAX_QUOTAS];
         args[0] = cost;
         args[1] = if inner.local_time {
             Arg::Int(now / MICRO)
@@ -693,12 +697,28 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             args[4 + 3 * i] = Arg::Int(a);
             args[5 + 3 * i] = Arg::Int(b);
         }
-        args[3 + 3 * rules.len()] = Arg::Int(0);
+        args[3 + 3 * rules.len()] = Arg::Int(taken.map_or(0, |t| u64::from(t.cost)));
         let mut used = 4 + 3 * rules.len();
         for r in rules {
             if let Rule::WarmUp(g) = r {
                 args[used] = Arg::Int(g.curve.period);
                 args[used + 1] = Arg::Int(g.curve.cold_factor);
+                used += 2;
+            }
+        }
+        for r in rules {
+            let (gone, gone_cur) = match r {
+                Rule::SlidingLog(w) | Rule::SlidingWindow(w) => (w.gone, w.gone_cur),
+                _ => (0, 0),
+            };
+            args[used] = Arg::Int(gone / MICRO);
+            args[used + 1] = Arg::Int(gone_cur / MICRO);
+            used += 2;
+        }
+        if let Some(t) = taken.filter(|t| t.cost > 0) {
+            for spot in &t.spots[..rules.len()] {
+                args[used] = Arg::Int(spot[0]);
+                args[used + 1] = Arg::Int(spot[1]);
                 used += 2;
             }
         }
@@ -822,7 +842,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let inner = &*self.inner;
         // One set of quotas for the whole decision, whatever changes while it is on its way.
         let limits = inner.limits.load_full();
-        let (args, n) = self.script_args(&limits.rules, Arg::Int(u64::from(cost)), now);
+        let (args, n) = self.script_args(&limits.rules, Arg::Int(u64::from(cost)), now, None);
         let reply = match &inner.penalty {
             Some(p) => {
                 let ban_key = self.ban_key(p, key);
@@ -846,7 +866,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             }
         };
         let decision = reply.and_then(|r| {
-            let d = decision_of(&limits.rules, &r);
+            let d = decision_of(&limits.rules, &r, cost);
             if d.is_none() {
                 inner.store.bad_reply(&inner.meter);
             }
@@ -920,13 +940,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             return;
         }
         // A negative cost is a refund to the script.
-        self.adjust(key, &format!("-{cost}")).await;
+        self.adjust(key, &format!("-{cost}"), Some(taken)).await;
     }
 
     /// Gives back `units` of an expired lease of `key`, as [`refund`](Self::refund); whether
     /// Redis answered.
     async fn give_back(&self, key: &K, units: u32) -> bool {
-        self.adjust(key, &format!("-{units}")).await.is_some()
+        self.adjust(key, &format!("-{units}"), None).await.is_some()
     }
 
     /// Settles a request that reserved `reserved` for `key` at the `actual` cost known after
@@ -948,16 +968,20 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             std::cmp::Ordering::Greater => format!("+{}", actual - reserved),
             std::cmp::Ordering::Equal => "0".to_owned(),
         };
-        self.adjust(key, &cost).await
+        self.adjust(key, &cost, Some(taken)).await
     }
 
     /// Runs the script with a signed cost that moves the key's times whatever the limit (a
     /// refund, or a charge), and brings a cached rejection of the key up to date.
-    async fn adjust(&self, key: &K, cost: &str) -> Option<Decision> {
+    async fn adjust(&self, key: &K, cost: &str, taken: Option<&Reservation>) -> Option<Decision> {
         let inner = &*self.inner;
         let now = self.now();
         let limits = inner.limits.load_full();
-        let (args, n) = self.script_args(&limits.rules, Arg::Bytes(cost.as_bytes()), now);
+        // A reservation the script did not fill in (a request admitted before its spots
+        // were known) is given back as a lease's units are.
+        let taken = taken.filter(|t| t.spots != Reservation::none().spots);
+        let args = Arg::Bytes(cost.as_bytes());
+        let (args, n) = self.script_args(&limits.rules, args, now, taken);
         let reply = inner
             .store
             .eval(
@@ -967,7 +991,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 &inner.meter,
             )
             .await?;
-        match decision_of(&limits.rules, &reply) {
+        match decision_of(&limits.rules, &reply, 0) {
             Some(d) => {
                 if let Some(deny) = &inner.deny {
                     deny.admitted(key, now, &d);
@@ -1066,12 +1090,23 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
 }
 
 /// Maps the script's reply onto a decision under `rules`; `None` when it does not fit.
-fn decision_of(rules: &[Rule], r: &[i64]) -> Option<Decision> {
+fn decision_of(rules: &[Rule], r: &[i64], cost: u32) -> Option<Decision> {
     if let [3, left] = r {
         let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
         return Some(banned_decision(rules, left));
     }
-    if r.len() != 2 + 2 * rules.len() {
+    let n = rules.len();
+    // An admission of a cost adds what it took: each quota's spot.
+    let mut taken = Reservation::none();
+    if r.len() == 2 + 4 * n && r[0] == 0 && cost > 0 {
+        taken.cost = cost;
+        for (i, spot) in taken.spots[..n].iter_mut().enumerate() {
+            *spot = [
+                u64::try_from(r[2 + 2 * n + 2 * i]).ok()?,
+                u64::try_from(r[3 + 2 * n + 2 * i]).ok()?,
+            ];
+        }
+    } else if r.len() != 2 + 2 * n {
         return None;
     }
     let outcome = match r[0] {
@@ -1109,9 +1144,6 @@ fn decision_of(rules: &[Rule], r: &[i64]) -> Option<Decision> {
             }
         };
     }
-    Some(Decision::from_store(
-        outcome,
-        ns(r[1])?,
-        &quotas[..rules.len().min(MAX_QUOTAS)],
-    ))
+    let d = Decision::from_store(outcome, ns(r[1])?, &quotas[..rules.len().min(MAX_QUOTAS)]);
+    Some(d.with_taken(taken))
 }

@@ -1,0 +1,424 @@
+#![cfg(feature = "redis")]
+//! A key's account on a real redis-server: the same cases and the same model as
+//! `tests/account.rs`, through the HTTP layer on a `RedisStore` (the scripts return what an
+//! admission took, and a refund or a settlement sends it back).
+
+mod common;
+
+use std::time::Duration;
+
+use common::account::rig::{Reply, Rig};
+use common::account::{Account, Kind, Taken};
+use common::redis_server::RedisServer;
+use http::StatusCode;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use tollgate::key::Header;
+use tollgate::rate_limit::ActualCost;
+use tollgate::redis::{RedisRateLimiter, RedisStore};
+use tollgate::{Clock, ManualClock, Outcome, Policy, Quota, RateLimitLayer, RateLimiter};
+use tower::Layer;
+
+const MS: Duration = Duration::from_millis(1);
+const S: Duration = Duration::from_secs(1);
+
+type Limit = RateLimitLayer<Header, RedisStore>;
+
+async fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(5))
+}
+
+/// As in `tests/account.rs`, on Redis, the policy named `name`.
+fn layer(store: &RedisStore, name: &str, quotas: &[Quota], clock: &Clock) -> Limit {
+    let policy = quotas[1..]
+        .iter()
+        .fold(Policy::new(name.to_owned(), quotas[0].clone()), |p, q| {
+            p.quota(q.clone())
+        });
+    RateLimitLayer::new(policy)
+        .key(Header::new("x-key"))
+        .clock(clock.clone())
+        .cost(|h| {
+            h.headers
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        })
+        .count_if(|res| res.status != StatusCode::OK)
+        .settle(ActualCost::of)
+        .store(store.clone())
+}
+
+fn limiter(l: &Limit, name: &str) -> RedisRateLimiter<Box<[u8]>> {
+    l.limiter(name).unwrap().unwrap()
+}
+
+fn key(k: &str) -> Box<[u8]> {
+    k.as_bytes().into()
+}
+
+const OK: Reply = Reply {
+    status: 200,
+    actual: None,
+};
+const FAILED: Reply = Reply {
+    status: 401,
+    actual: None,
+};
+
+fn manual() -> (Clock, ManualClock) {
+    let (clock, time) = Clock::manual();
+    time.advance(Duration::from_secs(1_000));
+    (clock, time)
+}
+
+async fn failures<S>(rig: &mut Rig<S>, n: usize) -> usize
+where
+    S: tower::Service<
+        http::Request<()>,
+        Response = http::Response<http_body_util::Full<bytes::Bytes>>,
+        Error = std::convert::Infallible,
+    >,
+{
+    let mut admitted = 0;
+    for _ in 0..n {
+        if let Some(id) = rig.send("login", 1).await {
+            rig.answer(id, FAILED).await;
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn late_refunds_never_double_a_limit_on_redis() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    for (i, quota) in [
+        Quota::fixed_window(3, 10 * S),
+        Quota::sliding_log(3, 10 * S),
+        Quota::sliding_window(3, 10 * S),
+        Quota::new(3, 10 * S),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (clock, time) = manual();
+        let l = layer(
+            &store,
+            &format!("late{i}"),
+            std::slice::from_ref(&quota),
+            &clock,
+        );
+        let mut rig = Rig::new(|h| l.layer(h));
+        let mut slow = Vec::new();
+        for _ in 0..3 {
+            slow.push(rig.send("login", 1).await.unwrap());
+        }
+        time.advance(5 * S);
+        let mut counted = failures(&mut rig, 1).await;
+        time.advance(5 * S);
+        counted += failures(&mut rig, 3).await;
+        for id in slow {
+            assert_eq!(rig.answer(id, OK).await, 200);
+        }
+        counted += failures(&mut rig, 3).await;
+        assert_eq!(counted, 3, "{quota:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_log_refund_removes_its_own_entry_on_redis() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, time) = manual();
+    let l = layer(&store, "own", &[Quota::sliding_log(2, 10 * S)], &clock);
+    let mut rig = Rig::new(|h| l.layer(h));
+    let slow = rig.send("login", 1).await.unwrap();
+    time.advance(5 * S);
+    assert_eq!(failures(&mut rig, 1).await, 1);
+    time.advance(S);
+    rig.answer(slow, OK).await;
+    assert_eq!(failures(&mut rig, 1).await, 1);
+    time.advance(4 * S);
+    assert_eq!(failures(&mut rig, 1).await, 0);
+    let d = limiter(&l, "own").check_n(&key("login"), 0).await;
+    assert_eq!(d.reset_after(), 6 * S);
+}
+
+#[tokio::test]
+async fn a_refund_is_sized_by_its_admission_and_a_debt_stands_on_redis() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, _time) = manual();
+    let l = layer(&store, "sized", &[Quota::per_minute(60)], &clock);
+    let mut rig = Rig::new(|h| l.layer(h));
+    assert_eq!(failures(&mut rig, 50).await, 50);
+    let mut in_flight = Vec::new();
+    for _ in 0..10 {
+        in_flight.push(rig.send("login", 1).await.unwrap());
+    }
+    l.handle()
+        .unwrap()
+        .set_policy(Policy::new("sized", Quota::per_minute(5)))
+        .unwrap();
+    for id in in_flight {
+        rig.answer(id, OK).await;
+    }
+    assert_eq!(failures(&mut rig, 5).await, 0);
+    let d = limiter(&l, "sized").check(&key("login")).await;
+    assert_eq!(d.retry_after(), Some(2 * S));
+
+    let l = layer(&store, "debt", &[Quota::per_minute(100)], &clock);
+    let mut rig = Rig::new(|h| l.layer(h));
+    let id = rig.send("api", 1).await.unwrap();
+    rig.answer(
+        id,
+        Reply {
+            status: 401,
+            actual: Some(250),
+        },
+    )
+    .await;
+    l.handle()
+        .unwrap()
+        .set_policy(Policy::new("debt", Quota::per_minute(100).burst(50)))
+        .unwrap();
+    let d = limiter(&l, "debt").check(&key("api")).await;
+    assert_eq!(d.reset_after(), 150 * S);
+    assert_eq!(d.retry_after(), Some(120_600 * MS));
+}
+
+/// A Redis limiter and a memory one on the same clock, decided side by side.
+async fn twins(store: &RedisStore, name: &str, q: Quota, clock: &Clock) -> Twins {
+    let redis = RedisRateLimiter::<u8>::builder(store.clone(), q.clone())
+        .name(name.to_owned())
+        .clock(clock.clone())
+        .build();
+    let memory = RateLimiter::<u8>::builder(q).clock(clock.clone()).build();
+    Twins { redis, memory }
+}
+
+struct Twins {
+    redis: RedisRateLimiter<u8>,
+    memory: RateLimiter<u8>,
+}
+
+impl Twins {
+    fn set(&self, q: Quota) {
+        self.redis.set_quotas([q.clone()]).unwrap();
+        self.memory.set_quotas([q]).unwrap();
+    }
+
+    async fn check_n(&self, cost: u32) -> tollgate::Decision {
+        let (r, m) = (
+            self.redis.check_n(&1, cost).await,
+            self.memory.check_n(&1, cost),
+        );
+        assert_eq!(r, m);
+        r
+    }
+}
+
+#[tokio::test]
+async fn changes_judge_the_stored_state_alike_on_redis_and_in_memory() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, time) = manual();
+    // No free burst: burst 10, 5, 10 on a stopped clock admits 10.
+    let t = twins(&store, "flip", Quota::per_second(10), &clock).await;
+    let mut admitted = 0;
+    for burst in [10, 5, 10, 5, 10] {
+        t.set(Quota::per_second(10).burst(burst));
+        while t.check_n(1).await.is_allowed() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 10);
+    // A peek after a lowered burst: limited for the time spent beyond the new tolerance.
+    t.set(Quota::per_second(10).burst(5));
+    let d = t.check_n(0).await;
+    assert_eq!(d.outcome(), Outcome::Limited);
+    assert_eq!(d.retry_after(), Some(500 * MS));
+
+    // A fixed window keeps its end: 1 h then 1 s.
+    let t = twins(&store, "fixed", Quota::fixed_window(1, 3_600 * S), &clock).await;
+    assert!(t.check_n(1).await.is_allowed());
+    t.set(Quota::fixed_window(1, S));
+    assert_eq!(t.check_n(1).await.retry_after(), Some(3_600 * S));
+
+    // A log widened after its entry left the old window, and one widened before.
+    let t = twins(&store, "log", Quota::sliding_log(1, S), &clock).await;
+    assert!(t.check_n(1).await.is_allowed());
+    time.advance(2 * S);
+    t.set(Quota::sliding_log(1, 10 * S));
+    assert!(t.check_n(1).await.is_allowed());
+    t.set(Quota::sliding_log(1, 20 * S));
+    time.advance(15 * S);
+    assert_eq!(t.check_n(1).await.retry_after(), Some(5 * S));
+}
+
+// ---- the model, against the HTTP layer on Redis ----
+
+fn kinds(variant: [bool; 4]) -> Vec<Kind> {
+    const MS: u64 = 1_000_000;
+    let pick = |b: bool, x: Kind, y: Kind| if b { x } else { y };
+    vec![
+        pick(
+            variant[0],
+            Kind::Gcra {
+                interval: 200 * MS,
+                burst: 5,
+            },
+            Kind::Gcra {
+                interval: 500 * MS,
+                burst: 3,
+            },
+        ),
+        pick(
+            variant[1],
+            Kind::Fixed {
+                limit: 6,
+                width: 2_000 * MS,
+            },
+            Kind::Fixed {
+                limit: 4,
+                width: 700 * MS,
+            },
+        ),
+        pick(
+            variant[2],
+            Kind::Log {
+                limit: 5,
+                width: 1_500 * MS,
+            },
+            Kind::Log {
+                limit: 7,
+                width: 3_000 * MS,
+            },
+        ),
+        pick(
+            variant[3],
+            Kind::Counter {
+                limit: 6,
+                width: 1_000 * MS,
+            },
+            Kind::Counter {
+                limit: 4,
+                width: 2_500 * MS,
+            },
+        ),
+    ]
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Send(u32),
+    Answer(usize, Option<Option<u32>>),
+    Wait(u64),
+    Change([bool; 4]),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => (0u32..4).prop_map(Op::Send),
+        4 => (0usize..8, prop::option::of(prop::option::of(0u32..9)))
+            .prop_map(|(i, r)| Op::Answer(i, r)),
+        3 => (0u64..1_200).prop_map(Op::Wait),
+        1 => any::<[bool; 4]>().prop_map(Op::Change),
+    ]
+}
+
+/// Random sequences of admissions, late refunds, settlements and live changes, on Redis:
+/// the same admissions and the same remaining per quota as the model, at every step.
+#[test]
+fn the_redis_layer_keeps_the_account_of_the_model() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = rt.block_on(store(&server));
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = rt
+        .block_on(client.get_multiplexed_async_connection())
+        .unwrap();
+    let mut runner = TestRunner::new(Config::with_cases(64));
+    let case = std::cell::Cell::new(0u32);
+    let strategy = (any::<[bool; 4]>(), prop::collection::vec(op(), 1..60));
+    runner
+        .run(&strategy, |(start, ops)| {
+            case.set(case.get() + 1);
+            let name = format!("model{}", case.get());
+            let mut conn = conn.clone();
+            rt.block_on(async {
+                let (clock, time) = manual();
+                let quotas: Vec<Quota> = kinds(start).iter().map(Kind::quota).collect();
+                let l = layer(&store, &name, &quotas, &clock);
+                let lim = limiter(&l, &name);
+                let redis_key = lim.redis_key(&key("k"));
+                let mut rig = Rig::new(|h| l.layer(h));
+                let mut model = Account::new(kinds(start));
+                let mut now = 0u64;
+                let mut taken = Vec::new();
+                for op in ops {
+                    match op {
+                        Op::Send(cost) => {
+                            let (said, t) = model.admit(now, cost);
+                            let got = rig.send("k", cost).await;
+                            prop_assert_eq!(got.is_some(), said.allowed, "send {}", cost);
+                            if let Some(id) = got {
+                                taken.push((id, t.unwrap_or(Taken::nothing())));
+                            }
+                        }
+                        Op::Answer(i, reply) => {
+                            if taken.is_empty() {
+                                continue;
+                            }
+                            let (id, t) = taken.remove(i % taken.len());
+                            let reply = match reply {
+                                None => OK,
+                                Some(None) => FAILED,
+                                Some(Some(n)) => Reply {
+                                    status: 401,
+                                    actual: Some(n),
+                                },
+                            };
+                            let actual = match (reply.status, reply.actual) {
+                                (200, _) => 0,
+                                (_, Some(n)) => n,
+                                (_, None) => t.cost,
+                            };
+                            model.settle(now, &t, actual);
+                            rig.answer(id, reply).await;
+                        }
+                        Op::Wait(ms) => {
+                            time.advance(Duration::from_millis(ms));
+                            now += ms * 1_000_000;
+                        }
+                        Op::Change(v) => {
+                            let new: Vec<Quota> = kinds(v).iter().map(Kind::quota).collect();
+                            lim.set_quotas(new).unwrap();
+                            model.set_quotas(now, kinds(v));
+                        }
+                    }
+                    // The key's time to live runs on the server's clock, not the test's.
+                    let _: i64 = redis::cmd("PERSIST")
+                        .arg(&redis_key)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    let d = lim.check_n(&key("k"), 0).await;
+                    let said = model.peek(now);
+                    let remaining: Vec<u64> = d.states().iter().map(|s| s.remaining()).collect();
+                    prop_assert_eq!(remaining, said.remaining);
+                    prop_assert_eq!(d.is_allowed(), said.allowed);
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}
