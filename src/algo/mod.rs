@@ -291,11 +291,19 @@ impl Log {
     }
 
     /// Records a request of `cost` admitted at `now`, after dropping what no window of
-    /// `width` or less can see any more.
-    fn admit(&mut self, now: u64, cost: u64, width: u64) {
+    /// `width` or less can see any more. The buffer grows by doubling, but not past `limit`
+    /// entries (the most requests a window of that count admits) while it holds fewer.
+    fn admit(&mut self, now: u64, cost: u64, width: u64, limit: u64) {
         self.trim(now, width);
         if cost == 0 {
             return;
+        }
+        let len = self.entries.len();
+        if len == self.entries.capacity() {
+            let room = usize::try_from(limit)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(len);
+            self.entries.reserve_exact(len.max(4).min(room.max(1)));
         }
         let at = self.time_of(now);
         let total = self.total().saturating_add(cost);
@@ -368,7 +376,8 @@ impl KeyState {
             }
         }
         if let Some((width, limit)) = log {
-            self.log.admit(now, u64::from(cost).min(limit), width);
+            self.log
+                .admit(now, u64::from(cost).min(limit), width, limit);
         }
     }
 
@@ -430,9 +439,11 @@ pub(crate) fn decide(
     let mut new = [[0u64; 2]; MAX_QUOTAS];
     let mut taken = Reservation::none();
     let mut log_width = None;
+    let mut log_limit = 0;
     for (i, r) in rules.iter().enumerate() {
         if let Some(w) = r.log_width() {
             log_width = Some(log_width.map_or(w, |m: u64| m.max(w)));
+            log_limit = log_limit.max(r.limit());
             taken.spots[i] = [state.log.time_of(now), 0];
         }
         match r.step(state.words[i], &state.log, now, cost) {
@@ -455,7 +466,7 @@ pub(crate) fn decide(
     if allowed {
         state.words[..rules.len()].copy_from_slice(&new[..rules.len()]);
         if let Some(width) = log_width {
-            state.log.admit(now, u64::from(cost), width);
+            state.log.admit(now, u64::from(cost), width, log_limit);
         }
         taken.cost = cost;
     } else {
