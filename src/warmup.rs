@@ -59,6 +59,11 @@
 //!
 //! With `f = 1` the surcharge is zero: the quota behaves exactly like plain GCRA.
 //!
+//! The `RateLimit` header field reports `r` as the requests of cost 1 that would be admitted
+//! one after another now (fewer than the burst while the key is cold) and `t` as the time
+//! until the key's backlog is clear (`tat − now`): from then on a request is admitted at
+//! once. It is not a time until "full": an idle key grows colder, not fuller.
+//!
 //! # Guava's example
 //!
 //! `RateLimiter.create(2, 3, SECONDS)` (Guava's cold factor is always 3): `T = 0.5 s`,

@@ -536,3 +536,20 @@ proptest! {
         })?;
     }
 }
+
+#[test]
+fn a_warm_up_quotas_reset_is_the_time_until_its_backlog_is_clear() {
+    // Guava's example: 2 per second, burst 1, warming up over 3 s with a cold factor 3.
+    let (clock, time) = manual();
+    let quota = Quota::per_second(2).burst(1).warm_up(3 * S, 3);
+    let l = RateLimiter::<u8>::builder(quota).clock(clock).build();
+    // From cold, the first request costs 1.333 s: the backlog clears then, and the next
+    // request is admitted exactly then.
+    let d = l.check(&1);
+    assert!(d.is_allowed());
+    assert_eq!(d.reset_after(), Duration::from_micros(1_333_334));
+    time.advance(Duration::from_micros(1_333_333));
+    assert!(!l.check(&1).is_allowed());
+    time.advance(Duration::from_micros(1));
+    assert!(l.check(&1).is_allowed());
+}

@@ -422,3 +422,72 @@ fn the_redis_layer_keeps_the_account_of_the_model() {
         })
         .unwrap();
 }
+
+/// Bytes of a Redis log key and the server's time for one script call, per request cost:
+/// printed, not asserted (`cargo test --all-features --test account_redis -- --ignored
+/// --nocapture log_figures`).
+#[tokio::test]
+#[ignore]
+async fn log_figures() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, time) = manual();
+    let day = Duration::from_secs(86_400);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for (name, cost, n) in [("ones", 1u32, 10_000u32), ("big", 10_000, 1)] {
+        let l = RedisRateLimiter::<u8>::builder(store.clone(), Quota::sliding_log(10_000, day))
+            .name(name.to_owned())
+            .clock(clock.clone())
+            .build();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-log-slower-than")
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("SLOWLOG")
+            .arg("RESET")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        for _ in 0..n {
+            time.advance(Duration::from_micros(10));
+            assert!(l.check_n(&1, cost).await.is_allowed());
+        }
+        let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
+            .arg("GET")
+            .arg(100_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut micros = Vec::new();
+        for e in &log {
+            if let redis::Value::Array(fields) = e {
+                if let (Some(redis::Value::Int(us)), Some(redis::Value::Array(cmd))) =
+                    (fields.get(2), fields.get(3))
+                {
+                    if matches!(cmd.first(), Some(redis::Value::BulkString(c)) if c == b"EVALSHA") {
+                        micros.push(*us);
+                    }
+                }
+            }
+        }
+        micros.sort_unstable();
+        let bytes: i64 = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(l.redis_key(&1))
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        println!(
+            "{n} requests of cost {cost}: {bytes} bytes ({} per request), script median {} µs, max {} µs",
+            bytes / i64::from(n),
+            micros.get(micros.len() / 2).copied().unwrap_or(0),
+            micros.last().copied().unwrap_or(0),
+        );
+    }
+}

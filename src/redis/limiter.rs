@@ -559,10 +559,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// own limiter holds: to change a limit shared by several instances, change it on each
     /// (they read the same configuration, say). Each instance applies the change from its
     /// next decision on; until every instance has it, each decides its own requests with the
-    /// quotas it holds, on the same stored times. The rules for a key in the middle of a
-    /// burst are those of [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas), and the
-    /// script applies them too (no free burst; a key is never held more than the new
-    /// tolerance ahead).
+    /// quotas it holds, on the same stored times. The new quotas judge what each key stored
+    /// and never rewrite it, by the rule of
+    /// [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas), which the script applies
+    /// too.
     ///
     /// The local deny cache checks every rejection it answers against the quotas in force, so
     /// a rejection remembered under stricter quotas is not answered again once the quotas are
