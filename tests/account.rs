@@ -356,10 +356,19 @@ fn warm_up_with_cold_factor_one_decides_as_plain_gcra_through_a_change() {
     let warm = RateLimiter::<u8>::builder(Quota::per_second(10).warm_up(10 * S, 1))
         .clock(clock)
         .build();
+    // Both spent (1 s ahead), then the burst lowered to 2: the same 900 ms wait.
+    for _ in 0..10 {
+        assert!(plain.check(&1).is_allowed() && warm.check(&1).is_allowed());
+    }
+    plain.set_quotas([Quota::per_second(10).burst(2)]).unwrap();
+    warm.set_quotas([Quota::per_second(10).burst(2).warm_up(10 * S, 1)])
+        .unwrap();
+    assert_eq!(plain.check(&1).retry_after(), Some(900 * MS));
+    assert_eq!(warm.check(&1).retry_after(), Some(900 * MS));
     for step in 0..40u32 {
         if step == 12 {
-            plain.set_quotas([Quota::per_second(10).burst(2)]).unwrap();
-            warm.set_quotas([Quota::per_second(10).burst(2).warm_up(10 * S, 1)])
+            plain.set_quotas([Quota::per_second(10)]).unwrap();
+            warm.set_quotas([Quota::per_second(10).warm_up(10 * S, 1)])
                 .unwrap();
         }
         let (a, b) = (plain.check(&1), warm.check(&1));
