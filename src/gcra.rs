@@ -670,16 +670,23 @@ impl Reservation {
 /// The slice `[start, end)` a request of `cost` added to a quota's time, once `units` of it
 /// are given back at `now` from its end: how far the time moves back. Only the part of the
 /// slice still ahead of `now` counts; the rest has come back on its own.
+///
+/// The part of `units` is `units / cost` of the slice, rounded down in whole `unit`s of
+/// time (a warm-up quota's curve counts microseconds, as Redis does) and exactly below.
 #[inline]
-pub(crate) fn slice_back(spot: [u64; 2], cost: u32, units: u32, now: u64) -> u64 {
+pub(crate) fn slice_back(spot: [u64; 2], cost: u32, units: u32, now: u64, unit: u64) -> u64 {
     let [start, end] = spot;
     if cost == 0 || end <= now {
         return 0;
     }
-    let units = units.min(cost);
-    let len = end.saturating_sub(start);
-    let part = (u128::from(len) * u128::from(units) / u128::from(cost)) as u64;
-    end - end.saturating_sub(part).max(now)
+    let (units, cost, unit) = (
+        u128::from(units.min(cost)),
+        u128::from(cost),
+        u128::from(unit.max(1)),
+    );
+    let len = u128::from(end.saturating_sub(start));
+    let part = (len / unit * units / cost) * unit + (len % unit) * units / cost;
+    end - end.saturating_sub(part as u64).max(now)
 }
 
 /// A quota's time `tat` once a slice is given back at `now` (see [`slice_back`]): `back`

@@ -491,3 +491,110 @@ async fn log_figures() {
         );
     }
 }
+
+/// Warm-up and GCRA quotas, which the model does not cover, side by side: the HTTP layer on
+/// memory and on Redis, random admissions, late refunds, settlements and live changes, the
+/// same decisions and the same figures at every step.
+#[test]
+fn the_memory_and_redis_layers_keep_the_same_account_with_warm_up() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = rt.block_on(store(&server));
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = rt
+        .block_on(client.get_multiplexed_async_connection())
+        .unwrap();
+    let quotas = |v: [bool; 4]| {
+        vec![
+            if v[0] {
+                Quota::per_second(5).burst(4).warm_up(2 * S, 3)
+            } else {
+                Quota::per_second(2).burst(6).warm_up(3 * S, 1)
+            },
+            if v[1] {
+                Quota::per_second(10)
+            } else {
+                Quota::per_second(4).burst(3)
+            },
+        ]
+    };
+    let mut runner = TestRunner::new(Config::with_cases(64));
+    let case = std::cell::Cell::new(0u32);
+    let strategy = (any::<[bool; 4]>(), prop::collection::vec(op(), 1..60));
+    runner
+        .run(&strategy, |(start, ops)| {
+            case.set(case.get() + 1);
+            let name = format!("warm{}", case.get());
+            let mut conn = conn.clone();
+            rt.block_on(async {
+                let (clock, time) = manual();
+                let on_redis = layer(&store, &name, &quotas(start), &clock);
+                let in_memory = {
+                    let policy = Policy::new(name.clone(), quotas(start)[0].clone())
+                        .quota(quotas(start)[1].clone());
+                    RateLimitLayer::new(policy)
+                        .key(Header::new("x-key"))
+                        .clock(clock.clone())
+                        .cost(|h| {
+                            h.headers
+                                .get("x-cost")
+                                .and_then(|v| v.to_str().ok()?.parse().ok())
+                                .unwrap_or(1)
+                        })
+                        .count_if(|res| res.status != StatusCode::OK)
+                        .settle(ActualCost::of)
+                };
+                let r_lim = limiter(&on_redis, &name);
+                let m_lim: RateLimiter<Box<[u8]>> = in_memory.limiter(&name).unwrap().unwrap();
+                let redis_key = r_lim.redis_key(&key("k"));
+                let mut r_rig = Rig::new(|h| on_redis.layer(h));
+                let mut m_rig = Rig::new(|h| in_memory.layer(h));
+                let mut flying: Vec<(u64, u64)> = Vec::new();
+                for op in ops {
+                    match op {
+                        Op::Send(cost) => {
+                            let (r, m) = (r_rig.send("k", cost).await, m_rig.send("k", cost).await);
+                            prop_assert_eq!(r.is_some(), m.is_some(), "send {}", cost);
+                            if let (Some(r), Some(m)) = (r, m) {
+                                flying.push((r, m));
+                            }
+                        }
+                        Op::Answer(i, reply) => {
+                            if flying.is_empty() {
+                                continue;
+                            }
+                            let (r, m) = flying.remove(i % flying.len());
+                            let reply = match reply {
+                                None => OK,
+                                Some(None) => FAILED,
+                                Some(Some(n)) => Reply {
+                                    status: 401,
+                                    actual: Some(n),
+                                },
+                            };
+                            r_rig.answer(r, reply).await;
+                            m_rig.answer(m, reply).await;
+                        }
+                        Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
+                        Op::Change(v) => {
+                            r_lim.set_quotas(quotas(v)).unwrap();
+                            m_lim.set_quotas(quotas(v)).unwrap();
+                        }
+                    }
+                    let _: i64 = redis::cmd("PERSIST")
+                        .arg(&redis_key)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    let r = r_lim.check_n(&key("k"), 0).await;
+                    let m = m_lim.peek(&key("k"));
+                    prop_assert_eq!(r, m);
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}

@@ -210,17 +210,17 @@ impl Rule {
     ) -> Words {
         match self {
             Rule::Gcra(_) => [
-                moved_back(words[0], slice_back(spot, cost, units, now), now),
+                moved_back(words[0], slice_back(spot, cost, units, now, 1), now),
                 0,
             ],
             Rule::FixedWindow(w) => w.fixed_refund(words, now, spot, units),
             Rule::SlidingLog(_) => words,
             Rule::SlidingWindow(w) => w.counter_refund(words, now, spot, units),
             // The warm-up the request brought is kept: the deficit stays.
-            Rule::WarmUp(_) => [
-                moved_back(words[0], slice_back(spot, cost, units, now), now),
-                words[1],
-            ],
+            Rule::WarmUp(g) => {
+                let back = slice_back(spot, cost, units, now, g.curve.unit);
+                [moved_back(words[0], back, now), words[1]]
+            }
         }
     }
 }

@@ -55,7 +55,7 @@ pub(crate) fn charged(g: &Gcra, tat: u64, now: u64, cost: u32) -> u64 {
 /// has come back on its own.
 #[inline]
 pub(crate) fn refunded(tat: u64, now: u64, spot: [u64; 2], cost: u32, units: u32) -> u64 {
-    gcra::moved_back(tat, gcra::slice_back(spot, cost, units, now), now)
+    gcra::moved_back(tat, gcra::slice_back(spot, cost, units, now, 1), now)
 }
 
 /// One quota: the whole state is one word, updated by compare-and-swap.
