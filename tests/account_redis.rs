@@ -598,3 +598,38 @@ fn the_memory_and_redis_layers_keep_the_same_account_with_warm_up() {
         })
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_rejection_under_a_widened_window_keeps_the_redis_key_as_long_as_it_counts() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, _time) = manual();
+    for (name, narrow, wide) in [
+        (
+            "wlog",
+            Quota::sliding_log(2, S),
+            Quota::sliding_log(2, 60 * S),
+        ),
+        (
+            "wcounter",
+            Quota::sliding_window(2, S),
+            Quota::sliding_window(2, 60 * S),
+        ),
+    ] {
+        let l = RedisRateLimiter::<u8>::builder(store.clone(), narrow)
+            .name(name.to_owned())
+            .clock(clock.clone())
+            .build();
+        assert!(l.check_n(&1, 2).await.is_allowed());
+        l.set_quotas([wide]).unwrap();
+        assert!(!l.check(&1).await.is_allowed());
+        // The key lives on the server's clock: as long as the wide window sees it.
+        let ttl: i64 = server
+            .cli(&["PTTL", &String::from_utf8(l.redis_key(&1)).unwrap()])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(ttl > 50_000, "{name}: {ttl}");
+    }
+}
