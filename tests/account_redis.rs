@@ -633,3 +633,43 @@ async fn a_rejection_under_a_widened_window_keeps_the_redis_key_as_long_as_it_co
         assert!(ttl > 50_000, "{name}: {ttl}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_tasks_on_one_redis_key_while_the_burst_flips_admit_at_most_the_larger_burst() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, _time) = manual();
+    let l = RedisRateLimiter::<u8>::builder(store, Quota::per_second(10))
+        .name("flip50".to_owned())
+        .clock(clock)
+        .build();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let decided = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let (l, done, decided) = (l.clone(), done.clone(), decided.clone());
+        tasks.spawn(async move {
+            let mut admitted = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                admitted += u64::from(l.check(&1).await.is_allowed());
+                decided.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::task::yield_now().await;
+            }
+            admitted
+        });
+    }
+    // 200 flips, with decisions between each two.
+    for i in 0..200u64 {
+        let burst = if i % 2 == 0 { 5 } else { 10 };
+        l.set_quotas([Quota::per_second(10).burst(burst)]).unwrap();
+        while decided.load(std::sync::atomic::Ordering::Relaxed) < (i + 1) * 10 {
+            tokio::task::yield_now().await;
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let mut admitted = 0;
+    while let Some(n) = tasks.join_next().await {
+        admitted += n.unwrap();
+    }
+    assert!(admitted <= 10, "{admitted}");
+}
