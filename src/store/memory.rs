@@ -389,21 +389,19 @@ where
         let charge = |slot: &V, now: u64| slot.charge(rules, now, cost);
         if self
             .table
-            .get(hash, key, self.sweep_time(now), |slot| charge(slot, now))
+            .get(hash, key, now, |slot| charge(slot, now))
             .is_some()
         {
             return;
         }
-        // The table reads and sweeps at the sweep time; the state is charged at the clock's.
-        let clock_now = || clock.now().max(now);
-        let read = || self.sweep_time(clock_now());
+        let read = || clock.now().max(now);
         let _ = self.table.upsert(
             hash,
             key,
             true,
             read,
-            |slot, _| charge(&*slot, clock_now()),
-            |_| Absent::Insert((), V::charged_absent(rules, clock_now(), cost)),
+            |slot, now| charge(&*slot, now),
+            |now| Absent::Insert((), V::charged_absent(rules, now, cost)),
         );
     }
 
