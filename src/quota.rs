@@ -453,10 +453,7 @@ impl Quota {
 
     /// The quota reduced to what its algorithm needs, in nanoseconds.
     pub(crate) fn rule(&self) -> Rule {
-        let window = || Window {
-            limit: u64::from(self.count),
-            width: self.period.as_nanos() as u64,
-        };
+        let window = || Window::new(u64::from(self.count), self.period.as_nanos() as u64);
         match self.kind {
             QuotaKind::Gcra => Rule::Gcra(self.gcra()),
             QuotaKind::FixedWindow => Rule::FixedWindow(window()),

@@ -12,7 +12,7 @@ use super::future::{RateHeaders, Settle, Taken};
 use super::policy::Policy;
 use super::settle::SettleRule;
 use crate::algo::Rule;
-use crate::gcra::{Decision, Outcome};
+use crate::gcra::{Decision, Outcome, Reservation};
 use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
@@ -299,6 +299,13 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
             limiter: self.limiters[tier].clone(),
             key,
             cost,
+            reserved: match &admitted {
+                Some(d) => Reservation::of(d, cost),
+                None => Reservation {
+                    cost,
+                    ..Reservation::none()
+                },
+            },
             local: admitted.is_some_and(|d| d.is_local()),
             settle: self.answers.settle.is_some().then(|| {
                 Box::new(Settle {

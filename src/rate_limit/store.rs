@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::gcra::Decision;
+use crate::gcra::{Decision, Reservation};
 use crate::limiter::{RateLimiter, DEFAULT_MAX_KEYS};
 use crate::penalty::{Penalties, PenaltyBox};
 use crate::quota::Quota;
@@ -83,11 +83,17 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
         Self::decide(limiter, key, cost)
     }
 
-    /// Gives back `cost` admitted for `key` earlier: done when this returns (memory), or when
-    /// the returned future completes (Redis). `local`: the admission was made by the store's
-    /// local fallback (Redis unreachable), whose state is given back instead.
+    /// Gives back what the admission of a request for `key` took (`taken`, its whole cost):
+    /// done when this returns (memory), or when the returned future completes (Redis).
+    /// `local`: the admission was made by the store's local fallback (Redis unreachable),
+    /// whose state is given back instead.
     #[doc(hidden)]
-    fn refund(limiter: &Self::Limiter, key: K, cost: u32, local: bool) -> Option<Refunding>;
+    fn refund(
+        limiter: &Self::Limiter,
+        key: K,
+        taken: Reservation,
+        local: bool,
+    ) -> Option<Refunding>;
 
     /// How many keys the limiter tracks in this process, if it tracks them here.
     #[doc(hidden)]
@@ -95,16 +101,16 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
         None
     }
 
-    /// Settles a request that reserved `reserved` for `key` at the `actual` cost its response
-    /// reported (different from `reserved`): gives back the difference, or charges it even
-    /// over the limit. Answers the key's state after settling: at once (memory), or when the
-    /// future completes (Redis; `None` when Redis did not answer). `local` as for
-    /// [`refund`](Self::refund).
+    /// Settles a request that took `taken` for `key` at the `actual` cost its response
+    /// reported (different from the cost taken): gives back the difference from what it took,
+    /// or charges it even over the limit. Answers the key's state after settling: at once
+    /// (memory), or when the future completes (Redis; `None` when Redis did not answer).
+    /// `local` as for [`refund`](Self::refund).
     #[doc(hidden)]
     fn settle(
         limiter: &Self::Limiter,
         key: K,
-        reserved: u32,
+        taken: Reservation,
         actual: u32,
         local: bool,
     ) -> Answer<Settling>;
@@ -212,8 +218,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
         Answer::Now(limiter.reserve_n(key, cost))
     }
 
-    fn refund(limiter: &RateLimiter<K>, key: K, cost: u32, _local: bool) -> Option<Refunding> {
-        limiter.refund(&key, cost);
+    fn refund(
+        limiter: &RateLimiter<K>,
+        key: K,
+        taken: Reservation,
+        _local: bool,
+    ) -> Option<Refunding> {
+        limiter.refund(&key, &taken, taken.cost);
         None
     }
 
@@ -224,11 +235,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
     fn settle(
         limiter: &RateLimiter<K>,
         key: K,
-        reserved: u32,
+        taken: Reservation,
         actual: u32,
         _local: bool,
     ) -> Answer<Settling> {
-        Answer::Now(limiter.settle(&key, reserved, actual))
+        Answer::Now(limiter.settle(&key, &taken, actual))
     }
 }
 

@@ -514,7 +514,8 @@ fn local_decision(
     let n = gcras.len().min(MAX_QUOTAS);
     let (d, _) = gcra::decide(gcras, &mut shadow[..n], now, cost);
     if d.is_allowed() {
-        d
+        // Taken from the lease, not from a slice of Redis's times: given back as its units.
+        d.with_taken(gcra::Reservation::none())
     } else {
         // Only when the times the instance knows are behind what it holds (answers that
         // crossed): the units are real, so the request is admitted with the state known.

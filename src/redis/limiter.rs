@@ -20,7 +20,7 @@ use super::store::{
 use crate::algo::{Rule, Window};
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
+use crate::gcra::{Decision, Gcra, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use crate::limiter::{InsufficientCapacity, RateLimiter};
 use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
@@ -217,7 +217,8 @@ impl Limits {
         Limits::replacing(quotas, &[], 0)
     }
 
-    /// `quotas` in place of the rules `old`, at `now` (see [`Gcra::replacing`]).
+    /// `quotas` in place of the rules `old` at `now`: they judge the state every key stored
+    /// (see [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas)).
     fn replacing(quotas: Vec<Quota>, old: &[Rule], now: u64) -> Result<Self, ConfigError> {
         crate::limiter::check_quotas(&quotas)?;
         let mut rules = quotas
@@ -508,10 +509,7 @@ fn micros(q: &Quota) -> Result<Rule, ConfigError> {
                 window: q.period(),
             });
         }
-        Ok(Window {
-            limit: w.limit,
-            width: width * MICRO,
-        })
+        Ok(Window::new(w.limit, width * MICRO))
     };
     match q.rule() {
         Rule::Gcra(_) => gcra_micros(q).map(Rule::Gcra),
@@ -661,10 +659,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// own limiter holds: to change a limit shared by several instances, change it on each
     /// (they read the same configuration, say). Each instance applies the change from its
     /// next decision on; until every instance has it, each decides its own requests with the
-    /// quotas it holds, on the same stored times. The rules for a key in the middle of a
-    /// burst are those of [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas), and the
-    /// script applies them too (no free burst; a key is never held more than the new
-    /// tolerance ahead).
+    /// quotas it holds, on the same stored times. The new quotas judge what each key stored
+    /// and never rewrite it, by the rule of
+    /// [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas), which the script applies
+    /// too.
     ///
     /// The local deny cache checks every rejection it answers against the quotas in force, so
     /// a rejection remembered under stricter quotas is not answered again once the quotas are
@@ -784,19 +782,19 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// The script's arguments after the key: the cost (negative for a refund), the time sent
     /// (empty: the server's clock), then each quota's kind and two numbers (GCRA: interval and
     /// tolerance in microseconds; a window: its count and width in microseconds; warm-up: as
-    /// GCRA), then the quotas that hold a key to their tolerance (bit i: quota i, see
-    /// `Gcra::holds`), then for each warm-up quota in order its period in microseconds and its
-    /// cold factor. Returns them with how many are used.
+    /// GCRA), then the cost of the reservation `taken` that a refund gives back from (0:
+    /// none), then for each warm-up quota in order its period in microseconds and its cold
+    /// factor, then for each quota what had left its windows at changes of quotas (see
+    /// `Window::replacing`), then `taken`'s spots. Returns them with how many are used.
     fn script_args<'a>(
         &self,
         rules: &[Rule],
         cost: Arg<'a>,
         now: u64,
-    ) -> ([Arg<'a>; 4 + 5 * MAX_QUOTAS], usize) {
+        taken: Option<&Reservation>,
+    ) -> ([Arg<'a>; 4 + 9 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
-        let mut args = [Arg::Int(0); 4 + 5 * MAX_QUOTAS];
-        // Bit i: quota i holds a key to its tolerance (see `Gcra::holds`).
-        let mut hold = 0;
+        let mut args = [Arg::Int(0); 4 + 9 * MAX_QUOTAS];
         args[0] = cost;
         args[1] = if inner.local_time {
             Arg::Int(now / MICRO)
@@ -809,18 +807,29 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             args[3 + 3 * i] = Arg::Int(kind);
             args[4 + 3 * i] = Arg::Int(a);
             args[5 + 3 * i] = Arg::Int(b);
-            if let Rule::Gcra(g) = r {
-                if g.holds(now) {
-                    hold |= 1 << i;
-                }
-            }
         }
-        args[3 + 3 * rules.len()] = Arg::Int(hold);
+        args[3 + 3 * rules.len()] = Arg::Int(taken.map_or(0, |t| u64::from(t.cost)));
         let mut used = 4 + 3 * rules.len();
         for r in rules {
             if let Rule::WarmUp(g) = r {
                 args[used] = Arg::Int(g.curve.period);
                 args[used + 1] = Arg::Int(g.curve.cold_factor);
+                used += 2;
+            }
+        }
+        for r in rules {
+            let (gone, gone_cur) = match r {
+                Rule::SlidingLog(w) | Rule::SlidingWindow(w) => (w.gone, w.gone_cur),
+                _ => (0, 0),
+            };
+            args[used] = Arg::Int(gone / MICRO);
+            args[used + 1] = Arg::Int(gone_cur / MICRO);
+            used += 2;
+        }
+        if let Some(t) = taken.filter(|t| t.cost > 0) {
+            for spot in &t.spots[..rules.len()] {
+                args[used] = Arg::Int(spot[0]);
+                args[used + 1] = Arg::Int(spot[1]);
                 used += 2;
             }
         }
@@ -963,7 +972,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let inner = &*self.inner;
         // One set of quotas for the whole decision, whatever changes while it is on its way.
         let limits = inner.limits.load_full();
-        let (args, n) = self.script_args(&limits.rules, Arg::Int(u64::from(cost)), now);
+        let (args, n) = self.script_args(&limits.rules, Arg::Int(u64::from(cost)), now, None);
         let redis_key = self.redis_key(key);
         let reply = match &inner.penalty {
             Some(p) => {
@@ -987,7 +996,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                     .await
             }
         };
-        let d = decision_of(&limits.rules, &reply?).ok_or_else(|| {
+        let d = decision_of(&limits.rules, &reply?, cost).ok_or_else(|| {
             inner.store.bad_reply_on(&inner.meter, &redis_key);
             Failure::Key
         })?;
@@ -1034,19 +1043,24 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         }
     }
 
-    /// Gives back a request of `cost` that the local fallback admitted for `key` (a layer
+    /// Gives back what the local fallback's admission of a request for `key` took (a layer
     /// inside rejected it) to the fallback's state.
-    pub(crate) fn refund_locally(&self, key: &K, cost: u32) {
+    pub(crate) fn refund_locally(&self, key: &K, taken: &Reservation) {
         if let Some(f) = &self.inner.fallback {
-            f.limiter.refund(key, cost);
+            f.limiter.refund(key, taken, taken.cost);
         }
     }
 
     /// Settles a request the local fallback admitted, in the fallback's state: the key's
     /// state there after settling (a local decision); `None` without a fallback.
-    pub(crate) fn settle_locally(&self, key: &K, reserved: u32, actual: u32) -> Option<Decision> {
+    pub(crate) fn settle_locally(
+        &self,
+        key: &K,
+        taken: &Reservation,
+        actual: u32,
+    ) -> Option<Decision> {
         let f = self.inner.fallback.as_ref()?;
-        let d = f.limiter.settle(key, reserved, actual);
+        let d = f.limiter.settle(key, taken, actual);
         Some(d.made_locally(true, 0))
     }
 
@@ -1054,18 +1068,19 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// it), in one script call: each quota's time moves back by `cost` emission intervals,
     /// never before now. A cached rejection of the key is brought up to date (or dropped).
     /// A refund Redis does not answer in time is lost, and logged as an outage.
-    pub(crate) async fn refund(&self, key: &K, cost: u32) {
+    pub(crate) async fn refund(&self, key: &K, taken: &Reservation) {
+        let cost = taken.cost;
         if cost == 0 {
             return;
         }
         // A negative cost is a refund to the script.
-        self.adjust(key, &format!("-{cost}")).await;
+        self.adjust(key, &format!("-{cost}"), Some(taken)).await;
     }
 
     /// Gives back `units` of an expired lease of `key`, as [`refund`](Self::refund); whether
     /// Redis answered.
     async fn give_back(&self, key: &K, units: u32) -> bool {
-        self.adjust(key, &format!("-{units}")).await.is_some()
+        self.adjust(key, &format!("-{units}"), None).await.is_some()
     }
 
     /// Settles a request that reserved `reserved` for `key` at the `actual` cost known after
@@ -1074,23 +1089,33 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// settling; `None` when Redis did not answer in time (the reservation stands).
     ///
     /// [`refund`]: Self::refund
-    pub(crate) async fn settle(&self, key: &K, reserved: u32, actual: u32) -> Option<Decision> {
+    pub(crate) async fn settle(
+        &self,
+        key: &K,
+        taken: &Reservation,
+        actual: u32,
+    ) -> Option<Decision> {
+        let reserved = taken.cost;
         let cost = match actual.cmp(&reserved) {
             std::cmp::Ordering::Less => format!("-{}", reserved - actual),
             // "+c" charges c whatever the limit.
             std::cmp::Ordering::Greater => format!("+{}", actual - reserved),
             std::cmp::Ordering::Equal => "0".to_owned(),
         };
-        self.adjust(key, &cost).await
+        self.adjust(key, &cost, Some(taken)).await
     }
 
     /// Runs the script with a signed cost that moves the key's times whatever the limit (a
     /// refund, or a charge), and brings a cached rejection of the key up to date.
-    async fn adjust(&self, key: &K, cost: &str) -> Option<Decision> {
+    async fn adjust(&self, key: &K, cost: &str, taken: Option<&Reservation>) -> Option<Decision> {
         let inner = &*self.inner;
         let now = self.now();
         let limits = inner.limits.load_full();
-        let (args, n) = self.script_args(&limits.rules, Arg::Bytes(cost.as_bytes()), now);
+        // A reservation the script did not fill in (a request admitted before its spots
+        // were known) is given back as a lease's units are.
+        let taken = taken.filter(|t| t.spots != Reservation::none().spots);
+        let args = Arg::Bytes(cost.as_bytes());
+        let (args, n) = self.script_args(&limits.rules, args, now, taken);
         let reply = inner
             .store
             .eval(
@@ -1100,7 +1125,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 &inner.meter,
             )
             .await?;
-        match decision_of(&limits.rules, &reply) {
+        match decision_of(&limits.rules, &reply, 0) {
             Some(d) => {
                 if let Some(deny) = &inner.deny {
                     deny.admitted(key, now, &d);
@@ -1216,12 +1241,23 @@ async fn join_all<F: std::future::Future<Output = ()> + Unpin>(mut calls: Vec<F>
 }
 
 /// Maps the script's reply onto a decision under `rules`; `None` when it does not fit.
-fn decision_of(rules: &[Rule], r: &[i64]) -> Option<Decision> {
+fn decision_of(rules: &[Rule], r: &[i64], cost: u32) -> Option<Decision> {
     if let [3, left] = r {
         let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
         return Some(banned_decision(rules, left));
     }
-    if r.len() != 2 + 2 * rules.len() {
+    let n = rules.len();
+    // An admission of a cost adds what it took: each quota's spot.
+    let mut taken = Reservation::none();
+    if r.len() == 2 + 4 * n && r[0] == 0 && cost > 0 {
+        taken.cost = cost;
+        for (i, spot) in taken.spots[..n].iter_mut().enumerate() {
+            *spot = [
+                u64::try_from(r[2 + 2 * n + 2 * i]).ok()?,
+                u64::try_from(r[3 + 2 * n + 2 * i]).ok()?,
+            ];
+        }
+    } else if r.len() != 2 + 2 * n {
         return None;
     }
     let outcome = match r[0] {
@@ -1259,9 +1295,6 @@ fn decision_of(rules: &[Rule], r: &[i64]) -> Option<Decision> {
             }
         };
     }
-    Some(Decision::from_store(
-        outcome,
-        ns(r[1])?,
-        &quotas[..rules.len().min(MAX_QUOTAS)],
-    ))
+    let d = Decision::from_store(outcome, ns(r[1])?, &quotas[..rules.len().min(MAX_QUOTAS)]);
+    Some(d.with_taken(taken))
 }

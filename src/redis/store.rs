@@ -692,15 +692,15 @@ where
     fn refund(
         limiter: &Self::Limiter,
         key: K,
-        cost: u32,
+        taken: crate::gcra::Reservation,
         local: bool,
     ) -> Option<crate::rate_limit::Refunding> {
         if local {
-            limiter.refund_locally(&key, cost);
+            limiter.refund_locally(&key, &taken);
             return None;
         }
         let limiter = limiter.clone();
-        Some(Box::pin(async move { limiter.refund(&key, cost).await }))
+        Some(Box::pin(async move { limiter.refund(&key, &taken).await }))
     }
 
     /// One script call that gives back or charges the difference, and reports the state; an
@@ -708,18 +708,18 @@ where
     fn settle(
         limiter: &Self::Limiter,
         key: K,
-        reserved: u32,
+        taken: crate::gcra::Reservation,
         actual: u32,
         local: bool,
     ) -> crate::rate_limit::Answer<crate::rate_limit::Settling> {
         if local {
-            if let Some(d) = limiter.settle_locally(&key, reserved, actual) {
+            if let Some(d) = limiter.settle_locally(&key, &taken, actual) {
                 return crate::rate_limit::Answer::Now(d);
             }
         }
         let limiter = limiter.clone();
         crate::rate_limit::Answer::Later(Box::pin(async move {
-            limiter.settle(&key, reserved, actual).await
+            limiter.settle(&key, &taken, actual).await
         }))
     }
 
