@@ -78,6 +78,17 @@ pub enum ConfigError {
     /// A setting of the memory store (`max_keys`, `on_full`) was given to a layer whose limits
     /// live in Redis, which expires idle keys itself.
     MemoryOnly(&'static str),
+    /// A layer whose limits live in Redis has a policy without a name of its own (named after
+    /// its quota) and a key extractor that cannot describe its keys (a closure, a mapped key,
+    /// an extractor of your own): its Redis keys could meet another limit's. Name the policy
+    /// (`Policy::new("login", …)`) or the extractor
+    /// ([`KeyExtractorExt::named`](crate::key::KeyExtractorExt::named)).
+    UnnamedRedisKeys(String),
+    /// Two limiters on one Redis store in this process have no names of their own, the same
+    /// quotas and the same keys: they would share their Redis keys, which two layers never do
+    /// in memory. Name each policy (`Policy::new("login", …)`), or apply one layer value in
+    /// both places to share one limit on purpose.
+    SharedRedisKeys(String),
     /// A burst was set on a window quota ([`Quota::fixed_window`](crate::Quota::fixed_window),
     /// [`Quota::sliding_log`](crate::Quota::sliding_log),
     /// [`Quota::sliding_window`](crate::Quota::sliding_window)): its count is its only limit.
@@ -198,6 +209,20 @@ impl fmt::Display for ConfigError {
             ConfigError::MemoryOnly(setting) => write!(
                 f,
                 "{setting} applies to the memory store only; Redis expires idle keys itself"
+            ),
+            ConfigError::UnnamedRedisKeys(name) => write!(
+                f,
+                "policy {name:?} lives in Redis without a name of its own, and its key \
+                 extractor (a closure, a mapped key or an extractor without `describe`) cannot \
+                 say what it keys by, so its Redis keys could meet another limit's: name the \
+                 policy (Policy::new(\"login\", quota)) or the extractor (.named(\"tenant\"))"
+            ),
+            ConfigError::SharedRedisKeys(name) => write!(
+                f,
+                "two limits {name:?} on one Redis store have no names of their own, the same \
+                 quotas and the same key extractor, so they would share their Redis keys: name \
+                 each policy (Policy::new(\"login\", quota)), or apply one layer value in both \
+                 places to share one limit"
             ),
             ConfigError::BurstOnWindow => f.write_str(
                 "a window quota has no burst: its count is the most it admits in a window",

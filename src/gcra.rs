@@ -31,10 +31,6 @@ pub(crate) struct Gcra {
     pub(crate) tolerance: u64,
     /// `tau / T`, kept so that no decision divides for it.
     burst: u64,
-    /// The furthest time a key could hold from a quota this one replaced while serving (0:
-    /// none). Only until the tolerance ahead of now passes it is a key held to the tolerance;
-    /// after that, a time further ahead can only be a debt charged on purpose, which stands.
-    horizon: u64,
 }
 
 /// What one quota says about one request.
@@ -55,45 +51,13 @@ impl Gcra {
             interval,
             tolerance,
             burst: tolerance / interval,
-            horizon: 0,
         }
-    }
-
-    /// This quota as the replacement, at `now`, of `old` at the same position: the times a
-    /// key earned under `old` (at most its tolerance ahead of now, or what an earlier
-    /// replacement left) are held to this quota's tolerance.
-    pub(crate) fn replacing(mut self, old: &Gcra, now: u64) -> Self {
-        self.horizon = old.horizon.max(now.saturating_add(old.tolerance));
-        self
     }
 
     /// The burst, in requests.
     #[inline]
     pub(crate) fn burst(&self) -> u64 {
         self.burst
-    }
-
-    /// The time a key stored as `tat` is held to at `now`: at most the tolerance ahead.
-    ///
-    /// Only a quota replaced while serving by one with a smaller tolerance leaves a key
-    /// further ahead (its time was earned under the old quota); the key is then brought back
-    /// to exactly the tolerance ahead, "burst spent", rather than paying a debt the new quota
-    /// could never have let it build. A time further ahead once no replaced quota can explain
-    /// it (see `horizon`) is a debt charged after a response, and is kept.
-    #[inline]
-    pub(crate) fn held(&self, tat: u64, now: u64) -> u64 {
-        if self.holds(now) {
-            tat.min(now.saturating_add(self.tolerance))
-        } else {
-            tat
-        }
-    }
-
-    /// Whether a key may still hold, at `now`, a time earned under a replaced quota beyond
-    /// this one's tolerance (and is then held to it).
-    #[inline]
-    pub(crate) fn holds(&self, now: u64) -> bool {
-        now.saturating_add(self.tolerance) < self.horizon
     }
 
     /// Decides a request of `cost` against stored `tat` at `now`.
@@ -161,9 +125,7 @@ impl QuotaState {
         QuotaState {
             interval: g.interval,
             tolerance: g.tolerance,
-            // As `Gcra::step` reads it: a time earned under a replaced quota is held to the
-            // tolerance, a debt is not.
-            ahead: g.held(tat, now).saturating_sub(now),
+            ahead: tat.saturating_sub(now),
         }
     }
 
@@ -243,7 +205,7 @@ impl QuotaState {
 /// assert_eq!(d.remaining(), 0);
 /// assert!(d.retry_after().is_some());
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Decision {
     outcome: Outcome,
     retry_after: u64,
@@ -252,10 +214,34 @@ pub struct Decision {
     degraded: bool,
     /// Made by a store's local fallback, on the scaled quotas (and degraded).
     local: bool,
+    /// A new key turned away because the store is full: no fault of the key's own traffic.
+    full: bool,
     quotas: [QuotaState; MAX_QUOTAS],
+    /// What an admission took, for a refund or a settlement: not part of what the decision
+    /// says, and not compared.
+    taken: Reservation,
 }
 
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        self.outcome == other.outcome
+            && self.retry_after == other.retry_after
+            && self.len == other.len
+            && self.degraded == other.degraded
+            && self.local == other.local
+            && self.full == other.full
+            && self.quotas == other.quotas
+    }
+}
+
+impl Eq for Decision {}
+
 impl Decision {
+    /// This decision, recording that its admission took `taken`.
+    pub(crate) fn with_taken(self, taken: Reservation) -> Decision {
+        Decision { taken, ..self }
+    }
+
     /// Whether the request was admitted.
     #[inline]
     pub fn is_allowed(&self) -> bool {
@@ -325,7 +311,9 @@ impl Decision {
             len: 0,
             degraded: false,
             local: false,
+            full: false,
             quotas: [QuotaState::default(); MAX_QUOTAS],
+            taken: Reservation::none(),
         }
     }
 
@@ -415,7 +403,17 @@ impl Decision {
     /// are active: limited for `retry_after` nanoseconds (until the first tracked key goes
     /// idle, when a new key is admitted), every quota reported spent.
     pub(crate) fn store_full(rules: &[Rule], retry_after: u64) -> Decision {
-        Decision::spent(rules, Outcome::Limited, retry_after)
+        Decision {
+            full: true,
+            ..Decision::spent(rules, Outcome::Limited, retry_after)
+        }
+    }
+
+    /// Whether this is a new key turned away because the store was full of active keys
+    /// ([`OnFull::RejectNewKeys`](crate::store::OnFull::RejectNewKeys)): a refusal for the
+    /// server's state, which a [penalty box](crate::penalty) does not count as a strike.
+    pub fn is_store_full(&self) -> bool {
+        self.full
     }
 
     /// A decision a remote store made and sent back: its outcome, the wait in nanoseconds and
@@ -434,7 +432,9 @@ impl Decision {
             len: len as u8,
             degraded: false,
             local: false,
+            full: false,
             quotas,
+            taken: Reservation::none(),
         }
     }
 
@@ -450,7 +450,9 @@ impl Decision {
             len: rules.len().min(MAX_QUOTAS) as u8,
             degraded: false,
             local: false,
+            full: false,
             quotas,
+            taken: Reservation::none(),
         }
     }
 }
@@ -561,24 +563,16 @@ pub(crate) fn record_unlimited(ext: &mut http::Extensions) {
 /// Decides a request of `cost` against every quota at once, all or nothing.
 ///
 /// `tats` holds one stored time per quota (`0` for absent); when the request is admitted they
-/// are replaced by the new times, otherwise left alone, except that a time further ahead than
-/// its quota's tolerance is brought back to it ([`Gcra::held`]). Returns the decision and
-/// whether `tats` changed.
+/// are replaced by the new times, otherwise left alone. Returns the decision (with what an
+/// admission took, see [`Reservation`]) and whether `tats` changed.
 pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (Decision, bool) {
     debug_assert_eq!(gcras.len(), tats.len());
     debug_assert!(gcras.len() <= MAX_QUOTAS);
     let mut outcome = Outcome::Allowed;
     let mut retry_after = 0;
     let mut new_tats = [0u64; MAX_QUOTAS];
-    let mut clamped = false;
-    for (i, (g, tat)) in gcras.iter().zip(tats.iter_mut()).enumerate() {
-        let held = g.held(*tat, now);
-        if held != *tat && cost > 0 {
-            // Written even when the request is rejected: see `Gcra::held`.
-            *tat = held;
-            clamped = true;
-        }
-        match g.step(held, now, cost) {
+    for (i, (g, tat)) in gcras.iter().zip(tats.iter()).enumerate() {
+        match g.step(*tat, now, cost) {
             Step::Allow { new_tat } => new_tats[i] = new_tat,
             Step::Deny { retry_after: r } => {
                 if outcome == Outcome::Allowed {
@@ -590,10 +584,14 @@ pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (
         }
     }
     let allowed = outcome == Outcome::Allowed && cost > 0;
+    let mut taken = Reservation::none();
     if allowed {
-        tats.copy_from_slice(&new_tats[..tats.len()]);
+        taken.cost = cost;
+        for (i, tat) in tats.iter_mut().enumerate() {
+            taken.spots[i] = [(*tat).max(now), new_tats[i]];
+            *tat = new_tats[i];
+        }
     }
-    let changed = allowed || clamped;
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
     for (i, (g, &tat)) in gcras.iter().zip(tats.iter()).enumerate() {
         quotas[i] = QuotaState::of(g, tat, now);
@@ -604,23 +602,27 @@ pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (
         len: gcras.len() as u8,
         degraded: false,
         local: false,
+        full: false,
         quotas,
+        taken,
     };
-    (decision, changed)
+    (decision, allowed)
 }
 
-/// The single-quota case, on one word: returns the decision and the value to store, if any
-/// (the new time when admitted; the time brought back to the tolerance by [`Gcra::held`]
-/// when that moved it).
+/// The single-quota case, on one word: returns the decision and the new time to store when
+/// admitted.
 #[inline]
 pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, Option<u64>) {
-    let held = g.held(tat, now);
-    // Brought back to the tolerance even when rejected: see `Gcra::held`.
-    let clamped = (held != tat && cost > 0).then_some(held);
-    let (outcome, retry_after, stored) = match g.step(held, now, cost) {
-        Step::Allow { new_tat } => (Outcome::Allowed, 0, (cost > 0).then_some(new_tat)),
-        Step::Deny { retry_after } => (Outcome::Limited, retry_after, clamped),
-        Step::Never => (Outcome::Exceeds, 0, clamped),
+    let mut taken = Reservation::none();
+    let (outcome, retry_after, stored) = match g.step(tat, now, cost) {
+        Step::Allow { new_tat } if cost > 0 => {
+            taken.cost = cost;
+            taken.spots[0] = [tat.max(now), new_tat];
+            (Outcome::Allowed, 0, Some(new_tat))
+        }
+        Step::Allow { .. } => (Outcome::Allowed, 0, None),
+        Step::Deny { retry_after } => (Outcome::Limited, retry_after, None),
+        Step::Never => (Outcome::Exceeds, 0, None),
     };
     let tat = stored.unwrap_or(tat);
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
@@ -631,7 +633,86 @@ pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, 
         len: 1,
         degraded: false,
         local: false,
+        full: false,
         quotas,
+        taken,
     };
     (decision, stored)
+}
+
+/// What an admitted request took from its key, per quota, so that a refund or a settlement
+/// gives back exactly that, and only the part of it that still counts when it arrives.
+///
+/// Each quota's spot is two numbers, by kind:
+/// * GCRA and warm-up: the slice `[start, end)` of time the request added to the key's
+///   theoretical arrival time, measured with the quota in force then;
+/// * fixed window: the end of the window it was counted in;
+/// * sliding-window counter: the start of the window it was counted in;
+/// * sliding log: the time of its own entry in the log.
+///
+/// Empty (`cost` 0) for a request that took nothing.
+///
+/// Named in the sealed store trait's hidden methods; not part of the crate's API.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reservation {
+    /// The cost taken.
+    pub(crate) cost: u32,
+    /// Where it landed, per quota in the policy's order.
+    pub(crate) spots: [[u64; 2]; MAX_QUOTAS],
+}
+
+impl Reservation {
+    /// A reservation of nothing.
+    pub(crate) const fn none() -> Self {
+        Reservation {
+            cost: 0,
+            spots: [[0; 2]; MAX_QUOTAS],
+        }
+    }
+
+    /// What the admission `d` of a request of `cost` took: its reservation, or the cost
+    /// alone when the store that decided did not say where it landed.
+    pub(crate) fn of(d: &Decision, cost: u32) -> Self {
+        if d.taken.cost == cost {
+            d.taken
+        } else {
+            Reservation {
+                cost,
+                ..Reservation::none()
+            }
+        }
+    }
+}
+
+/// The slice `[start, end)` a request of `cost` added to a quota's time, once `units` of it
+/// are given back at `now` from its end: how far the time moves back. Only the part of the
+/// slice still ahead of `now` counts; the rest has come back on its own.
+///
+/// The part of `units` is `units / cost` of the slice, rounded down in whole `unit`s of
+/// time (a warm-up quota's curve counts microseconds, as Redis does) and exactly below.
+#[inline]
+pub(crate) fn slice_back(spot: [u64; 2], cost: u32, units: u32, now: u64, unit: u64) -> u64 {
+    let [start, end] = spot;
+    if cost == 0 || end <= now {
+        return 0;
+    }
+    let (units, cost, unit) = (
+        u128::from(units.min(cost)),
+        u128::from(cost),
+        u128::from(unit.max(1)),
+    );
+    let len = u128::from(end.saturating_sub(start));
+    let part = (len / unit * units / cost) * unit + (len % unit) * units / cost;
+    end - end.saturating_sub(part as u64).max(now)
+}
+
+/// A quota's time `tat` once a slice is given back at `now` (see [`slice_back`]): `back`
+/// earlier, never before `now`; a time already past stays.
+#[inline]
+pub(crate) fn moved_back(tat: u64, back: u64, now: u64) -> u64 {
+    if tat <= now || back == 0 {
+        return tat;
+    }
+    tat.saturating_sub(back).max(now)
 }

@@ -12,7 +12,8 @@ use arc_swap::ArcSwap;
 use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::gcra::{Decision, Gcra, MAX_QUOTAS};
+use crate::gcra::{Decision, Gcra, Reservation, MAX_QUOTAS};
+use crate::keyed::{Bound, Room};
 use crate::quota::Quota;
 use crate::store::memory::{Many, MemoryStore, Mixed, One, Slot};
 use crate::store::OnFull;
@@ -90,13 +91,7 @@ struct Limits {
 
 impl Limits {
     fn new(quotas: Vec<Quota>) -> Self {
-        Limits::replacing(quotas, &[], 0)
-    }
-
-    /// `quotas` in place of the rules `old`, at `now` (see [`Gcra::replacing`]).
-    fn replacing(quotas: Vec<Quota>, old: &[Rule], now: u64) -> Self {
-        let mut rules: Box<[Rule]> = quotas.iter().map(Quota::rule).collect();
-        Rule::replacing(&mut rules, old, now);
+        let rules: Box<[Rule]> = quotas.iter().map(Quota::rule).collect();
         let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
         Limits {
             quotas: quotas.into(),
@@ -136,6 +131,38 @@ pub(crate) fn check_replacement(old: &[Quota], new: &[Quota]) -> Result<(), Conf
         ));
     }
     Ok(())
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync> Room for Inner<K> {
+    fn drop_idle(&self) -> bool {
+        let now = self.clock.now();
+        match &self.store {
+            Store::One(s) => s.table().drop_idle(now),
+            Store::Many(s) => s.table().drop_idle(now),
+            Store::Mixed(s) => s.table().drop_idle(now),
+            _ => false,
+        }
+    }
+
+    fn evict(&self, rank: u8) -> bool {
+        let now = self.clock.now();
+        match &self.store {
+            Store::One(s) => s.table().evict_for_other(now, rank),
+            Store::Many(s) => s.table().evict_for_other(now, rank),
+            Store::Mixed(s) => s.table().evict_for_other(now, rank),
+            _ => false,
+        }
+    }
+
+    fn idle_in(&self) -> u64 {
+        let now = self.clock.now();
+        match &self.store {
+            Store::One(s) => s.table().idle_in(now),
+            Store::Many(s) => s.table().idle_in(now),
+            Store::Mixed(s) => s.table().idle_in(now),
+            _ => u64::MAX,
+        }
+    }
 }
 
 enum Store<K> {
@@ -350,33 +377,68 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         }
     }
 
-    /// Gives back a request of `cost` that this limiter admitted for `key` but that was not
-    /// served after all (a layer inside rejected it): each quota's time moves back by `cost`
-    /// emission intervals, never before now (see the rate-limit module's docs on stacking).
-    pub(crate) fn refund(&self, key: &K, cost: u32) {
-        if cost == 0 {
+    /// Decides a request of `cost` for `key` whose cost may be charged after its response (a
+    /// layer that settles): as [`check_n`](Self::check_n), but a cost of 0 needs a place for
+    /// the key like any other cost (see `MemoryStore::reserve`).
+    pub(crate) fn reserve_n(&self, key: &K, cost: u32) -> Decision {
+        let now = self.inner.clock.now();
+        let limits = self.inner.limits.load();
+        let (gcras, rules) = (&limits.gcras, &limits.rules);
+        let clock = &self.inner.clock;
+        match &self.inner.store {
+            Store::One(s) => s.reserve(key, &gcras[0], clock, now, cost),
+            Store::Many(s) => s.reserve(key, gcras, clock, now, cost),
+            Store::Mixed(s) => s.reserve(key, rules, clock, now, cost),
+            _ => self.check_n(key, cost),
+        }
+    }
+
+    /// Counts this limiter's keys in `bound`, with those of the other tables that share it (a
+    /// layer's other tiers, its penalty box); asked for room by them when they have none.
+    pub(crate) fn share_bound(&self, bound: &Arc<Bound>)
+    where
+        K: 'static,
+    {
+        match &self.inner.store {
+            Store::One(s) => s.table().share(bound.clone()),
+            Store::Many(s) => s.table().share(bound.clone()),
+            Store::Mixed(s) => s.table().share(bound.clone()),
+            _ => return,
+        }
+        let inner: Arc<dyn Room> = self.inner.clone();
+        bound.join(Arc::downgrade(&inner));
+    }
+
+    /// Gives back `units` of the request that this limiter admitted for `key` with
+    /// `taken` (its decision's [`Reservation`]) but that was not served after all (a layer
+    /// inside rejected it), or served for less: exactly what the request took, and only what
+    /// still counts now. See [`settle`](crate::rate_limit::settle#what-a-refund-gives-back).
+    pub(crate) fn refund(&self, key: &K, taken: &Reservation, units: u32) {
+        if units == 0 || taken.cost == 0 {
             return;
         }
         let now = self.inner.clock.now();
         let limits = self.inner.limits.load();
         let (gcras, rules) = (&limits.gcras, &limits.rules);
         match &self.inner.store {
-            Store::One(s) => s.refund(key, &gcras[0], now, cost),
-            Store::Many(s) => s.refund(key, gcras, now, cost),
-            Store::Mixed(s) => s.refund(key, rules, now, cost),
-            Store::DirectOne(slot) => slot.refund(&gcras[0], now, cost),
-            Store::DirectMany(slot) => slot.refund(gcras, now, cost),
-            Store::DirectMixed(slot) => slot.refund(rules, now, cost),
+            Store::One(s) => s.refund(key, &gcras[0], now, taken, units),
+            Store::Many(s) => s.refund(key, gcras, now, taken, units),
+            Store::Mixed(s) => s.refund(key, rules, now, taken, units),
+            Store::DirectOne(slot) => slot.refund(&gcras[0], now, taken, units),
+            Store::DirectMany(slot) => slot.refund(gcras, now, taken, units),
+            Store::DirectMixed(slot) => slot.refund(rules, now, taken, units),
         }
     }
 
-    /// Settles a request that reserved `reserved` for `key` at the `actual` cost known after
-    /// its response: gives back the difference, or charges it even over the limit (the key
-    /// goes into debt, and is rejected until time pays it off). Returns the key's state
-    /// after settling (a cost-0 decision).
-    pub(crate) fn settle(&self, key: &K, reserved: u32, actual: u32) -> Decision {
+    /// Settles a request that took `taken` for `key` at the `actual` cost known after its
+    /// response: gives back the difference (the end part of what it took, as
+    /// [`refund`](Self::refund)), or charges it now even over the limit (the key goes into
+    /// debt, which stands until time pays it off). Returns the key's state after settling
+    /// (a cost-0 decision).
+    pub(crate) fn settle(&self, key: &K, taken: &Reservation, actual: u32) -> Decision {
+        let reserved = taken.cost;
         match actual.cmp(&reserved) {
-            std::cmp::Ordering::Less => self.refund(key, reserved - actual),
+            std::cmp::Ordering::Less => self.refund(key, taken, reserved - actual),
             std::cmp::Ordering::Greater => self.charge(key, actual - reserved),
             std::cmp::Ordering::Equal => {}
         }
@@ -464,25 +526,21 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// [kind](Quota::kind) of the one it replaces (it takes over that quota's per-key state),
     /// and valid; otherwise this returns a [`ConfigError`] and the quotas in force stay.
     ///
-    /// # Window quotas
-    /// A fixed window, sliding log or sliding window keeps the requests it counted: a new
-    /// count applies to them at once (a key over a lower count is rejected until enough of
-    /// them leave the window, never longer than one window), and a new period applies from
-    /// the key's next window (fixed) or to the times and counts already kept (sliding).
-    ///
-    /// # A key in the middle of a burst
-    /// A key's state is a time, its theoretical arrival time, and a change carries it over
-    /// exactly: what the key spent is still spent, counted in time, and is earned back at the
-    /// new rate. Two rules follow, in memory and in Redis alike:
-    /// * **No free burst on change.** Raising the rate or the burst gives a key only what its
-    ///   time allows under the new quota: a key that had spent its whole burst of 10 at 10/s
-    ///   (1 s ahead of now) has spent all of a new burst of 10 at 100/s too (its 1 s is ten
-    ///   new bursts) and earns one request back each new interval.
-    /// * **No punishment beyond the new quota.** A key is never held further ahead of now
-    ///   than the new quota's tolerance (`burst × interval`): lowering the limits leaves a
-    ///   busy key with at most "burst spent", never a debt from the old rate. Concretely,
-    ///   each decision reads a time more than the tolerance ahead as exactly the tolerance
-    ///   ahead.
+    /// # A change judges what a key stored; it never rewrites it
+    /// Every key keeps what it was charged, in the terms it was charged in, and the new
+    /// quotas judge it from the next decision on, in memory and in Redis alike. GCRA and
+    /// warm-up keep the key's theoretical arrival time: a key 1 s ahead of now is 1 s ahead
+    /// under any quota, so a change gives no free burst (lowering a burst and raising it
+    /// again admits nothing more), takes nothing back, and a debt settled after a response
+    /// stands. A fixed window keeps the end it opened with: a new period applies from the
+    /// key's next window, a new count at once. A sliding log keeps each request's time and
+    /// cost, and a sliding-window counter its counts, judged at once by the new window and
+    /// count, except that what had left the old window when the change came stays gone. A
+    /// refund or a settlement gives back what its own request took, as it was
+    /// measured then (see [`settle`](crate::rate_limit::settle#what-a-refund-gives-back)).
+    /// So no sequence of changes admits more over any span than the most generous quota in
+    /// force over it allows, and forgetting idle keys ([`evict_idle`](Self::evict_idle))
+    /// changes no decision under any later change.
     ///
     /// Requests already decided keep their decision; waiters of
     /// [`until_ready`](Self::until_ready) decide again under the new quotas when their turn
@@ -504,7 +562,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// handle.set_quotas([Quota::per_second(1)]).unwrap();
     /// assert_eq!(limiter.quotas()[0], Quota::per_second(1));
     /// // Still spent: the key's time (1 s ahead) is the new burst's whole tolerance.
-    /// assert!(!limiter.check(&"k").is_allowed());
+    /// let d = limiter.check(&"k");
+    /// assert_eq!(d.retry_after(), Some(std::time::Duration::from_secs(1)));
     /// // An invalid change is refused and the quotas in force stay.
     /// assert!(handle.set_quotas([]).is_err());
     /// assert_eq!(limiter.quotas()[0], Quota::per_second(1));
@@ -514,7 +573,12 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         let old = self.inner.limits.load();
         check_replacement(&old.quotas, &quotas)?;
         let now = self.inner.clock.now();
-        let limits = Limits::replacing(quotas, &old.rules, now);
+        let mut limits = Limits::new(quotas);
+        Rule::replacing(&mut limits.rules, &old.rules, now);
+        if let Store::Mixed(s) = &self.inner.store {
+            let (lag, until) = crate::algo::widening(&old.rules, &limits.rules, now);
+            s.widen(now, lag, until);
+        }
         self.inner.limits.store(Arc::new(limits));
         Ok(())
     }

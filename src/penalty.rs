@@ -1,15 +1,18 @@
 //! The penalty box: keys that keep getting rejected are banned for a while, longer each time.
 //!
 //! A [`PenaltyBox`] on a [`RateLimitLayer`](crate::RateLimitLayer) counts *strikes*: every
-//! request of a key that the layer's quotas reject is one (and
+//! request of a key that the layer's quotas reject because of the key's own traffic is one (and
 //! [`Penalties::strike`] records one from anywhere else, e.g. a failed login found after the
-//! response). The rules, for each key:
+//! response). A refusal for the server's state is not: a new key turned away because the table
+//! is full ([`Decision::is_store_full`]), a decision of a store's failure policy or local
+//! fallback, a missing key, or a dry run (in memory; on Redis the script still counts a dry
+//! run's refusals). The rules, for each key:
 //!
 //! * **Counting.** The first strike opens a run of `within`; `strikes` strikes inside the run
 //!   ban the key. A strike after the run has ended opens a new run, counting from 1: `strikes - 1`
 //!   strikes followed by quiet never ban.
 //! * **Ban.** The strike that completes a run bans the key at once, and that very request is
-//!   answered with the ban's `Retry-After`. While banned, every request of the key is turned away
+//!   answered as banned. While banned, every request of the key is turned away
 //!   before the quotas are asked: it never reaches the handler and consumes nothing. Strikes
 //!   during a ban do not count (requests that raced the ban cannot lengthen it).
 //! * **Escalation.** The `n`-th ban of a key lasts `ban × 2^(n-1)`, at most `max_ban`
@@ -17,17 +20,22 @@
 //! * **Forgiveness.** A key that has gone `forget_after` (default: `max_ban`) since its last ban
 //!   ended without a new ban starts again from the first ban.
 //! * **Answer.** `429 Too Many Requests` by default (or the status given to
-//!   [`PenaltyBox::status`]), with `Retry-After` the time left of the ban (whole seconds,
-//!   rounded up) and `RateLimit` fields that agree: every quota `r=0`, `t` at least the time
-//!   left. The rejection's kind is [`RejectionKind::Banned`](crate::response::RejectionKind::Banned).
+//!   [`PenaltyBox::status`]), with `Retry-After` (and gRPC pushback) the time at which a retry
+//!   is admitted: the end of the ban, or later when the quotas that refused the request that
+//!   brought the ban admit it later (whole seconds, rounded up). A client that waits as told is
+//!   served, never struck again. `RateLimit` fields agree: every quota `r=0`, `t` at least that
+//!   wait. The rejection's kind is [`RejectionKind::Banned`](crate::response::RejectionKind::Banned).
 //!
 //! # Memory
 //!
-//! The state of a key is a few numbers in the same bounded table as the quotas (`max_keys`
-//! of the layer): a key is tracked while it has a run open, a ban, or an offence not yet
-//! forgotten. A banned key is never evicted to make room for another; a key with only strikes
-//! may be (it loses them). When the table is full of banned keys, further strikes of new keys
-//! are not recorded (their requests are still limited by the quotas).
+//! The state of a key is a few numbers counted against the layer's one bound, `max_keys`, with
+//! the quota state of its tiers, of which records take at most half (so that bans can never
+//! take every place from new clients): a key is tracked while it has a run open, a ban, or an offence
+//! not yet forgotten. When there is no place, idle entries go first, then quota state (under
+//! [`OnFull::EvictNearestIdle`]), then keys with strikes only (they lose them), then, only for
+//! a key that its strike bans, keys whose bans are over but on record. A banned key is never
+//! evicted. A strike that finds no place is not recorded (its request is still limited by the
+//! quotas).
 //!
 //! ```
 //! use std::time::Duration;
@@ -51,7 +59,7 @@ use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Outcome, QuotaState};
-use crate::keyed::{Absent, Entry, OnFull, Table};
+use crate::keyed::{Absent, Bound, Entry, OnFull, Room, Table};
 
 /// The longest ban when none is set: one day (or the first ban, if longer).
 pub const DEFAULT_MAX_BAN: Duration = Duration::from_secs(24 * 60 * 60);
@@ -143,7 +151,17 @@ impl PenaltyBox {
     }
 }
 
-fn nanos(d: Duration) -> u64 {
+/// Whether a refusal counts as a strike: one the key's own traffic caused (its quotas were
+/// spent, or it asked for more than a burst). A new key turned away because the table is full,
+/// a decision the store's failure policy or local fallback made while the store was away, and
+/// anything admitted are not the key's offence.
+pub(crate) fn is_offence(decision: &Decision) -> bool {
+    matches!(decision.outcome(), Outcome::Limited | Outcome::Exceeds)
+        && !decision.is_degraded()
+        && !decision.is_store_full()
+}
+
+pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
@@ -217,14 +235,24 @@ pub(crate) struct Record {
     pub(crate) offences: u32,
     /// The current or last ban ends at this time (0: none).
     pub(crate) banned_until: u64,
+    /// When the request that brought the current ban is admitted: the end of the ban, or later
+    /// if the quotas that refused it admit it later. What a banned key is told to wait for.
+    pub(crate) retry_at: u64,
 }
 
 impl Record {
-    /// Records a strike at `now`, all in one step.
-    pub(crate) fn strike(&mut self, rules: &Rules, now: u64) -> (Strike, u64) {
+    /// Records a strike at `now`, all in one step. `retry` is how long the quotas that refused
+    /// the request make it wait (0: no wait, or none known). Returns the strike and, when the
+    /// key is banned, the wait until a retry is admitted (the ban and the quotas; else 0).
+    pub(crate) fn strike(&mut self, rules: &Rules, now: u64, retry: u64) -> (Strike, u64) {
+        let retry_at = now.saturating_add(retry);
         if self.banned_until > now {
             let left = self.banned_until - now;
-            return (Strike::AlreadyBanned(Duration::from_nanos(left)), left);
+            self.retry_at = self.retry_at.max(retry_at);
+            return (
+                Strike::AlreadyBanned(Duration::from_nanos(left)),
+                self.wait(now),
+            );
         }
         if self.offences > 0 && now >= self.banned_until.saturating_add(rules.forget_after) {
             self.offences = 0;
@@ -240,13 +268,14 @@ impl Record {
         self.offences = self.offences.saturating_add(1);
         let ban = rules.ban_length(self.offences);
         self.banned_until = now.saturating_add(ban);
+        self.retry_at = self.banned_until.max(retry_at);
         self.strikes = 0;
         self.run_end = 0;
         let strike = Strike::Banned {
             ban: Duration::from_nanos(ban),
             offence: self.offences,
         };
-        (strike, ban)
+        (strike, self.wait(now))
     }
 
     /// Nanoseconds of ban left at `now` (0: not banned).
@@ -254,15 +283,51 @@ impl Record {
     pub(crate) fn ban_left(&self, now: u64) -> u64 {
         self.banned_until.saturating_sub(now)
     }
+
+    /// Nanoseconds a banned key waits at `now` until a retry is admitted: the ban, and the
+    /// quotas' wait for the request that brought it (0: not banned).
+    #[inline]
+    pub(crate) fn wait(&self, now: u64) -> u64 {
+        if self.banned_until <= now {
+            return 0;
+        }
+        self.banned_until.max(self.retry_at) - now
+    }
+
+    /// Where the record stands in the order of eviction (see [`Held`]).
+    fn rank(&self, now: u64, forget_after: u64) -> u8 {
+        if self.banned_until > now {
+            RANK_BANNED
+        } else if self.offences > 0 && now < self.banned_until.saturating_add(forget_after) {
+            RANK_OFFENDER
+        } else {
+            RANK_STRIKES
+        }
+    }
 }
 
+/// A key with strikes only: the first to go when a new key needs room.
+const RANK_STRIKES: u8 = 1;
+/// A key with bans on record: goes only to make room for a key that is banned.
+const RANK_OFFENDER: u8 = 2;
+/// A banned key: never evicted.
+const RANK_BANNED: u8 = 3;
+
 /// A record and the rules it was made under (the table asks when it is idle).
+///
+/// When the table is full, room for a new key is made in this order: idle entries first (they
+/// decide nothing), then the quota state of keys (in a layer, whose bound the penalty box
+/// shares), then keys with strikes only, then, and only for a key that this very strike bans,
+/// keys whose bans are over but on record. A banned key is never evicted: a flood of one-off
+/// strikes cannot wash away the history of a repeat offender.
 pub(crate) struct Held {
     record: Record,
     forget_after: u64,
 }
 
 impl Entry for Held {
+    const MIN_RANK: u8 = RANK_STRIKES;
+
     fn idle_at(&self) -> u64 {
         let r = &self.record;
         let run = if r.strikes > 0 { r.run_end } else { 0 };
@@ -276,6 +341,10 @@ impl Entry for Held {
 
     fn evictable(&self, now: u64) -> bool {
         self.record.banned_until <= now
+    }
+
+    fn rank(&self, now: u64) -> u8 {
+        self.record.rank(now, self.forget_after)
     }
 }
 
@@ -308,6 +377,36 @@ impl<K> fmt::Debug for Penalties<K> {
         f.debug_struct("Penalties")
             .field("rules", &self.inner.rules)
             .finish_non_exhaustive()
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Penalties<K> {
+    /// The state for `config`, on `clock`, counting its keys in `bound` with those of the
+    /// tables that share it (a layer's quotas): `max_keys` is one bound for both. Records take
+    /// at most half of it, so that bans can never take every place from new clients.
+    pub(crate) fn sharing(config: &PenaltyBox, clock: Clock, bound: &Arc<Bound>) -> Self {
+        let penalties = Self::new(config, clock, (bound.max_keys() / 2).max(1));
+        penalties.inner.table.share(bound.clone());
+        let inner: Arc<dyn Room> = penalties.inner.clone();
+        bound.join(Arc::downgrade(&inner));
+        penalties
+    }
+}
+
+impl<K: Hash + Eq + Clone> Room for Inner<K>
+where
+    K: Send + Sync,
+{
+    fn drop_idle(&self) -> bool {
+        self.table.drop_idle(self.clock.now())
+    }
+
+    fn evict(&self, rank: u8) -> bool {
+        self.table.evict_for_other(self.clock.now(), rank)
+    }
+
+    fn idle_in(&self) -> u64 {
+        self.table.idle_in(self.clock.now())
     }
 }
 
@@ -368,9 +467,20 @@ impl<K: Hash + Eq + Clone> Penalties<K> {
             .unwrap_or(0)
     }
 
-    /// Records a strike against `key` at `now`; with it, the nanoseconds of ban left (0: not
-    /// banned).
-    pub(crate) fn strike_at(&self, key: &K, now: u64) -> (Strike, u64) {
+    /// Nanoseconds `key` is told to wait at `now` if it is banned: until the ban ends and the
+    /// quotas admit the request that brought it (0: not banned).
+    #[inline]
+    pub(crate) fn wait_at(&self, key: &K, now: u64) -> u64 {
+        let hash = self.inner.table.hash(key);
+        self.inner
+            .table
+            .get(hash, key, now, |h| h.record.wait(now))
+            .unwrap_or(0)
+    }
+
+    /// Records a strike against `key` at `now`, for a request the quotas make wait `retry`
+    /// nanoseconds (0: none); with it, the wait of a banned key (see [`Record::strike`]).
+    pub(crate) fn strike_at(&self, key: &K, now: u64, retry: u64) -> (Strike, u64) {
         let rules = self.inner.rules;
         let hash = self.inner.table.hash(key);
         let forget_after = rules.forget_after;
@@ -379,10 +489,10 @@ impl<K: Hash + Eq + Clone> Penalties<K> {
             key,
             false,
             || now,
-            |held, now| held.record.strike(&rules, now),
+            |held, now| held.record.strike(&rules, now, retry),
             |now| {
                 let mut record = Record::default();
-                let result = record.strike(&rules, now);
+                let result = record.strike(&rules, now, retry);
                 Absent::Insert(
                     result,
                     Held {
@@ -399,7 +509,7 @@ impl<K: Hash + Eq + Clone> Penalties<K> {
     /// should not do too often. The strike that completes a run bans the key; see the
     /// [module docs](self) for the rules.
     pub fn strike(&self, key: &K) -> Strike {
-        self.strike_at(key, self.now()).0
+        self.strike_at(key, self.now(), 0).0
     }
 
     /// How long `key` is still banned, or `None` if it is not.
@@ -464,9 +574,9 @@ mod tests {
         let r = rules(3, 60, 10, 1000, 1000);
         let mut rec = Record::default();
         let t = 5 * S;
-        assert_eq!(rec.strike(&r, t).0, Strike::Counted(1));
-        assert_eq!(rec.strike(&r, t + S).0, Strike::Counted(2));
-        let (strike, left) = rec.strike(&r, t + 2 * S);
+        assert_eq!(rec.strike(&r, t, 0).0, Strike::Counted(1));
+        assert_eq!(rec.strike(&r, t + S, 0).0, Strike::Counted(2));
+        let (strike, left) = rec.strike(&r, t + 2 * S, 0);
         assert_eq!(
             strike,
             Strike::Banned {
@@ -476,7 +586,7 @@ mod tests {
         );
         assert_eq!(left, 10 * S);
         assert_eq!(
-            rec.strike(&r, t + 3 * S).0,
+            rec.strike(&r, t + 3 * S, 0).0,
             Strike::AlreadyBanned(Duration::from_secs(9))
         );
         assert_eq!(rec.offences, 1);
@@ -486,26 +596,26 @@ mod tests {
     fn a_run_ends_after_its_window_and_counts_again_from_one() {
         let r = rules(3, 60, 10, 1000, 1000);
         let mut rec = Record::default();
-        rec.strike(&r, S);
-        rec.strike(&r, 2 * S);
+        rec.strike(&r, S, 0);
+        rec.strike(&r, 2 * S, 0);
         // The run opened at 1 s ends at 61 s.
-        assert_eq!(rec.strike(&r, 61 * S).0, Strike::Counted(1));
-        assert_eq!(rec.strike(&r, 62 * S).0, Strike::Counted(2));
+        assert_eq!(rec.strike(&r, 61 * S, 0).0, Strike::Counted(1));
+        assert_eq!(rec.strike(&r, 62 * S, 0).0, Strike::Counted(2));
     }
 
     #[test]
     fn offences_are_forgotten_after_the_quiet_period_not_before() {
         let r = rules(1, 60, 10, 1000, 100);
         let mut rec = Record::default();
-        rec.strike(&r, S); // banned until 11 s
-                           // 1 ns before the quiet period ends: second offence, 20 s.
+        rec.strike(&r, S, 0); // banned until 11 s
+                              // 1 ns before the quiet period ends: second offence, 20 s.
         let mut early = rec;
         assert!(matches!(
-            early.strike(&r, 111 * S - 1).0,
+            early.strike(&r, 111 * S - 1, 0).0,
             Strike::Banned { offence: 2, .. }
         ));
         assert!(matches!(
-            rec.strike(&r, 111 * S).0,
+            rec.strike(&r, 111 * S, 0).0,
             Strike::Banned { offence: 1, .. }
         ));
     }

@@ -453,10 +453,7 @@ impl Quota {
 
     /// The quota reduced to what its algorithm needs, in nanoseconds.
     pub(crate) fn rule(&self) -> Rule {
-        let window = || Window {
-            limit: u64::from(self.count),
-            width: self.period.as_nanos() as u64,
-        };
+        let window = || Window::new(u64::from(self.count), self.period.as_nanos() as u64);
         match self.kind {
             QuotaKind::Gcra => Rule::Gcra(self.gcra()),
             QuotaKind::FixedWindow => Rule::FixedWindow(window()),
@@ -487,9 +484,20 @@ impl Quota {
     /// least 1; the period, kind, warm-up and name are kept. An error when the result is not a
     /// valid quota (its tolerance would overflow the clock).
     pub(crate) fn scaled(&self, share: f64) -> Result<Quota, ConfigError> {
+        // Under one request per period, one request per a longer period: the rate is never
+        // above the share (5 per minute at a tenth: 1 per 2 minutes, not 1 per minute).
+        let exact = f64::from(self.count) * share;
+        let period = if exact < 1.0 - 1e-6 && exact > 0.0 {
+            let ns = (self.period.as_nanos() as f64 / exact).ceil();
+            // `as` saturates; a period this long is reported by `validate` if it matters.
+            Duration::from_nanos(ns as u64)
+        } else {
+            self.period
+        };
         let q = Quota {
             count: scale(self.count, share),
             burst: scale(self.burst, share),
+            period,
             ..self.clone()
         };
         q.validate()?;
@@ -567,6 +575,21 @@ mod tests {
         assert_eq!(scale(u32::MAX, 1.0), u32::MAX);
         assert_eq!(scale(u32::MAX, 0.5), u32::MAX / 2);
         assert_eq!(scale(7, 1.0), 7);
+    }
+
+    #[test]
+    fn a_quota_scaled_below_one_per_period_stretches_its_period_instead() {
+        // 5 per minute at a tenth: half a request per minute, so one per two minutes.
+        let s = Quota::per_minute(5).scaled(0.1).unwrap();
+        assert_eq!((s.count(), s.burst_size()), (1, 1));
+        assert_eq!(s.period(), Duration::from_secs(120));
+        let w = Quota::sliding_log(3, Duration::from_secs(60))
+            .scaled(0.25)
+            .unwrap();
+        assert_eq!((w.count(), w.period()), (1, Duration::from_secs(80)));
+        // Exactly one per period keeps the period.
+        let one = Quota::per_minute(10).scaled(0.1).unwrap();
+        assert_eq!((one.count(), one.period()), (1, Duration::from_secs(60)));
     }
 
     #[test]

@@ -59,6 +59,11 @@
 //!
 //! With `f = 1` the surcharge is zero: the quota behaves exactly like plain GCRA.
 //!
+//! The `RateLimit` header field reports `r` as the requests of cost 1 that would be admitted
+//! one after another now (fewer than the burst while the key is cold) and `t` as the time
+//! until the key's backlog is clear (`tat − now`): from then on a request is admitted at
+//! once. It is not a time until "full": an idle key grows colder, not fuller.
+//!
 //! # Guava's example
 //!
 //! `RateLimiter.create(2, 3, SECONDS)` (Guava's cold factor is always 3): `T = 0.5 s`,
@@ -451,20 +456,6 @@ impl WarmGcra {
     pub(crate) fn idle_at(&self, s: WarmState) -> u64 {
         s.tat.saturating_add(self.curve.cold_in(s.deficit))
     }
-
-    /// The state after a request of `cost` admitted earlier is given back at `now`: its
-    /// stable cost `cost × T` comes off `tat`, never below `now` (as for plain GCRA). The
-    /// warm-up the request brought is kept: the deficit stays.
-    pub(crate) fn refunded(&self, s: WarmState, now: u64, cost: u32) -> WarmState {
-        if s.tat <= now {
-            return s;
-        }
-        let back = self.curve.interval.saturating_mul(u64::from(cost));
-        WarmState {
-            tat: s.tat.saturating_sub(back).max(now),
-            deficit: s.deficit,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -680,18 +671,24 @@ mod tests {
     }
 
     #[test]
-    fn refund_moves_tat_back_by_the_stable_cost_and_keeps_the_warmth() {
+    fn a_refund_gives_back_the_slice_the_request_added_and_keeps_the_warmth() {
+        use crate::algo::Rule;
         let w = WarmGcra::new(guava(), 2 * S);
+        let rule = Rule::WarmUp(w);
         let WarmStep::Allow(s) = w.step(WarmState::default(), S, 1) else {
             panic!()
         };
-        let r = w.refunded(s, S, 1);
-        assert_eq!(r.tat, S + 1_333_333_334 - S / 2);
-        assert_eq!(r.deficit, s.deficit);
-        // Never below now, and a past tat is left alone.
-        assert_eq!(w.refunded(s, S, 4).tat, S);
-        let past = WarmState { tat: S, deficit: 7 };
-        assert_eq!(w.refunded(past, 2 * S, 1), past);
+        // The request added [1 s, 2.333 s): all of it comes back at 1 s, the surcharge too.
+        let spot = [S, S + 1_333_333_334];
+        assert_eq!(
+            rule.refund([s.tat, s.deficit], S, spot, 1, 1),
+            [S, s.deficit]
+        );
+        // At 2 s only the part still ahead of now comes back; once past, nothing.
+        let at_2 = rule.refund([s.tat, s.deficit], 2 * S, spot, 1, 1);
+        assert_eq!(at_2, [2 * S, s.deficit]);
+        let past = [S + 1_333_333_334, 7];
+        assert_eq!(rule.refund(past, 3 * S, spot, 1, 1), past);
     }
 
     #[test]

@@ -86,7 +86,7 @@ fn lowering_the_limit_mid_burst_counts_what_was_spent_in_time() {
 }
 
 #[test]
-fn lowering_the_tolerance_below_a_key_debt_holds_it_to_the_new_tolerance_only() {
+fn lowering_the_tolerance_keeps_the_time_a_key_spent_and_judges_it_by_the_new_quota() {
     let (clock, time) = Clock::manual();
     let l = RateLimiter::<u64>::builder(Quota::per_second(100))
         .clock(clock)
@@ -96,11 +96,11 @@ fn lowering_the_tolerance_below_a_key_debt_holds_it_to_the_new_tolerance_only() 
     l.set_quotas([Quota::per_second(10).burst(2)]).unwrap();
     let d = l.check(&1);
     assert!(!d.is_allowed());
-    // Held to exactly "burst spent": one interval of the new quota, not 900 ms of old debt.
-    assert_eq!(d.retry_after(), Some(100 * MS));
-    assert_eq!(d.reset_after(), 200 * MS);
+    // The second it spent stands: the next request fits once it is 200 ms ahead with it.
+    assert_eq!(d.retry_after(), Some(900 * MS));
+    assert_eq!(d.reset_after(), 1_000 * MS);
     assert_eq!(d.remaining(), 0);
-    time.advance(99 * MS);
+    time.advance(899 * MS);
     assert_eq!(admitted(&l, &1), 0);
     time.advance(MS);
     assert_eq!(admitted(&l, &1), 1);
@@ -109,7 +109,7 @@ fn lowering_the_tolerance_below_a_key_debt_holds_it_to_the_new_tolerance_only() 
 }
 
 #[test]
-fn a_key_with_several_quotas_is_held_per_quota_and_still_all_or_nothing() {
+fn a_key_with_several_quotas_is_judged_per_quota_and_still_all_or_nothing() {
     let (clock, time) = Clock::manual();
     let l = RateLimiter::<u64>::builder(Quota::per_second(100))
         .quota(Quota::per_second(50).burst(100))
@@ -122,14 +122,17 @@ fn a_key_with_several_quotas_is_held_per_quota_and_still_all_or_nothing() {
         Quota::per_second(20).burst(2),
     ])
     .unwrap();
+    // The second quota decides: 2 s ahead, 50 ms more fits 100 ms ahead at 1.95 s.
     let d = l.check(&1);
-    assert_eq!(d.retry_after(), Some(100 * MS));
-    time.advance(100 * MS);
+    assert_eq!(d.retry_after(), Some(1_950 * MS));
+    time.advance(1_949 * MS);
+    assert_eq!(admitted(&l, &1), 0);
+    time.advance(MS);
     assert_eq!(admitted(&l, &1), 1);
 }
 
 #[test]
-fn a_peek_after_a_stricter_change_reports_the_new_tolerance() {
+fn a_peek_after_a_stricter_change_reports_the_time_spent_under_the_new_quota() {
     let (clock, _time) = Clock::manual();
     let l = RateLimiter::<u64>::builder(Quota::per_second(100))
         .clock(clock)
@@ -138,8 +141,11 @@ fn a_peek_after_a_stricter_change_reports_the_new_tolerance() {
     l.set_quotas([Quota::per_second(10).burst(2)]).unwrap();
     let d = l.peek(&1);
     assert_eq!(d.remaining(), 0);
-    assert_eq!(d.reset_after(), 200 * MS);
+    assert_eq!(d.reset_after(), 1_000 * MS);
     assert_eq!(d.limit(), 2);
+    // 1 s ahead against a tolerance of 200 ms: even a request of cost 0 waits 800 ms, in
+    // memory as on Redis.
+    assert_eq!(d.retry_after(), Some(800 * MS));
 }
 
 #[test]

@@ -534,6 +534,35 @@ mod redis {
     use common::redis_server::RedisServer;
     use tollgate::redis::{FailMode, RedisStore};
 
+    /// A key of the wrong type is an error about that key, not an outage: counted as
+    /// `error="key"`, and the request refused as unavailable even when the store fails open.
+    #[tokio::test]
+    async fn a_key_error_is_counted_as_its_own_error_and_refused_as_unavailable() {
+        let server = RedisServer::start();
+        let store = RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .on_failure(FailMode::Open);
+        let policy = "p-key";
+        let (layer, snap) = recorded(
+            || RateLimitLayer::new(Policy::new(policy, Quota::per_second(10))).store(store),
+            |l| {
+                let _ = l.clone().validate().unwrap();
+            },
+        );
+        let limiter = layer.limiter(policy).unwrap().unwrap();
+        let name = String::from_utf8(limiter.redis_key(&())).unwrap();
+        server.cli(&["HSET", &name, "f", "v"]).unwrap();
+        let mut svc = ServiceBuilder::new().layer(layer).service_fn(ok);
+        for _ in 0..3 {
+            let got = status(&mut svc, from("a")).await;
+            assert_eq!(got, StatusCode::SERVICE_UNAVAILABLE);
+        }
+        let errors = [("policy", policy), ("error", "key")];
+        assert_eq!(counter(&snap, "tollgate_redis_errors_total", &errors), 3);
+        assert_eq!(decisions(&snap, policy, "", "fail_closed", "false"), 3);
+    }
+
     /// Redis is paused and never answers in time: each call is a timeout and a degraded
     /// decision, counted as fail open or fail closed.
     #[tokio::test]

@@ -109,7 +109,7 @@ async fn a_key_never_found_in_the_first_100_requests_is_one_error_naming_what_it
     for needed in [
         "not one of the first 100 requests had a key",
         "missing header",
-        r#"key::Header reads the header "x-api-kye""#,
+        "the layer keys by header:x-api-kye;",
         "went through unlimited (MissingKey::Allow)",
         "logged once per layer",
     ] {

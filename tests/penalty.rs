@@ -137,18 +137,19 @@ async fn exactly_m_rejections_ban_for_d_with_an_exact_retry_after_and_agreeing_f
     let (clock, time, handler) = setup();
     let svc = login(&clock).layer(handler.clone());
     assert_eq!(burst(&svc, "192.0.2.1", 4).await, [200, 200, 429, 429]);
-    // The quota alone would say 30 s (one request per 30 s).
+    // The ban is 10 s, but the quota admits the request only 29 s from now (one request per
+    // 30 s): Retry-After is when a retry is admitted, the later of the two.
     time.advance(SEC);
     let third = send(&svc, from("192.0.2.1")).await;
     assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(third.retry_after.as_deref(), Some("10"));
+    assert_eq!(third.retry_after.as_deref(), Some("29"));
     // r=0, and t no sooner than the ban's end.
     assert_eq!(third.ratelimit.as_deref(), Some("\"2-per-1m\";r=0;t=60"));
-    // 4 s later: 6 s left, exactly.
+    // 4 s later: 6 s of ban left, 25 s until the quota admits, exactly.
     time.advance(4 * SEC);
     let banned = send(&svc, from("192.0.2.1")).await;
     assert_eq!(banned.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(banned.retry_after.as_deref(), Some("6"));
+    assert_eq!(banned.retry_after.as_deref(), Some("25"));
     // Another client is not affected.
     assert_eq!(burst(&svc, "192.0.2.2", 1).await, [200]);
     assert_eq!(handler.calls(), 3);
@@ -178,7 +179,10 @@ async fn a_banned_key_reaches_no_handler_and_consumes_no_quota() {
 #[tokio::test]
 async fn repeat_offences_escalate_and_stop_at_the_cap() {
     let (clock, time, handler) = setup();
-    let svc = login(&clock).layer(handler.clone());
+    let layer = login(&clock);
+    let penalties = layer.penalties().unwrap().unwrap();
+    let key = tollgate::key::IpKey::from("192.0.2.1".parse::<std::net::IpAddr>().unwrap());
+    let svc = layer.layer(handler.clone());
     let mut bans = Vec::new();
     for _ in 0..5 {
         // Spend the quota, then three rejections: the third bans.
@@ -189,7 +193,9 @@ async fn repeat_offences_escalate_and_stop_at_the_cap() {
                 last = seen.retry_after;
             }
         }
-        let ban: u64 = last.unwrap().parse().unwrap();
+        let ban = penalties.ban_left(&key).unwrap().as_secs();
+        // The answer waits for the ban and for the quota (30 s until one request is back).
+        assert_eq!(last, Some(ban.max(30).to_string()));
         bans.push(ban);
         // Wait the ban out, and long enough for the quota to be full (60 s), but less than
         // the 100 s after which offences are forgotten.
@@ -201,19 +207,25 @@ async fn repeat_offences_escalate_and_stop_at_the_cap() {
 #[tokio::test]
 async fn offences_are_forgotten_after_the_quiet_period() {
     let (clock, time, handler) = setup();
-    let svc = login(&clock).layer(handler.clone());
-    let ban = |svc| async move {
-        let statuses = burst(svc, "192.0.2.1", 5).await;
-        assert_eq!(statuses, [200, 200, 429, 429, 429]);
-        send(svc, from("192.0.2.1")).await.retry_after.unwrap()
+    let layer = login(&clock);
+    let penalties = layer.penalties().unwrap().unwrap();
+    let key = tollgate::key::IpKey::from("192.0.2.1".parse::<std::net::IpAddr>().unwrap());
+    let svc = layer.layer(handler.clone());
+    let ban = |svc| {
+        let penalties = penalties.clone();
+        async move {
+            let statuses = burst(svc, "192.0.2.1", 5).await;
+            assert_eq!(statuses, [200, 200, 429, 429, 429]);
+            penalties.ban_left(&key).unwrap().as_secs()
+        }
     };
-    assert_eq!(ban(&svc).await, "10");
+    assert_eq!(ban(&svc).await, 10);
     // The ban ends at 10 s; offences are kept until 110 s.
     time.advance(109 * SEC);
-    assert_eq!(ban(&svc).await, "20");
+    assert_eq!(ban(&svc).await, 20);
     // That ban ends 20 s later; quiet for 100 s after it: the next ban is the first again.
     time.advance(120 * SEC);
-    assert_eq!(ban(&svc).await, "10");
+    assert_eq!(ban(&svc).await, 10);
 }
 
 #[tokio::test]
@@ -248,7 +260,8 @@ async fn requests_racing_at_the_threshold_make_one_ban_of_d() {
     for t in tasks {
         let seen = t.await.unwrap();
         assert_eq!(seen.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(seen.retry_after.as_deref(), Some("10"));
+        // The ban is 10 s; the quota admits one request 30 s from now.
+        assert_eq!(seen.retry_after.as_deref(), Some("30"));
     }
     assert_eq!(handler.calls(), 2);
     let penalties = layer.penalties().unwrap().unwrap();
@@ -269,7 +282,8 @@ async fn one_strike_bans_when_m_is_1() {
     let first = send(&svc, from("192.0.2.1")).await;
     assert_eq!(first.status, StatusCode::OK);
     let second = send(&svc, from("192.0.2.1")).await;
-    assert_eq!(second.retry_after.as_deref(), Some("7"));
+    // Banned for 7 s, but the quota admits the next request only in 60 s.
+    assert_eq!(second.retry_after.as_deref(), Some("60"));
 }
 
 #[test]
@@ -371,7 +385,8 @@ async fn the_ban_status_and_kind_reach_the_rejection_hook() {
     assert_eq!(burst(&svc, "192.0.2.1", 1).await, [200]);
     let resp = svc.clone().oneshot(from("192.0.2.1")).await.unwrap();
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
-    assert_eq!(resp.body(), "banned Some(5s)");
+    // The wait until a retry is admitted: the quota's minute outlasts the 5 s ban.
+    assert_eq!(resp.body(), "banned Some(60s)");
 }
 
 #[tokio::test]
@@ -441,7 +456,8 @@ async fn a_banned_decision_says_banned() {
             let d = r.decision().unwrap();
             assert_eq!(d.outcome(), Outcome::Banned);
             assert_eq!(d.remaining(), 0);
-            assert_eq!(d.retry_after(), Some(5 * SEC));
+            // Until a retry is admitted: the ban (5 s) and the quota (60 s).
+            assert_eq!(d.retry_after(), Some(60 * SEC));
             Response::new(Bytes::new())
         }));
     let svc = layer.layer(handler);
@@ -606,6 +622,200 @@ async fn the_shape_layer_does_not_delay_allowed_keys() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Retry-After is when a retry is admitted; only the client's own traffic is an offence; a
+// repeat offender's record outlasts a flood of one-off strikes.
+
+#[tokio::test]
+async fn a_client_that_waits_as_told_is_admitted_and_never_banned_again() {
+    let (clock, time, handler) = setup();
+    // One request an hour; one strike bans for 10 s.
+    let svc = RateLimitLayer::new(Quota::per_hour(1))
+        .key(PeerIp)
+        .clock(clock)
+        .penalty_box(PenaltyBox::new(1, 60 * SEC, 10 * SEC))
+        .layer(handler.clone());
+    for round in 0..6 {
+        assert_eq!(burst(&svc, "192.0.2.1", 1).await, [200], "round {round}");
+        let refused = send(&svc, from("192.0.2.1")).await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        // The ban (10 s) is over long before the quota admits: the answer is the quota's hour,
+        // and the fields agree with it.
+        assert_eq!(refused.retry_after.as_deref(), Some("3600"));
+        assert_eq!(
+            refused.ratelimit.as_deref(),
+            Some("\"1-per-1h\";r=0;t=3600")
+        );
+        // Asked again during the ban: the same time, counted down.
+        time.advance(5 * SEC);
+        let banned = send(&svc, from("192.0.2.1")).await;
+        assert_eq!(banned.retry_after.as_deref(), Some("3595"));
+        time.advance(3595 * SEC);
+    }
+    assert_eq!(handler.calls(), 6);
+}
+
+#[tokio::test]
+async fn a_banned_grpc_call_is_pushed_back_until_a_retry_is_admitted() {
+    let (clock, time, handler) = setup();
+    let svc = RateLimitLayer::new(Quota::per_hour(1))
+        .key(PeerIp)
+        .clock(clock)
+        .penalty_box(PenaltyBox::new(1, 60 * SEC, 10 * SEC))
+        .layer(handler.clone());
+    let call = || {
+        let mut req = from("192.0.2.1");
+        req.headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
+        req
+    };
+    assert_eq!(send(&svc, call()).await.status, StatusCode::OK);
+    for wait in [3_600_000, 3_599_000] {
+        let resp = svc.clone().oneshot(call()).await.unwrap();
+        assert_eq!(resp.headers()["grpc-status"], "8");
+        // The hour of the quota, not the 10 s of the ban.
+        assert_eq!(
+            resp.headers()["grpc-retry-pushback-ms"],
+            wait.to_string().as_str()
+        );
+        time.advance(SEC);
+    }
+    time.advance(3_598 * SEC);
+    assert_eq!(send(&svc, call()).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_retry_after_the_ban_but_before_the_quota_is_struck_again() {
+    let (clock, time, handler) = setup();
+    let layer = RateLimitLayer::new(Quota::per_hour(1))
+        .key(PeerIp)
+        .clock(clock)
+        .penalty_box(PenaltyBox::new(1, 60 * SEC, 10 * SEC));
+    let penalties = layer.penalties().unwrap().unwrap();
+    let key = tollgate::key::IpKey::from("192.0.2.1".parse::<std::net::IpAddr>().unwrap());
+    let svc = layer.layer(handler.clone());
+    assert_eq!(burst(&svc, "192.0.2.1", 2).await, [200, 429]);
+    // Not waiting as told: after the ban, the quota refuses, which is the second offence.
+    time.advance(10 * SEC);
+    let refused = send(&svc, from("192.0.2.1")).await;
+    assert_eq!(refused.retry_after.as_deref(), Some("3590"));
+    assert_eq!(penalties.ban_left(&key), Some(20 * SEC));
+}
+
+#[tokio::test]
+async fn a_new_key_turned_away_by_a_full_table_is_not_struck() {
+    let (clock, time, handler) = setup();
+    // Two keys at most, new keys turned away; three strikes ban.
+    let layer = RateLimitLayer::new(Quota::per_minute(1))
+        .key(PeerIp)
+        .clock(clock)
+        .max_keys(2)
+        .on_full(tollgate::store::OnFull::RejectNewKeys)
+        .penalty_box(PenaltyBox::new(3, 600 * SEC, 120 * SEC));
+    let penalties = layer.penalties().unwrap().unwrap();
+    let svc = layer.layer(handler.clone());
+    assert_eq!(burst(&svc, "192.0.2.1", 1).await, [200]);
+    assert_eq!(burst(&svc, "192.0.2.2", 1).await, [200]);
+    // Full: the new client is turned away three times, for the server's state, not its own.
+    for _ in 0..3 {
+        let seen = send(&svc, from("192.0.2.3")).await;
+        assert_eq!(seen.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(seen.retry_after.as_deref(), Some("60"));
+    }
+    assert_eq!(penalties.len(), 0);
+    // Room again a minute later: served.
+    time.advance(60 * SEC);
+    assert_eq!(burst(&svc, "192.0.2.3", 1).await, [200]);
+    assert_eq!(handler.calls(), 3);
+}
+
+#[tokio::test]
+async fn a_dry_run_records_no_strikes() {
+    let (clock, _time, handler) = setup();
+    let layer = RateLimitLayer::new(Quota::per_minute(1))
+        .key(PeerIp)
+        .clock(clock)
+        .dry_run(true)
+        .penalty_box(PenaltyBox::new(1, 60 * SEC, 600 * SEC));
+    let penalties = layer.penalties().unwrap().unwrap();
+    let svc = layer.layer(handler.clone());
+    assert_eq!(burst(&svc, "192.0.2.1", 5).await, [200; 5]);
+    assert_eq!(penalties.len(), 0);
+    assert_eq!(handler.calls(), 5);
+}
+
+#[test]
+fn a_repeat_offenders_record_outlasts_one_off_strikes_of_new_keys() {
+    let (clock, time) = Clock::manual();
+    // Two strikes within a minute ban for 10 s; offences forgotten an hour after a ban.
+    let boxed = PenaltyBox::new(2, 60 * SEC, 10 * SEC).forget_after(3600 * SEC);
+    let penalties = tollgate::penalty::Penalties::<&str>::try_new(&boxed, clock, 4).unwrap();
+    penalties.strike(&"mallory");
+    assert!(matches!(
+        penalties.strike(&"mallory"),
+        Strike::Banned { offence: 1, .. }
+    ));
+    time.advance(11 * SEC);
+    assert_eq!(penalties.ban_left(&"mallory"), None);
+    // Three other keys are banned; a fourth strikes once and finds no room: mallory's record
+    // (her ban is over, her offence is not forgotten) does not give way to a one-off strike.
+    for k in ["a", "b", "c"] {
+        penalties.strike(&k);
+        assert!(matches!(penalties.strike(&k), Strike::Banned { .. }));
+    }
+    assert_eq!(penalties.strike(&"d"), Strike::NotRecorded);
+    assert_eq!(penalties.len(), 4);
+    // Her next two strikes are her second offence: twice the ban.
+    assert_eq!(penalties.strike(&"mallory"), Strike::Counted(1));
+    assert_eq!(
+        penalties.strike(&"mallory"),
+        Strike::Banned {
+            ban: 20 * SEC,
+            offence: 2
+        }
+    );
+}
+
+#[test]
+fn keys_with_strikes_only_give_way_before_a_repeat_offender() {
+    let (clock, time) = Clock::manual();
+    let boxed = PenaltyBox::new(2, 60 * SEC, 10 * SEC).forget_after(3600 * SEC);
+    let penalties = tollgate::penalty::Penalties::<&str>::try_new(&boxed, clock, 2).unwrap();
+    penalties.strike(&"mallory");
+    penalties.strike(&"mallory");
+    time.advance(11 * SEC);
+    // One key with one strike; a new key's strike takes its place, never mallory's.
+    assert_eq!(penalties.strike(&"a"), Strike::Counted(1));
+    for k in ["b", "c", "d", "e"] {
+        assert_eq!(penalties.strike(&k), Strike::Counted(1));
+    }
+    assert_eq!(penalties.strike(&"mallory"), Strike::Counted(1));
+    assert!(matches!(
+        penalties.strike(&"mallory"),
+        Strike::Banned { offence: 2, .. }
+    ));
+}
+
+#[test]
+fn a_key_banned_by_its_first_strike_may_take_the_place_of_an_offence_on_record() {
+    let (clock, time) = Clock::manual();
+    let boxed = PenaltyBox::new(1, 60 * SEC, 10 * SEC).forget_after(3600 * SEC);
+    let penalties = tollgate::penalty::Penalties::<&str>::try_new(&boxed, clock, 1).unwrap();
+    assert!(matches!(
+        penalties.strike(&"mallory"),
+        Strike::Banned { .. }
+    ));
+    // While she is banned, no room for anyone.
+    assert_eq!(penalties.strike(&"a"), Strike::NotRecorded);
+    time.advance(10 * SEC);
+    // Her ban over, a ban now outranks an offence on record.
+    assert!(matches!(
+        penalties.strike(&"a"),
+        Strike::Banned { offence: 1, .. }
+    ));
+    assert_eq!(penalties.len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
 // The penalty state against a small reference model, on random histories.
 
 mod model {
@@ -668,8 +878,161 @@ mod model {
         }
     }
 
+    impl History {
+        /// The start of the run open at `t`, if any: counted strikes after the last ban.
+        fn run_start(&self, t: u64) -> Option<u64> {
+            let since_ban = self.bans.last().map_or(0, |b| b.0 + 1);
+            let mut run_start = None;
+            for &s in self.counted.iter().filter(|&&s| s >= since_ban) {
+                match run_start {
+                    Some(r) if s < r + WITHIN => {}
+                    _ => run_start = Some(s),
+                }
+            }
+            run_start.filter(|&r| t < r + WITHIN)
+        }
+
+        fn ban_left(&self, t: u64) -> Option<u64> {
+            self.bans
+                .last()
+                .and_then(|&(_, end, _)| (end > t).then(|| end - t))
+        }
+
+        /// The end of the last ban while its offence is not forgotten at `t`.
+        fn on_record(&self, t: u64) -> Option<u64> {
+            self.bans
+                .last()
+                .and_then(|&(_, end, _)| (t < end + FORGET).then_some(end))
+        }
+
+        /// Whether the key holds a place no one-off strike may take: banned, or an offence on
+        /// record.
+        fn kept(&self, t: u64) -> bool {
+            self.ban_left(t).is_some() || self.on_record(t).is_some()
+        }
+    }
+
+    /// What the flood test does at one step.
+    #[derive(Debug, Clone)]
+    enum Act {
+        /// A key never seen before strikes once.
+        OneOff,
+        /// A known offender strikes (three times at once when it has nothing on record, so that
+        /// it is never left with strikes only, the one state a one-off strike may evict).
+        Offend(usize),
+    }
+
+    fn act() -> impl Strategy<Value = Act> {
+        prop_oneof![
+            2 => Just(Act::OneOff),
+            3 => (0usize..6).prop_map(Act::Offend),
+        ]
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Any quota, any penalty box, a client that sometimes waits as told, sometimes less,
+        /// sometimes more: a request sent when the last refusal said a retry is admitted (or
+        /// later) is admitted.
+        #[test]
+        fn a_client_that_waits_as_told_is_always_admitted(
+            count in 1u32..4,
+            period in 1u64..120,
+            strikes in 1u32..4,
+            ban in 1u64..200,
+            waits in prop::collection::vec(0u8..4, 1..40),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let (clock, time) = Clock::manual();
+                let s = Duration::from_secs;
+                let svc = RateLimitLayer::new(Quota::new(count, s(period)))
+                    .key(PeerIp)
+                    .clock(clock)
+                    .penalty_box(PenaltyBox::new(strikes, s(600), s(ban)).max_ban(s(3600)))
+                    .layer(Counted::default());
+                // The wait the last refusal told, while the client has not sent since.
+                let mut told: Option<u64> = None;
+                for (i, w) in waits.into_iter().enumerate() {
+                    let (wait, polite) = match (w, told) {
+                        (_, None) | (0, _) => (0, false),
+                        (1, Some(r)) => (r, true),
+                        (2, Some(r)) => (r / 2, false),
+                        (_, Some(r)) => (r + 7, true),
+                    };
+                    time.advance(s(wait));
+                    let seen = send(&svc, from("192.0.2.1")).await;
+                    if polite {
+                        assert_eq!(seen.status, StatusCode::OK, "request {i}, waited {wait} s");
+                    }
+                    told = (seen.status == StatusCode::TOO_MANY_REQUESTS)
+                        .then(|| seen.retry_after.unwrap().parse().unwrap());
+                }
+            });
+        }
+
+        /// Six offenders and a flood of one-off strikes on a table of four places: every
+        /// offender's strikes, bans, doublings, cap and forgiveness agree with the model as if
+        /// the table were unbounded (a ban or an offence on record is never evicted), a one-off
+        /// strike is recorded exactly when some place holds nothing of that kind, and the
+        /// table never holds more than four.
+        #[test]
+        fn offenders_keep_their_record_through_a_flood_of_one_off_strikes(
+            steps in prop::collection::vec((act(), 0u64..7), 1..150),
+        ) {
+            const PLACES: usize = 4;
+            let (clock, time) = Clock::manual();
+            let s = Duration::from_secs;
+            let boxed = PenaltyBox::new(STRIKES, s(WITHIN), s(BAN))
+                .max_ban(s(MAX_BAN))
+                .forget_after(s(FORGET));
+            let penalties = Penalties::<u32>::try_new(&boxed, clock, PLACES).unwrap();
+            let mut models = vec![History::default(); 6];
+            let mut next_one_off = 100u32;
+            let mut t = 0;
+            for (i, (act, dt)) in steps.into_iter().enumerate() {
+                t += dt;
+                time.advance(s(dt));
+                let kept = models.iter().filter(|m| m.kept(t)).count();
+                match act {
+                    Act::OneOff => {
+                        next_one_off += 1;
+                        let expected = if kept < PLACES {
+                            Strike::Counted(1)
+                        } else {
+                            Strike::NotRecorded
+                        };
+                        prop_assert_eq!(
+                            penalties.strike(&next_one_off), expected, "step {} at {} s", i, t
+                        );
+                    }
+                    Act::Offend(k) => {
+                        let m = &mut models[k];
+                        // A lone strike only while its run ends before the record would be
+                        // forgotten (it is then never left with strikes only).
+                        let lone = m.ban_left(t).is_some()
+                            || m.on_record(t).is_some_and(|end| t + WITHIN < end + FORGET);
+                        let room = m.kept(t) || m.run_start(t).is_some() || kept < PLACES;
+                        for _ in 0..if lone { 1 } else { STRIKES } {
+                            let expected = if room { m.strike(t) } else { Strike::NotRecorded };
+                            prop_assert_eq!(
+                                penalties.strike(&(k as u32)), expected,
+                                "step {}, offender {} at {} s", i, k, t
+                            );
+                        }
+                    }
+                }
+                prop_assert!(penalties.len() <= PLACES);
+                for (k, m) in models.iter().enumerate() {
+                    prop_assert_eq!(
+                        penalties.ban_left(&(k as u32)),
+                        m.ban_left(t).map(s),
+                        "offender {} at {} s", k, t
+                    );
+                }
+            }
+        }
+
         #[test]
         fn strikes_agree_with_the_model(steps in prop::collection::vec((0u8..3, 0u64..8), 1..120)) {
             let (clock, time) = Clock::manual();

@@ -74,16 +74,17 @@ async fn exactly_m_rejections_ban_for_d_and_the_ban_consumes_nothing_on_redis() 
     time.advance(SEC);
     let third = limiter.check(&1).await;
     assert_eq!(third.outcome(), B);
-    assert_eq!(third.retry_after(), Some(10 * SEC));
+    // Banned for 10 s; the quota admits a request 29 s from now: the later is the answer.
+    assert_eq!(third.retry_after(), Some(29 * SEC));
     assert_eq!(third.remaining(), 0);
     // While banned: answered from the local ban cache for up to 1 s, then by Redis.
     let calls = server.calls("evalsha");
     time.advance(4 * SEC);
     let d = limiter.check(&1).await;
-    assert_eq!((d.outcome(), d.retry_after()), (B, Some(6 * SEC)));
+    assert_eq!((d.outcome(), d.retry_after()), (B, Some(25 * SEC)));
     assert_eq!(server.calls("evalsha"), calls + 1);
     let d = limiter.check(&1).await;
-    assert_eq!((d.outcome(), d.retry_after()), (B, Some(6 * SEC)));
+    assert_eq!((d.outcome(), d.retry_after()), (B, Some(25 * SEC)));
     assert_eq!(server.calls("evalsha"), calls + 1, "answered locally");
     assert_eq!(limiter.ban_left(&1).await, Some(6 * SEC));
     // Another key is not affected.
@@ -102,7 +103,9 @@ async fn repeat_offences_escalate_and_stop_at_the_cap_on_redis() {
         for _ in 0..5 {
             let d = limiter.check(&1).await;
             if d.outcome() == B {
-                ban = d.retry_after();
+                ban = limiter.ban_left(&1).await;
+                // The answer waits for the ban and for the quota (30 s to one request).
+                assert_eq!(d.retry_after(), ban.map(|b| b.max(30 * SEC)));
                 break;
             }
         }
@@ -133,7 +136,8 @@ async fn requests_racing_at_the_threshold_make_one_ban_of_d_on_redis() {
         .collect();
     for t in tasks {
         let d = t.await.unwrap();
-        assert_eq!((d.outcome(), d.retry_after()), (B, Some(10 * SEC)));
+        // Banned for 10 s; the quota admits one request 30 s from now.
+        assert_eq!((d.outcome(), d.retry_after()), (B, Some(30 * SEC)));
     }
     // One ban, the first: strikes racing it did not escalate it.
     assert_eq!(a.ban_left(&1).await, Some(10 * SEC));
@@ -323,10 +327,72 @@ async fn window_quotas_are_banned_in_the_same_script_call() {
             .build();
     assert_eq!(outcomes(&limiter, 1, 4).await, [A, A, L, B]);
     let d = limiter.check(&1).await;
-    assert_eq!((d.outcome(), d.retry_after()), (B, Some(30 * SEC)));
+    // Banned for 30 s; the log admits a request when its window has passed, 60 s from now.
+    assert_eq!((d.outcome(), d.retry_after()), (B, Some(60 * SEC)));
     assert!(d.states().iter().all(|s| s.remaining() == 0));
     assert!(d.states().iter().all(|s| s.reset_after() >= 30 * SEC));
     // After the ban and the log's window: two more (the hour has used four of its five).
     time.advance(60 * SEC);
     assert_eq!(outcomes(&limiter, 1, 3).await, [A, A, L]);
+}
+
+/// Any quota, any penalty box, a client that sometimes waits as told, sometimes less, sometimes
+/// more: a request sent when the last refusal said a retry is admitted (or later) is admitted.
+#[test]
+fn a_client_that_waits_as_told_is_always_admitted_on_redis() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = rt.block_on(store(&server));
+    let case = std::cell::Cell::new(0u32);
+    let strategy = (
+        1u32..4,
+        1u64..120,
+        1u32..4,
+        1u64..200,
+        prop::collection::vec(0u8..4, 1..30),
+    );
+    TestRunner::new(Config::with_cases(32))
+        .run(&strategy, |(count, period, strikes, ban, waits)| {
+            case.set(case.get() + 1);
+            let (clock, time) = Clock::manual();
+            let limiter = RedisRateLimiter::<u64>::builder(
+                store.clone(),
+                Quota::new(count, Duration::from_secs(period)),
+            )
+            .name(format!("polite-{}", case.get()))
+            .clock(clock)
+            .penalty_box(
+                PenaltyBox::new(strikes, 600 * SEC, Duration::from_secs(ban)).max_ban(3600 * SEC),
+            )
+            .build();
+            rt.block_on(async {
+                let mut told: Option<Duration> = None;
+                for (i, w) in waits.into_iter().enumerate() {
+                    let (wait, polite) = match (w, told) {
+                        (_, None) | (0, _) => (Duration::ZERO, false),
+                        (1, Some(r)) => (r, true),
+                        (2, Some(r)) => (r / 2, false),
+                        (_, Some(r)) => (r + 7 * SEC, true),
+                    };
+                    time.advance(wait);
+                    let d = limiter.check(&1).await;
+                    prop_assert!(!d.is_degraded());
+                    if polite {
+                        prop_assert!(d.is_allowed(), "request {}, waited {:?}: {:?}", i, wait, d);
+                    }
+                    told = if d.is_allowed() {
+                        None
+                    } else {
+                        d.retry_after()
+                    };
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
 }

@@ -356,7 +356,8 @@ async fn two_instances_agree_again_within_the_max_age_after_redis_lost_a_key() {
     assert!(!a.check(&1).await.is_allowed());
     // The key is lost (as by eviction); instance B gets the fresh burst.
     time.advance(Duration::from_millis(100));
-    server.cli(&["DEL", "tollgate:7:default:1"]).unwrap();
+    let name = String::from_utf8(a.redis_key(&1)).unwrap();
+    server.cli(&["DEL", &name]).unwrap();
     assert_eq!(b.check(&1).await.remaining(), 1);
     // A still answers its cached rejection until 250 ms after it asked...
     time.advance(Duration::from_millis(149));
@@ -551,9 +552,12 @@ async fn an_unreachable_redis_at_startup_follows_the_failure_policy() {
     let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))
         .unwrap()
         .timeout(Duration::from_millis(50));
-    let open = RedisRateLimiter::<u64>::builder(store.clone(), Quota::per_second(1)).build();
+    let open = RedisRateLimiter::<u64>::builder(store.clone(), Quota::per_second(1))
+        .name("open")
+        .build();
     let closed =
         RedisRateLimiter::<u64>::builder(store.on_failure(FailMode::Closed), Quota::per_second(1))
+            .name("closed")
             .build();
     for _ in 0..3 {
         let d = open.check(&1).await;

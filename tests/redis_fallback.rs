@@ -101,8 +101,8 @@ fn halves() -> Vec<(&'static str, Vec<Quota>, Vec<Quota>)> {
         (
             "tiny",
             vec![Quota::per_hour(1)],
-            // Half of one is still one.
-            vec![Quota::per_hour(1)],
+            // Half of one an hour: one every two hours.
+            vec![Quota::new(1, Duration::from_secs(7_200))],
         ),
     ]
 }
@@ -618,4 +618,46 @@ fn capture() -> (Captured, tracing::subscriber::DefaultGuard) {
     let guard = tracing::subscriber::set_default(subscriber);
     tracing::callsite::rebuild_interest_cache();
     (out, guard)
+}
+
+#[tokio::test]
+async fn ten_instances_at_a_tenth_of_five_a_minute_admit_the_quota_plus_one_each_at_most() {
+    // A login limit of 5 a minute, ten instances at a tenth each, Redis unreachable: each
+    // instance's share is one request per 2 minutes, burst 1.
+    let (clock, time) = Clock::manual();
+    let fleet: Vec<_> = (0..10)
+        .map(|i| {
+            let store = unreachable(0.1).probe_every(Duration::from_secs(60));
+            limiter(
+                store,
+                &[Quota::per_minute(5)],
+                &format!("login{i}"),
+                clock.clone(),
+            )
+        })
+        .collect();
+    let mut admitted = Vec::new();
+    for second in 0..=600u64 {
+        for l in &fleet {
+            let d = l.check(&1).await;
+            assert!(d.is_local());
+            if d.is_allowed() {
+                admitted.push(second);
+            }
+        }
+        time.advance(Duration::from_secs(1));
+    }
+    // 10 at once (the burst of one each), then 5 a minute: 10 at each even minute.
+    assert_eq!(admitted.len(), 60);
+    assert_eq!(admitted.iter().filter(|&&s| s < 60).count(), 10);
+    assert_eq!(
+        admitted.iter().filter(|&&s| (60..120).contains(&s)).count(),
+        0
+    );
+    // The documented bound, n × max(1, ⌊burst / n⌋) + rate × t, over every span.
+    for (i, &start) in admitted.iter().enumerate() {
+        for (j, &end) in admitted.iter().enumerate().skip(i) {
+            assert!((j - i + 1) as u64 <= 10 + 5 * (end - start) / 60);
+        }
+    }
 }

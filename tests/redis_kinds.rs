@@ -85,7 +85,7 @@ fn redis_cli(server: &RedisServer, args: &[&str]) -> String {
 }
 
 #[tokio::test]
-async fn the_log_is_a_sorted_set_with_one_distinct_member_per_unit_and_vanishes_when_idle() {
+async fn the_log_is_a_sorted_set_with_one_member_per_request_and_vanishes_when_idle() {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url())
         .await
@@ -98,20 +98,21 @@ async fn the_log_is_a_sorted_set_with_one_distinct_member_per_unit_and_vanishes_
         .clock(clock)
         .build();
     let key = String::from_utf8(limiter.redis_key(&"k")).unwrap();
-    // Twelve units at one instant, then a refund-free second instant.
+    // Twelve units at one instant, in two requests.
     assert!(limiter.check_n(&"k", 5).await.is_allowed());
     assert!(limiter.check_n(&"k", 7).await.is_allowed());
     assert_eq!(redis_cli(&server, &["TYPE", &key]), "zset");
-    // Twelve log members, all distinct, plus the words of the GCRA quota.
-    assert_eq!(redis_cli(&server, &["ZCARD", &key]), "13");
-    assert_eq!(redis_cli(&server, &["ZCOUNT", &key, "0", "+inf"]), "12");
+    // Two log members, one per request with its cost, plus the words of the GCRA quota.
+    assert_eq!(redis_cli(&server, &["ZCARD", &key]), "3");
+    assert_eq!(redis_cli(&server, &["ZCOUNT", &key, "0", "+inf"]), "2");
+    assert_eq!(limiter.peek(&"k").await.states()[1].remaining(), 38);
     let ttl: i64 = redis_cli(&server, &["PTTL", &key]).parse().unwrap();
     // Redis counts the time to live on its own clock, which went on while the test ran.
     assert!(ttl > 1_000 && ttl <= 2_000, "expires with the log: {ttl}");
     // A cost above the log's count never passes and writes nothing.
     let d = limiter.check_n(&"k", 51).await;
     assert_eq!(d.outcome(), Outcome::Exceeds);
-    assert_eq!(redis_cli(&server, &["ZCARD", &key]), "13");
+    assert_eq!(redis_cli(&server, &["ZCARD", &key]), "3");
     // Past the window every entry is gone from the decision, and a peek reports a full log.
     time.advance(Duration::from_secs(2));
     let d = limiter.peek(&"k").await;

@@ -61,7 +61,7 @@ async fn raising_the_rate_mid_burst_gives_no_free_burst_on_redis() {
 }
 
 #[tokio::test]
-async fn lowering_the_tolerance_below_a_key_debt_holds_it_to_the_new_tolerance_on_redis() {
+async fn lowering_the_tolerance_keeps_the_time_a_key_spent_on_redis_as_in_memory() {
     let server = RedisServer::start();
     let store = store(&server).await;
     let (clock, time) = Clock::manual();
@@ -71,9 +71,13 @@ async fn lowering_the_tolerance_below_a_key_debt_holds_it_to_the_new_tolerance_o
     assert_eq!(admitted(&l, "k").await, 10);
     l.set_quotas([Quota::per_second(10).burst(2)]).unwrap();
     let d = l.check(&"k").await;
-    assert_eq!(d.retry_after(), Some(100 * MS));
-    assert_eq!(d.reset_after(), 200 * MS);
-    time.advance(100 * MS);
+    assert_eq!(d.retry_after(), Some(900 * MS));
+    assert_eq!(d.reset_after(), 1_000 * MS);
+    // A peek agrees: the key is 800 ms beyond the new tolerance.
+    assert_eq!(l.check_n(&"k", 0).await.retry_after(), Some(800 * MS));
+    time.advance(899 * MS);
+    assert_eq!(admitted(&l, "k").await, 0);
+    time.advance(MS);
     assert_eq!(admitted(&l, "k").await, 1);
     time.advance(200 * MS);
     assert_eq!(admitted(&l, "k").await, 2);

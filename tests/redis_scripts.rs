@@ -62,6 +62,7 @@ async fn the_gcra_only_script_decides_as_the_general_one() {
             })
             .collect();
         let mut now = 1_000_000_000 + rng.below(1_000_000);
+        let mut last: Option<(u64, Vec<i64>)> = None;
         for step in 0..40 {
             now += rng.below(3) * rng.below(20 * scale);
             let cost = match rng.below(10) {
@@ -70,12 +71,20 @@ async fn the_gcra_only_script_decides_as_the_general_one() {
                 2 => format!("+{}", 1 + rng.below(5)),
                 _ => (1 + rng.below(8)).to_string(),
             };
-            let hold = rng.below(1 << n);
             let mut args = vec![cost.clone(), now.to_string(), n.to_string()];
             for (interval, tolerance) in &quotas {
                 args.extend(["0".to_owned(), interval.to_string(), tolerance.to_string()]);
             }
-            args.push(hold.to_string());
+            // A refund gives back from the last admission's reservation, or (a lease's units)
+            // from none.
+            let reservation = last
+                .clone()
+                .filter(|_| cost.starts_with('-') && rng.below(2) == 0);
+            args.push(reservation.as_ref().map_or(0, |r| r.0).to_string());
+            args.extend(std::iter::repeat_n("0".to_owned(), 2 * n));
+            if let Some((_, spots)) = &reservation {
+                args.extend(spots.iter().map(|s| s.to_string()));
+            }
             // Both scripts back to back in one transaction, so that they run a moment apart on
             // the server's clock, then what each stored and until when.
             let mut pipe = redis::pipe();
@@ -116,6 +125,11 @@ async fn the_gcra_only_script_decides_as_the_general_one() {
             let apart = millis(after) - millis(before);
             let context = format!("case {case} step {step}: quotas {quotas:?}, args {args:?}");
             assert_eq!(g, f, "replies differ, {context}");
+            if let (Ok(c), [0, ..]) = (cost.parse::<u64>(), g.as_slice()) {
+                if c > 0 && g.len() == 2 + 4 * n {
+                    last = Some((c, g[2 + 2 * n..].to_vec()));
+                }
+            }
             assert_eq!(g_stored, f_stored, "stored values differ, {context}");
             // The same time to live, from a server clock that may tick between the two.
             assert!(

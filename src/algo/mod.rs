@@ -1,19 +1,22 @@
 //! The quota kinds, each a pure step function over a key's state: no clock, no storage, no I/O.
 //!
 //! Every kind keeps two words per key and quota ([`Words`]; GCRA uses the first only), except
-//! the sliding log, whose state is the [`Log`] of the key's admitted requests, one shared by all
-//! the log quotas of a policy (a request admitted by the policy is admitted by every quota, so
+//! the sliding log, whose state is the [`Log`] of the key's admitted requests (one entry per
+//! request, carrying its cost), one shared by all the log quotas of a policy (a request admitted by the policy is admitted by every quota, so
 //! they all see the same admissions). A state of all zeros and an empty log is the state of a
 //! key never seen, and every kind reaches a state equal to it once idle (see
 //! [`Rule::idle_at`]): evicting an idle entry changes no decision.
 //!
 //! A kind is one variant of [`Rule`] with:
-//! * `step(words, log, now, cost)` → [`Step`]: allow (with the words to store), deny (with the
-//!   exact time until the same request would pass), or never;
+//! * `step(words, log, now, cost)` → [`Step`]: allow (with the words to store and where the
+//!   cost lands, its spot in a [`Reservation`]), deny (with the exact time until the same
+//!   request would pass), or never;
 //! * `state(words, log, now)` → [`QuotaState`]: the figures of the `RateLimit` header field;
 //! * `idle_at(words, log)`: when the key's state becomes equal to "never seen";
-//! * `refund(words, now, cost)`: the words once `cost` admitted earlier is given back (the log
-//!   gives back its newest entries, once for all its quotas, in [`Log::refund`]).
+//! * `refund(words, now, spot, cost, units)`: the words once `units` of a request of `cost`
+//!   admitted earlier, whose cost landed at `spot`, are given back: only what still counts at
+//!   `now` (the log gives back the request's own entry, once for all its quotas, in
+//!   [`Log::give_back`]).
 //!
 //! [`decide`] runs them all or nothing over a policy.
 
@@ -21,7 +24,9 @@ mod window;
 
 use std::collections::VecDeque;
 
-use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
+use crate::gcra::{
+    moved_back, slice_back, Decision, Gcra, Outcome, QuotaState, Reservation, MAX_QUOTAS,
+};
 use crate::warmup::{WarmGcra, WarmState, WarmStep};
 
 pub(crate) use window::Window;
@@ -32,8 +37,9 @@ pub(crate) type Words = [u64; 2];
 /// What one quota says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Step {
-    /// Admitted; store these words (a log quota also appends the request to the log).
-    Allow(Words),
+    /// Admitted; store `words` (a log quota also appends the request to the log); the cost
+    /// lands at `spot` (see [`Reservation`]).
+    Allow { words: Words, spot: Words },
     /// Not now; admissible after `retry_after` nanoseconds.
     Deny { retry_after: u64 },
     /// The cost is larger than the quota's limit: no amount of waiting helps.
@@ -68,17 +74,32 @@ impl Rule {
         }
     }
 
-    /// The GCRA parameters, for a GCRA quota.
-    /// The rules `new` as the replacement, at `now`, of `old` (same kinds, same positions):
-    /// see [`Gcra::replacing`].
+    /// How long after a key's last change its state may still differ from one never seen,
+    /// beyond what its stored times say: the reach of a window that is judged by the width in
+    /// force (sliding kinds), or of a warm-up's cooling. Zero for kinds whose stored state
+    /// carries its own end (GCRA, fixed window).
+    pub(crate) fn reach(&self) -> u64 {
+        match self {
+            Rule::Gcra(_) | Rule::FixedWindow(_) => 0,
+            Rule::SlidingLog(w) => w.width,
+            Rule::SlidingWindow(w) => w.width.saturating_mul(2),
+            Rule::WarmUp(g) => g.curve.period.saturating_mul(g.curve.unit),
+        }
+    }
+
+    /// The rules `new` in place of `old` (of the same kinds, position by position) from
+    /// `now` on: what had left a window of `old` stays gone (see [`Window::replacing`]).
     pub(crate) fn replacing(new: &mut [Rule], old: &[Rule], now: u64) {
         for (n, o) in new.iter_mut().zip(old) {
-            if let (Rule::Gcra(n), Rule::Gcra(o)) = (n, o) {
-                *n = n.replacing(o, now);
+            match (n, o) {
+                (Rule::SlidingLog(n), Rule::SlidingLog(o))
+                | (Rule::SlidingWindow(n), Rule::SlidingWindow(o)) => *n = n.replacing(o, now),
+                _ => {}
             }
         }
     }
 
+    /// The GCRA parameters, for a GCRA quota.
     pub(crate) fn as_gcra(&self) -> Option<&Gcra> {
         match self {
             Rule::Gcra(g) => Some(g),
@@ -99,7 +120,10 @@ impl Rule {
     pub(crate) fn step(&self, words: Words, log: &Log, now: u64, cost: u32) -> Step {
         match self {
             Rule::Gcra(g) => match g.step(words[0], now, cost) {
-                crate::gcra::Step::Allow { new_tat } => Step::Allow([new_tat, 0]),
+                crate::gcra::Step::Allow { new_tat } => Step::Allow {
+                    words: [new_tat, 0],
+                    spot: [words[0].max(now), new_tat],
+                },
                 crate::gcra::Step::Deny { retry_after } => Step::Deny { retry_after },
                 crate::gcra::Step::Never => Step::Never,
             },
@@ -107,7 +131,10 @@ impl Rule {
             Rule::SlidingLog(w) => w.log_step(log, now, cost),
             Rule::SlidingWindow(w) => w.counter_step(words, now, cost),
             Rule::WarmUp(g) => match g.step(warm(words), now, cost) {
-                WarmStep::Allow(s) => Step::Allow([s.tat, s.deficit]),
+                WarmStep::Allow(s) => Step::Allow {
+                    words: [s.tat, s.deficit],
+                    spot: [words[0].max(now), s.tat],
+                },
                 WarmStep::Deny { retry_after } => Step::Deny { retry_after },
                 WarmStep::Never => Step::Never,
             },
@@ -144,7 +171,10 @@ impl Rule {
         match self {
             Rule::Gcra(_) => words[0],
             Rule::FixedWindow(w) => w.fixed_idle_at(words),
-            Rule::SlidingLog(w) => log.newest().map_or(0, |t| t.saturating_add(w.width)),
+            Rule::SlidingLog(w) => match log.newest() {
+                Some(t) if w.gone == 0 || t > w.gone => t.saturating_add(w.width),
+                _ => 0,
+            },
             Rule::SlidingWindow(w) => w.counter_idle_at(words),
             Rule::WarmUp(g) => g.idle_at(warm(words)),
         }
@@ -166,64 +196,152 @@ impl Rule {
         }
     }
 
-    /// The words once a request of `cost` admitted earlier is given back at `now`.
-    pub(crate) fn refund(&self, words: Words, now: u64, cost: u32) -> Words {
+    /// The words once `units` of a request of `cost`, whose cost landed at `spot`, are given
+    /// back at `now`: only the part that still counts (nothing once its window has passed;
+    /// for GCRA, the end part of its own slice still ahead of now, never moving the time
+    /// before now).
+    pub(crate) fn refund(
+        &self,
+        words: Words,
+        now: u64,
+        spot: Words,
+        cost: u32,
+        units: u32,
+    ) -> Words {
         match self {
-            Rule::Gcra(g) => [crate::store::memory::refunded(g, words[0], now, cost), 0],
-            Rule::FixedWindow(w) => w.fixed_refund(words, now, cost),
+            Rule::Gcra(_) => [
+                moved_back(words[0], slice_back(spot, cost, units, now, 1), now),
+                0,
+            ],
+            Rule::FixedWindow(w) => w.fixed_refund(words, now, spot, units),
             Rule::SlidingLog(_) => words,
-            Rule::SlidingWindow(w) => w.counter_refund(words, now, cost),
+            Rule::SlidingWindow(w) => w.counter_refund(words, now, spot, units),
+            // The warm-up the request brought is kept: the deficit stays.
             Rule::WarmUp(g) => {
-                let s = g.refunded(warm(words), now, cost);
-                [s.tat, s.deficit]
+                let back = slice_back(spot, cost, units, now, g.curve.unit);
+                [moved_back(words[0], back, now), words[1]]
             }
         }
     }
 }
 
-/// The times of a key's admitted requests, oldest first, one entry per unit of cost; kept as
-/// long as the longest sliding-log window of the policy.
+/// A key's admitted requests, oldest first: one entry per request (or settled charge), with
+/// its time and the running total of costs through it; kept as long as the longest
+/// sliding-log window of the policy. A log of `n` entries holds `16 n` bytes in its buffer,
+/// which is never more than four times what it holds (and at least 16 entries).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Log(VecDeque<u64>);
+pub(crate) struct Log {
+    /// `(time, running total of costs through this entry)`, times in order.
+    entries: VecDeque<(u64, u64)>,
+    /// The running total before the first entry.
+    base: u64,
+}
 
 impl Log {
-    /// Entries still inside a window of `width` at `now` (times `t` with `t + width > now`).
+    /// The first entry still inside a window of `width` at `now` (times `t` with
+    /// `t + width > now`, and after `gone`: see [`Window::replacing`]), and the cost those
+    /// entries hold.
     #[inline]
-    pub(crate) fn in_window(&self, now: u64, width: u64) -> (usize, usize) {
-        let first = self.0.partition_point(|&t| t.saturating_add(width) <= now);
-        (first, self.0.len() - first)
+    pub(crate) fn in_window(&self, now: u64, width: u64, gone: u64) -> (usize, u64) {
+        let first = self
+            .entries
+            .partition_point(|&(t, _)| t.saturating_add(width) <= now || (gone > 0 && t <= gone));
+        (first, self.total() - self.before(first))
     }
 
-    pub(crate) fn get(&self, i: usize) -> Option<u64> {
-        self.0.get(i).copied()
-    }
-
-    pub(crate) fn newest(&self) -> Option<u64> {
-        self.0.back().copied()
-    }
-
-    /// Records `cost` units admitted at `now`, after dropping what no window of `width` or
-    /// less can see any more. A time earlier than the newest entry (a reading of the clock taken
-    /// before another thread's decision) is recorded as the newest: later, never earlier, so the
-    /// log stays sorted and never admits more than it should.
-    fn admit(&mut self, now: u64, cost: u32, width: u64) {
-        self.trim(now, width);
-        let at = self.newest().map_or(now, |t| t.max(now));
-        self.0.extend(std::iter::repeat(at).take(cost as usize));
-    }
-
-    fn trim(&mut self, now: u64, width: u64) {
-        let (first, _) = self.in_window(now, width);
-        self.0.drain(..first);
-        if self.0.is_empty() && self.0.capacity() > 64 {
-            self.0 = VecDeque::new();
+    /// The running total before entry `i`.
+    #[inline]
+    fn before(&self, i: usize) -> u64 {
+        match i.checked_sub(1) {
+            Some(j) => self.entries[j].1,
+            None => self.base,
         }
     }
 
-    /// Gives back `cost` units admitted earlier: the newest entries go.
-    fn refund(&mut self, cost: u32) {
-        let keep = self.0.len().saturating_sub(cost as usize);
-        self.0.truncate(keep);
+    #[inline]
+    fn total(&self) -> u64 {
+        self.entries.back().map_or(self.base, |e| e.1)
+    }
+
+    /// The time of the entry, from `first` on, at which the cost counted from `first`
+    /// reaches `units`.
+    pub(crate) fn reaching(&self, first: usize, units: u64) -> Option<u64> {
+        let goal = self.before(first).saturating_add(units);
+        let i = self.entries.partition_point(|&(_, c)| c < goal);
+        self.entries.get(i).map(|e| e.0)
+    }
+
+    pub(crate) fn newest(&self) -> Option<u64> {
+        self.entries.back().map(|e| e.0)
+    }
+
+    /// The time a request admitted at `now` is recorded at. A time earlier than the newest
+    /// entry (a reading of the clock taken before another thread's decision) is recorded as
+    /// the newest: later, never earlier, so the log stays sorted and never admits more than
+    /// it should.
+    #[inline]
+    fn time_of(&self, now: u64) -> u64 {
+        self.newest().map_or(now, |t| t.max(now))
+    }
+
+    /// The number of entries and the entries the buffer has room for.
+    #[cfg(test)]
+    pub(crate) fn sizes(&self) -> (usize, usize) {
+        (self.entries.len(), self.entries.capacity())
+    }
+
+    /// Records a request of `cost` admitted at `now`, after dropping what no window of
+    /// `width` or less can see any more. The buffer grows by doubling, but not past `limit`
+    /// entries (the most requests a window of that count admits) while it holds fewer.
+    fn admit(&mut self, now: u64, cost: u64, width: u64, limit: u64) {
+        self.trim(now, width);
+        if cost == 0 {
+            return;
+        }
+        let len = self.entries.len();
+        if len == self.entries.capacity() {
+            let room = usize::try_from(limit)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(len);
+            self.entries.reserve_exact(len.max(4).min(room.max(1)));
+        }
+        let at = self.time_of(now);
+        let total = self.total().saturating_add(cost);
+        self.entries.push_back((at, total));
+    }
+
+    /// Drops the entries that no window of `width` can see at `now`, and gives memory back
+    /// as the log shrinks: the buffer never has room for more than four times what it holds
+    /// (or 16 entries).
+    fn trim(&mut self, now: u64, width: u64) {
+        let (first, _) = self.in_window(now, width, 0);
+        if first > 0 {
+            self.base = self.entries[first - 1].1;
+            self.entries.drain(..first);
+        }
+        let len = self.entries.len();
+        if self.entries.capacity() > 16 && self.entries.capacity() > 4 * len {
+            self.entries.shrink_to((2 * len).max(16));
+        }
+    }
+
+    /// Gives back `units` of the request recorded at `time`: its own entry loses them (and
+    /// goes once empty); entries of other requests stay. Nothing when no entry has that time
+    /// (it has left every window).
+    fn give_back(&mut self, time: u64, mut units: u64) {
+        let mut i = self.entries.partition_point(|&(t, _)| t <= time);
+        while units > 0 && i > 0 && self.entries[i - 1].0 == time {
+            i -= 1;
+            let own = self.entries[i].1 - self.before(i);
+            let back = own.min(units);
+            units -= back;
+            for e in self.entries.range_mut(i..) {
+                e.1 -= back;
+            }
+            if back == own {
+                self.entries.remove(i);
+            }
+        }
     }
 }
 
@@ -244,8 +362,10 @@ impl KeyState {
         at
     }
 
-    /// Takes `cost` whatever the limit, in every quota. The log records at most its largest
-    /// limit of entries: more, all at the same time, would change no decision.
+    /// Takes `cost` whatever the limit, in every quota (a debt settled after a response,
+    /// which stands). The log records it as one entry of at most its largest limit: more
+    /// would change no decision, and so a key's log holds at most one entry per admitted
+    /// request and one per settlement, whatever the costs.
     pub(crate) fn charge(&mut self, rules: &[Rule], now: u64, cost: u32) {
         let mut log: Option<(u64, u64)> = None;
         for (r, w) in rules.iter().zip(self.words.iter_mut()) {
@@ -256,24 +376,57 @@ impl KeyState {
             }
         }
         if let Some((width, limit)) = log {
-            let entries = u64::from(cost).min(limit);
-            self.log.admit(now, entries as u32, width);
+            self.log
+                .admit(now, u64::from(cost).min(limit), width, limit);
         }
     }
 
-    /// Gives back a request of `cost` admitted earlier, in every quota.
-    pub(crate) fn refund(&mut self, rules: &[Rule], now: u64, cost: u32) {
-        for (r, w) in rules.iter().zip(self.words.iter_mut()) {
-            *w = r.refund(*w, now, cost);
+    /// Gives back `units` of the request that took `taken`, in every quota: only what still
+    /// counts at `now` (see [`Rule::refund`] and [`Log::give_back`]).
+    pub(crate) fn refund(&mut self, rules: &[Rule], now: u64, taken: &Reservation, units: u32) {
+        let units = units.min(taken.cost);
+        if units == 0 {
+            return;
         }
-        if rules.iter().any(|r| r.log_width().is_some()) {
-            self.log.refund(cost);
+        let mut log = None;
+        for (i, (r, w)) in rules.iter().zip(self.words.iter_mut()).enumerate() {
+            *w = r.refund(*w, now, taken.spots[i], taken.cost, units);
+            if r.log_width().is_some() {
+                log = Some(taken.spots[i][0]);
+            }
+        }
+        if let Some(time) = log {
+            self.log.give_back(time, u64::from(units));
         }
     }
 }
 
+/// How much later than its stored idle time a key stored under `old` may become idle under
+/// `new`, replacing them at `now`, and until when that can matter: `(lag, until)`. Only the
+/// kinds judged by the rules in force can move (a sliding window widened, a warm-up curve
+/// changed); a key stored before `now` under a sliding window is idle under the new one by
+/// `now` plus its reach, while a warm-up key's time may lie anywhere ahead (a debt).
+pub(crate) fn widening(old: &[Rule], new: &[Rule], now: u64) -> (u64, u64) {
+    let (mut lag, mut until) = (0, 0);
+    for (o, n) in old.iter().zip(new) {
+        let more = match (o, n) {
+            (Rule::WarmUp(a), Rule::WarmUp(b)) if a.curve != b.curve => {
+                until = u64::MAX;
+                n.reach()
+            }
+            _ => n.reach().saturating_sub(o.reach()),
+        };
+        if more > 0 {
+            lag = lag.max(more);
+            until = until.max(now.saturating_add(n.reach()));
+        }
+    }
+    (lag, until)
+}
+
 /// Decides a request of `cost` against every quota of `rules` at once, all or nothing, and
-/// updates `state` when it is admitted. Returns the decision and whether `state` changed.
+/// updates `state` when it is admitted. Returns the decision (with what an admission took,
+/// see [`Reservation`]) and whether `state` changed.
 pub(crate) fn decide(
     rules: &[Rule],
     state: &mut KeyState,
@@ -284,22 +437,22 @@ pub(crate) fn decide(
     let mut outcome = Outcome::Allowed;
     let mut retry_after = 0;
     let mut new = [[0u64; 2]; MAX_QUOTAS];
+    let mut taken = Reservation::none();
     let mut log_width = None;
-    let mut clamped = false;
+    let mut log_limit = 0;
     for (i, r) in rules.iter().enumerate() {
-        if let (Rule::Gcra(g), true) = (r, cost > 0) {
-            // Brought back to the tolerance even when rejected: see `Gcra::held`.
-            let held = g.held(state.words[i][0], now);
-            if held != state.words[i][0] {
-                state.words[i][0] = held;
-                clamped = true;
-            }
-        }
         if let Some(w) = r.log_width() {
             log_width = Some(log_width.map_or(w, |m: u64| m.max(w)));
+            log_limit = log_limit.max(r.limit());
+            taken.spots[i] = [state.log.time_of(now), 0];
         }
         match r.step(state.words[i], &state.log, now, cost) {
-            Step::Allow(w) => new[i] = w,
+            Step::Allow { words, spot } => {
+                new[i] = words;
+                if r.log_width().is_none() {
+                    taken.spots[i] = spot;
+                }
+            }
             Step::Deny { retry_after: r } => {
                 if outcome == Outcome::Allowed {
                     outcome = Outcome::Limited;
@@ -313,8 +466,11 @@ pub(crate) fn decide(
     if allowed {
         state.words[..rules.len()].copy_from_slice(&new[..rules.len()]);
         if let Some(width) = log_width {
-            state.log.admit(now, cost, width);
+            state.log.admit(now, u64::from(cost), width, log_limit);
         }
+        taken.cost = cost;
+    } else {
+        taken = Reservation::none();
     }
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
     for (i, r) in rules.iter().enumerate() {
@@ -325,10 +481,8 @@ pub(crate) fn decide(
     } else {
         0
     };
-    (
-        Decision::from_store(outcome, retry_after, &quotas[..rules.len()]),
-        allowed || clamped,
-    )
+    let decision = Decision::from_store(outcome, retry_after, &quotas[..rules.len()]);
+    (decision.with_taken(taken), allowed)
 }
 
 #[cfg(test)]

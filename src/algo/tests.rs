@@ -4,13 +4,13 @@ use proptest::prelude::*;
 const S: u64 = 1_000_000_000;
 
 fn fixed(limit: u64, width: u64) -> Rule {
-    Rule::FixedWindow(Window { limit, width })
+    Rule::FixedWindow(Window::new(limit, width))
 }
 fn log(limit: u64, width: u64) -> Rule {
-    Rule::SlidingLog(Window { limit, width })
+    Rule::SlidingLog(Window::new(limit, width))
 }
 fn counter(limit: u64, width: u64) -> Rule {
-    Rule::SlidingWindow(Window { limit, width })
+    Rule::SlidingWindow(Window::new(limit, width))
 }
 
 fn all_kinds(limit: u64, width: u64) -> [Rule; 4] {
@@ -57,6 +57,14 @@ fn windows_of_one_nanosecond_and_of_a_century_decide_without_overflow() {
         for r in [fixed(3, width), log(3, width), counter(3, width)] {
             for start in [0, 1, u64::MAX - 2 * width.min(u64::MAX / 4), u64::MAX - 1] {
                 let mut st = KeyState::default();
+                if matches!(r, Rule::FixedWindow(_)) && start.checked_add(width).is_none() {
+                    // A window that would end past the clock's last nanosecond does not open.
+                    assert_eq!(
+                        decide(&[r], &mut st, start, 1).0.outcome(),
+                        Outcome::Limited
+                    );
+                    continue;
+                }
                 assert!(decide(&[r], &mut st, start, 3).0.is_allowed(), "{r:?}");
                 let (d, _) = decide(&[r], &mut st, start, 1);
                 assert_eq!(d.outcome(), Outcome::Limited, "{r:?} at {start}");
@@ -71,8 +79,9 @@ fn windows_of_one_nanosecond_and_of_a_century_decide_without_overflow() {
 fn a_refund_of_more_than_was_taken_leaves_an_idle_key_never_a_credit() {
     for r in all_kinds(4, S) {
         let mut st = KeyState::default();
-        assert!(decide(&[r], &mut st, 10, 2).0.is_allowed());
-        st.refund(&[r], 10, u32::MAX);
+        let (d, _) = decide(&[r], &mut st, 10, 2);
+        assert!(d.is_allowed());
+        st.refund(&[r], 10, &Reservation::of(&d, 2), u32::MAX);
         assert!(st.idle_at(&[r]) <= 10, "{r:?}");
         // Exactly the count again, not more.
         assert!(decide(&[r], &mut st, 10, 4).0.is_allowed(), "{r:?}");
@@ -81,15 +90,17 @@ fn a_refund_of_more_than_was_taken_leaves_an_idle_key_never_a_credit() {
 }
 
 #[test]
-fn a_refund_gives_back_the_newest_log_entries() {
+fn a_log_refund_gives_back_the_requests_own_entry_not_the_newest() {
     let r = log(3, 10 * S);
     let mut st = KeyState::default();
-    assert!(decide(&[r], &mut st, 0, 1).0.is_allowed());
+    let (slow, _) = decide(&[r], &mut st, 0, 1);
+    assert!(slow.is_allowed());
     assert!(decide(&[r], &mut st, 5 * S, 2).0.is_allowed());
-    st.refund(&[r], 5 * S, 1);
-    // One unit of 5 s is back; the oldest (0 s) still leaves the window first, at 10 s.
+    // The request of 0 s gives its unit back at 6 s: the entry of 5 s stays.
+    st.refund(&[r], 6 * S, &Reservation::of(&slow, 1), 1);
     let (d, _) = decide(&[r], &mut st, 6 * S, 2);
-    assert_eq!(d.retry_after(), Some(std::time::Duration::from_secs(4)));
+    assert_eq!(d.retry_after(), Some(std::time::Duration::from_secs(9)));
+    assert!(decide(&[r], &mut st, 6 * S, 1).0.is_allowed());
 }
 
 #[test]
@@ -256,4 +267,37 @@ proptest! {
             prop_assert!(n < 2 * limit, "{} in [{}, {})", n, t, t + width);
         }
     }
+}
+
+#[test]
+fn a_log_holds_one_entry_per_request_and_gives_memory_back_as_it_shrinks() {
+    let r = log(10_000, 10 * S);
+    let mut st = KeyState::default();
+    for i in 0..10_000 {
+        assert!(decide(&[r], &mut st, i, 1).0.is_allowed());
+    }
+    let (len, cap) = st.log.sizes();
+    assert_eq!(len, 10_000);
+    assert!(cap <= 16_384, "{cap}");
+    // One request of 5 000 is one entry, however large its cost.
+    let mut big = KeyState::default();
+    assert!(decide(&[r], &mut big, 0, 5_000).0.is_allowed());
+    assert_eq!(big.log.sizes().0, 1);
+    // Once all but two have left the window, the buffer is at most 16 entries again.
+    let later = 10 * S + 9_997;
+    assert!(decide(&[r], &mut st, later, 1).0.is_allowed());
+    let (len, cap) = st.log.sizes();
+    assert_eq!(len, 2 + 1);
+    assert!(cap <= 16, "{cap}");
+}
+
+#[test]
+fn a_settled_charge_is_one_log_entry_capped_at_the_largest_limit() {
+    let rules = [log(3, S), log(5, 2 * S)];
+    let mut st = KeyState::default();
+    st.charge(&rules, 0, u32::MAX);
+    assert_eq!(st.log.sizes().0, 1);
+    // Capped at 5: out of the 1 s window at 1 s, out of the 2 s one at 2 s.
+    assert_eq!(decide(&rules, &mut st, S, 1).0.outcome(), Outcome::Limited);
+    assert!(decide(&rules, &mut st, 2 * S, 1).0.is_allowed());
 }

@@ -5,12 +5,15 @@
 //! kind depends on where the clock's origin lies, so the memory store and Redis (whose clock
 //! is the server's) agree to the nanosecond, and keys do not all reset at the same instant.
 //!
-//! Fixed window, words `[start, used]`:
+//! Fixed window, words `[end, used]`: a window keeps the end it opened with, so a new width
+//! applies from the key's next window.
 //! ```text
-//! window  = (start, used) if used > 0 and now < start + width, else (now, 0)
-//! allow   = used + c <= limit                       store (start, used + c)
-//! retry   = start + width - now                     (the next window takes any c <= limit)
+//! window  = (end, used) if used > 0 and now < end, else (now + width, 0)
+//! allow   = used + c <= limit                       store (end, used + c)
+//! retry   = end - now                               (the next window takes any c <= limit)
 //! ```
+//! A window that would end past the clock's last nanosecond is not opened: the request is
+//! refused, as GCRA refuses a time it cannot represent.
 //!
 //! Sliding-window counter, words `[start, prev << 32 | cur]`: `start` opens the current fixed
 //! window, `cur` counts it and `prev` the one before. With `e = now - start` (`0 <= e < width`):
@@ -21,21 +24,29 @@
 //! at the first `e'` with `prev * (width - e') <= (limit - cur - c) * width`; otherwise in the
 //! next window, where `cur` has become `prev`, likewise.
 //!
-//! Sliding-window log: the [`Log`](super::Log) of unit times. With `n` entries inside
-//! `(now - width, now]`:
+//! Sliding-window log: the [`Log`](super::Log) of requests, each with its time and cost.
+//! With `n` the cost of the entries inside `(now - width, now]`:
 //! ```text
 //! allow   = n + c <= limit
-//! retry   = t_k + width - now       t_k: the (n + c - limit)-th oldest entry in the window
+//! retry   = t_k + width - now       t_k: the oldest entry in the window by which the
+//!                                   costs counted from the oldest reach n + c - limit
 //! ```
 
 use super::{Log, Step, Words};
 use crate::gcra::QuotaState;
 
 /// A window quota: at most `limit` per `width` nanoseconds.
+///
+/// A quota that replaced others while serving also knows what had left their windows when it
+/// came (what is gone stays gone, see [`Window::replacing`]): a sliding log's entries at or
+/// before `gone`; a sliding-window counter's previous count when its current window opened at
+/// or before `gone`, and both counts when it opened at or before `gone_cur`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Window {
     pub(crate) limit: u64,
     pub(crate) width: u64,
+    pub(crate) gone: u64,
+    pub(crate) gone_cur: u64,
 }
 
 /// The two counts of the sliding-window counter, in one word.
@@ -50,6 +61,30 @@ fn pack(prev: u64, cur: u64) -> u64 {
 }
 
 impl Window {
+    pub(crate) const fn new(limit: u64, width: u64) -> Self {
+        Window {
+            limit,
+            width,
+            gone: 0,
+            gone_cur: 0,
+        }
+    }
+
+    /// This quota in place of `old` (of the same kind) from `now` on: what had left `old`'s
+    /// window by `now` stays gone, whatever this window's width. A log entry at or before
+    /// `now - width` had; a counter's previous count had once its current window opened at or
+    /// before `now - width`, and its current count once it opened at or before
+    /// `now - 2 width`.
+    pub(crate) fn replacing(self, old: &Window, now: u64) -> Self {
+        Window {
+            gone: old.gone.max(now.saturating_sub(old.width)),
+            gone_cur: old
+                .gone_cur
+                .max(now.saturating_sub(old.width.saturating_mul(2))),
+            ..self
+        }
+    }
+
     /// The end of a window opened at `start`, never past the clock's range.
     #[inline]
     fn end(&self, start: u64) -> u64 {
@@ -58,14 +93,15 @@ impl Window {
 
     // ---- fixed window ----
 
-    /// The current window at `now`: its start and what it has used.
+    /// The current window at `now`: its end and what it has used; `None` when a new window
+    /// would end past the clock's last nanosecond.
     #[inline]
-    fn fixed_current(&self, words: Words, now: u64) -> (u64, u64) {
-        let [start, used] = words;
-        if used > 0 && now < self.end(start) {
-            (start, used)
+    fn fixed_current(&self, words: Words, now: u64) -> Option<(u64, u64)> {
+        let [end, used] = words;
+        if used > 0 && now < end {
+            Some((end, used))
         } else {
-            (now, 0)
+            now.checked_add(self.width).map(|end| (end, 0))
         }
     }
 
@@ -74,48 +110,57 @@ impl Window {
         if c > self.limit {
             return Step::Never;
         }
-        let (start, used) = self.fixed_current(words, now);
+        let Some((end, used)) = self.fixed_current(words, now) else {
+            return Step::Deny {
+                retry_after: self.width.max(1),
+            };
+        };
         if used + c <= self.limit {
-            Step::Allow([start, used + c])
+            Step::Allow {
+                words: [end, used + c],
+                spot: [end, 0],
+            }
         } else {
             Step::Deny {
-                retry_after: self.end(start).saturating_sub(now).max(1),
+                retry_after: end.saturating_sub(now).max(1),
             }
         }
     }
 
-    /// The words once `cost` is taken whatever the limit: counted in the current window.
+    /// The words once `cost` is taken whatever the limit: counted in the current window (a
+    /// window that cannot open any more counts until the clock's end).
     pub(super) fn fixed_charge(&self, words: Words, now: u64, cost: u32) -> Words {
-        let (start, used) = self.fixed_current(words, now);
-        [start, used.saturating_add(u64::from(cost))]
+        let (end, used) = self.fixed_current(words, now).unwrap_or((u64::MAX, 0));
+        [end, used.saturating_add(u64::from(cost))]
     }
 
     pub(super) fn fixed_state(&self, words: Words, now: u64) -> QuotaState {
-        let (start, used) = self.fixed_current(words, now);
-        let reset = if used > 0 {
-            self.end(start).saturating_sub(now)
-        } else {
-            0
-        };
+        let (end, used) = self.fixed_current(words, now).unwrap_or((now, 0));
+        let reset = if used > 0 { end.saturating_sub(now) } else { 0 };
         QuotaState::counted(self.limit, self.limit.saturating_sub(used), reset)
     }
 
     pub(super) fn fixed_idle_at(&self, words: Words) -> u64 {
-        let [start, used] = words;
+        let [end, used] = words;
         if used > 0 {
-            self.end(start)
+            end
         } else {
             0
         }
     }
 
-    pub(super) fn fixed_refund(&self, words: Words, now: u64, cost: u32) -> Words {
-        let (start, used) = self.fixed_current(words, now);
-        let used = used.saturating_sub(u64::from(cost));
+    /// The words once `units` counted in the window ending at `spot[0]` are given back at
+    /// `now`: from that window while it is open, not at all once it has passed.
+    pub(super) fn fixed_refund(&self, words: Words, now: u64, spot: Words, units: u32) -> Words {
+        let [end, used] = words;
+        if used == 0 || now >= end || end != spot[0] {
+            return words;
+        }
+        let used = used.saturating_sub(u64::from(units));
         if used == 0 {
             [0, 0]
         } else {
-            [start, used]
+            [end, used]
         }
     }
 
@@ -125,7 +170,13 @@ impl Window {
     #[inline]
     fn counter_current(&self, words: Words, now: u64) -> (u64, u64, u64) {
         let [start, counts] = words;
-        let (prev, cur) = unpack(counts);
+        let (mut prev, cur) = unpack(counts);
+        if start <= self.gone_cur && self.gone_cur > 0 {
+            return (now, 0, 0);
+        }
+        if start <= self.gone && self.gone > 0 {
+            prev = 0;
+        }
         if prev == 0 && cur == 0 {
             return (now, 0, 0);
         }
@@ -156,7 +207,10 @@ impl Window {
         let limit = u128::from(self.limit);
         let weighted = self.weighted(start, prev, now);
         if u128::from(cur + c) * w + weighted <= limit * w {
-            return Step::Allow([start, pack(prev, cur + c)]);
+            return Step::Allow {
+                words: [start, pack(prev, cur + c)],
+                spot: [start, 0],
+            };
         }
         // The first elapsed time `e'` of a window at which `count × (width − e') <= room ×
         // width`, with `count` the weight that must fall and `room` what may stay.
@@ -204,7 +258,13 @@ impl Window {
 
     pub(super) fn counter_idle_at(&self, words: Words) -> u64 {
         let [start, counts] = words;
-        let (prev, cur) = unpack(counts);
+        let (mut prev, cur) = unpack(counts);
+        if start <= self.gone_cur && self.gone_cur > 0 {
+            return 0;
+        }
+        if start <= self.gone && self.gone > 0 {
+            prev = 0;
+        }
         if cur > 0 {
             self.end(self.end(start))
         } else if prev > 0 {
@@ -214,12 +274,22 @@ impl Window {
         }
     }
 
-    pub(super) fn counter_refund(&self, words: Words, now: u64, cost: u32) -> Words {
-        let (start, prev, cur) = self.counter_current(words, now);
-        let c = u64::from(cost);
-        let from_cur = c.min(cur);
-        let prev = prev.saturating_sub(c - from_cur);
-        let cur = cur - from_cur;
+    /// The words once `units` counted in the window that opened at `spot[0]` are given back
+    /// at `now`: from that window's count while it is the current or the previous one (it
+    /// still weighs), not at all once it has passed.
+    pub(super) fn counter_refund(&self, words: Words, now: u64, spot: Words, units: u32) -> Words {
+        let (start, mut prev, mut cur) = self.counter_current(words, now);
+        let u = u64::from(units);
+        if prev == 0 && cur == 0 {
+            return [0, 0];
+        }
+        if start == spot[0] {
+            cur = cur.saturating_sub(u);
+        } else if self.end(spot[0]) == start {
+            prev = prev.saturating_sub(u);
+        } else {
+            return words;
+        }
         if prev == 0 && cur == 0 {
             [0, 0]
         } else {
@@ -234,25 +304,26 @@ impl Window {
         if c > self.limit {
             return Step::Never;
         }
-        let (first, n) = log.in_window(now, self.width);
-        let n = n as u64;
-        if n + c <= self.limit {
-            return Step::Allow([0, 0]);
+        let (first, n) = log.in_window(now, self.width, self.gone);
+        if n.saturating_add(c) <= self.limit {
+            return Step::Allow {
+                words: [0, 0],
+                spot: [0, 0],
+            };
         }
-        // The oldest `n + c - limit` entries in the window must leave it first.
-        let k = (n + c - self.limit) as usize;
-        let t = log.get(first + k - 1).unwrap_or(now);
+        // The oldest entries in the window holding `n + c - limit` must leave it first.
+        let t = log.reaching(first, n + c - self.limit).unwrap_or(now);
         Step::Deny {
             retry_after: t.saturating_add(self.width).saturating_sub(now).max(1),
         }
     }
 
     pub(super) fn log_state(&self, log: &Log, now: u64) -> QuotaState {
-        let (_, n) = log.in_window(now, self.width);
+        let (_, n) = log.in_window(now, self.width, self.gone);
         let reset = match log.newest() {
             Some(t) if n > 0 => t.saturating_add(self.width).saturating_sub(now),
             _ => 0,
         };
-        QuotaState::counted(self.limit, self.limit.saturating_sub(n as u64), reset)
+        QuotaState::counted(self.limit, self.limit.saturating_sub(n), reset)
     }
 }

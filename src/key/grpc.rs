@@ -38,6 +38,9 @@ impl KeyExtractor for GrpcMethod {
             _ => Err(KeyError::new("not a gRPC method path")),
         }
     }
+    fn describe(&self) -> Option<String> {
+        Some("grpc-method".to_owned())
+    }
 }
 
 /// The value of an ASCII metadata entry of a gRPC call (a request header), e.g. a tenant or an
@@ -93,8 +96,8 @@ impl KeyExtractor for Metadata {
             _ => Err(KeyError::new("missing metadata")),
         }
     }
-    fn describe(&self) -> String {
-        format!("key::Metadata reads the entry {:?}", self.name.as_str())
+    fn describe(&self) -> Option<String> {
+        Some(format!("metadata:{}", self.name))
     }
 }
 

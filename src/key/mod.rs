@@ -132,13 +132,20 @@ pub trait KeyExtractor: Send + Sync + 'static {
         None
     }
 
-    /// What this extractor reads, as a log names it: `header "x-api-key"` for
-    /// [`Header`]; the type's name by default.
+    /// What this extractor keys by, stably: the same text in every process that runs the same
+    /// configuration, and a different one for extractors whose keys mean different things
+    /// (`header:x-api-key`, `peer-ip/64`, `(route,global)`). `None` (the default) when it
+    /// cannot say: a closure ([`from_fn`], [`KeyExtractorExt::map`]) or an extractor of your
+    /// own that does not override this.
     ///
-    /// A layer that has never found a key among its first requests logs an error naming it
-    /// (a misspelt header name would otherwise switch a limit off in silence).
-    fn describe(&self) -> String {
-        std::any::type_name::<Self>().to_owned()
+    /// A layer whose limits live in Redis and whose policy is not named puts this text (with
+    /// its quotas) into its Redis key names, so that two layers keyed differently never share
+    /// a bucket there, just as they do not in memory. Without it, such a layer does not build
+    /// ([`ConfigError::UnnamedRedisKeys`](crate::ConfigError::UnnamedRedisKeys)): name the
+    /// policy or the extractor ([`KeyExtractorExt::named`]). It also names the extractor in
+    /// the error a layer logs when none of its first requests had a key.
+    fn describe(&self) -> Option<String> {
+        None
     }
 }
 
@@ -150,7 +157,7 @@ impl<E: KeyExtractor + ?Sized> KeyExtractor for Arc<E> {
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         (**self).client_ip(req)
     }
-    fn describe(&self) -> String {
+    fn describe(&self) -> Option<String> {
         (**self).describe()
     }
 }
@@ -202,9 +209,43 @@ pub trait KeyExtractorExt: KeyExtractor + Sized {
     {
         Map(self, f)
     }
+
+    /// The same extractor, described as `name` (see [`KeyExtractor::describe`]): for a
+    /// closure or a mapped key whose limits live in Redis. Two extractors named alike share
+    /// their buckets there (under policies with the same quotas), so give each meaning its
+    /// own name.
+    ///
+    /// ```
+    /// use tollgate::key::{self, KeyExtractor, KeyExtractorExt, RequestHead};
+    /// let tenant = key::from_fn(|req: &RequestHead<'_>| {
+    ///     req.uri.path().split('/').nth(1).map(str::to_owned)
+    /// })
+    /// .named("tenant");
+    /// assert_eq!(tenant.describe().as_deref(), Some("named:tenant"));
+    /// ```
+    fn named(self, name: impl Into<String>) -> Named<Self> {
+        Named(self, name.into())
+    }
 }
 
 impl<E: KeyExtractor> KeyExtractorExt for E {}
+
+/// An extractor with a name of its own. See [`KeyExtractorExt::named`].
+#[derive(Debug, Clone)]
+pub struct Named<E>(E, String);
+
+impl<E: KeyExtractor> KeyExtractor for Named<E> {
+    type Key = E::Key;
+    fn extract(&self, req: &RequestHead<'_>) -> Result<E::Key, KeyError> {
+        self.0.extract(req)
+    }
+    fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        self.0.client_ip(req)
+    }
+    fn describe(&self) -> Option<String> {
+        Some(format!("named:{}", self.1))
+    }
+}
 
 /// The first of two extractors that finds a key. See [`KeyExtractorExt::or`].
 #[derive(Debug, Clone)]
@@ -221,8 +262,8 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         self.0.client_ip(req).or_else(|| self.1.client_ip(req))
     }
-    fn describe(&self) -> String {
-        format!("{}, else {}", self.0.describe(), self.1.describe())
+    fn describe(&self) -> Option<String> {
+        Some(format!("or({},{})", self.0.describe()?, self.1.describe()?))
     }
 }
 
@@ -268,7 +309,8 @@ impl<E: KeyExtractor, C: KeyExtractor> KeyExtractor for WithClientIp<E, C> {
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         self.1.client_ip(req)
     }
-    fn describe(&self) -> String {
+    /// The key's extractor's: where allow lists look changes no key.
+    fn describe(&self) -> Option<String> {
         self.0.describe()
     }
 }
@@ -296,9 +338,6 @@ where
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         self.0.client_ip(req)
     }
-    fn describe(&self) -> String {
-        self.0.describe()
-    }
 }
 
 /// One key for every request: a limit on the whole service (or route).
@@ -310,6 +349,9 @@ impl KeyExtractor for Global {
     #[inline]
     fn extract(&self, _: &RequestHead<'_>) -> Result<(), KeyError> {
         Ok(())
+    }
+    fn describe(&self) -> Option<String> {
+        Some("global".to_owned())
     }
 }
 
@@ -360,8 +402,8 @@ impl KeyExtractor for Header {
             _ => Err(KeyError::new("missing header")),
         }
     }
-    fn describe(&self) -> String {
-        format!("key::Header reads the header {:?}", self.name.as_str())
+    fn describe(&self) -> Option<String> {
+        Some(format!("header:{}", self.name))
     }
 }
 
@@ -380,6 +422,9 @@ impl KeyExtractor for Route {
         }
         // The path of an unmatched request is the client's: at most 72 bytes are kept.
         Ok(bounded_str(req.uri.path()))
+    }
+    fn describe(&self) -> Option<String> {
+        Some("route".to_owned())
     }
 }
 
@@ -423,9 +468,6 @@ where
     fn extract(&self, req: &RequestHead<'_>) -> Result<K, KeyError> {
         (self.0)(req).ok_or(KeyError::new("the key function returned None"))
     }
-    fn describe(&self) -> String {
-        "the key function of key::from_fn".to_owned()
-    }
 }
 
 macro_rules! tuple_extractor {
@@ -438,9 +480,9 @@ macro_rules! tuple_extractor {
             fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
                 None$(.or_else(|| self.$idx.client_ip(req)))+
             }
-            fn describe(&self) -> String {
-                let parts: &[String] = &[$(self.$idx.describe()),+];
-                format!("every part of a tuple: {}", parts.join("; "))
+            fn describe(&self) -> Option<String> {
+                let parts = [$(self.$idx.describe()?),+];
+                Some(format!("({})", parts.join(",")))
             }
         }
     };
@@ -514,31 +556,6 @@ mod tests {
         };
         assert_eq!(bytes(Either::First("1.2.3.4")), b"1:1.2.3.4");
         assert_eq!(bytes(Either::Second("1.2.3.4")), b"2:1.2.3.4");
-    }
-
-    #[test]
-    fn extractors_describe_what_they_read_for_the_never_found_error() {
-        let header = Header::new("x-api-kye");
-        assert_eq!(
-            header.describe(),
-            r#"key::Header reads the header "x-api-kye""#
-        );
-        assert_eq!(
-            Arc::new(header.clone()).map(|k| k.len()).describe(),
-            header.describe()
-        );
-        assert_eq!(
-            header.clone().or(Global).describe(),
-            r#"key::Header reads the header "x-api-kye", else tollgate::key::Global"#
-        );
-        assert_eq!(
-            (header.clone(), Route).describe(),
-            r#"every part of a tuple: key::Header reads the header "x-api-kye"; tollgate::key::Route"#
-        );
-        assert_eq!(
-            Metadata::new("tenant").describe(),
-            r#"key::Metadata reads the entry "tenant""#
-        );
     }
 
     #[test]

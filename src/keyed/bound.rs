@@ -1,4 +1,7 @@
-//! What a full table does.
+//! What a full table does, and the bound several tables may share.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, Weak};
 
 /// What a keyed limiter does with a new key when it already tracks `max_keys` keys and none of
 /// them is idle.
@@ -29,8 +32,16 @@ pub(crate) struct Full {
     pub(crate) retry_at: u64,
 }
 
+/// Entries of this rank or lower give way to any new key under
+/// [`OnFull::EvictNearestIdle`]; an entry of a higher rank only to a key of at least its rank
+/// (see `Entry::rank`).
+pub(crate) const GIVES_WAY_TO_ANY: u8 = 1;
+
 /// How many entries are compared to pick the one to evict.
 pub(crate) const EVICTION_SAMPLE: usize = 8;
+/// A shard of at most this many entries whose sample held nothing to evict is looked at
+/// whole.
+pub(crate) const EVICTION_SCAN: usize = 64;
 /// How many random buckets are probed at most to draw that sample from one shard.
 pub(crate) const EVICTION_PROBES: usize = 64;
 /// How many shards are tried for an eviction before giving up.
@@ -43,3 +54,99 @@ pub(crate) const SWEEP_SAMPLE: usize = 16;
 /// growth (1 s): keys that go idle within moments of each request (clients slower than their
 /// quota) stay tracked and take the lookup path, instead of being swept and inserted again.
 pub(crate) const SWEEP_GAP: u64 = 1_000_000_000;
+
+/// The bound on the entries of one table, or of several that share it: a rate-limit layer's
+/// tiers and its penalty box count their keys against one `max_keys`.
+pub(crate) struct Bound {
+    /// Places taken in all the tables (reserved before an insert, given back after a removal).
+    pub(crate) len: AtomicUsize,
+    max_keys: usize,
+    /// The owners of the tables sharing this bound, asked for room when one table has none.
+    members: Mutex<Vec<Weak<dyn Room>>>,
+}
+
+/// The owner of a table that shares a [`Bound`], as the other tables see it: each reads its
+/// own clock (the owners' clocks need not share an epoch).
+pub(crate) trait Room: Send + Sync {
+    /// Drops the table's idle entries; whether any was dropped.
+    fn drop_idle(&self) -> bool;
+    /// Evicts one entry of rank at most `rank` if the table's policy evicts; its place in the
+    /// bound is then the caller's.
+    fn evict(&self, rank: u8) -> bool;
+    /// Nanoseconds until an entry of the table may go idle (`u64::MAX`: none).
+    fn idle_in(&self) -> u64;
+}
+
+impl Bound {
+    /// A bound of `max_keys` (at least 1) that no other table shares yet.
+    pub(crate) fn new(max_keys: usize) -> Self {
+        Bound {
+            len: AtomicUsize::new(0),
+            max_keys: max_keys.max(1),
+            members: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The number of places.
+    pub(crate) fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// Takes a place if there is one.
+    #[inline]
+    pub(crate) fn reserve(&self) -> bool {
+        self.len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_keys).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `n` places.
+    #[inline]
+    pub(crate) fn give_back(&self, n: usize) {
+        self.len.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Whether a place is free.
+    pub(crate) fn has_room(&self) -> bool {
+        self.len.load(Ordering::Acquire) < self.max_keys
+    }
+
+    /// Asks `owner`'s table for room when another table sharing this bound has none.
+    pub(crate) fn join(&self, owner: Weak<dyn Room>) {
+        self.lock().push(owner);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Weak<dyn Room>>> {
+        // A poisoned lock only means a panic while a member was pushed; the list stays valid.
+        self.members.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The members still alive, taken out of the lock before any is asked (a member asked for
+    /// room takes its own table's locks).
+    fn members(&self) -> Vec<std::sync::Arc<dyn Room>> {
+        self.lock().iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Drops the idle entries of the tables sharing this bound; whether any was dropped.
+    pub(crate) fn drop_idle(&self) -> bool {
+        self.members().iter().any(|m| m.drop_idle())
+    }
+
+    /// Evicts an entry of rank at most `rank` from a table sharing this bound whose policy
+    /// evicts, the lowest rank first; its place is then the caller's.
+    pub(crate) fn evict(&self, rank: u8) -> bool {
+        let members = self.members();
+        (0..=rank).any(|r| members.iter().any(|m| m.evict(r)))
+    }
+
+    /// Nanoseconds until an entry of a table sharing this bound may go idle.
+    pub(crate) fn idle_in(&self) -> u64 {
+        self.members()
+            .iter()
+            .map(|m| m.idle_in())
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+}

@@ -7,7 +7,10 @@
 //! * **Sharding.** Each shard is a `RwLock` around a `hashbrown::HashTable`: lookups of tracked
 //!   keys share the lock; inserts, removals and sweeps take it alone.
 //! * **Bound.** `len() <= max_keys` over the whole table, exactly: an insert first reserves its
-//!   place in one shared counter (only new keys touch it, never lookups).
+//!   place in one shared counter (only new keys touch it, never lookups). Several tables may
+//!   share one bound (a [`Bound`]: a rate-limit layer's tiers and its penalty box), so that
+//!   `max_keys` counts the entries of all of them; a table that finds no room then drops the
+//!   idle entries of the others too, and evicts from them as their own policies allow.
 //! * **Idle entries** (see [`Entry`]) decide exactly like absent ones, so dropping them changes
 //!   nothing. A full table drops them, from any shard, before it applies [`OnFull`]; each shard
 //!   keeps a lower bound of its entries' idle times, so a shard without idle entries is skipped
@@ -23,14 +26,16 @@ mod entry;
 
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use arc_swap::ArcSwap;
 use hashbrown::HashTable;
 
-pub(crate) use bound::Full;
 pub use bound::OnFull;
+pub(crate) use bound::{Bound, Full, Room};
 use bound::{
-    EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SHARDS, MIN_SWEEP, SWEEP_GAP, SWEEP_SAMPLE,
+    EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SCAN, EVICTION_SHARDS, MIN_SWEEP, SWEEP_GAP,
+    SWEEP_SAMPLE,
 };
 pub(crate) use entry::Entry;
 
@@ -39,9 +44,14 @@ pub(crate) struct Table<K, V> {
     shards: Box<[Shard<K, V>]>,
     hasher: foldhash::fast::RandomState,
     shard_mask: u64,
-    /// Entries in all shards (reserved before an insert, released after a removal).
+    /// The places of this table's entries (reserved before an insert, released after a
+    /// removal), counted with those of the tables it shares its bound with.
+    bound: ArcSwap<Bound>,
+    /// Entries in all shards of this table.
     len: AtomicUsize,
-    max_keys: usize,
+    /// The most entries this table takes of a bound it shares (its `max_keys`; reserves taken
+    /// at once may pass it by a few, the bound itself never).
+    cap: usize,
     on_full: OnFull,
     /// The state of the random numbers drawn for eviction samples (see `draw`).
     draws: AtomicU64,
@@ -97,8 +107,9 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             shards,
             hasher,
             shard_mask: (n - 1) as u64,
+            bound: ArcSwap::from_pointee(Bound::new(max_keys)),
             len: AtomicUsize::new(0),
-            max_keys,
+            cap: max_keys,
             on_full,
             draws: AtomicU64::new(seed),
         }
@@ -167,6 +178,9 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         let mut evictions = 0;
         loop {
             let now;
+            // The highest rank the value to insert may evict: its own, and at least the ranks
+            // that give way to any new key.
+            let rank;
             {
                 let mut map = write(&shard.map);
                 now = clock();
@@ -175,14 +189,14 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 }
                 if let Some((_, v)) = map.entries.find_mut(hash, |(k, _)| k == key) {
                     if reserved {
-                        self.len.fetch_sub(1, Ordering::AcqRel);
+                        self.bound.load().give_back(1);
                     }
                     return Ok(present(v, now));
                 }
                 let (result, value) = match absent(now) {
                     Absent::Done(r) => {
                         if reserved {
-                            self.len.fetch_sub(1, Ordering::AcqRel);
+                            self.bound.load().give_back(1);
                         }
                         return Ok(r);
                     }
@@ -197,26 +211,29 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                     reserved = self.reserve();
                 }
                 if !reserved && over_bound && searched {
-                    self.len.fetch_add(1, Ordering::AcqRel);
+                    self.bound.load().len.fetch_add(1, Ordering::AcqRel);
                     reserved = true;
                 }
                 if !reserved && shard.min_idle.load(Ordering::Relaxed) <= now {
                     self.sweep(shard, &mut map, now);
                     reserved = self.reserve();
                 }
+                rank = value.rank(now).max(bound::GIVES_WAY_TO_ANY);
                 if reserved {
                     let idle_at = value.idle_at();
                     let hasher = &self.hasher;
                     map.entries
                         .insert_unique(hash, (key.clone(), value), |(k, _)| hasher.hash_one(k));
+                    self.len.fetch_add(1, Ordering::AcqRel);
                     shard.min_idle.fetch_min(idle_at, Ordering::Relaxed);
                     return Ok(result);
                 }
             }
-            // Full, and this shard holds no idle entry: look in the others (once).
+            // Full, and this shard holds no idle entry: look in the others, and in the tables
+            // this one shares its bound with (once).
             if !searched {
                 searched = true;
-                if self.sweep_idle_shards(index, now) {
+                if self.sweep_idle_shards(index, now) || self.bound.load().drop_idle() {
                     continue;
                 }
             }
@@ -226,17 +243,50 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             match self.on_full {
                 OnFull::RejectNewKeys => {}
                 OnFull::EvictNearestIdle => {
-                    if evictions < EVICTION_SHARDS && self.evict_one(now) {
-                        // The evicted entry's place in `len` is now this key's.
+                    // A table at its own cap makes room among its own entries only.
+                    let capped = self.len() >= self.cap;
+                    if evictions < EVICTION_SHARDS
+                        && (self.evict_one(now, rank) || (!capped && self.bound.load().evict(rank)))
+                    {
+                        // The evicted entry's place in the bound is now this key's.
                         reserved = true;
                         evictions += 1;
                         continue;
                     }
                 }
             }
+            let elsewhere = now.saturating_add(self.bound.load().idle_in());
             return Err(Full {
-                retry_at: self.retry_at(now),
+                retry_at: self.retry_at(now).min(elsewhere),
             });
+        }
+    }
+
+    /// Whether a new key would find a place now: fewer than `max_keys` entries, an idle entry
+    /// (dropped here), or under [`OnFull::EvictNearestIdle`] an entry to evict. For a key that
+    /// takes nothing now but may need its entry later; nothing is inserted or evicted.
+    pub(crate) fn room(&self, now: u64) -> Result<(), Full> {
+        if self.bound.load().has_room() {
+            return Ok(());
+        }
+        let first = &self.shards[0];
+        if first.min_idle.load(Ordering::Relaxed) <= now {
+            let mut map = write(&first.map);
+            if self.sweep(first, &mut map, now) > 0 {
+                return Ok(());
+            }
+        }
+        if self.sweep_idle_shards(0, now) || self.bound.load().drop_idle() {
+            return Ok(());
+        }
+        match self.on_full {
+            OnFull::EvictNearestIdle => Ok(()),
+            OnFull::RejectNewKeys => {
+                let elsewhere = now.saturating_add(self.bound.load().idle_in());
+                Err(Full {
+                    retry_at: self.retry_at(now).min(elsewhere),
+                })
+            }
         }
     }
 
@@ -264,14 +314,45 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         })
     }
 
-    /// Takes a place in `len` if there is one.
+    /// Takes a place in the bound if there is one.
     #[inline]
     fn reserve(&self) -> bool {
-        self.len
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max_keys).then_some(n + 1)
-            })
-            .is_ok()
+        self.len.load(Ordering::Acquire) < self.cap && self.bound.load().reserve()
+    }
+
+    /// Counts this table's entries in `bound` from now on, with those of the other tables that
+    /// share it (see [`Bound::join`]).
+    pub(crate) fn share(&self, bound: Arc<Bound>) {
+        bound
+            .len
+            .fetch_add(self.len.load(Ordering::Acquire), Ordering::AcqRel);
+        self.bound.store(bound);
+    }
+
+    /// Drops the idle entries of the shards that may hold one; whether any was dropped.
+    pub(crate) fn drop_idle(&self, now: u64) -> bool {
+        let first = &self.shards[0];
+        if first.min_idle.load(Ordering::Relaxed) <= now {
+            let mut map = write(&first.map);
+            if self.sweep(first, &mut map, now) > 0 {
+                return true;
+            }
+        }
+        self.sweep_idle_shards(0, now)
+    }
+
+    /// Evicts an entry of rank at most `rank` for a key of another table sharing the bound,
+    /// if this table's policy evicts; its place in the bound is the caller's.
+    pub(crate) fn evict_for_other(&self, now: u64, rank: u8) -> bool {
+        self.on_full == OnFull::EvictNearestIdle && self.evict_one(now, rank)
+    }
+
+    /// Nanoseconds from `now` until an entry of this table may go idle (`u64::MAX`: none).
+    pub(crate) fn idle_in(&self, now: u64) -> u64 {
+        if self.len() == 0 {
+            return u64::MAX;
+        }
+        self.retry_at(now).saturating_sub(now)
     }
 
     /// Removes the entry of `key` if `pred` says so, under the shard's exclusive lock.
@@ -282,7 +363,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             return false;
         };
         entry.remove();
-        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.release(1);
         self.shrink(&mut map);
         true
     }
@@ -300,8 +381,14 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             return;
         }
         entry.remove();
-        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.release(1);
         self.shrink(&mut map);
+    }
+
+    /// `n` entries of this table are gone, and their places in the bound are free.
+    fn release(&self, n: usize) {
+        self.len.fetch_sub(n, Ordering::AcqRel);
+        self.bound.load().give_back(n);
     }
 
     /// Sweeps one shard if its next sweep is due and nobody else holds it.
@@ -339,7 +426,9 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         });
         let len = map.entries.len();
         let dropped = before - len;
-        self.len.fetch_sub(dropped, Ordering::AcqRel);
+        if dropped > 0 {
+            self.release(dropped);
+        }
         map.sweep_at = (len * 2).max(MIN_SWEEP);
         shard.min_idle.store(min_idle, Ordering::Relaxed);
         // Due again when about half of what was kept will be idle (entries are in hash order,
@@ -381,66 +470,100 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         false
     }
 
-    /// Forgets the evictable entry nearest to idle among a random sample, keeping its place in
-    /// `len` for the caller.
-    fn evict_one(&self, now: u64) -> bool {
-        // From a random shard on, the first that holds an evictable entry.
+    /// Forgets an evictable entry of the lowest rank there is (at most `rank`), the nearest to
+    /// idle among a random sample of that rank, keeping its place in `len` for the caller.
+    ///
+    /// Shards are looked at from a random one on; the first entry of the lowest rank a value
+    /// can have ([`Entry::MIN_RANK`]) is taken at once, so a table whose values all share one
+    /// rank looks at one shard as before. Otherwise every shard is looked at once and the
+    /// shard that held the lowest rank is looked at again.
+    fn evict_one(&self, now: u64, rank: u8) -> bool {
         let n = self.shards.len();
         let start = self.shard_index(self.draw());
+        let mut lowest: Option<(u8, usize)> = None;
         for step in 0..n {
-            let shard = &self.shards[(start + step) % n];
-            let mut map = write(&shard.map);
-            let buckets = map.entries.num_buckets();
-            if map.entries.is_empty() || buckets == 0 {
+            let i = (start + step) % n;
+            let mut map = write(&self.shards[i].map);
+            let Some((r, index)) = self.pick(&map, now, rank) else {
                 continue;
-            }
-            let mut best: Option<(u64, usize)> = None;
-            let mut seen = 0;
-            for _ in 0..EVICTION_PROBES {
-                // Each draw gives two bucket indices.
-                let draw = self.draw();
-                for index in [draw as u32 as usize, (draw >> 32) as usize] {
-                    let index = index % buckets;
-                    let Some((_, v)) = map.entries.get_bucket(index) else {
-                        continue;
-                    };
-                    seen += 1;
-                    if v.evictable(now) {
-                        let at = v.idle_at();
-                        if best.map_or(true, |(b, _)| at < b) {
-                            best = Some((at, index));
-                        }
-                    }
-                }
-                if seen >= EVICTION_SAMPLE {
-                    break;
-                }
-            }
-            if best.is_none() && seen < EVICTION_SAMPLE {
-                // A sparse shard: look at every entry.
-                best = map
-                    .entries
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (_, v))| v.evictable(now))
-                    .map(|(i, (_, v))| (v.idle_at(), i))
-                    .min()
-                    .and_then(|(at, i)| {
-                        let (k, _) = map.entries.iter().nth(i)?;
-                        let h = self.hasher.hash_one(k);
-                        map.entries
-                            .find_bucket_index(h, |(x, _)| x == k)
-                            .map(|index| (at, index))
-                    });
-            }
-            if let Some((_, index)) = best {
+            };
+            if r <= V::MIN_RANK {
                 if let Ok(entry) = map.entries.get_bucket_entry(index) {
                     entry.remove();
+                    self.len.fetch_sub(1, Ordering::AcqRel);
                     return true;
                 }
             }
+            if lowest.map_or(true, |(l, _)| r < l) {
+                lowest = Some((r, i));
+            }
         }
-        false
+        let Some((r, i)) = lowest else {
+            return false;
+        };
+        let mut map = write(&self.shards[i].map);
+        match self.pick(&map, now, r) {
+            Some((_, index)) => match map.entries.get_bucket_entry(index) {
+                Ok(entry) => {
+                    entry.remove();
+                    self.len.fetch_sub(1, Ordering::AcqRel);
+                    true
+                }
+                Err(_) => false,
+            },
+            None => false,
+        }
+    }
+
+    /// The bucket of the evictable entry of one shard to forget first: the lowest rank (at
+    /// most `rank`), then the nearest to idle, among a random sample (every entry of a sparse
+    /// shard). With it, its rank.
+    fn pick(&self, map: &Map<K, V>, now: u64, rank: u8) -> Option<(u8, usize)> {
+        let buckets = map.entries.num_buckets();
+        if map.entries.is_empty() || buckets == 0 {
+            return None;
+        }
+        let eligible = |v: &V| {
+            let r = v.rank(now);
+            (r <= rank && v.evictable(now)).then(|| (r, v.idle_at()))
+        };
+        let mut best: Option<((u8, u64), usize)> = None;
+        let mut seen = 0;
+        for _ in 0..EVICTION_PROBES {
+            // Each draw gives two bucket indices.
+            let draw = self.draw();
+            for index in [draw as u32 as usize, (draw >> 32) as usize] {
+                let index = index % buckets;
+                let Some((_, v)) = map.entries.get_bucket(index) else {
+                    continue;
+                };
+                seen += 1;
+                if let Some(at) = eligible(v) {
+                    if best.map_or(true, |(b, _)| at < b) {
+                        best = Some((at, index));
+                    }
+                }
+            }
+            if seen >= EVICTION_SAMPLE {
+                break;
+            }
+        }
+        if best.is_none() && (seen < EVICTION_SAMPLE || map.entries.len() <= EVICTION_SCAN) {
+            // A sparse or small shard: look at every entry, so that an entry the probes missed
+            // is found (the only one of a rank that may go, say).
+            best = map
+                .entries
+                .iter()
+                .filter_map(|(k, v)| Some((eligible(v)?, k)))
+                .min_by_key(|(at, _)| *at)
+                .and_then(|(at, k)| {
+                    let h = self.hasher.hash_one(k);
+                    map.entries
+                        .find_bucket_index(h, |(x, _)| x == k)
+                        .map(|index| (at, index))
+                });
+        }
+        best.map(|((r, _), index)| (r, index))
     }
 
     /// A random number nobody outside the process can predict.
@@ -496,7 +619,8 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         self.len()
     }
 
-    /// The number of entries, idle ones included until they are swept.
+    /// The number of entries of this table, idle ones included until they are swept (the
+    /// bound may count others' too).
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }

@@ -215,3 +215,54 @@ fn consecutive_integer_keys_are_spread_evenly_over_the_shards() {
         );
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+    /// A limiter and a penalty box sharing one bound, as a layer's do: requests and strikes of
+    /// random keys at random times never make them hold more than `max_keys` between them,
+    /// and a ban, once made, stands to its end whatever the flood.
+    #[test]
+    fn a_shared_bound_holds_over_quota_state_and_penalty_records(
+        reject in any::<bool>(),
+        max_keys in 1usize..6,
+        ops in prop::collection::vec((0u8..3, 0u8..12, 0u64..4), 1..200),
+    ) {
+        use std::time::Duration;
+        use crate::penalty::{Penalties, PenaltyBox, Strike};
+        use crate::{Clock, Quota, RateLimiter};
+        let (clock, time) = Clock::manual();
+        let on_full = if reject { OnFull::RejectNewKeys } else { OnFull::EvictNearestIdle };
+        let limiter = RateLimiter::<u8>::builder(Quota::per_second(1).burst(2))
+            .clock(clock.clone())
+            .max_keys(max_keys)
+            .on_full(on_full)
+            .build();
+        let bound = Arc::new(Bound::new(max_keys));
+        limiter.share_bound(&bound);
+        let boxed = PenaltyBox::new(2, Duration::from_secs(5), Duration::from_secs(3));
+        let penalties = Penalties::sharing(&boxed, clock.clone(), &bound);
+        let mut bans: BTreeMap<u8, Duration> = BTreeMap::new();
+        let mut now = Duration::ZERO;
+        for (op, key, dt) in ops {
+            now += Duration::from_millis(500 * dt);
+            time.set(now);
+            match op {
+                0 => drop(limiter.check(&key)),
+                1 => {
+                    if let Strike::Banned { ban, .. } = penalties.strike(&key) {
+                        bans.insert(key, now + ban);
+                    }
+                }
+                _ => drop(limiter.check_n(&key, 0)),
+            }
+            prop_assert!(
+                limiter.len() + penalties.len() <= max_keys,
+                "{} + {} > {}", limiter.len(), penalties.len(), max_keys
+            );
+            for (k, &end) in &bans {
+                let left = end.checked_sub(now).filter(|d| !d.is_zero());
+                prop_assert_eq!(penalties.ban_left(k), left, "key {}", k);
+            }
+        }
+    }
+}

@@ -291,10 +291,12 @@ impl<E: KeyExtractor> Core<E> {
                 e,
                 format_args!(
                     "not one of the first {KEYLESS_BEFORE_ERROR} requests had a key ({}), and \
-                     each {answer}: check that the key is read from what clients send ({}; a \
-                     header name spelt as they spell it)",
+                     each {answer}: check that the key is read from what clients send (the \
+                     layer keys by {}; a header name spelt as they spell it)",
                     e.reason(),
-                    self.extractor.describe(),
+                    self.extractor
+                        .describe()
+                        .unwrap_or_else(|| std::any::type_name::<E>().to_owned()),
                 ),
             );
         }

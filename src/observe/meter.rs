@@ -278,6 +278,8 @@ mod on {
         timeout: Counter,
         connection: Counter,
         bad_reply: Counter,
+        key_error: Counter,
+        errors: super::super::KeyErrorLog,
     }
 
     #[cfg(feature = "redis")]
@@ -289,6 +291,8 @@ mod on {
                 timeout: error("timeout"),
                 connection: error("connection"),
                 bad_reply: error("bad_reply"),
+                key_error: error("key"),
+                errors: super::super::KeyErrorLog::new(policy),
             }
         }
 
@@ -301,7 +305,13 @@ mod on {
                 super::super::StoreError::Timeout => self.timeout.increment(1),
                 super::super::StoreError::Connection => self.connection.increment(1),
                 super::super::StoreError::BadReply => self.bad_reply.increment(1),
+                super::super::StoreError::Key => self.key_error.increment(1),
             }
+        }
+
+        /// The policy's log of key errors.
+        pub(crate) fn key_errors(&self) -> &super::super::KeyErrorLog {
+            &self.errors
         }
     }
 }
@@ -385,14 +395,24 @@ mod on {
         pub(crate) fn left(&self) {}
     }
 
+    /// Without the `metrics` feature, only the policy's log of key errors.
     #[cfg(feature = "redis")]
-    pub(crate) struct RedisMeter;
+    pub(crate) struct RedisMeter {
+        errors: super::super::KeyErrorLog,
+    }
 
     #[cfg(feature = "redis")]
     impl RedisMeter {
         #[inline(always)]
-        pub(crate) fn new(_: &str) -> Self {
-            RedisMeter
+        pub(crate) fn new(policy: &str) -> Self {
+            RedisMeter {
+                errors: super::super::KeyErrorLog::new(policy),
+            }
+        }
+
+        /// The policy's log of key errors.
+        pub(crate) fn key_errors(&self) -> &super::super::KeyErrorLog {
+            &self.errors
         }
 
         #[inline(always)]

@@ -34,7 +34,7 @@
 //! | `tollgate_shape_queue_length` | gauge | `policy`, `dry_run` | requests a shaping layer holds back now |
 //! | `tollgate_shape_delay_seconds` | histogram | `policy`, `dry_run` | the delay a shaping layer gave (dry run: would have given) a request |
 //! | `tollgate_redis_call_duration_seconds` | histogram | `policy` | one decision, refund or settlement script call, answered or not (a timeout records the timeout) |
-//! | `tollgate_redis_errors_total` | counter | `policy`, `error` | failed calls: `error="timeout"`, `"connection"` (any Redis error) or `"bad_reply"` |
+//! | `tollgate_redis_errors_total` | counter | `policy`, `error` | failed calls: `error="timeout"`, `"connection"` (Redis unreachable or failing as a whole), `"bad_reply"` (a reply that does not fit the script) or `"key"` (an error about one key: a value of another type, a script error, no memory for a write; never an outage) |
 //!
 //! `layer` is `"rate_limit"`, `"concurrency"`, `"shape"` or `"limiter"` (a
 //! [`RateLimiter`](crate::RateLimiter) or a Redis limiter used directly). `policy` is the
@@ -314,6 +314,46 @@ pub(crate) enum StoreError {
     Timeout,
     Connection,
     BadReply,
+    /// An error about one key or the script on it (see `KeyErrorLog`): not an outage.
+    Key,
+}
+
+/// The errors Redis gave about one key of a policy (a value of another type, a script error,
+/// no memory for a write): logged at `ERROR` once per policy, with the key's Redis name and
+/// the likely cause; each is counted in `tollgate_redis_errors_total{error="key"}`.
+#[cfg(feature = "redis")]
+#[derive(Debug)]
+pub(crate) struct KeyErrorLog {
+    policy: Box<str>,
+    logged: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(feature = "redis")]
+impl KeyErrorLog {
+    pub(crate) fn new(policy: &str) -> Self {
+        KeyErrorLog {
+            policy: policy.into(),
+            logged: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Logs the first key error of the policy: `key` (its Redis name), what Redis said and
+    /// the likely cause; the later ones are only counted.
+    pub(crate) fn report(&self, key: &[u8], error: &dyn std::fmt::Display, cause: &str) {
+        if self.logged.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        tracing::error!(
+            target: "tollgate::redis",
+            policy = %self.policy,
+            key = %String::from_utf8_lossy(key),
+            %error,
+            "Redis refused a decision on one key ({cause}); each request on such a key is \
+             rejected as unavailable (503) whatever the failure mode, until the key is fixed. \
+             Only the first such error of the policy is logged; all are counted in \
+             tollgate_redis_errors_total{{error=\"key\"}}"
+        );
+    }
 }
 
 /// The names a layer reports under, resolved when it is built.

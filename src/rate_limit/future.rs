@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use super::shared::Answers;
 use super::store::{Answer, Backend, Refunding, Settling};
-use crate::gcra::Decision;
+use crate::gcra::{Decision, Reservation};
 use crate::response;
 
 use crate::headers::{append_fields, Legacy};
@@ -40,6 +40,8 @@ pub(crate) struct Taken<B: Backend<K>, K> {
     pub(crate) limiter: B::Limiter,
     pub(crate) key: K,
     pub(crate) cost: u32,
+    /// What the admission took, and where (filled in when the decision comes later).
+    pub(crate) reserved: Reservation,
     /// Taken from the store's local fallback (Redis unreachable), not from the store.
     pub(crate) local: bool,
     /// When the layer settles the cost from the response: what it needs then. Boxed, so
@@ -221,6 +223,7 @@ where
                     let mut taken = if took { d.taken.take() } else { None };
                     if let Some(t) = taken.as_mut() {
                         t.local = decision.is_local();
+                        t.reserved = Reservation::of(&decision, t.cost);
                     }
                     if let Some(settle) = taken.as_mut().and_then(|t| t.settle.as_mut()) {
                         settle.admitted = Some(decision);
@@ -251,7 +254,7 @@ where
                             if let Some(h) = headers.take() {
                                 h.apply(response.headers_mut());
                             }
-                            match B::refund(&t.limiter, t.key, t.cost, t.local) {
+                            match B::refund(&t.limiter, t.key, t.reserved, t.local) {
                                 Some(refunding) => Kind::Refunding {
                                     refunding,
                                     response: Some(response),
@@ -263,6 +266,7 @@ where
                             limiter,
                             key,
                             cost,
+                            reserved,
                             local,
                             settle: Some(settle),
                         }) => {
@@ -277,7 +281,7 @@ where
                             let fields = if actual == cost {
                                 settle.admitted_headers()
                             } else {
-                                match B::settle(&limiter, key, cost, actual, local) {
+                                match B::settle(&limiter, key, reserved, actual, local) {
                                     Answer::Now(d) => {
                                         settle.answers.settled_headers(settle.tier, &d)
                                     }

@@ -17,9 +17,8 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 ///
 /// A change applies to the layer value it came from, its clones and every service they made,
 /// from their next decision on, and keeps the state of every key: what a key spent stays
-/// spent, counted in time. The rules for a key in the middle of a burst are those of
-/// [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas): no free burst on change, and a
-/// key is never held further ahead than the new quota's tolerance. The `RateLimit-Policy` and
+/// spent, counted in time. The new quotas judge that state and never rewrite it, by the rule
+/// of [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas). The `RateLimit-Policy` and
 /// `RateLimit` header fields describe the new quotas from the same moment (a request decided
 /// while the change is being made may carry the old fields with the new decision).
 ///

@@ -394,7 +394,11 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
-    /// Bounds the number of keys tracked per tier (default 1 000 000; `0` is invalid).
+    /// Bounds the number of keys the layer tracks (default 1 000 000; `0` is invalid): one
+    /// bound for the quota state of all its tiers and its penalty box's records together, so
+    /// `max_keys(4)` is 4 entries in all. A key with quota state and a penalty record counts
+    /// twice, and a key tracked by two tiers once in each. See the README's "Memory and
+    /// hostile keys" for what a full table does.
     ///
     /// Memory store only: on Redis (see [`store`](Self::store)) the setting is an error.
     #[track_caller]
@@ -573,8 +577,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 return Err(ConfigError::DuplicateTier(policy.name.to_string()));
             }
             limiters.push(self.store.make_limiter(
-                &policy.name,
-                &policy.quotas,
+                policy,
+                self.common.extractor.describe().as_deref(),
                 self.settings.clock.as_ref(),
                 self.settings.max_keys,
                 self.settings.on_full,
@@ -595,12 +599,13 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         let penalty = match &self.settings.penalty {
             Some(p) if B::LOCAL_PENALTIES => {
                 p.validate()?;
-                let clock = self.settings.clock.clone().unwrap_or_default();
-                let max_keys = self.settings.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
-                Some(Penalties::new(p, clock, max_keys))
+                Some((p, self.settings.clock.clone().unwrap_or_default()))
             }
             _ => None,
         };
+        // One bound for every key the layer tracks: its tiers' quotas and its penalty box.
+        let max_keys = self.settings.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
+        let penalty = B::share_bound(&limiters, max_keys, penalty);
         Ok(Shared {
             core,
             limiters: limiters.into_boxed_slice(),

@@ -74,6 +74,12 @@ impl Policy {
         self
     }
 
+    /// Whether the name was derived from the first quota rather than given.
+    #[cfg(feature = "redis")]
+    pub(crate) fn is_derived(&self) -> bool {
+        self.derived
+    }
+
     /// The policy's name.
     pub fn name(&self) -> &str {
         &self.name

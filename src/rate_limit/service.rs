@@ -65,7 +65,12 @@ where
             };
         }
         let limiter = &shared.limiters[tier];
-        match B::decide(limiter, &key, cost) {
+        let answer = if shared.answers.settle.is_some() {
+            B::reserve(limiter, &key, cost)
+        } else {
+            B::decide(limiter, &key, cost)
+        };
+        match answer {
             Answer::Now(decision) => {
                 let decision = shared.strike(tier, &key, decision);
                 // What was taken goes with the response, to be given back if a layer inside

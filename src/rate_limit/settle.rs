@@ -13,7 +13,7 @@
 //! 2. **Settle, when the response head comes back** (status, header fields, extensions). The
 //!    actual cost is the reserved cost, or 0 when `count_if` says the response does not count,
 //!    or what `settle` reads from the response. A smaller actual cost gives the difference
-//!    back (the rule of stacked layers: each quota's time moves back, never before now); a
+//!    back from what the request took (see [below](#what-a-refund-gives-back)); a
 //!    larger one charges the difference **even over the limit**: the key goes into debt, and
 //!    its next requests are rejected, with a true `Retry-After`, until the debt is paid off
 //!    by time (even a request of cost 0, which asks for nothing but must not pass a key in
@@ -26,6 +26,26 @@
 //! the request really cost it), and the state after the reservation otherwise. The
 //! [`Decision`](crate::Decision) the handler finds in its request's extensions is the one of
 //! the reservation.
+//!
+//! # What a refund gives back
+//!
+//! An admission remembers what it took and where: for GCRA and warm-up, the slice of time it
+//! added to the key's theoretical arrival time (measured with the quota in force then); for a
+//! fixed window or a sliding-window counter, the window it was counted in; for a sliding log,
+//! its own entry. A refund (a layer inside rejected the request) or a smaller settled cost
+//! gives back exactly that, and only the part that still counts when it arrives:
+//!
+//! * nothing once the request's window has passed (it no longer counts anywhere);
+//! * a log entry gives back its own units, never another request's;
+//! * GCRA gives back the end part of its own slice that is still ahead of now, never moving
+//!   the key's time before now, sized by the interval of its admission (a rate lowered
+//!   meanwhile does not make it worth more).
+//!
+//! So a late refund never doubles a limit, and a refund never grants more than the request
+//! took. A larger settled cost is charged now, as a debt that stands, and costs a key no
+//! more bytes than a small one: GCRA's debt is its time, a window's its count, and a sliding
+//! log records the charge as one entry whose cost is capped at the log's largest count (more
+//! would change no decision).
 //!
 //! # What settles, and what does not
 //!
@@ -142,6 +162,7 @@ mod tests {
 
     use proptest::prelude::*;
 
+    use crate::gcra::Reservation;
     use crate::{Clock, Quota, RateLimiter};
 
     /// The reference: each quota's theoretical arrival time in whole milliseconds, decided
@@ -243,7 +264,7 @@ mod tests {
                         let admitted = model.check(u64::from(cost));
                         prop_assert_eq!(d.is_allowed(), admitted);
                         if admitted {
-                            limiter.settle(&1, cost, actual);
+                            limiter.settle(&1, &Reservation::of(&d, cost), actual);
                             model.settle(u64::from(cost), u64::from(actual));
                         }
                     }

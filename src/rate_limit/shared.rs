@@ -12,13 +12,13 @@ use super::future::{RateHeaders, Settle, Taken};
 use super::policy::Policy;
 use super::settle::SettleRule;
 use crate::algo::Rule;
-use crate::gcra::{Decision, Outcome};
+use crate::gcra::{Decision, Outcome, Reservation};
 use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::Core;
 use crate::observe::{self, DecisionMeter, DryRunRejection, Names, Observe, Verdict};
-use crate::penalty::{banned_decision, Penalties};
+use crate::penalty::{self, banned_decision, Penalties};
 use crate::response::{self, OnReject, Recipient, RejectionKind};
 
 /// Chooses a request's tier: given the request and a lookup of tier names, the tier's index.
@@ -247,29 +247,30 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     #[inline]
     pub(crate) fn banned(&self, tier: usize, key: &E::Key) -> Option<Decision> {
         let penalty = self.penalty.as_ref()?;
-        match penalty.ban_left_at(key, penalty.now()) {
+        match penalty.wait_at(key, penalty.now()) {
             0 => None,
-            left => Some(banned_decision(
+            wait => Some(banned_decision(
                 &self.answers.tiers[tier].live.load().rules,
-                left,
+                wait,
             )),
         }
     }
 
-    /// A rejection by the quotas is a strike against the key: the decision to answer with,
-    /// the ban's if this strike (or one racing it) banned the key. A degraded decision (the
-    /// store did not answer) is no strike.
+    /// A refusal the key's own traffic caused is a strike against it (see
+    /// [`penalty::is_offence`]): the decision to answer with, the ban's if this strike (or
+    /// one racing it) banned the key. A dry run records no strikes.
     #[inline]
     pub(crate) fn strike(&self, tier: usize, key: &E::Key, decision: Decision) -> Decision {
         let Some(penalty) = &self.penalty else {
             return decision;
         };
-        if decision.is_allowed() || decision.is_degraded() {
+        if !penalty::is_offence(&decision) || self.answers.observe.dry_run {
             return decision;
         }
-        match penalty.strike_at(key, penalty.now()).1 {
+        let retry = decision.retry_after().map_or(0, penalty::nanos);
+        match penalty.strike_at(key, penalty.now(), retry).1 {
             0 => decision,
-            left => banned_decision(&self.answers.tiers[tier].live.load().rules, left),
+            wait => banned_decision(&self.answers.tiers[tier].live.load().rules, wait),
         }
     }
 }
@@ -298,6 +299,13 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
             limiter: self.limiters[tier].clone(),
             key,
             cost,
+            reserved: match &admitted {
+                Some(d) => Reservation::of(d, cost),
+                None => Reservation {
+                    cost,
+                    ..Reservation::none()
+                },
+            },
             local: admitted.is_some_and(|d| d.is_local()),
             settle: self.answers.settle.is_some().then(|| {
                 Box::new(Settle {

@@ -10,9 +10,9 @@ use std::task::{Context, Poll};
 
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::gcra::Decision;
+use crate::gcra::{Decision, Reservation};
 use crate::limiter::{RateLimiter, DEFAULT_MAX_KEYS};
-use crate::penalty::PenaltyBox;
+use crate::penalty::{Penalties, PenaltyBox};
 use crate::quota::Quota;
 use crate::store::OnFull;
 
@@ -35,11 +35,13 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     #[doc(hidden)]
     const LOCAL_PENALTIES: bool;
 
+    /// The limiter of `policy`, whose keys the layer's extractor describes as `keys` (see
+    /// [`KeyExtractor::describe`](crate::key::KeyExtractor::describe)).
     #[doc(hidden)]
     fn make_limiter(
         &self,
-        name: &str,
-        quotas: &[Quota],
+        policy: &crate::Policy,
+        keys: Option<&str>,
         clock: Option<&Clock>,
         max_keys: Option<usize>,
         on_full: Option<OnFull>,
@@ -61,11 +63,37 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     #[doc(hidden)]
     fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> Answer<Self::Later>;
 
-    /// Gives back `cost` admitted for `key` earlier: done when this returns (memory), or when
-    /// the returned future completes (Redis). `local`: the admission was made by the store's
-    /// local fallback (Redis unreachable), whose state is given back instead.
+    /// Makes the limiters of a layer's tiers count their keys against one bound of `max_keys`,
+    /// with the penalty box's keys when the layer keeps them (see `LOCAL_PENALTIES`); returns
+    /// that penalty state. Nothing for a store that bounds no keys here.
     #[doc(hidden)]
-    fn refund(limiter: &Self::Limiter, key: K, cost: u32, local: bool) -> Option<Refunding>;
+    fn share_bound(
+        _limiters: &[Self::Limiter],
+        _max_keys: usize,
+        _penalty: Option<(&PenaltyBox, Clock)>,
+    ) -> Option<Penalties<K>> {
+        None
+    }
+
+    /// Decides `cost` for `key` on a layer that may charge it after the response (a
+    /// settlement): as [`decide`](Self::decide), except that a store bounding its keys finds
+    /// a place for the key even at a cost of 0.
+    #[doc(hidden)]
+    fn reserve(limiter: &Self::Limiter, key: &K, cost: u32) -> Answer<Self::Later> {
+        Self::decide(limiter, key, cost)
+    }
+
+    /// Gives back what the admission of a request for `key` took (`taken`, its whole cost):
+    /// done when this returns (memory), or when the returned future completes (Redis).
+    /// `local`: the admission was made by the store's local fallback (Redis unreachable),
+    /// whose state is given back instead.
+    #[doc(hidden)]
+    fn refund(
+        limiter: &Self::Limiter,
+        key: K,
+        taken: Reservation,
+        local: bool,
+    ) -> Option<Refunding>;
 
     /// How many keys the limiter tracks in this process, if it tracks them here.
     #[doc(hidden)]
@@ -73,16 +101,16 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
         None
     }
 
-    /// Settles a request that reserved `reserved` for `key` at the `actual` cost its response
-    /// reported (different from `reserved`): gives back the difference, or charges it even
-    /// over the limit. Answers the key's state after settling: at once (memory), or when the
-    /// future completes (Redis; `None` when Redis did not answer). `local` as for
-    /// [`refund`](Self::refund).
+    /// Settles a request that took `taken` for `key` at the `actual` cost its response
+    /// reported (different from the cost taken): gives back the difference from what it took,
+    /// or charges it even over the limit. Answers the key's state after settling: at once
+    /// (memory), or when the future completes (Redis; `None` when Redis did not answer).
+    /// `local` as for [`refund`](Self::refund).
     #[doc(hidden)]
     fn settle(
         limiter: &Self::Limiter,
         key: K,
-        reserved: u32,
+        taken: Reservation,
         actual: u32,
         local: bool,
     ) -> Answer<Settling>;
@@ -145,14 +173,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
 
     fn make_limiter(
         &self,
-        _name: &str,
-        quotas: &[Quota],
+        policy: &crate::Policy,
+        _keys: Option<&str>,
         clock: Option<&Clock>,
         max_keys: Option<usize>,
         on_full: Option<OnFull>,
         _penalty: Option<&PenaltyBox>,
     ) -> Result<RateLimiter<K>, ConfigError> {
-        let (first, rest) = quotas.split_first().ok_or(ConfigError::NoQuota)?;
+        let (first, rest) = policy.quotas.split_first().ok_or(ConfigError::NoQuota)?;
         let mut builder = RateLimiter::<K>::builder(first.clone())
             .max_keys(max_keys.unwrap_or(DEFAULT_MAX_KEYS))
             .on_full(on_full.unwrap_or_default());
@@ -174,8 +202,29 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
         Answer::Now(limiter.check_n(key, cost))
     }
 
-    fn refund(limiter: &RateLimiter<K>, key: K, cost: u32, _local: bool) -> Option<Refunding> {
-        limiter.refund(&key, cost);
+    fn share_bound(
+        limiters: &[RateLimiter<K>],
+        max_keys: usize,
+        penalty: Option<(&PenaltyBox, Clock)>,
+    ) -> Option<Penalties<K>> {
+        let bound = std::sync::Arc::new(crate::keyed::Bound::new(max_keys));
+        for limiter in limiters {
+            limiter.share_bound(&bound);
+        }
+        penalty.map(|(p, clock)| Penalties::sharing(p, clock, &bound))
+    }
+
+    fn reserve(limiter: &RateLimiter<K>, key: &K, cost: u32) -> Answer<Never> {
+        Answer::Now(limiter.reserve_n(key, cost))
+    }
+
+    fn refund(
+        limiter: &RateLimiter<K>,
+        key: K,
+        taken: Reservation,
+        _local: bool,
+    ) -> Option<Refunding> {
+        limiter.refund(&key, &taken, taken.cost);
         None
     }
 
@@ -186,11 +235,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
     fn settle(
         limiter: &RateLimiter<K>,
         key: K,
-        reserved: u32,
+        taken: Reservation,
         actual: u32,
         _local: bool,
     ) -> Answer<Settling> {
-        Answer::Now(limiter.settle(&key, reserved, actual))
+        Answer::Now(limiter.settle(&key, &taken, actual))
     }
 }
 

@@ -4,17 +4,23 @@
 -- function `decide` (see src/redis/ban.rs); the script ends with `return penalize(decide)`.
 --
 -- KEYS[1]  the quota key (read and written by `decide` only)
--- KEYS[2]  the penalty key: "<run_end> <strikes> <offences> <banned_until>", microseconds;
---          absent is a key with no strikes, no offences and no ban
+-- KEYS[2]  the penalty key: "<run_end> <strikes> <offences> <banned_until> <retry_at>",
+--          microseconds; absent is a key with no strikes, no offences and no ban. retry_at is
+--          when the request that brought the ban is admitted (the ban, and the quotas that
+--          refused it); a record without it (written before it existed) reads as banned_until
 -- ARGV     the quota script's arguments, then six more, removed before `decide` runs:
 --          now in microseconds ("" for the server's TIME), strikes, within, ban, max_ban,
 --          forget_after (times in microseconds)
 --
--- Returns {3, ban_left} when the key is banned (before the decision, or by the strike this
--- rejection made), else what `decide` returns. A ban is checked before the quotas are asked, so
+-- `ban_only` (a peek at the ban alone) answers the ban left instead of the wait.
+--
+-- Returns {3, wait} when the key is banned (before the decision, or by the strike this
+-- rejection made), wait being the time until a retry is admitted: the end of the ban, or later
+-- when the quotas that refused the request admit it later (src/penalty.rs `Record::wait`);
+-- else what `decide` returns. A ban is checked before the quotas are asked, so
 -- a banned key's request consumes nothing. Every number stays below 2^53.
 
-local function penalize(decide)
+local function penalize(decide, ban_only)
   local n = #ARGV
   local now
   if ARGV[n - 5] == '' then
@@ -32,7 +38,7 @@ local function penalize(decide)
     table.remove(ARGV, i)
   end
 
-  local run_end, strikes, offences, banned_until = 0, 0, 0, 0
+  local run_end, strikes, offences, banned_until, retry_at = 0, 0, 0, 0, 0
   local raw = redis.call('GET', KEYS[2])
   if raw then
     local words = {}
@@ -43,10 +49,12 @@ local function penalize(decide)
     strikes = words[2] or 0
     offences = words[3] or 0
     banned_until = words[4] or 0
+    retry_at = words[5] or banned_until
   end
 
   if banned_until > now then
-    return {3, banned_until - now}
+    if ban_only or retry_at < banned_until then retry_at = banned_until end
+    return {3, retry_at - now}
   end
 
   local reply = decide()
@@ -76,6 +84,9 @@ local function penalize(decide)
     strikes = 0
     run_end = 0
     left = length
+    -- A limited request (1) waits for its quotas too; one that can never pass (2) does not.
+    if reply[1] == 1 and tonumber(reply[2]) > left then left = tonumber(reply[2]) end
+    retry_at = now + left
   end
 
   -- Kept until it is idle: the run over, the ban over, the offences forgotten.
@@ -84,8 +95,8 @@ local function penalize(decide)
   if offences > 0 and banned_until + forget > idle then idle = banned_until + forget end
   if idle > now then
     local ttl = math.ceil((idle - now) / 1000)
-    redis.call('SET', KEYS[2], string.format('%.0f %.0f %.0f %.0f', run_end, strikes, offences,
-      banned_until), 'PX', ttl)
+    redis.call('SET', KEYS[2], string.format('%.0f %.0f %.0f %.0f %.0f', run_end, strikes,
+      offences, banned_until, retry_at), 'PX', ttl)
   end
 
   if left > 0 then

@@ -42,11 +42,12 @@ pub(crate) static STRIKE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// The penalty box alone, reading whether the key is banned (`{3, left}`) or not (`{0, 0}`).
+/// The penalty box alone, reading whether the key is banned (`{3, ban left}`) or not
+/// (`{0, 0}`).
 pub(crate) static PEEK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("ban.lua"),
-        "\nreturn penalize(function() return {0, 0} end)\n"
+        "\nreturn penalize(function() return {0, 0} end, true)\n"
     ))
 });
 

@@ -70,12 +70,9 @@ impl<K: Hash + Eq + Clone> DenyCache<K> {
         if now >= entry.until || cost < entry.cost {
             return None;
         }
+        // Remembered under other quotas than those in force now (a change while serving),
+        // the times are judged by the quotas in force, as Redis judges them.
         let mut tats = entry.tats;
-        // Remembered under stricter quotas than those in force now (a change while serving):
-        // Redis brings such a key back to the new tolerance and stores it, so it must decide.
-        if gcras.iter().zip(&tats).any(|(g, &t)| g.held(t, now) != t) {
-            return None;
-        }
         let (d, _) = gcra::decide(gcras, &mut tats[..gcras.len()], now, cost);
         if d.outcome() == Outcome::Allowed {
             return None;

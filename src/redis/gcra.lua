@@ -2,28 +2,34 @@
 -- src/algo/window.rs (fixed window, sliding-window log, sliding-window counter).
 --
 -- KEYS[1]  the key. Without a sliding-log quota, a string: the quotas' words in order,
---          separated by spaces (GCRA: its TAT; fixed window: start, used; counter: start,
---          prev, cur). With one, a sorted set: the log, one member "<time>:<index>" per unit
---          of cost at score <time>, and the words as the member "w<words>" at score -inf.
---          Times in microseconds. Absent is an idle key.
--- ARGV[1]  cost (0 only reports); a negative cost -c gives back a request of cost c admitted
---          earlier (src/algo/mod.rs `KeyState::refund`; the log loses its newest c entries);
---          "+c" charges c whatever the limit (a cost settled after the response): decided as
---          if every quota admitted it, beyond the limit if need be (`KeyState::charge`)
+--          separated by spaces (GCRA: its TAT; fixed window: end, used; counter: start,
+--          prev, cur). With one, a sorted set: the log, one member "<time>:<total>:<cost>"
+--          per request at score <time> (<total>: the running total of costs through it, 16
+--          digits, so that members of one time sort as they were added), and the words as the
+--          member "w<words>" at score -inf. Times in microseconds. Absent is an idle key.
+-- ARGV[1]  cost (0 only reports); a negative cost -u gives back u units of a request admitted
+--          earlier: of what its reservation (below) took, only what still counts (src/algo/
+--          mod.rs `KeyState::refund`); without one (a lease's units), u emission intervals of
+--          each time, never before now, and the newest log entries. "+c" charges c whatever
+--          the limit (a cost settled after the response): decided as if every quota admitted
+--          it, beyond the limit if need be (`KeyState::charge`)
 -- ARGV[2]  now in microseconds, or "" to use the server's TIME (shared by every instance)
 -- ARGV[3]  number of quotas n, then for quota i: ARGV[1+3i] kind (0 GCRA, 1 fixed window,
 --          2 sliding log, 3 sliding counter, 4 GCRA with warm-up), ARGV[2+3i], ARGV[3+3i]:
 --          GCRA emission interval and tolerance, or a window's count and width, in
 --          microseconds
--- ARGV[4+3n] bit q-1 set: GCRA quota q was replaced while serving and a key may still hold a
---          time earned under the old quota beyond this one's tolerance (src/gcra.rs
---          `Gcra::holds`); such a time is held to the tolerance. A warm-up quota's state is
---          carried as it is.
+-- ARGV[4+3n] for a refund, the cost of the reservation it gives back from (0: none)
 -- ARGV[5+3n..] for each warm-up quota in order, its warm-up period in microseconds and its
 --          cold factor (src/warmup.rs; its words are the TAT and the deficit of stored permits)
+-- then     for each quota, what had left its windows at the changes of quotas (src/algo/
+--          window.rs `Window::replacing`): gone, gone_cur (0 for other kinds)
+-- then     for a refund with a reservation, each quota's spot (src/gcra.rs `Reservation`):
+--          GCRA and warm-up the slice start, end; fixed window its end, 0; counter its start,
+--          0; log the entry's time, 0
 --
 -- Returns {outcome, retry_after, remaining_1, reset_after_1, ..., remaining_n, reset_after_n}
--- with outcome 0 = allowed, 1 = limited, 2 = never admissible; times in microseconds.
+-- with outcome 0 = allowed, 1 = limited, 2 = never admissible; times in microseconds; an
+-- admission with a cost adds each quota's spot (two numbers, as above), what it took.
 -- Every number stays below 2^53, where Lua's doubles are exact integers.
 
 -- (prelude.lua, before this: cost, force, now, n, key, idiv)
@@ -34,6 +40,8 @@ local kind, pa, pb = {}, {}, {}
 local warm = {}
 local log_width = nil
 local log_limit = 0
+local reserved = tonumber(ARGV[4 + 3 * n]) or 0
+local gone, gone_cur, spot_a, spot_b = {}, {}, {}, {}
 do
   local extra = 5 + 3 * n
   for q = 1, n do
@@ -47,8 +55,13 @@ do
       extra = extra + 2
     end
   end
+  for q = 1, n do
+    gone[q] = tonumber(ARGV[extra + 2 * q - 2]) or 0
+    gone_cur[q] = tonumber(ARGV[extra + 2 * q - 1]) or 0
+    spot_a[q] = tonumber(ARGV[extra + 2 * n + 2 * q - 2]) or 0
+    spot_b[q] = tonumber(ARGV[extra + 2 * n + 2 * q - 1]) or 0
+  end
 end
-local hold = tonumber(ARGV[4 + 3 * n]) or 0
 local WORDS = {[0] = 1, [1] = 2, [2] = 0, [3] = 3, [4] = 2}
 
 
@@ -143,10 +156,25 @@ end
 
 -- ---- state ----
 
+-- A log entry: its time, the running total of costs through it, and its own cost.
+local function entry(m)
+  local t, total, c = string.match(m, '^(%d+):(%d+):(%d+)$')
+  return tonumber(t), tonumber(total), tonumber(c)
+end
+
+local function member(t, total, c)
+  return fmt(t) .. ':' .. string.format('%016.0f', total) .. ':' .. fmt(c)
+end
+
 local raw
 if log_width then
   -- What no window can see any more goes first: entries with t + width <= now.
-  redis.call('ZREMRANGEBYSCORE', key, 0, now - log_width)
+  redis.call('ZREMRANGEBYSCORE', key, '(-inf', now - log_width)
+  -- A log written by an earlier version (one member per unit, without costs) is forgotten.
+  local top = redis.call('ZRANGE', key, -1, -1)
+  if top[1] and string.byte(top[1]) ~= 119 and not string.match(top[1], '^%d+:%d+:%d+$') then
+    redis.call('DEL', key)
+  end
   local w = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf')
   if w[1] then raw = string.sub(w[1], 2) end
 else
@@ -165,28 +193,40 @@ do
   end
 end
 
-local function log_count(width)
-  if not log_width then return 0 end
-  return redis.call('ZCOUNT', key, '(' .. fmt(now - width), '+inf')
+-- The newest log entry: time, running total, cost (nil when the log is empty).
+local function log_newest()
+  local top = redis.call('ZRANGE', key, -1, -1)
+  if top[1] and string.byte(top[1]) ~= 119 then return entry(top[1]) end
+  return nil
 end
 
-local function log_newest()
-  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if top[2] and top[2] ~= '-inf' then return tonumber(top[2]) end
-  return nil
+-- The first entry of quota q's window (after `gone`): its member and rank, and the cost the
+-- window holds.
+local function log_window(q, width)
+  if not log_width then return nil, nil, 0 end
+  local cut = now - width
+  if gone[q] > 0 and gone[q] > cut then cut = gone[q] end
+  local first = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cut), '+inf', 'LIMIT', 0, 1)
+  if not first[1] then return nil, nil, 0 end
+  local _, total, c = entry(first[1])
+  local _, newest = log_newest()
+  return first[1], total - c, newest - (total - c)
 end
 
 -- ---- the kinds ----
 
--- Fixed window: the current window at now.
+-- Fixed window: the current window at now (its end, what it used).
 local function fixed_current(s, width)
-  if s[2] > 0 and now < s[1] + width then return s[1], s[2] end
-  return now, 0
+  if s[2] > 0 and now < s[1] then return s[1], s[2] end
+  return now + width, 0
 end
 
--- Sliding counter: the current window at now (start, prev, cur).
-local function counter_current(s, width)
+-- Sliding counter: the current window at now (start, prev, cur); what had left the windows
+-- of replaced quotas stays gone.
+local function counter_current(q, s, width)
   local start, prev, cur = s[1], s[2], s[3]
+  if gone_cur[q] > 0 and start <= gone_cur[q] then return now, 0, 0 end
+  if gone[q] > 0 and start <= gone[q] then prev = 0 end
   if prev == 0 and cur == 0 then return now, 0, 0 end
   if now < start + width then return start, prev, cur end
   if cur > 0 and now < start + 2 * width then return start + width, cur, 0 end
@@ -200,7 +240,15 @@ local function counter_weighted(start, prev, width)
   return prev * (width - e)
 end
 
--- Returns 'allow', new state | 'deny', retry | 'never'
+-- The time a request admitted now is logged at: never before the newest entry (a server
+-- clock that stepped back counts as the newest).
+local log_at = now
+if log_width then
+  local t = log_newest()
+  if t and t > log_at then log_at = t end
+end
+
+-- Returns 'allow', new state, spot | 'deny', retry | 'never'
 local function step(q, c)
   local k, a, b, s = kind[q], pa[q], pb[q], st[q]
   if k == 4 then
@@ -218,7 +266,7 @@ local function step(q, c)
     local kk = spent
     if kk > above then kk = above end
     local extra = warm_surcharge_to(cv, above) - warm_surcharge_to(cv, above - kk)
-    return 'allow', {base + inc + extra, deficit + spent, 0}
+    return 'allow', {base + inc + extra, deficit + spent, 0}, {base, base + inc + extra}
   end
   if k == 0 then
     local inc = c * a
@@ -226,29 +274,37 @@ local function step(q, c)
     local base = s[1]
     if now > base then base = now end
     local ahead = base + inc - now
-    if ahead <= b or force then return 'allow', {base + inc, 0, 0} end
+    if ahead <= b or force then return 'allow', {base + inc, 0, 0}, {base, base + inc} end
     return 'deny', ahead - b
   end
   if c > a and not force then return 'never' end
   if k == 1 then
-    local start, used = fixed_current(s, b)
-    if used + c <= a or force then return 'allow', {start, used + c, 0} end
-    local r = start + b - now
+    local e, used = fixed_current(s, b)
+    if used + c <= a or force then return 'allow', {e, used + c, 0}, {e, 0} end
+    local r = e - now
     if r < 1 then r = 1 end
     return 'deny', r
   elseif k == 2 then
-    local cnt = log_count(b)
-    if cnt + c <= a or force then return 'allow', {0, 0, 0} end
-    local kth = cnt + c - a
-    local t = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - b), '+inf', 'WITHSCORES',
-      'LIMIT', kth - 1, 1)
-    local r = tonumber(t[2]) + b - now
+    local first, before, cnt = log_window(q, b)
+    if cnt + c <= a or force then return 'allow', {0, 0, 0}, {log_at, 0} end
+    -- The oldest entries of the window holding cnt + c - a must leave it first: the first
+    -- whose running total reaches before + cnt + c - a, found by rank.
+    local goal = before + cnt + c - a
+    local lo = redis.call('ZRANK', key, first)
+    local hi = redis.call('ZCARD', key) - 1
+    while lo < hi do
+      local mid = lo + idiv(hi - lo, 2)
+      local _, total = entry(redis.call('ZRANGE', key, mid, mid)[1])
+      if total >= goal then hi = mid else lo = mid + 1 end
+    end
+    local t = entry(redis.call('ZRANGE', key, lo, lo)[1])
+    local r = t + b - now
     if r < 1 then r = 1 end
     return 'deny', r
   else
-    local start, prev, cur = counter_current(s, b)
+    local start, prev, cur = counter_current(q, s, b)
     if force or (cur + c) * b + counter_weighted(start, prev, b) <= a * b then
-      return 'allow', {start, prev, cur + c}
+      return 'allow', {start, prev, cur + c}, {start, 0}
     end
     local function first_fit(count, room)
       if count == 0 then return 0 end
@@ -280,28 +336,26 @@ local function figures(q)
   elseif k == 0 then
     local ahead = s[1] - now
     if ahead < 0 then ahead = 0 end
-    -- A time earned under a replaced quota reads as held to the tolerance; a debt does not.
-    if ahead > b and math.floor(hold / 2 ^ (q - 1)) % 2 == 1 then ahead = b end
     local remaining = 0
     if b > ahead then remaining = idiv(b - ahead, a) end
     return remaining, ahead
   elseif k == 1 then
-    local start, used = fixed_current(s, b)
+    local e, used = fixed_current(s, b)
     local reset = 0
-    if used > 0 then reset = start + b - now end
+    if used > 0 then reset = e - now end
     -- More used than the count after a lower count was set while serving: none remaining.
     local remaining = a - used
     if remaining < 0 then remaining = 0 end
     return remaining, reset
   elseif k == 2 then
-    local cnt = log_count(b)
+    local _, _, cnt = log_window(q, b)
     local reset = 0
     if cnt > 0 then reset = log_newest() + b - now end
     local remaining = a - cnt
     if remaining < 0 then remaining = 0 end
     return remaining, reset
   else
-    local start, prev, cur = counter_current(s, b)
+    local start, prev, cur = counter_current(q, s, b)
     local weighted = counter_weighted(start, prev, b)
     local weight = idiv(weighted + b - 1, b)
     local remaining = a - cur - weight
@@ -322,14 +376,17 @@ local function idle_at(q)
     if s[2] <= 0 or c.max == 0 then return s[1] end
     return s[1] + muldiv(s[2], c.period, c.max) + 1
   elseif k == 0 then return s[1]
-  elseif k == 1 then if s[2] > 0 then return s[1] + b end return 0
+  elseif k == 1 then if s[2] > 0 then return s[1] end return 0
   elseif k == 2 then
     local t = log_newest()
-    if t then return t + b end
+    if t and (gone[q] == 0 or t > gone[q]) then return t + b end
     return 0
   else
+    if gone_cur[q] > 0 and s[1] <= gone_cur[q] then return 0 end
+    local prev = s[2]
+    if gone[q] > 0 and s[1] <= gone[q] then prev = 0 end
     if s[3] > 0 then return s[1] + 2 * b end
-    if s[2] > 0 then return s[1] + b end
+    if prev > 0 then return s[1] + b end
     return 0
   end
 end
@@ -360,39 +417,110 @@ local function save()
   end
 end
 
+-- Gives back u units of the log entries at time t (the newest entries when t is nil), newest
+-- first; the running totals of the entries after them follow.
+local function log_give_back(t, u)
+  local list
+  if t then
+    list = redis.call('ZRANGEBYSCORE', key, t, '+inf')
+  else
+    list = redis.call('ZRANGEBYSCORE', key, '(-inf', '+inf')
+  end
+  local es = {}
+  for i, m in ipairs(list) do
+    local et, total, c = entry(m)
+    es[i] = {et, total, c, m}
+  end
+  local left = u
+  for i = #es, 1, -1 do
+    if left == 0 then break end
+    if t == nil or es[i][1] == t then
+      local back = es[i][3]
+      if back > left then back = left end
+      es[i][3] = es[i][3] - back
+      left = left - back
+    end
+  end
+  if left == u or #es == 0 then return end
+  local running = es[1][2] - tonumber(string.match(es[1][4], ':(%d+)$'))
+  local add = {}
+  for _, e in ipairs(es) do
+    redis.call('ZREM', key, e[4])
+    if e[3] > 0 then
+      running = running + e[3]
+      add[#add + 1] = e[1]
+      add[#add + 1] = member(e[1], running, e[3])
+    end
+  end
+  if #add > 0 then redis.call('ZADD', key, unpack(add)) end
+end
+
 -- ---- refund ----
 
 if cost < 0 then
-  local c = -cost
+  local u = -cost
+  if reserved > 0 and u > reserved then u = reserved end
+  local log_spot = nil
   for q = 1, n do
     local k, a, b, s = kind[q], pa[q], pb[q], st[q]
     if k == 0 or k == 4 then
-      -- Warm-up: the TAT moves back by the stable cost, the warm-up is kept.
       local tat = s[1]
       if tat > now then
-        tat = tat - c * a
+        local back
+        if reserved > 0 then
+          -- The end part of its own slice that is still ahead of now.
+          back = 0
+          if spot_b[q] > now then
+            local units = u
+            if units > reserved then units = reserved end
+            local from = spot_b[q] - muldiv(spot_b[q] - spot_a[q], units, reserved)
+            if from < now then from = now end
+            back = spot_b[q] - from
+          end
+        else
+          back = u * a
+        end
+        tat = tat - back
         if tat < now then tat = now end
       end
       if k == 4 then st[q] = {tat, s[2], 0} else st[q] = {tat, 0, 0} end
     elseif k == 1 then
-      local start, used = fixed_current(s, b)
-      used = used - c
-      if used <= 0 then st[q] = {0, 0, 0} else st[q] = {start, used, 0} end
+      local e, used = s[1], s[2]
+      if used > 0 and now < e and (reserved == 0 or e == spot_a[q]) then
+        used = used - u
+        if used <= 0 then st[q] = {0, 0, 0} else st[q] = {e, used, 0} end
+      end
+    elseif k == 2 then
+      log_spot = spot_a[q]
     elseif k == 3 then
-      local start, prev, cur = counter_current(s, b)
-      local from_cur = c
-      if from_cur > cur then from_cur = cur end
-      prev = prev - (c - from_cur)
-      if prev < 0 then prev = 0 end
-      cur = cur - from_cur
-      if prev == 0 and cur == 0 then st[q] = {0, 0, 0} else st[q] = {start, prev, cur} end
+      local start, prev, cur = counter_current(q, s, b)
+      if prev == 0 and cur == 0 then
+        st[q] = {0, 0, 0}
+      elseif reserved == 0 then
+        local from_cur = u
+        if from_cur > cur then from_cur = cur end
+        prev = prev - (u - from_cur)
+        if prev < 0 then prev = 0 end
+        cur = cur - from_cur
+        if prev == 0 and cur == 0 then st[q] = {0, 0, 0} else st[q] = {start, prev, cur} end
+      elseif start == spot_a[q] or start == spot_a[q] + b then
+        if start == spot_a[q] then
+          cur = cur - u
+          if cur < 0 then cur = 0 end
+        else
+          prev = prev - u
+          if prev < 0 then prev = 0 end
+        end
+        if prev == 0 and cur == 0 then st[q] = {0, 0, 0} else st[q] = {start, prev, cur} end
+      end
     end
   end
   if log_width then
-    local have = redis.call('ZCOUNT', key, 0, '+inf')
-    local take = c
-    if take > have then take = have end
-    if take > 0 then redis.call('ZPOPMAX', key, take) end
+    if reserved > 0 then
+      if log_spot then log_give_back(log_spot, u) end
+    else
+      log_give_back(nil, u)
+    end
   end
   save()
   cost = 0
@@ -400,27 +528,14 @@ end
 
 -- ---- decision ----
 
--- A GCRA TAT more than the tolerance ahead, while a replaced quota may explain it, was earned
--- under that quota: it is brought back to exactly the tolerance ahead, and stored so even when
--- the request is rejected (src/gcra.rs `Gcra::held`). Otherwise it is a debt a charge made
--- after a response ("+c"), which stands; a charge itself is never held.
-local clamped = false
-if cost > 0 and not force then
-  for q = 1, n do
-    if kind[q] == 0 and math.floor(hold / 2 ^ (q - 1)) % 2 == 1 and st[q][1] > now + pb[q] then
-      st[q] = {now + pb[q], 0, 0}
-      clamped = true
-    end
-  end
-end
-
 local outcome = 0
 local retry = 0
-local new = {}
+local new, spots = {}, {}
 for q = 1, n do
-  local verdict, v = step(q, cost)
+  local verdict, v, spot = step(q, cost)
   if verdict == 'allow' then
     new[q] = v
+    spots[q] = spot
   elseif verdict == 'deny' then
     if outcome == 0 then outcome = 1 end
     if v > retry then retry = v end
@@ -429,35 +544,35 @@ for q = 1, n do
   end
 end
 
-if outcome == 0 and cost > 0 then
+local took = outcome == 0 and cost > 0
+if took then
   for q = 1, n do st[q] = new[q] end
   if log_width then
-    -- Times never go back in the log (a server clock that stepped back counts as the newest).
-    local at = now
-    local newest = log_newest()
-    if newest and newest > at then at = newest end
-    local stamp = fmt(at)
-    local have = redis.call('ZCOUNT', key, at, at)
-    local args = {}
-    -- A charge logs at most the largest limit: more entries at one time change no decision.
+    -- One entry per request, carrying its cost; a charge logs at most the largest limit:
+    -- more changes no decision.
     local logged = cost
     if force and logged > log_limit then logged = log_limit end
-    for i = 0, logged - 1 do
-      args[#args + 1] = at
-      args[#args + 1] = stamp .. ':' .. string.format('%010d', have + i)
-    end
-    -- ZADD in slices: Lua's unpack has a limit on the number of values.
-    local i = 1
-    while i <= #args do
-      local last = i + 1999
-      if last > #args then last = #args end
-      redis.call('ZADD', key, unpack(args, i, last))
-      i = last + 1
-    end
+    local _, total = log_newest()
+    redis.call('ZADD', key, log_at, member(log_at, (total or 0) + logged, logged))
   end
   save()
-elseif clamped then
-  save()
+elseif cost > 0 then
+  -- A rejection writes nothing, but a sliding window widened since the key last changed may
+  -- see its entries for longer than its expiry says: the expiry follows.
+  local replaced = false
+  for q = 1, n do
+    if gone[q] > 0 then replaced = true end
+  end
+  if replaced then
+    local horizon = 0
+    for q = 1, n do
+      local h = idle_at(q)
+      if h > horizon then horizon = h end
+    end
+    local ttl = math.ceil((horizon - now) / 1000)
+    local left = redis.call('PTTL', key)
+    if ttl > 0 and left >= 0 and left < ttl then redis.call('PEXPIRE', key, ttl) end
+  end
 end
 if outcome ~= 1 then retry = 0 end
 
@@ -466,5 +581,11 @@ for q = 1, n do
   local remaining, reset = figures(q)
   reply[1 + 2 * q] = remaining
   reply[2 + 2 * q] = reset
+end
+if took and not force then
+  for q = 1, n do
+    reply[#reply + 1] = spots[q][1]
+    reply[#reply + 1] = spots[q][2]
+  end
 end
 return reply

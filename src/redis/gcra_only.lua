@@ -5,12 +5,15 @@
 -- this script; the other kinds through gcra.lua.
 --
 -- KEYS[1]  the key: the quotas' TATs in order, separated by spaces, in microseconds.
--- ARGV     as gcra.lua: cost ("-c" gives back c, "+c" charges c whatever the limit), now or
---          "", the number of quotas n, then per quota 0, emission interval, tolerance; then
---          the bits of the quotas that hold a key to their tolerance.
+-- ARGV     as gcra.lua: cost ("-u" gives back u units, "+c" charges c whatever the limit),
+--          now or "", the number of quotas n, then per quota 0, emission interval,
+--          tolerance; then the cost of the reservation a refund gives back from (0: none),
+--          two zeros per quota, and for a refund with a reservation each quota's slice
+--          (start, end).
+-- Returns  as gcra.lua: an admission with a cost adds each quota's slice.
 
 -- (prelude.lua, before this: cost, force, now, n, key, idiv)
-local hold = tonumber(ARGV[4 + 3 * n]) or 0
+local reserved = tonumber(ARGV[4 + 3 * n]) or 0
 
 local tat = {}
 local raw = redis.call('GET', key)
@@ -41,11 +44,27 @@ local function save()
 end
 
 if cost < 0 then
-  local c = -cost
+  local u = -cost
+  if reserved > 0 and u > reserved then u = reserved end
   for q = 1, n do
     local t = tat[q]
     if t > now then
-      t = t - c * tonumber(ARGV[2 + 3 * q])
+      local back
+      if reserved > 0 then
+        -- The end part of the request's own slice that is still ahead of now. The slice is
+        -- its cost times the interval, so the part is an exact division.
+        local sa = tonumber(ARGV[3 + 5 * n + 2 * q])
+        local sb = tonumber(ARGV[4 + 5 * n + 2 * q])
+        back = 0
+        if sb > now then
+          local from = sb - (sb - sa) / reserved * u
+          if from < now then from = now end
+          back = sb - from
+        end
+      else
+        back = u * tonumber(ARGV[2 + 3 * q])
+      end
+      t = t - back
       if t < now then t = now end
     end
     tat[q] = t
@@ -54,20 +73,9 @@ if cost < 0 then
   cost = 0
 end
 
-local clamped = false
-if cost > 0 and not force then
-  for q = 1, n do
-    local b = tonumber(ARGV[3 + 3 * q])
-    if math.floor(hold / 2 ^ (q - 1)) % 2 == 1 and tat[q] > now + b then
-      tat[q] = now + b
-      clamped = true
-    end
-  end
-end
-
 local outcome = 0
 local retry = 0
-local new = {}
+local new, starts = {}, {}
 for q = 1, n do
   local a, b = tonumber(ARGV[2 + 3 * q]), tonumber(ARGV[3 + 3 * q])
   local inc = cost * a
@@ -79,6 +87,7 @@ for q = 1, n do
     local ahead = base + inc - now
     if ahead <= b or force then
       new[q] = base + inc
+      starts[q] = base
     else
       if outcome == 0 then outcome = 1 end
       if ahead - b > retry then retry = ahead - b end
@@ -86,10 +95,9 @@ for q = 1, n do
   end
 end
 
-if outcome == 0 and cost > 0 then
+local took = outcome == 0 and cost > 0
+if took then
   for q = 1, n do tat[q] = new[q] end
-  save()
-elseif clamped then
   save()
 end
 if outcome ~= 1 then retry = 0 end
@@ -99,10 +107,15 @@ for q = 1, n do
   local a, b = tonumber(ARGV[2 + 3 * q]), tonumber(ARGV[3 + 3 * q])
   local ahead = tat[q] - now
   if ahead < 0 then ahead = 0 end
-  if ahead > b and math.floor(hold / 2 ^ (q - 1)) % 2 == 1 then ahead = b end
   local remaining = 0
   if b > ahead then remaining = idiv(b - ahead, a) end
   reply[1 + 2 * q] = remaining
   reply[2 + 2 * q] = ahead
+end
+if took and not force then
+  for q = 1, n do
+    reply[#reply + 1] = starts[q]
+    reply[#reply + 1] = new[q]
+  end
 end
 return reply

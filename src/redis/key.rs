@@ -11,14 +11,16 @@ use std::sync::Arc;
 /// `Box<[u8]>`, `Arc<str>`), for strings, byte strings, integers and `bool`, and for tuples of
 /// up to four of them, whose parts are each written as `<length>:<bytes>`.
 ///
-/// The full name of a key is `<prefix><policy length>:<policy>:<key>`, e.g.
-/// `tollgate:7:default:203.0.113.9` (see [`RedisStore::prefix`](super::RedisStore::prefix)).
+/// The full name of a key is `<prefix><scope length>:<scope>:<key>`, e.g.
+/// `tollgate:5:login:203.0.113.9` (see [`RedisStore::prefix`](super::RedisStore::prefix); the
+/// scope is the policy's name, with a digest when it was not given, see
+/// [`RedisRateLimiter`](super::RedisRateLimiter#keys)).
 ///
 /// # Redis Cluster hash tags
 /// Redis Cluster places a key by its hash tag, the bytes between its first `{` and the next
 /// `}`, when there is one. The bytes of a limiter key come from clients, so they never form
 /// one: when they contain a `{` (and the prefix and policy name contain none), the name gets
-/// `{}` before them, e.g. `tollgate:7:default:{}{x}` for the key `{x}`, and Redis then hashes
+/// `{}` before them, e.g. `tollgate:5:login:{}{x}` for the key `{x}`, and Redis then hashes
 /// the whole name, as for any other key. A client cannot pin its keys onto one node with a
 /// tag. A prefix or policy name that has a `{` decides instead: a tag in them (`app{1}:`) puts
 /// every key of the limiter in one slot, and an unclosed `{` is closed right after the policy

@@ -12,10 +12,12 @@
 //!   only its own cost (a plain decision); a lease spent in less than half its hold doubles the
 //!   next batch; a lease that expires with units left makes the next batch what was spent of
 //!   it; a batch Redis refuses halves the next one.
-//! * A lease is used for at most [`Lease::hold`]. Units left when it expires are never used;
-//!   they go back to Redis (one script call, as a refund) with the instance's next request for
-//!   the key, or with [`RedisRateLimiter::return_leases`](super::RedisRateLimiter::return_leases).
-//!   Units left when a new batch arrives keep their lease's end, which the new ones share.
+//! * A lease is used for at most [`Lease::hold`]. Units left when it expires are gone: never
+//!   used and never given back (Redis restored them by time alone meanwhile; giving them back
+//!   would let the fleet admit more than the limit). Units of a live lease go back with
+//!   [`RedisRateLimiter::return_leases`](super::RedisRateLimiter::return_leases). Units left
+//!   when a new batch arrives keep their lease's end, which the new ones share. So the fleet
+//!   admits at most `burst + rate × (t + hold)` over any span `t`.
 //! * An instance asks for one batch of a key at a time: its other requests that the lease
 //!   cannot serve wait for that batch (a few times at most), whether the lease is live or
 //!   expired. A request dropped while its batch is on its way clears it; a batch that gets no
@@ -27,8 +29,7 @@
 //! after Redis refuses a batch, the request that asked takes what the key has left while
 //! another may start the next batch), and the fleet admits
 //! at least the limit's allowance less `instances × max_batch` units (plus what expired leases
-//! held until they are given back; Redis's own recovery makes up for those within the quota's
-//! burst period in any case).
+//! held; Redis's own recovery makes up for those within the quota's burst period).
 //!
 //! Local decisions report what the instance knows: the key's state in Redis after its latest
 //! batch, with the units it still holds given back. `r` is then what Redis would report if the
@@ -158,8 +159,6 @@ impl crate::keyed::Entry for Held {
 /// What to do before deciding a request that the lease could not serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Plan {
-    /// Units of an expired lease to give back to Redis first.
-    pub(crate) give_back: u32,
     /// How many units to ask Redis for: the request's cost, and more to hold.
     pub(crate) batch: u32,
     /// Another request of this instance is taking a batch of the key: wait for it (see
@@ -263,13 +262,11 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             false,
             || now,
             |h, _| {
-                let mut give_back = 0;
                 if h.generation == generation && now < h.pending_until {
                     // Another request is taking a batch: this one waits for it, whether the
                     // lease is live or expired (each request that finds an expired lease would
                     // otherwise take a batch of its own, and the instance hold them all).
                     return Plan {
-                        give_back,
                         batch: cost,
                         wait: true,
                         generation,
@@ -282,9 +279,9 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                     *h = fresh;
                     h.batch = batch;
                 } else if now >= h.until {
-                    // Expired with units left: the next batch is what one hold used.
+                    // Expired with units left: they are gone (Redis restored them by time
+                    // alone meanwhile), and the next batch is what one hold used.
                     if h.units > 0 {
-                        give_back = h.units;
                         h.batch = h.taken.saturating_sub(h.units).max(1);
                         h.units = 0;
                     }
@@ -298,7 +295,6 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                     h.pending_until = now.saturating_add(pending);
                 }
                 Plan {
-                    give_back,
                     batch,
                     wait: false,
                     generation,
@@ -308,7 +304,6 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             |_| {
                 Absent::Insert(
                     Plan {
-                        give_back: 0,
                         batch: cost,
                         wait: false,
                         generation,
@@ -319,7 +314,6 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             },
         );
         batch.unwrap_or(Plan {
-            give_back: 0,
             batch: cost,
             wait: false,
             generation,
@@ -419,8 +413,9 @@ impl<K: Hash + Eq + Clone> Leases<K> {
         }
     }
 
-    /// Takes every unit held (of the quotas in force), for them to be given back.
-    pub(crate) fn drain(&self) -> Vec<(K, u32)> {
+    /// Takes every unit held at `now` under a live lease (of the quotas in force), for them
+    /// to be given back; the units of expired leases are dropped, never returned.
+    pub(crate) fn drain(&self, now: u64) -> Vec<(K, u32)> {
         let mut keys = Vec::new();
         self.table.for_each(|k, h| {
             if h.units > 0 {
@@ -439,13 +434,13 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                         false,
                         || 0,
                         |h, _| {
-                            let units = if h.generation == generation {
-                                h.units
+                            if h.generation == generation && now < h.until {
+                                std::mem::take(&mut h.units)
                             } else {
+                                // Never given back; an expired lease's units still size the
+                                // key's next batch.
                                 0
-                            };
-                            h.units = 0;
-                            units
+                            }
                         },
                         |_| Absent::Done(0),
                     )
@@ -519,7 +514,8 @@ fn local_decision(
     let n = gcras.len().min(MAX_QUOTAS);
     let (d, _) = gcra::decide(gcras, &mut shadow[..n], now, cost);
     if d.is_allowed() {
-        d
+        // Taken from the lease, not from a slice of Redis's times: given back as its units.
+        d.with_taken(gcra::Reservation::none())
     } else {
         // Only when the times the instance knows are behind what it holds (answers that
         // crossed): the units are real, so the request is admitted with the state known.
@@ -561,7 +557,6 @@ mod tests {
                 continue;
             }
             let plan = l.plan(&"k", now, 1, 100);
-            assert_eq!(plan.give_back, 0);
             let d = redis(&g, &mut tat, now, plan.batch);
             assert!(d.is_allowed());
             let mine = l.took(&"k", &[g], now, &plan, plan.batch, &d);
@@ -571,35 +566,50 @@ mod tests {
         assert_eq!(batches[..6], [1, 2, 4, 8, 16, 16]);
         // Everything admitted was taken; what is held is the difference.
         let taken: u32 = batches.iter().sum();
-        let held = l.drain();
+        let held = l.drain(now);
         assert_eq!(taken - 60, held.first().map_or(0, |h| h.1));
     }
 
-    #[test]
-    fn an_expired_lease_is_not_used_and_its_units_go_back() {
-        let g = Gcra::new(MS, 100 * MS);
-        let l = leases(8, 100);
+    /// A lease of 8 grown from nothing at time 0, with 7 units left.
+    fn grown_to_eight(l: &Leases<&'static str>, g: &Gcra) {
         let mut tat = 0;
-        // Grow to a batch of 8, leave 7 of it.
-        let mut now = 0;
         loop {
-            if l.serve(&"k", &[g], now, 1).is_some() {
+            if l.serve(&"k", &[*g], 0, 1).is_some() {
                 continue;
             }
-            let plan = l.plan(&"k", now, 1, 100);
-            let d = redis(&g, &mut tat, now, plan.batch);
-            l.took(&"k", &[g], now, &plan, plan.batch, &d);
+            let plan = l.plan(&"k", 0, 1, 100);
+            let d = redis(g, &mut tat, 0, plan.batch);
+            l.took(&"k", &[*g], 0, &plan, plan.batch, &d);
             if plan.batch == 8 {
                 break;
             }
         }
-        now += 100 * MS;
-        assert!(l.serve(&"k", &[g], now, 1).is_none(), "expired at the hold");
-        let plan = l.plan(&"k", now, 1, 100);
-        assert_eq!(plan.give_back, 7);
-        // One unit of the 8 was spent in its hold: the next batch is 1.
-        assert_eq!(plan.batch, 1);
-        assert!(l.drain().is_empty());
+    }
+
+    #[test]
+    fn an_expired_lease_is_not_used_and_its_units_are_never_given_back() {
+        let g = Gcra::new(MS, 100 * MS);
+        let l = leases(8, 100);
+        grown_to_eight(&l, &g);
+        let hold = 100 * MS;
+        assert!(
+            l.serve(&"k", &[g], hold, 1).is_none(),
+            "expired at the hold"
+        );
+        // At the hold, Redis has restored the 7 by time alone: none goes back.
+        assert!(l.drain(hold).is_empty());
+        // One unit of the 8 was spent in its hold: the next batch is 1, with nothing to give.
+        assert_eq!(l.plan(&"k", hold, 1, 100).batch, 1);
+        assert!(l.drain(hold).is_empty());
+    }
+
+    #[test]
+    fn units_of_a_live_lease_go_back_until_the_hold_ends() {
+        let g = Gcra::new(MS, 100 * MS);
+        let l = leases(8, 100);
+        grown_to_eight(&l, &g);
+        assert_eq!(l.drain(100 * MS - 1), [("k", 7)]);
+        assert!(l.drain(100 * MS - 1).is_empty(), "given back once");
     }
 
     #[test]
@@ -660,6 +670,6 @@ mod tests {
         }
         l.quotas_changed();
         assert!(l.serve(&"k", &[g], 0, 1).is_none());
-        assert!(l.drain().is_empty());
+        assert!(l.drain(0).is_empty());
     }
 }

@@ -14,11 +14,13 @@ use super::ban::{BanCache, DECIDE, MAX_MICROS, PARDON, PEEK, STRIKE};
 use super::deny::DenyCache;
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
 use super::lease::Leases;
-use super::store::{Arg, FailMode, RedisStore, Share, RETRY_WHEN_UNAVAILABLE};
+use super::store::{
+    Arg, FailMode, Failure, RedisStore, Share, GCRA_ONLY, RETRY_WHEN_UNAVAILABLE, SCRIPT,
+};
 use crate::algo::{Rule, Window};
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::gcra::{Decision, Gcra, Outcome, QuotaState, MAX_QUOTAS};
+use crate::gcra::{Decision, Gcra, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use crate::limiter::{InsufficientCapacity, RateLimiter};
 use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
@@ -63,8 +65,18 @@ fn ns_of(d: Option<Duration>) -> u64 {
 /// clock.
 ///
 /// # Keys
-/// The Redis key of a limiter key is `<prefix><name length>:<name>:<key>` (see [`RedisKey`]),
-/// e.g. `tollgate:3:api:42`; it holds the state of all the policy's quotas (so they share one
+/// The Redis key of a limiter key is `<prefix><scope length>:<scope>:<key>` (see [`RedisKey`]),
+/// e.g. `tollgate:3:api:42`. The scope of a limiter named on purpose
+/// ([`name`](RedisRateLimiterBuilder::name), or a layer's `Policy::new("api", ..)`) is its
+/// name: limiters named alike share their keys, whatever their quotas. An unnamed one's is
+/// its default name, `#` and twelve hex digits of a digest of its quotas (kind and numbers, in
+/// order) and of what its keys are (a layer's key extractor, see
+/// [`KeyExtractor::describe`](crate::key::KeyExtractor::describe); the key type for a
+/// limiter used directly), e.g. `tollgate:21:3-per-1m#5c0f9a1b2e47:42`: the same limiter in
+/// every process writes the same keys, and limiters that differ in any of those never meet.
+/// Two live unnamed limiters with the same scope on one store are a
+/// [`ConfigError::SharedRedisKeys`] when the second is built. The scope is fixed when the
+/// limiter is built: [`set_quotas`](Self::set_quotas) keeps it. A key's value it holds the state of all the policy's quotas (so they share one
 /// Cluster slot), and expires when the key is back to its full burst. It is a string, or, when
 /// the policy has a [`sliding_log`](Quota::sliding_log) quota, a sorted set holding one member
 /// per admitted unit (`<time>:<index>`, never two alike) beside the other quotas' state. The bytes of a key never
@@ -74,16 +86,26 @@ fn ns_of(d: Option<Duration>) -> u64 {
 /// # When Redis does not answer
 /// See [`FailMode`]: the decision is admitted or rejected as configured, or made by the local
 /// fallback on the scaled quotas (each limiter and its clones keep one local state), and says
-/// [`is_degraded`](Decision::is_degraded).
+/// [`is_degraded`](Decision::is_degraded). A decision waits at most the store's timeout in
+/// all, from its start (a wait for another request's batch included).
+///
+/// An error Redis gives about one key (a value of another type, a script error on it, `OOM`
+/// for a write, a reply that does not fit) is not an outage: the request is rejected as
+/// unavailable and degraded, whatever the [`FailMode`], and nothing else changes (no outage
+/// state, no probing). The first of a policy is logged at `ERROR` with the key's Redis name
+/// and the likely cause; each is counted in `tollgate_redis_errors_total{error="key"}`.
 ///
 /// # Round trips
 /// One `EVALSHA` per decision, except for rejections already known: once Redis has rejected a
 /// request of some cost for a key until a time, requests of that cost or more for that key are
 /// rejected locally until then, or for at most the store's
 /// [`deny_cache_max_age`](RedisStore::deny_cache_max_age) (1 s by default) if that comes first.
-/// While Redis keeps the key this is exact (its stored times only grow); after Redis lost the
-/// key's state (restart without persistence, `FLUSHALL`, eviction, failover), a limiter may
-/// still reject for up to that age what Redis would admit, never longer. See
+/// A refund, a settlement or [`return_leases`](Self::return_leases) through this limiter
+/// brings its cached rejection of the key up to date with Redis's answer (dropped when the
+/// key moved back). Other instances' give-backs, and Redis losing the key's state (restart
+/// without persistence, `FLUSHALL`, eviction, failover), move the key back unseen: then a
+/// limiter may still reject for up to that age what Redis would admit, never longer, and it
+/// never admits what Redis would reject. See
 /// [`local_rejections`](Self::local_rejections). The deny cache serves policies whose quotas
 /// are all GCRA; a policy with a window quota asks Redis for every decision.
 ///
@@ -150,6 +172,8 @@ struct Inner<K> {
     /// The in-memory limiter on the scaled quotas that decides while Redis does not answer,
     /// with [`FailMode::Local`].
     fallback: Option<Fallback<K>>,
+    /// Held while the limiter lives: its unnamed key names are taken in its store.
+    _claim: Option<Arc<()>>,
 }
 
 /// The local fallback: an in-memory limiter on the quotas at `share`.
@@ -193,7 +217,8 @@ impl Limits {
         Limits::replacing(quotas, &[], 0)
     }
 
-    /// `quotas` in place of the rules `old`, at `now` (see [`Gcra::replacing`]).
+    /// `quotas` in place of the rules `old` at `now`: they judge the state every key stored
+    /// (see [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas)).
     fn replacing(quotas: Vec<Quota>, old: &[Rule], now: u64) -> Result<Self, ConfigError> {
         crate::limiter::check_quotas(&quotas)?;
         let mut rules = quotas
@@ -246,6 +271,11 @@ pub struct RedisRateLimiterBuilder<K> {
     penalty: Option<PenaltyBox>,
     /// Whether its own decisions are counted (not when a layer counts them).
     counted: bool,
+    /// Whether the name was given on purpose; if not, the quotas and `keys` join it in the
+    /// Redis key names.
+    named: bool,
+    /// What the keys are (a key extractor's description, or the key type); `None`: unknown.
+    keys: Option<String>,
 }
 
 impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
@@ -261,11 +291,23 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         self
     }
 
-    /// Names the policy (default `"default"`). The name is part of every Redis key: limiters
-    /// with different names never share state, limiters with the same name and store prefix
-    /// always do.
+    /// Names the policy. The name is part of every Redis key: limiters with different names
+    /// never share state, limiters with the same name and store prefix always do, whatever
+    /// their quotas (see [Keys](RedisRateLimiter#keys)).
+    ///
+    /// Without a name, the limiter is called `"default"` and its Redis keys are named after
+    /// its quotas and its key type as well, so that only limiters alike in both share them.
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         self.name = name.into();
+        self.named = true;
+        self
+    }
+
+    /// For a layer: whether its policy was named on purpose, and what its key extractor says
+    /// its keys are.
+    pub(crate) fn keyed_as(mut self, named: bool, keys: Option<String>) -> Self {
+        self.named = named;
+        self.keys = keys;
         self
     }
 
@@ -320,12 +362,33 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
             }
         }
         let all_gcra = limits.gcras.len() == limits.rules.len();
+        // The part of every Redis key name that says which limit it is.
+        let scope: Cow<'_, str> = if self.named {
+            Cow::Borrowed(&*self.name)
+        } else {
+            let keys = self
+                .keys
+                .as_deref()
+                .ok_or_else(|| ConfigError::UnnamedRedisKeys(self.name.to_string()))?;
+            Cow::Owned(format!(
+                "{}#{}",
+                self.name,
+                scope_digest(&limits.rules, keys)
+            ))
+        };
         let mut key_prefix = self.store.prefix.to_vec();
-        RedisKey::write_key(&self.name.len(), &mut key_prefix);
+        RedisKey::write_key(&scope.len(), &mut key_prefix);
         key_prefix.push(b':');
-        key_prefix.extend_from_slice(self.name.as_bytes());
+        key_prefix.extend_from_slice(scope.as_bytes());
         key_prefix.push(b':');
         let tag_guard = guard_fixed_part(&mut key_prefix);
+        // Two limits alike but for a name neither was given would share their keys.
+        let claim = if self.named {
+            None
+        } else {
+            let claim = self.store.claim(&key_prefix);
+            Some(claim.ok_or_else(|| ConfigError::SharedRedisKeys(self.name.to_string()))?)
+        };
         let clock = self.clock.unwrap_or_default();
         let fallback = match self.store.on_failure {
             FailMode::Local(share) => Some(Fallback {
@@ -349,9 +412,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         let penalty = self.penalty.as_ref().map(|p| {
             let mut prefix = self.store.prefix.to_vec();
             prefix.extend_from_slice(b"ban:");
-            RedisKey::write_key(&self.name.len(), &mut prefix);
+            RedisKey::write_key(&scope.len(), &mut prefix);
             prefix.push(b':');
-            prefix.extend_from_slice(self.name.as_bytes());
+            prefix.extend_from_slice(scope.as_bytes());
             prefix.push(b':');
             let tag_guard = guard_fixed_part(&mut prefix);
             Penalty {
@@ -387,9 +450,45 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                 decisions,
                 waiters: Lines::default(),
                 fallback,
+                _claim: claim,
             }),
         })
     }
+}
+
+/// A quota's kind and two numbers, as the script takes them (GCRA: interval and tolerance in
+/// microseconds; a window: its count and width in microseconds; warm-up: as GCRA).
+fn rule_args(r: &Rule) -> (u64, u64, u64) {
+    match r {
+        Rule::Gcra(g) => (0, g.interval / MICRO, g.tolerance / MICRO),
+        Rule::FixedWindow(w) => (1, w.limit, w.width / MICRO),
+        Rule::SlidingLog(w) => (2, w.limit, w.width / MICRO),
+        Rule::SlidingWindow(w) => (3, w.limit, w.width / MICRO),
+        Rule::WarmUp(g) => (4, g.curve.interval / MICRO, g.tolerance / MICRO),
+    }
+}
+
+/// The digest that names the keys of an unnamed limiter: of everything the script decides
+/// by (each quota's kind and numbers, in order, a warm-up's curve) and of what the keys are.
+/// Twelve hex digits (48 bits) of SHA-256: the same in every process, different for limits
+/// that differ.
+fn scope_digest(rules: &[Rule], keys: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"tollgate-scope-1\n");
+    for r in rules {
+        let (kind, a, b) = rule_args(r);
+        h.update(format!("{kind} {a} {b}").as_bytes());
+        if let Rule::WarmUp(g) = r {
+            h.update(format!(" {} {}", g.curve.period, g.curve.cold_factor).as_bytes());
+        }
+        h.update(b"\n");
+    }
+    h.update(keys.as_bytes());
+    h.finalize()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// How many batches of other requests a request waits for at most before it asks Redis for
@@ -410,10 +509,7 @@ fn micros(q: &Quota) -> Result<Rule, ConfigError> {
                 window: q.period(),
             });
         }
-        Ok(Window {
-            limit: w.limit,
-            width: width * MICRO,
-        })
+        Ok(Window::new(w.limit, width * MICRO))
     };
     match q.rule() {
         Rule::Gcra(_) => gcra_micros(q).map(Rule::Gcra),
@@ -463,6 +559,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             clock: None,
             penalty: None,
             counted: true,
+            named: false,
+            keys: Some(std::any::type_name::<K>().to_owned()),
         }
     }
 
@@ -561,10 +659,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// own limiter holds: to change a limit shared by several instances, change it on each
     /// (they read the same configuration, say). Each instance applies the change from its
     /// next decision on; until every instance has it, each decides its own requests with the
-    /// quotas it holds, on the same stored times. The rules for a key in the middle of a
-    /// burst are those of [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas), and the
-    /// script applies them too (no free burst; a key is never held more than the new
-    /// tolerance ahead).
+    /// quotas it holds, on the same stored times. The new quotas judge what each key stored
+    /// and never rewrite it, by the rule of
+    /// [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas), which the script applies
+    /// too.
     ///
     /// The local deny cache checks every rejection it answers against the quotas in force, so
     /// a rejection remembered under stricter quotas is not answered again once the quotas are
@@ -610,17 +708,34 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         self.inner.leases.as_ref().map_or(0, Leases::served)
     }
 
-    /// Gives back to Redis every unit this limiter holds under a [`Lease`](super::Lease), one
-    /// script call per key (e.g. when the instance shuts down). Units that Redis does not take
-    /// back in time are lost to the fleet until the key recovers on its own, within its burst
-    /// period.
+    /// Gives back to Redis the units this limiter holds under a live [`Lease`](super::Lease)
+    /// (e.g. when the instance shuts down): one script call per key, pipelined on the
+    /// multiplexed connection a few hundred at a time, under one deadline: the whole takes at
+    /// most the store's [`timeout`](RedisStore::timeout), whatever the number of keys. Units of a lease older
+    /// than its hold are never given back: Redis restored them by time alone, and returning
+    /// them would give the fleet more than the limit. Units that Redis does not take back in
+    /// time are lost to the fleet until the key recovers on its own, within its burst period.
     pub async fn return_leases(&self) {
         let Some(leases) = &self.inner.leases else {
             return;
         };
-        for (key, units) in leases.drain() {
-            self.refund(&key, units).await;
-        }
+        let held = leases.drain(self.now());
+        let all = async {
+            // A few hundred calls at a time, each batch pipelined on the connection.
+            for chunk in held.chunks(RETURN_AT_ONCE) {
+                let calls: Vec<_> = chunk
+                    .iter()
+                    .map(|(key, units)| {
+                        Box::pin(async move {
+                            let _ = self.give_back(key, *units).await;
+                        })
+                    })
+                    .collect();
+                join_all(calls).await;
+            }
+        };
+        // One deadline for all of them: what is not back by then is lost to the fleet.
+        let _ = tokio::time::timeout(self.inner.store.timeout, all).await;
     }
 
     /// The Redis key that holds the state of `key`: `<prefix><name length>:<name>:<key>`,
@@ -667,19 +782,19 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// The script's arguments after the key: the cost (negative for a refund), the time sent
     /// (empty: the server's clock), then each quota's kind and two numbers (GCRA: interval and
     /// tolerance in microseconds; a window: its count and width in microseconds; warm-up: as
-    /// GCRA), then the quotas that hold a key to their tolerance (bit i: quota i, see
-    /// `Gcra::holds`), then for each warm-up quota in order its period in microseconds and its
-    /// cold factor. Returns them with how many are used.
+    /// GCRA), then the cost of the reservation `taken` that a refund gives back from (0:
+    /// none), then for each warm-up quota in order its period in microseconds and its cold
+    /// factor, then for each quota what had left its windows at changes of quotas (see
+    /// `Window::replacing`), then `taken`'s spots. Returns them with how many are used.
     fn script_args<'a>(
         &self,
         rules: &[Rule],
         cost: Arg<'a>,
         now: u64,
-    ) -> ([Arg<'a>; 4 + 5 * MAX_QUOTAS], usize) {
+        taken: Option<&Reservation>,
+    ) -> ([Arg<'a>; 4 + 9 * MAX_QUOTAS], usize) {
         let inner = &*self.inner;
-        let mut args = [Arg::Int(0); 4 + 5 * MAX_QUOTAS];
-        // Bit i: quota i holds a key to its tolerance (see `Gcra::holds`).
-        let mut hold = 0;
+        let mut args = [Arg::Int(0); 4 + 9 * MAX_QUOTAS];
         args[0] = cost;
         args[1] = if inner.local_time {
             Arg::Int(now / MICRO)
@@ -688,23 +803,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         };
         args[2] = Arg::Int(rules.len() as u64);
         for (i, r) in rules.iter().enumerate() {
-            let (kind, a, b) = match r {
-                Rule::Gcra(g) => (0, g.interval / MICRO, g.tolerance / MICRO),
-                Rule::FixedWindow(w) => (1, w.limit, w.width / MICRO),
-                Rule::SlidingLog(w) => (2, w.limit, w.width / MICRO),
-                Rule::SlidingWindow(w) => (3, w.limit, w.width / MICRO),
-                Rule::WarmUp(g) => (4, g.curve.interval / MICRO, g.tolerance / MICRO),
-            };
+            let (kind, a, b) = rule_args(r);
             args[3 + 3 * i] = Arg::Int(kind);
             args[4 + 3 * i] = Arg::Int(a);
             args[5 + 3 * i] = Arg::Int(b);
-            if let Rule::Gcra(g) = r {
-                if g.holds(now) {
-                    hold |= 1 << i;
-                }
-            }
         }
-        args[3 + 3 * rules.len()] = Arg::Int(hold);
+        args[3 + 3 * rules.len()] = Arg::Int(taken.map_or(0, |t| u64::from(t.cost)));
         let mut used = 4 + 3 * rules.len();
         for r in rules {
             if let Rule::WarmUp(g) = r {
@@ -713,13 +817,33 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 used += 2;
             }
         }
+        for r in rules {
+            let (gone, gone_cur) = match r {
+                Rule::SlidingLog(w) | Rule::SlidingWindow(w) => (w.gone, w.gone_cur),
+                _ => (0, 0),
+            };
+            args[used] = Arg::Int(gone / MICRO);
+            args[used + 1] = Arg::Int(gone_cur / MICRO);
+            used += 2;
+        }
+        if let Some(t) = taken.filter(|t| t.cost > 0) {
+            for spot in &t.spots[..rules.len()] {
+                args[used] = Arg::Int(spot[0]);
+                args[used + 1] = Arg::Int(spot[1]);
+                used += 2;
+            }
+        }
         (args, used)
     }
 
     /// The decision of Redis, or of the failure policy; with a [`Lease`](super::Lease), a
     /// batch for the key taken with it when the key is hot.
+    ///
+    /// The whole decision waits at most the store's timeout from here: waiting for another
+    /// request's batch and its own call share one deadline.
     pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
         let inner = &*self.inner;
+        let deadline = inner.store.deadline();
         // While Redis does not answer, no batch can be taken: a request waiting for another's
         // batch would wait the timeout twice. Each asks for its own cost, as without a lease.
         let Some(leases) = inner
@@ -727,7 +851,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             .as_ref()
             .filter(|_| cost > 0 && !inner.store.is_down())
         else {
-            return self.decide(key, cost, now).await;
+            return self.decide(key, cost, now, None).await;
         };
         let limits = inner.limits.load_full();
         let max_fit = u32::try_from(limits.gcras.iter().map(Gcra::burst).min().unwrap_or(1))
@@ -753,39 +877,41 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 return self.unanswered(key, cost, &limits.rules);
             }
             waits += 1;
-            let wait = inner.store.timeout.min(leases.hold());
-            let _ = tokio::time::timeout(wait, taken).await;
+            let until = deadline.min(tokio::time::Instant::now() + leases.hold());
+            let _ = tokio::time::timeout_at(until, taken).await;
             at = self.now().max(at);
             if let Some(d) = leases.serve(key, &limits.gcras, at, cost) {
                 return d;
             }
-            if inner.store.is_down() {
-                // The batch waited for got no answer: asking Redis again would wait as long
-                // once more, and a decision waits for Redis at most the store's timeout.
+            if inner.store.is_down() || tokio::time::Instant::now() >= deadline {
+                // The batch waited for got no answer, or the decision's time is up: asking
+                // Redis again would wait past the timeout.
                 return self.unanswered(key, cost, &limits.rules);
             }
         }
+        // The decision's first call has the store's whole timeout unless the request waited
+        // for a batch; a call after another has what is left of it. (A call cut short that
+        // gets no answer says nothing about Redis: it is no outage.)
+        let mut limit = (waits > 0).then_some(deadline);
         // Dropped before the answer, the request no longer holds up the others.
         let mut pending = leases.pending(key, &plan);
-        if plan.give_back > 0 && !self.give_back(key, plan.give_back).await {
-            // Redis did not answer: the failure policy decides, without a second wait.
-            pending.answered();
-            leases.refused(key, false);
-            return self.unanswered(key, cost, &limits.rules);
-        }
         if plan.batch > cost {
             // A batch already known to be refused is not asked for.
             if self.known_refused(key, &limits, now, plan.batch).is_some() {
                 pending.answered();
                 leases.refused(key, true);
             } else {
-                let answer = self.ask(key, plan.batch, now).await;
+                let answer = self.ask(key, plan.batch, now, limit).await;
+                limit = Some(deadline);
                 pending.answered();
-                let Some(d) = answer else {
-                    // Redis did not answer: the failure policy decides the cost alone (asking
-                    // Redis again would wait as long).
-                    leases.refused(key, false);
-                    return self.unanswered(key, cost, &limits.rules);
+                let d = match answer {
+                    Ok(d) => d,
+                    Err(failure) => {
+                        // The failure policy decides the cost alone (asking Redis again would
+                        // wait as long).
+                        leases.refused(key, false);
+                        return self.failed(key, cost, &limits.rules, failure);
+                    }
                 };
                 if d.is_allowed() {
                     return leases.took(key, &limits.gcras, now, &plan, plan.batch, &d);
@@ -798,17 +924,17 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 }
                 let left = u32::try_from(d.remaining()).unwrap_or(u32::MAX);
                 if left > cost && left < plan.batch {
-                    match self.ask(key, left, now).await {
-                        Some(d) if d.is_allowed() => {
+                    match self.ask(key, left, now, limit).await {
+                        Ok(d) if d.is_allowed() => {
                             return leases.took(key, &limits.gcras, now, &plan, left, &d);
                         }
-                        Some(_) => {}
-                        None => return self.unanswered(key, cost, &limits.rules),
+                        Ok(_) => {}
+                        Err(failure) => return self.failed(key, cost, &limits.rules, failure),
                     }
                 }
             }
         }
-        let d = self.decide(key, cost, now).await;
+        let d = self.decide(key, cost, now, limit).await;
         if d.is_allowed() && !d.is_degraded() {
             // A batch of the cost alone: how soon the key needs the next one sizes that one.
             return leases.took(key, &limits.gcras, now, &plan, cost, &d);
@@ -816,74 +942,91 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         d
     }
 
-    /// The decision of Redis for a request of `cost`, or of the failure policy.
-    async fn decide(&self, key: &K, cost: u32, now: u64) -> Decision {
-        match self.ask(key, cost, now).await {
-            Some(d) => d,
-            None => {
+    /// The decision of Redis for a request of `cost`, or of the failure policy, by
+    /// `deadline` if there is one.
+    async fn decide(
+        &self,
+        key: &K,
+        cost: u32,
+        now: u64,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Decision {
+        match self.ask(key, cost, now, deadline).await {
+            Ok(d) => d,
+            Err(failure) => {
                 let limits = self.inner.limits.load();
-                self.unanswered(key, cost, &limits.rules)
+                self.failed(key, cost, &limits.rules, failure)
             }
         }
     }
 
-    /// The decision of Redis for a request of `cost`; `None` when Redis did not answer in
-    /// time (or answered nonsense).
-    async fn ask(&self, key: &K, cost: u32, now: u64) -> Option<Decision> {
+    /// The decision of Redis for a request of `cost`, answered within the store's timeout (and
+    /// by `deadline` if there is one); why there is none otherwise.
+    async fn ask(
+        &self,
+        key: &K,
+        cost: u32,
+        now: u64,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Decision, Failure> {
         let inner = &*self.inner;
         // One set of quotas for the whole decision, whatever changes while it is on its way.
         let limits = inner.limits.load_full();
-        let (args, n) = self.script_args(&limits.rules, Arg::Int(u64::from(cost)), now);
+        let (args, n) = self.script_args(&limits.rules, Arg::Int(u64::from(cost)), now, None);
+        let redis_key = self.redis_key(key);
         let reply = match &inner.penalty {
             Some(p) => {
                 let ban_key = self.ban_key(p, key);
                 let args = self.with_penalty_args(p, &args[..n], now);
-                let keys: [&[u8]; 2] = [&self.redis_key(key), &ban_key];
+                let keys: [&[u8]; 2] = [&redis_key, &ban_key];
                 inner
                     .store
-                    .eval_script(&DECIDE, &keys, &args, &inner.meter)
+                    .try_eval_script(&DECIDE, &keys, &args, &inner.meter, deadline)
                     .await
             }
             None => {
+                let script: &Script = if limits.gcras.len() == limits.rules.len() {
+                    &GCRA_ONLY
+                } else {
+                    &SCRIPT
+                };
                 inner
                     .store
-                    .eval(
-                        &self.redis_key(key),
-                        &args[..n],
-                        limits.gcras.len() == limits.rules.len(),
-                        &inner.meter,
-                    )
+                    .try_eval_script(script, &[&redis_key], &args[..n], &inner.meter, deadline)
                     .await
             }
         };
-        let decision = reply.and_then(|r| {
-            let d = decision_of(&limits.rules, &r);
-            if d.is_none() {
-                inner.store.bad_reply(&inner.meter);
+        let d = decision_of(&limits.rules, &reply?, cost).ok_or_else(|| {
+            inner.store.bad_reply_on(&inner.meter, &redis_key);
+            Failure::Key
+        })?;
+        if d.outcome() == Outcome::Banned {
+            if let Some(bans) = inner.penalty.as_ref().and_then(|p| p.bans.as_ref()) {
+                bans.remember(key, now, ns_of(d.retry_after()));
             }
-            d
-        });
-        match decision {
-            Some(d) => {
-                if d.outcome() == Outcome::Banned {
-                    if let Some(bans) = inner.penalty.as_ref().and_then(|p| p.bans.as_ref()) {
-                        bans.remember(key, now, ns_of(d.retry_after()));
-                    }
-                }
-                if let Some(deny) = &inner.deny {
-                    match d.outcome() {
-                        // With a penalty box, every rejection must reach Redis as a strike.
-                        Outcome::Limited if inner.penalty.is_none() => {
-                            deny.remember(key, now, cost, &d)
-                        }
-                        // The key moved on: a cached rejection must not report stale times.
-                        Outcome::Allowed if cost > 0 => deny.admitted(key, now, &d),
-                        _ => {}
-                    }
-                }
-                Some(d)
+        }
+        if let Some(deny) = &inner.deny {
+            match d.outcome() {
+                // With a penalty box, every rejection must reach Redis as a strike.
+                Outcome::Limited if inner.penalty.is_none() => deny.remember(key, now, cost, &d),
+                // The key moved on: a cached rejection must not report stale times.
+                Outcome::Allowed if cost > 0 => deny.admitted(key, now, &d),
+                _ => {}
             }
-            None => None,
+        }
+        Ok(d)
+    }
+
+    /// The decision for a request that Redis did not decide, by why: the failure policy's
+    /// when Redis is unavailable; a rejection as unavailable, whatever the failure policy,
+    /// when Redis answered with an error about the key (a misconfiguration: never admitted
+    /// silently, and never decided on a local state that would hide it).
+    fn failed(&self, key: &K, cost: u32, rules: &[Rule], failure: Failure) -> Decision {
+        match failure {
+            Failure::Unavailable => self.unanswered(key, cost, rules),
+            Failure::Key => {
+                Decision::degraded(rules, false, RETRY_WHEN_UNAVAILABLE.as_nanos() as u64)
+            }
         }
     }
 
@@ -900,19 +1043,24 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         }
     }
 
-    /// Gives back a request of `cost` that the local fallback admitted for `key` (a layer
+    /// Gives back what the local fallback's admission of a request for `key` took (a layer
     /// inside rejected it) to the fallback's state.
-    pub(crate) fn refund_locally(&self, key: &K, cost: u32) {
+    pub(crate) fn refund_locally(&self, key: &K, taken: &Reservation) {
         if let Some(f) = &self.inner.fallback {
-            f.limiter.refund(key, cost);
+            f.limiter.refund(key, taken, taken.cost);
         }
     }
 
     /// Settles a request the local fallback admitted, in the fallback's state: the key's
     /// state there after settling (a local decision); `None` without a fallback.
-    pub(crate) fn settle_locally(&self, key: &K, reserved: u32, actual: u32) -> Option<Decision> {
+    pub(crate) fn settle_locally(
+        &self,
+        key: &K,
+        taken: &Reservation,
+        actual: u32,
+    ) -> Option<Decision> {
         let f = self.inner.fallback.as_ref()?;
-        let d = f.limiter.settle(key, reserved, actual);
+        let d = f.limiter.settle(key, taken, actual);
         Some(d.made_locally(true, 0))
     }
 
@@ -920,18 +1068,19 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// it), in one script call: each quota's time moves back by `cost` emission intervals,
     /// never before now. A cached rejection of the key is brought up to date (or dropped).
     /// A refund Redis does not answer in time is lost, and logged as an outage.
-    pub(crate) async fn refund(&self, key: &K, cost: u32) {
+    pub(crate) async fn refund(&self, key: &K, taken: &Reservation) {
+        let cost = taken.cost;
         if cost == 0 {
             return;
         }
         // A negative cost is a refund to the script.
-        self.adjust(key, &format!("-{cost}")).await;
+        self.adjust(key, &format!("-{cost}"), Some(taken)).await;
     }
 
     /// Gives back `units` of an expired lease of `key`, as [`refund`](Self::refund); whether
     /// Redis answered.
     async fn give_back(&self, key: &K, units: u32) -> bool {
-        self.adjust(key, &format!("-{units}")).await.is_some()
+        self.adjust(key, &format!("-{units}"), None).await.is_some()
     }
 
     /// Settles a request that reserved `reserved` for `key` at the `actual` cost known after
@@ -940,23 +1089,33 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// settling; `None` when Redis did not answer in time (the reservation stands).
     ///
     /// [`refund`]: Self::refund
-    pub(crate) async fn settle(&self, key: &K, reserved: u32, actual: u32) -> Option<Decision> {
+    pub(crate) async fn settle(
+        &self,
+        key: &K,
+        taken: &Reservation,
+        actual: u32,
+    ) -> Option<Decision> {
+        let reserved = taken.cost;
         let cost = match actual.cmp(&reserved) {
             std::cmp::Ordering::Less => format!("-{}", reserved - actual),
             // "+c" charges c whatever the limit.
             std::cmp::Ordering::Greater => format!("+{}", actual - reserved),
             std::cmp::Ordering::Equal => "0".to_owned(),
         };
-        self.adjust(key, &cost).await
+        self.adjust(key, &cost, Some(taken)).await
     }
 
     /// Runs the script with a signed cost that moves the key's times whatever the limit (a
     /// refund, or a charge), and brings a cached rejection of the key up to date.
-    async fn adjust(&self, key: &K, cost: &str) -> Option<Decision> {
+    async fn adjust(&self, key: &K, cost: &str, taken: Option<&Reservation>) -> Option<Decision> {
         let inner = &*self.inner;
         let now = self.now();
         let limits = inner.limits.load_full();
-        let (args, n) = self.script_args(&limits.rules, Arg::Bytes(cost.as_bytes()), now);
+        // A reservation the script did not fill in (a request admitted before its spots
+        // were known) is given back as a lease's units are.
+        let taken = taken.filter(|t| t.spots != Reservation::none().spots);
+        let args = Arg::Bytes(cost.as_bytes());
+        let (args, n) = self.script_args(&limits.rules, args, now, taken);
         let reply = inner
             .store
             .eval(
@@ -966,7 +1125,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                 &inner.meter,
             )
             .await?;
-        match decision_of(&limits.rules, &reply) {
+        match decision_of(&limits.rules, &reply, 0) {
             Some(d) => {
                 if let Some(deny) = &inner.deny {
                     deny.admitted(key, now, &d);
@@ -1064,13 +1223,41 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     }
 }
 
+/// How many give-backs [`RedisRateLimiter::return_leases`] sends at once.
+const RETURN_AT_ONCE: usize = 256;
+
+/// Runs `calls` concurrently until all are done (each wake polls those left: for a few
+/// hundred at most).
+async fn join_all<F: std::future::Future<Output = ()> + Unpin>(mut calls: Vec<F>) {
+    std::future::poll_fn(|cx| {
+        calls.retain_mut(|c| std::pin::Pin::new(c).poll(cx).is_pending());
+        if calls.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Maps the script's reply onto a decision under `rules`; `None` when it does not fit.
-fn decision_of(rules: &[Rule], r: &[i64]) -> Option<Decision> {
+fn decision_of(rules: &[Rule], r: &[i64], cost: u32) -> Option<Decision> {
     if let [3, left] = r {
         let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
         return Some(banned_decision(rules, left));
     }
-    if r.len() != 2 + 2 * rules.len() {
+    let n = rules.len();
+    // An admission of a cost adds what it took: each quota's spot.
+    let mut taken = Reservation::none();
+    if r.len() == 2 + 4 * n && r[0] == 0 && cost > 0 {
+        taken.cost = cost;
+        for (i, spot) in taken.spots[..n].iter_mut().enumerate() {
+            *spot = [
+                u64::try_from(r[2 + 2 * n + 2 * i]).ok()?,
+                u64::try_from(r[3 + 2 * n + 2 * i]).ok()?,
+            ];
+        }
+    } else if r.len() != 2 + 2 * n {
         return None;
     }
     let outcome = match r[0] {
@@ -1108,9 +1295,6 @@ fn decision_of(rules: &[Rule], r: &[i64]) -> Option<Decision> {
             }
         };
     }
-    Some(Decision::from_store(
-        outcome,
-        ns(r[1])?,
-        &quotas[..rules.len().min(MAX_QUOTAS)],
-    ))
+    let d = Decision::from_store(outcome, ns(r[1])?, &quotas[..rules.len().min(MAX_QUOTAS)]);
+    Some(d.with_taken(taken))
 }

@@ -31,18 +31,21 @@
 //! ```
 //!
 //! # What is stored
-//! One string key per limiter key, `<prefix><name length>:<name>:<key>`, holding the
+//! One string key per limiter key, `<prefix><scope length>:<scope>:<key>`, holding the
 //! theoretical arrival time of each quota in microseconds, separated by spaces, e.g.
-//! `tollgate:7:per-key:abc` → `"1732290000123456"`. A key whose bytes have a `{` is written
+//! `tollgate:7:per-key:abc` → `"1732290000123456"`. The scope is the policy's name when it was
+//! given, else the name derived from its quota with a digest of its quotas and key extractor
+//! (`3-per-1m#5c0f9a1b2e47`; see [Keys](RedisRateLimiter#keys)). A key whose bytes have a `{` is written
 //! after `{}` (`tollgate:7:per-key:{}{abc}`), so that no client can pick a Redis Cluster slot
 //! with a hash tag (see [`RedisKey`]). It expires when the key is back to its
 //! full burst, so idle keys cost Redis nothing. Two layers (or limiters) that share a store
-//! prefix and a policy name share their limits: name policies (`Policy::new("login", …)`) when
-//! several layers use one Redis.
+//! prefix and a policy name given on purpose share their limits; unnamed ones share only with
+//! the same layer in other processes.
 //!
 //! # Outages
-//! Each decision waits at most the store's timeout. On a timeout or an error the [`FailMode`]
-//! decides: fail open admits the request (the decision [`is_degraded`](crate::Decision::is_degraded),
+//! Each decision waits at most the store's timeout. On a timeout or a connection error the
+//! [`FailMode`] decides (an error about one key is not an outage: see
+//! [`RedisRateLimiter`]): fail open admits the request (the decision [`is_degraded`](crate::Decision::is_degraded),
 //! and no `RateLimit` fields are sent), fail closed answers `503` with `Retry-After: 1`, and
 //! the local fallback ([`FailMode::local`]) decides in this process on each quota scaled to a
 //! share, a real decision ([`is_local`](crate::Decision::is_local)) answered with its

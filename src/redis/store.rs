@@ -2,8 +2,9 @@
 
 use crate::error::ConfigError;
 use crate::observe::{RedisMeter, StoreError};
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -61,11 +62,17 @@ pub enum FailMode {
     /// by a [`Share`]: the limit stays enforced during the outage, each instance at its share.
     ///
     /// Built with [`FailMode::local`]. Each limiter (each tier of a layer) keeps its own
-    /// in-memory state, keyed like Redis, with every quota scaled: count and burst multiplied
-    /// by the share and rounded down, at least 1 (the period and the kind are kept). With `n`
-    /// instances behind one Redis, a share of `1 / n` keeps their sum near the quota: during
-    /// an outage a key gets at most the scaled quota from each instance, so at most `n ×`
-    /// share of the quota in all.
+    /// in-memory state, keyed like Redis, with every quota scaled (the kind is kept):
+    ///
+    /// * the rate, by at most the share: the count times the share, rounded down; when that
+    ///   is below one request per period, one request per period divided by count × share
+    ///   (`per_minute(5)` at a tenth: one per 2 minutes);
+    /// * the burst (a window's count), times the share rounded down, at least 1.
+    ///
+    /// So over any span `t` of an outage an instance admits for a key at most
+    /// `max(1, ⌊burst × share⌋) + share × rate × t`, and `n` instances at `1 / n` at most
+    /// `n × max(1, ⌊burst / n⌋) + rate × t` in all: the quota's own bound, except that each
+    /// instance's burst is at least one request.
     ///
     /// The local state of each limiter tracks at most 1 000 000 keys, as the memory store
     /// does by default, forgetting idle keys first, then the active key nearest to idle
@@ -199,7 +206,12 @@ pub struct RedisStore {
     /// During an outage, how often a call may try Redis (`None`: every call).
     probe_every: Option<Duration>,
     outage: Arc<Outage>,
+    /// The key name prefixes taken by live limiters without names of their own.
+    scopes: Arc<Mutex<Scopes>>,
 }
+
+/// Key name prefixes, each with the token of the limiter that holds it.
+type Scopes = HashMap<Box<[u8]>, Weak<()>>;
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -244,6 +256,7 @@ impl RedisStore {
             lease: None,
             probe_every: None,
             outage: Arc::default(),
+            scopes: Arc::default(),
         }
     }
 
@@ -328,9 +341,11 @@ impl RedisStore {
     /// How long a rejection decided by Redis is answered locally at most (default 1 s), however
     /// long its retry time.
     ///
-    /// This bounds how long an instance can disagree with Redis after Redis lost a key's state
-    /// (a restart without persistence, `FLUSHALL`, eviction, a failover to a lagging replica):
-    /// within `max_age` of the loss, every instance asks Redis again and sees the fresh state.
+    /// This bounds how long an instance can disagree with Redis after a key moved back
+    /// unseen: another instance gave units back (a refund, a settlement, `return_leases`), or
+    /// Redis lost the key's state (a restart without persistence, `FLUSHALL`, eviction, a
+    /// failover to a lagging replica): within `max_age` of it, every instance asks Redis again
+    /// and sees the fresh state. Give-backs through the same limiter update its cache at once.
     /// Until then a cached rejection may turn away a request that Redis would now admit; it
     /// never admits one that Redis would reject. Under a flood of rejected requests, each key
     /// costs one round trip per `max_age`. `Duration::ZERO` asks Redis for every decision, as
@@ -388,8 +403,8 @@ impl RedisStore {
         self
     }
 
-    /// Runs the decision script on `key` with `args`; `None` when Redis did not answer in time
-    /// (the error is logged as an outage).
+    /// Runs the decision script on `key` with `args`; `None` when Redis gave no reply (see
+    /// [`try_eval_script`](Self::try_eval_script)).
     /// `gcra_only`: every quota is GCRA, and the lighter script decides.
     pub(crate) async fn eval(
         &self,
@@ -399,7 +414,9 @@ impl RedisStore {
         meter: &RedisMeter,
     ) -> Option<Vec<i64>> {
         let script: &Script = if gcra_only { &GCRA_ONLY } else { &SCRIPT };
-        self.eval_script(script, &[key], args, meter).await
+        self.try_eval_script(script, &[key], args, meter, None)
+            .await
+            .ok()
     }
 
     /// Runs `script` on `keys` with `args`, as [`eval`](Self::eval) runs the decision script.
@@ -410,6 +427,39 @@ impl RedisStore {
         args: &[Arg<'_>],
         meter: &RedisMeter,
     ) -> Option<Vec<i64>> {
+        self.try_eval_script(script, keys, args, meter, None)
+            .await
+            .ok()
+    }
+
+    /// Runs `script` on `keys` with `args`, waiting at most the store's timeout, and no later
+    /// than `deadline` when one is given (a decision that already waited for a lease's batch).
+    ///
+    /// An error about one key or the script on it ([`Failure::Key`]: `WRONGTYPE`, a script
+    /// error, `OOM` for a write) is logged once per policy and counted, and never trips the
+    /// outage state. Anything else (a timeout, a refused or dropped connection, a server that
+    /// is loading, read-only, down or refusing the credentials) is [`Failure::Unavailable`]
+    /// and is an outage, except a timeout cut short by `deadline` (the call did not have the
+    /// store's whole timeout, so it says nothing about Redis).
+    pub(crate) async fn try_eval_script(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[Arg<'_>],
+        meter: &RedisMeter,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Vec<i64>, Failure> {
+        let start = tokio::time::Instant::now();
+        let (wait, cut) = match deadline {
+            Some(d) if d.saturating_duration_since(start) < self.timeout => {
+                (d.saturating_duration_since(start), true)
+            }
+            _ => (self.timeout, false),
+        };
+        if wait.is_zero() {
+            // The decision's time is up before the call: the failure policy decides.
+            return Err(Failure::Unavailable);
+        }
         let mut call = script.prepare_invoke();
         for k in keys {
             call.key(*k);
@@ -424,7 +474,7 @@ impl RedisStore {
             if !self.outage.may_call(Instant::now(), every) {
                 // An outage is on and this is not the call that probes: the failure policy
                 // decides at once.
-                return None;
+                return Err(Failure::Unavailable);
             }
         }
         let reply = async {
@@ -433,27 +483,65 @@ impl RedisStore {
                 Connection::Cluster(c) => call.invoke_async::<Vec<i64>>(&mut c.clone()).await,
             }
         };
-        let start = tokio::time::Instant::now();
-        let reply = tokio::time::timeout(self.timeout, reply).await;
+        let reply = tokio::time::timeout(wait, reply).await;
         meter.call(start.elapsed());
         match reply {
             Ok(Ok(reply)) => {
-                if let Some(line) = self.outage.success(Instant::now) {
-                    log(&line, None);
+                self.answered();
+                Ok(reply)
+            }
+            Ok(Err(e)) => match key_error_cause(&e) {
+                Some(cause) => {
+                    // Redis answered: whatever is wrong is wrong with this key, not with Redis.
+                    self.answered();
+                    meter.error(StoreError::Key);
+                    meter
+                        .key_errors()
+                        .report(keys.first().copied().unwrap_or_default(), &e, cause);
+                    Err(Failure::Key)
                 }
-                Some(reply)
-            }
-            Ok(Err(e)) => {
-                meter.error(StoreError::Connection);
-                self.failed(&e);
-                None
-            }
+                None => {
+                    meter.error(StoreError::Connection);
+                    self.failed(&e);
+                    Err(Failure::Unavailable)
+                }
+            },
             Err(_) => {
                 meter.error(StoreError::Timeout);
-                self.failed(&format_args!("no answer within {:?}", self.timeout));
-                None
+                if !cut {
+                    self.failed(&format_args!("no answer within {:?}", self.timeout));
+                }
+                Err(Failure::Unavailable)
             }
         }
+    }
+
+    /// The deadline of a decision that starts now: the store's timeout from now (a timeout
+    /// too long for the clock never ends).
+    pub(crate) fn deadline(&self) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        now.checked_add(self.timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
+    }
+
+    /// Redis answered a call: an outage, if one was on, is over.
+    fn answered(&self) {
+        if let Some(line) = self.outage.success(Instant::now) {
+            log(&line, None);
+        }
+    }
+
+    /// Takes the key name prefix `scope` for a limiter without a name of its own, for as long
+    /// as the returned token lives; `None` when a live limiter of this store holds it.
+    pub(crate) fn claim(&self, scope: &[u8]) -> Option<Arc<()>> {
+        let mut scopes = self.scopes.lock().unwrap_or_else(|e| e.into_inner());
+        scopes.retain(|_, held| held.strong_count() > 0);
+        if scopes.contains_key(scope) {
+            return None;
+        }
+        let token = Arc::new(());
+        scopes.insert(scope.into(), Arc::downgrade(&token));
+        Some(token)
     }
 
     /// Whether Redis failed to answer the latest call (until it answers one again).
@@ -466,16 +554,59 @@ impl RedisStore {
         matches!(self.conn, Connection::Cluster(_))
     }
 
-    /// Reports a reply that does not fit the script: a failure like any other.
+    /// Reports a reply that does not fit the script: Redis answered, so this is about the
+    /// key's stored value (another layout), not an outage.
     pub(crate) fn bad_reply(&self, meter: &RedisMeter) {
+        self.bad_reply_on(meter, b"");
+    }
+
+    /// Reports a reply for the Redis key `key` that does not fit the script, as
+    /// [`bad_reply`](Self::bad_reply).
+    pub(crate) fn bad_reply_on(&self, meter: &RedisMeter, key: &[u8]) {
         meter.error(StoreError::BadReply);
-        self.failed(&"unexpected reply from the decision script");
+        meter.key_errors().report(
+            key,
+            &"unexpected reply from the decision script",
+            BAD_REPLY_CAUSE,
+        );
     }
 
     fn failed(&self, error: &dyn fmt::Display) {
         if let Some(line) = self.outage.error(Instant::now(), SUMMARY_INTERVAL) {
             log(&line, Some((error, self.on_failure)));
         }
+    }
+}
+
+/// Why a script call gave no reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// Redis did not answer in time, or failed as a whole: the [`FailMode`] decides.
+    Unavailable,
+    /// Redis answered with an error about this key or the script on it: the request is
+    /// rejected as unavailable, whatever the [`FailMode`] (a misconfiguration must be loud).
+    Key,
+}
+
+const BAD_REPLY_CAUSE: &str = "the key's stored value does not fit this limiter's quotas: \
+    another limiter with other quotas writes the same Redis key";
+
+/// The likely cause of an error that is about one key or the script on it, not about Redis
+/// as a whole; `None` for an outage.
+pub(crate) fn key_error_cause(e: &RedisError) -> Option<&'static str> {
+    match e.code() {
+        Some("WRONGTYPE") => Some(
+            "the key holds a value of another type: another limiter (quotas of another kind) \
+             or another program writes the same Redis key; give each limiter its own name or \
+             store prefix",
+        ),
+        Some("OOM") => Some("Redis is out of memory (maxmemory) and refuses this write"),
+        Some("ERR") if e.detail().is_some_and(|d| d.contains("script")) => Some(
+            "the decision script failed on the key's stored value, which another limiter may \
+             have written in another layout",
+        ),
+        _ if e.kind() == ::redis::ErrorKind::UnexpectedReturnType => Some(BAD_REPLY_CAUSE),
+        _ => None,
     }
 }
 
@@ -561,15 +692,15 @@ where
     fn refund(
         limiter: &Self::Limiter,
         key: K,
-        cost: u32,
+        taken: crate::gcra::Reservation,
         local: bool,
     ) -> Option<crate::rate_limit::Refunding> {
         if local {
-            limiter.refund_locally(&key, cost);
+            limiter.refund_locally(&key, &taken);
             return None;
         }
         let limiter = limiter.clone();
-        Some(Box::pin(async move { limiter.refund(&key, cost).await }))
+        Some(Box::pin(async move { limiter.refund(&key, &taken).await }))
     }
 
     /// One script call that gives back or charges the difference, and reports the state; an
@@ -577,25 +708,25 @@ where
     fn settle(
         limiter: &Self::Limiter,
         key: K,
-        reserved: u32,
+        taken: crate::gcra::Reservation,
         actual: u32,
         local: bool,
     ) -> crate::rate_limit::Answer<crate::rate_limit::Settling> {
         if local {
-            if let Some(d) = limiter.settle_locally(&key, reserved, actual) {
+            if let Some(d) = limiter.settle_locally(&key, &taken, actual) {
                 return crate::rate_limit::Answer::Now(d);
             }
         }
         let limiter = limiter.clone();
         crate::rate_limit::Answer::Later(Box::pin(async move {
-            limiter.settle(&key, reserved, actual).await
+            limiter.settle(&key, &taken, actual).await
         }))
     }
 
     fn make_limiter(
         &self,
-        name: &str,
-        quotas: &[crate::Quota],
+        policy: &crate::Policy,
+        keys: Option<&str>,
         clock: Option<&crate::Clock>,
         max_keys: Option<usize>,
         on_full: Option<crate::store::OnFull>,
@@ -608,9 +739,13 @@ where
         if on_full.is_some() {
             return Err(crate::ConfigError::MemoryOnly("on_full"));
         }
-        let (first, rest) = quotas.split_first().ok_or(crate::ConfigError::NoQuota)?;
+        let (first, rest) = policy
+            .quotas
+            .split_first()
+            .ok_or(crate::ConfigError::NoQuota)?;
         let mut builder = super::RedisRateLimiter::<K>::builder(self.clone(), first.clone())
-            .name(name.to_owned())
+            .name(policy.name.to_string())
+            .keyed_as(!policy.is_derived(), keys.map(str::to_owned))
             .uncounted();
         for q in rest {
             builder = builder.quota(q.clone());
@@ -633,5 +768,45 @@ where
     fn hand_over(inner: &mut S, later: Later) -> (S, Later) {
         let clone = inner.clone();
         (std::mem::replace(inner, clone), later)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_error_cause;
+
+    /// The error Redis sends as `line` (without its leading `-`), as the client reports it.
+    fn error(line: &str) -> ::redis::RedisError {
+        let bytes = format!("-{line}\r\n");
+        match ::redis::parse_redis_value(bytes.as_bytes()).and_then(|v| v.extract_error()) {
+            Err(e) => e,
+            Ok(v) => panic!("not an error: {v:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_about_one_key_or_its_script_are_key_errors_and_the_rest_outages() {
+        for key in [
+            "WRONGTYPE Operation against a key holding the wrong kind of value script: x",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "ERR user_script:12: attempt to perform arithmetic on a nil value script: x",
+            "ERR Error running script (call to f_0123): @user_script:1: boom",
+        ] {
+            assert!(key_error_cause(&error(key)).is_some(), "{key}");
+        }
+        for outage in [
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script.",
+            "READONLY You can't write against a read only replica.",
+            "MASTERDOWN Link with MASTER is down",
+            "NOAUTH Authentication required.",
+            "NOPERM this user has no permissions to run the 'evalsha' command",
+            "CLUSTERDOWN The cluster is down",
+            "ERR max number of clients reached",
+        ] {
+            assert_eq!(key_error_cause(&error(outage)), None, "{outage}");
+        }
+        let io = ::redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert_eq!(key_error_cause(&io), None);
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 
 use crate::algo::{self, KeyState, Rule};
 use crate::clock::Clock;
-use crate::gcra::{self, Decision, Gcra, MAX_QUOTAS};
+use crate::gcra::{self, Decision, Gcra, Reservation, MAX_QUOTAS};
 pub use crate::keyed::OnFull;
 use crate::keyed::{Absent, Table};
 
@@ -29,8 +29,9 @@ pub(crate) trait Slot: Send + Sync + Sized {
     fn decide(&self, rules: &Self::Rules, now: u64, cost: u32) -> Decision;
     /// When the key becomes equal to one never seen, if nothing else happens to it.
     fn horizon(&self) -> u64;
-    /// Gives back `cost` admitted earlier; see [`refunded`]. Atomic for the key.
-    fn refund(&self, rules: &Self::Rules, now: u64, cost: u32);
+    /// Gives back `units` of the request that took `taken`: only what still counts at `now`
+    /// (see [`Reservation`]). Atomic for the key.
+    fn refund(&self, rules: &Self::Rules, now: u64, taken: &Reservation, units: u32);
     /// Takes `cost` whatever the state (see [`charged`]). Atomic for the key.
     fn charge(&self, rules: &Self::Rules, now: u64, cost: u32);
     /// The entry of a key without one once `cost` is taken whatever the limit.
@@ -48,17 +49,13 @@ pub(crate) fn charged(g: &Gcra, tat: u64, now: u64, cost: u32) -> u64 {
         .saturating_add(g.interval.saturating_mul(u64::from(cost)))
 }
 
-/// A quota's time once a request of `cost` admitted earlier is given back at `now`: `cost`
-/// emission intervals earlier, but never before `now` (a time in the past already means a full
-/// burst, so a refund never grants more than the burst). A time already past is left as it is:
-/// everything the request took has come back on its own.
+/// A quota's time once `units` of the request that took `spot` (its slice of time, of a
+/// request of `cost`) are given back at `now`: the end part of its own slice that is still
+/// ahead of now comes off, never moving the time before `now`; the part already behind now
+/// has come back on its own.
 #[inline]
-pub(crate) fn refunded(g: &Gcra, tat: u64, now: u64, cost: u32) -> u64 {
-    if tat <= now {
-        return tat;
-    }
-    tat.saturating_sub(g.interval.saturating_mul(u64::from(cost)))
-        .max(now)
+pub(crate) fn refunded(tat: u64, now: u64, spot: [u64; 2], cost: u32, units: u32) -> u64 {
+    gcra::moved_back(tat, gcra::slice_back(spot, cost, units, now, 1), now)
 }
 
 /// One quota: the whole state is one word, updated by compare-and-swap.
@@ -101,10 +98,10 @@ impl Slot for One {
         self.0.load(Ordering::Acquire)
     }
 
-    fn refund(&self, g: &Gcra, now: u64, cost: u32) {
+    fn refund(&self, _: &Gcra, now: u64, taken: &Reservation, units: u32) {
         let mut tat = self.0.load(Ordering::Acquire);
         loop {
-            let new_tat = refunded(g, tat, now, cost);
+            let new_tat = refunded(tat, now, taken.spots[0], taken.cost, units);
             if new_tat == tat {
                 return;
             }
@@ -165,10 +162,10 @@ impl Slot for Many {
         tats.iter().copied().max().unwrap_or(0)
     }
 
-    fn refund(&self, gcras: &[Gcra], now: u64, cost: u32) {
+    fn refund(&self, gcras: &[Gcra], now: u64, taken: &Reservation, units: u32) {
         let mut tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        for (tat, g) in tats.iter_mut().zip(gcras) {
-            *tat = refunded(g, *tat, now, cost);
+        for (tat, spot) in tats.iter_mut().zip(&taken.spots).take(gcras.len()) {
+            *tat = refunded(*tat, now, *spot, taken.cost, units);
         }
     }
 
@@ -244,9 +241,9 @@ impl Slot for Mixed {
         self.horizon.load(Ordering::Acquire)
     }
 
-    fn refund(&self, rules: &[Rule], now: u64, cost: u32) {
+    fn refund(&self, rules: &[Rule], now: u64, taken: &Reservation, units: u32) {
         let mut state = self.lock();
-        state.refund(rules, now, cost);
+        state.refund(rules, now, taken, units);
         self.horizon.store(state.idle_at(rules), Ordering::Release);
     }
 
@@ -292,6 +289,11 @@ impl crate::keyed::Entry for Mixed {
 /// The keys' times, on the crate's keyed table.
 pub(crate) struct MemoryStore<K, V> {
     table: Table<K, V>,
+    /// Until when the table sweeps as if the clock were `lag` earlier (see [`widen`]).
+    ///
+    /// [`widen`]: MemoryStore::widen
+    lag_until: AtomicU64,
+    lag: AtomicU64,
 }
 
 impl<K, V> MemoryStore<K, V>
@@ -302,6 +304,40 @@ where
     pub(crate) fn new(max_keys: usize, on_full: OnFull) -> Self {
         MemoryStore {
             table: Table::new(max_keys, on_full),
+            lag_until: AtomicU64::new(0),
+            lag: AtomicU64::new(0),
+        }
+    }
+
+    /// Tells the store that from `now` on, until `until`, a key whose idle time was stored
+    /// before may become idle up to `lag` later than it says (a sliding window was widened,
+    /// or a warm-up curve changed, and such kinds are judged by the rules in force): until
+    /// then, the table sweeps as if the clock were `lag` earlier, so that no sweep drops a
+    /// key whose state still counts, and eviction changes no decision.
+    pub(crate) fn widen(&self, now: u64, lag: u64, until: u64) {
+        if lag == 0 {
+            return;
+        }
+        let (was_lag, was_until) = (
+            self.lag.load(Ordering::Acquire),
+            self.lag_until.load(Ordering::Acquire),
+        );
+        let (lag, until) = if now < was_until {
+            (lag.max(was_lag), until.max(was_until))
+        } else {
+            (lag, until)
+        };
+        self.lag.store(lag, Ordering::Release);
+        self.lag_until.store(until, Ordering::Release);
+    }
+
+    /// The time the table sweeps at when the clock says `now` (see [`widen`](Self::widen)).
+    #[inline]
+    fn sweep_time(&self, now: u64) -> u64 {
+        if now < self.lag_until.load(Ordering::Acquire) {
+            now.saturating_sub(self.lag.load(Ordering::Acquire))
+        } else {
+            now
         }
     }
 
@@ -319,25 +355,70 @@ where
         cost: u32,
     ) -> Decision {
         let hash = self.table.hash(key);
+        let swept = self.sweep_time(now);
         if let Some(d) = self
             .table
-            .get(hash, key, now, |slot| slot.decide(gcras, now, cost))
+            .get(hash, key, swept, |slot| slot.decide(gcras, now, cost))
         {
             return d;
         }
         self.decide_absent(hash, key, gcras, clock, now, cost)
     }
 
-    /// Gives back `cost` taken earlier from `key` (see [`refunded`]); a key without an entry
-    /// is idle and has nothing to give back.
-    pub(crate) fn refund(&self, key: &K, gcras: &V::Rules, now: u64, cost: u32) {
+    /// Gives back `units` of the request that took `taken` from `key` (see
+    /// [`Reservation`]); a key without an entry is idle and has nothing to give back.
+    pub(crate) fn refund(
+        &self,
+        key: &K,
+        gcras: &V::Rules,
+        now: u64,
+        taken: &Reservation,
+        units: u32,
+    ) {
         let hash = self.table.hash(key);
-        self.table
-            .get(hash, key, now, |slot| slot.refund(gcras, now, cost));
+        let swept = self.sweep_time(now);
+        self.table.get(hash, key, swept, |slot| {
+            slot.refund(gcras, now, taken, units)
+        });
     }
 
-    /// Takes `cost` from `key` whatever its state (see [`charged`]). A key without an entry
-    /// gets one even when the table is full: a debt is never dropped for want of room.
+    /// As [`decide`](Self::decide), for a request whose cost may be charged after its
+    /// response (a settlement): such a request holds a place for its key even at a cost of 0,
+    /// so a key without an entry is admitted only if the table has room for it now. Under
+    /// [`OnFull::RejectNewKeys`] a table full of active keys turns it away like any new key.
+    pub(crate) fn reserve(
+        &self,
+        key: &K,
+        rules: &V::Rules,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        if cost > 0 {
+            return self.decide(key, rules, clock, now, cost);
+        }
+        let hash = self.table.hash(key);
+        if let Some(d) = self
+            .table
+            .get(hash, key, now, |slot| slot.decide(rules, now, 0))
+        {
+            return d;
+        }
+        let (decision, _) = V::decide_absent(rules, now, 0);
+        match self.table.room(now) {
+            Ok(()) => decision,
+            Err(full) => V::full(rules, full_retry(clock.now().max(now), full.retry_at)),
+        }
+    }
+
+    /// Takes `cost` from `key` whatever its state (see [`charged`]).
+    ///
+    /// A key without an entry needs a place like any new key, and never one beyond
+    /// `max_keys`: under [`OnFull::EvictNearestIdle`] it takes the place of the key nearest to
+    /// idle; under [`OnFull::RejectNewKeys`], when every tracked key is active, the charge is
+    /// not kept. That key was admitted when its state was that of a key never seen and the
+    /// table had room (see [`reserve`](Self::reserve)); losing the debt lets it start from a
+    /// full burst again, as an evicted key does.
     pub(crate) fn charge(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) {
         let hash = self.table.hash(key);
         let charge = |slot: &V, now: u64| slot.charge(rules, now, cost);
@@ -352,7 +433,7 @@ where
         let _ = self.table.upsert(
             hash,
             key,
-            true,
+            false,
             read,
             |slot, now| charge(&*slot, now),
             |now| Absent::Insert((), V::charged_absent(rules, now, cost)),
@@ -377,14 +458,16 @@ where
         if slot.is_none() {
             return decision;
         }
-        let read = || clock.now().max(now);
+        // The table reads and sweeps at the sweep time; the key is decided at the clock's.
+        let clock_now = || clock.now().max(now);
+        let read = || self.sweep_time(clock_now());
         let result = self.table.upsert(
             hash,
             key,
             false,
             read,
-            |slot, now| slot.decide(gcras, now, cost),
-            |now| match V::decide_absent(gcras, now, cost) {
+            |slot, _| slot.decide(gcras, clock_now(), cost),
+            |_| match V::decide_absent(gcras, clock_now(), cost) {
                 (d, Some(slot)) => Absent::Insert(d, slot),
                 (d, None) => Absent::Done(d),
             },
@@ -395,9 +478,14 @@ where
         }
     }
 
+    /// The table of the keys' times.
+    pub(crate) fn table(&self) -> &Table<K, V> {
+        &self.table
+    }
+
     /// Drops every idle entry now; returns how many keys are still tracked.
     pub(crate) fn evict_idle(&self, now: u64) -> usize {
-        self.table.evict_idle(now)
+        self.table.evict_idle(self.sweep_time(now))
     }
 
     /// The number of tracked keys (idle ones included until they are swept).
@@ -436,5 +524,55 @@ mod tests {
         assert!(!store.decide(&7, &gcras, &clock, 3 * S / 2, 1).is_allowed());
         hand.set(std::time::Duration::from_secs(2));
         assert!(store.decide(&7, &gcras, &clock, 2 * S, 1).is_allowed());
+    }
+    #[test]
+    fn a_charge_of_a_new_key_never_passes_max_keys_under_reject_new_keys() {
+        let (clock, _hand) = Clock::manual();
+        let g = Gcra::new(S, 10 * S);
+        let store = MemoryStore::<u64, One>::new(2, OnFull::RejectNewKeys);
+        let now = clock.now();
+        for key in 0..50 {
+            store.charge(&key, &g, &clock, now, 5);
+            assert!(store.len() <= 2);
+        }
+        // The two charges kept stand; the others were not kept.
+        let d = store.decide(&0, &g, &clock, now, 6);
+        assert!(!d.is_allowed(), "{d:?}");
+        let d = store.decide(&0, &g, &clock, now, 5);
+        assert!(d.is_allowed(), "{d:?}");
+        // A zero reservation of a new key finds no room; of a tracked key it does.
+        assert!(store.reserve(&7, &g, &clock, now, 0).is_store_full());
+        assert!(store.reserve(&1, &g, &clock, now, 0).is_allowed());
+    }
+
+    proptest::proptest! {
+        /// Decisions, zero reservations, charges and refunds of random keys at random times:
+        /// the table never holds more than `max_keys`, under either policy.
+        #[test]
+        fn no_path_inserts_past_max_keys(
+            reject in proptest::bool::ANY,
+            ops in proptest::collection::vec((0u8..4, 0u64..12, 0u32..4, 0u64..3), 1..200),
+        ) {
+            let (clock, hand) = Clock::manual();
+            let on_full = if reject { OnFull::RejectNewKeys } else { OnFull::EvictNearestIdle };
+            let rules = [Rule::Gcra(Gcra::new(S, 2 * S)), Rule::Gcra(Gcra::new(2 * S, 4 * S))];
+            let store = MemoryStore::<u64, Mixed>::new(3, on_full);
+            let mut now = 0;
+            for (op, key, cost, dt) in ops {
+                now += dt * S / 2;
+                hand.set(std::time::Duration::from_nanos(now));
+                match op {
+                    0 => drop(store.decide(&key, &rules, &clock, now, cost)),
+                    1 => drop(store.reserve(&key, &rules, &clock, now, 0)),
+                    2 => store.charge(&key, &rules, &clock, now, cost * 5),
+                    _ => {
+                        let d = store.decide(&key, &rules, &clock, now, cost);
+                        let taken = crate::gcra::Reservation::of(&d, cost);
+                        store.refund(&key, &rules, now, &taken, cost)
+                    }
+                }
+                proptest::prop_assert!(store.len() <= 3, "{} keys", store.len());
+            }
+        }
     }
 }

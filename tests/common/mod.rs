@@ -1,4 +1,5 @@
 //! Shared test support.
+pub mod account;
 pub mod capture;
 pub mod model;
 pub mod redis_server;

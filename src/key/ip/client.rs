@@ -302,4 +302,7 @@ impl KeyExtractor for ClientIp {
         let peer = peer_addr(req)?.ip().to_canonical();
         Some(self.client(peer, req.headers).to_canonical())
     }
+    fn describe(&self) -> Option<String> {
+        Some(format!("client-ip/{}", self.peer.v6_prefix))
+    }
 }

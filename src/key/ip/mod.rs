@@ -194,6 +194,9 @@ impl KeyExtractor for PeerIp {
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         peer_addr(req).map(|a| a.ip().to_canonical())
     }
+    fn describe(&self) -> Option<String> {
+        Some(format!("peer-ip/{}", self.v6_prefix))
+    }
 }
 
 /// Without a peer address no request has a key: the server was not served with
