@@ -1,5 +1,5 @@
 #![cfg(feature = "axum")]
-//! DESIGN section 2 through the HTTP layer: statuses, headers, composition with axum.
+//! docs/design.md section 2 through the HTTP layer: statuses, headers, composition with axum.
 
 mod common;
 

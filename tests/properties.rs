@@ -1,4 +1,4 @@
-//! Properties of DESIGN section 1 on random inputs: the memory store agrees decision for
+//! Properties of docs/design.md section 1 on random inputs: the memory store agrees decision for
 //! decision with a small reference model, exact eviction changes nothing, and no interval
 //! admits more than `burst + D/T`.
 

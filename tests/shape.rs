@@ -1,4 +1,4 @@
-//! Traffic shaping (DESIGN section 1, "Shaping"): departures, order, bounds, cancellation, keys,
+//! Traffic shaping (docs/design.md section 1, "Shaping"): departures, order, bounds, cancellation, keys,
 //! high rates, the polite client side and composition. Every test runs on tokio's paused clock.
 
 use std::convert::Infallible;

@@ -1,4 +1,4 @@
-//! DESIGN section 1, case by case, on the in-memory `RateLimiter` with a manual clock.
+//! docs/design.md section 1, case by case, on the in-memory `RateLimiter` with a manual clock.
 
 mod common;
 

@@ -1,10 +1,10 @@
-//! The reference model of DESIGN section 1, shared by the property tests of every store.
+//! The reference model of docs/design.md section 1, shared by the property tests of every store.
 
 #![allow(dead_code)]
 
 use tollgate::{Outcome, Quota};
 
-/// The reference: DESIGN section 1 transcribed with wide integers and no cleverness.
+/// The reference: docs/design.md section 1 transcribed with wide integers and no cleverness.
 pub struct Model {
     /// (T, tau) per quota, in nanoseconds.
     quotas: Vec<(u128, u128)>,

@@ -1,4 +1,4 @@
-//! The table of cases for DESIGN section 1 ("Quota" and "GCRA decision").
+//! The table of cases for docs/design.md section 1 ("Quota" and "GCRA decision").
 //!
 //! Every store and front end runs this one table: the in-memory `RateLimiter`, the HTTP layer,
 //! and any other store. Times are milliseconds since the first request; each step is one
@@ -80,7 +80,7 @@ pub fn cases() -> Vec<Case> {
     all
 }
 
-/// The cases of GCRA (DESIGN section 1).
+/// The cases of GCRA (docs/design.md section 1).
 pub fn gcra_cases() -> Vec<Case> {
     vec![
         Case {
