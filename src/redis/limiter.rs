@@ -715,7 +715,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// multiplexed connection a few hundred at a time, under one deadline: the whole takes at
     /// most the store's [`timeout`](RedisStore::timeout), whatever the number of keys. Units of a lease older
     /// than its hold are never given back: Redis restored them by time alone, and returning
-    /// them would give the fleet more than the limit. Units that Redis does not take back in
+    /// them would give the fleet more than the limit. That holds for each give-back when it
+    /// is sent: one whose lease ends while earlier ones are on their way is dropped. (A call
+    /// sent in time but held up in Redis, which runs it when it resumes, still lands late.) Units that Redis does not take back in
     /// time are lost to the fleet until the key recovers on its own, within its burst period.
     pub async fn return_leases(&self) {
         let Some(leases) = &self.inner.leases else {
@@ -727,9 +729,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             for chunk in held.chunks(RETURN_AT_ONCE) {
                 let calls: Vec<_> = chunk
                     .iter()
-                    .map(|(key, units)| {
+                    .map(|(key, units, until)| {
                         Box::pin(async move {
-                            let _ = self.give_back(key, *units).await;
+                            // A lease that expired while earlier give-backs were on their way
+                            // is not given back: Redis restores its units by time alone.
+                            if self.now() < *until {
+                                let _ = self.give_back(key, *units).await;
+                            }
                         })
                     })
                     .collect();
