@@ -294,3 +294,171 @@ async fn ten_instances_at_a_tenth_of_five_per_minute_admit_ten_at_once_then_five
     // The documented bound over the 10 minutes: 10 × 1 + 5 per minute × 10 = 60, exactly.
     assert_eq!(per_minute.iter().sum::<u32>(), 60);
 }
+
+type Body = http_body_util::Full<bytes::Bytes>;
+
+fn api_req(api_key: &str) -> http::Request<Body> {
+    http::Request::get("/")
+        .header("x-api-key", api_key)
+        .body(Body::default())
+        .unwrap()
+}
+
+/// A layer of 3 per minute per `x-api-key`, named `api`, on a store that fails as `mode`
+/// and probes once per 5 s during an outage.
+async fn api_layer(
+    server: &RedisServer,
+    mode: FailMode,
+) -> tollgate::RateLimitLayer<Header, RedisStore> {
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+        .on_failure(mode)
+        .probe_every(Duration::from_secs(5));
+    tollgate::RateLimitLayer::new(tollgate::Policy::new("api", Quota::per_minute(3)))
+        .key(Header::new("x-api-key"))
+        .store(store)
+}
+
+/// The Redis name of the key `api_key` under `layer`'s policy `api`.
+fn redis_name(layer: &tollgate::RateLimitLayer<Header, RedisStore>, api_key: &str) -> String {
+    let limiter = layer.limiter("api").unwrap().unwrap();
+    String::from_utf8(limiter.redis_key(&Box::from(api_key.as_bytes()))).unwrap()
+}
+
+/// Makes the Redis key `name` a hash, as another program would.
+fn poison_name(port: &str, name: &str) {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", port, "HSET", name, "f", "v"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+}
+
+async fn status<S>(svc: &mut S, api_key: &str) -> u16
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>>,
+    S::Error: std::fmt::Debug,
+{
+    use tower::ServiceExt;
+    let resp = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(api_req(api_key))
+        .await
+        .unwrap();
+    resp.status().as_u16()
+}
+
+fn ok_service() -> impl tower::Service<
+    http::Request<Body>,
+    Response = http::Response<Body>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(|_req: http::Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::default()))
+    })
+}
+
+#[tokio::test]
+async fn a_key_error_under_dry_run_lets_the_request_through_and_trips_no_outage() {
+    use tower::Layer;
+    let server = RedisServer::start();
+    let layer = api_layer(&server, FailMode::Closed).await.dry_run(true);
+    let port = server.url().rsplit(':').next().unwrap().to_owned();
+    poison_name(&port, &redis_name(&layer, "bad"));
+    let layer_again = layer.clone();
+    let mut svc = layer.layer(ok_service());
+    // Dry run never refuses: not the broken key, nor the others after it.
+    let statuses = [
+        status(&mut svc, "bad").await,
+        status(&mut svc, "bad").await,
+        status(&mut svc, "good").await,
+    ];
+    assert_eq!(statuses, [200, 200, 200]);
+    // The broken key is still broken: dry run wrote nothing over it.
+    let name = redis_name(&layer_again, "bad");
+    assert_eq!(server.cli(&["TYPE", &name]).unwrap().trim(), "hash");
+}
+
+#[tokio::test]
+async fn a_key_error_under_the_local_fallback_is_refused_and_other_keys_stay_on_redis() {
+    use tower::Layer;
+    let server = RedisServer::start();
+    let layer = api_layer(&server, FailMode::local(0.5).unwrap()).await;
+    let port = server.url().rsplit(':').next().unwrap().to_owned();
+    poison_name(&port, &redis_name(&layer, "bad"));
+    let mut svc = layer.layer(ok_service());
+    // The broken key: 503 each time, never decided by the fallback (which would admit 1).
+    for _ in 0..3 {
+        assert_eq!(status(&mut svc, "bad").await, 503);
+    }
+    // Another key has its whole quota from Redis (the fallback would give 1 of 3).
+    let mut good = Vec::new();
+    for _ in 0..4 {
+        good.push(status(&mut svc, "good").await);
+    }
+    assert_eq!(good, [200, 200, 200, 429]);
+}
+
+#[tokio::test]
+async fn a_refund_that_meets_a_key_error_is_no_outage_for_other_clients() {
+    use tower::Layer;
+    let server = RedisServer::start();
+    let layer = api_layer(&server, FailMode::Closed)
+        .await
+        .count_if(|res| res.status == http::StatusCode::UNAUTHORIZED);
+    let port = server.url().rsplit(':').next().unwrap().to_owned();
+    let bad = redis_name(&layer, "bad");
+    // The handler breaks the key between the decision and the refund of its success.
+    let handler = tower::service_fn(move |req: http::Request<Body>| {
+        let (port, bad) = (port.clone(), bad.clone());
+        async move {
+            if req.headers()["x-api-key"] == "bad" {
+                let out = std::process::Command::new("redis-cli")
+                    .args(["-p", &port, "DEL", &bad])
+                    .output()
+                    .unwrap();
+                assert!(out.status.success());
+                poison_name(&port, &bad);
+            }
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::default()))
+        }
+    });
+    let mut svc = layer.layer(handler);
+    assert_eq!(status(&mut svc, "bad").await, 200);
+    // The refund failed on the broken key: with probing every 5 s and fail-closed, an
+    // outage would answer the next requests 503. Another client gets its whole quota.
+    let mut good = Vec::new();
+    for _ in 0..5 {
+        good.push(status(&mut svc, "good").await);
+    }
+    assert_eq!(good, [200, 200, 200, 200, 200]);
+    // The broken key itself is refused as unavailable, whatever its refund did.
+    assert_eq!(status(&mut svc, "bad").await, 503);
+}
+
+#[tokio::test]
+async fn a_share_too_small_to_stretch_the_period_still_builds_and_admits_one_in_over_a_century() {
+    let (clock, time) = Clock::manual();
+    let share = Share::one_in(u32::MAX).unwrap();
+    for quota in [
+        Quota::per_minute(1),
+        Quota::per_day(3).burst(1_000),
+        Quota::fixed_window(1, Duration::from_secs(86_400)),
+        Quota::sliding_log(2, Duration::from_secs(3_600)),
+    ] {
+        let l = RedisRateLimiter::<&'static str>::builder(unreachable(share), quota.clone())
+            .name("tiny")
+            .clock(clock.clone())
+            .try_build()
+            .unwrap_or_else(|e| panic!("{quota:?}: {e}"));
+        assert!(l.check(&"k").await.is_allowed(), "{quota:?}");
+        time.advance(Duration::from_secs(100 * 365 * 86_400));
+        let d = l.check(&"k").await;
+        assert!(d.is_local() && !d.is_allowed(), "{quota:?}");
+    }
+}

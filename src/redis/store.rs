@@ -66,7 +66,8 @@ pub enum FailMode {
     ///
     /// * the rate, by at most the share: the count times the share, rounded down; when that
     ///   is below one request per period, one request per period divided by count × share
-    ///   (`per_minute(5)` at a tenth: one per 2 minutes);
+    ///   (`per_minute(5)` at a tenth: one per 2 minutes), a period capped at the longest a
+    ///   quota can have (over a century) for a share too small to reach it;
     /// * the burst (a window's count), times the share rounded down, at least 1.
     ///
     /// So over any span `t` of an outage an instance admits for a key at most
