@@ -462,3 +462,173 @@ async fn a_share_too_small_to_stretch_the_period_still_builds_and_admits_one_in_
         assert!(d.is_local() && !d.is_allowed(), "{quota:?}");
     }
 }
+
+/// `n` decisions of cost 1 for `"k"` at once on `l`, with Redis stopped and the tokio clock
+/// paused (it moves only to the next timer): how long each waited, in the clock's time.
+async fn waits_while_stopped(l: &RedisRateLimiter<&'static str>, n: usize) -> Vec<Duration> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let l = l.clone();
+        tasks.spawn(async move {
+            let started = tokio::time::Instant::now();
+            let _ = l.check(&"k").await;
+            started.elapsed()
+        });
+    }
+    let mut waits = Vec::new();
+    while let Some(w) = tasks.join_next().await {
+        waits.push(w.unwrap());
+    }
+    waits
+}
+
+#[tokio::test]
+async fn with_leases_and_redis_stopped_no_decision_waits_longer_than_the_timeout() {
+    let server = RedisServer::start();
+    let (clock, _time) = Clock::manual();
+    let timeout = Duration::from_millis(400);
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(timeout)
+        .on_failure(FailMode::local(0.5).unwrap())
+        .lease(Lease::new(8, Duration::from_millis(120)));
+    let l = RedisRateLimiter::<&'static str>::builder(store, Quota::per_minute(60).burst(20))
+        .name("stopped")
+        .clock(clock)
+        .build();
+    // Batches 1 and 2, then the held unit: the next request asks for a batch of 4.
+    for _ in 0..3 {
+        assert!(l.check(&"k").await.is_allowed());
+    }
+    server.pause();
+    tokio::time::pause();
+    let waits = waits_while_stopped(&l, 6).await;
+    // A second round finds the store down: each decides at once or within one timeout.
+    let again = waits_while_stopped(&l, 6).await;
+    tokio::time::resume();
+    server.resume();
+    // Tokio's timers fire on whole milliseconds: one timeout is up to 1 ms more here.
+    let one = timeout + Duration::from_millis(1);
+    assert_eq!(waits.len(), 6);
+    assert!(waits.iter().all(|w| *w <= one), "{waits:?}");
+    assert!(again.iter().all(|w| *w <= one), "{again:?}");
+}
+
+#[tokio::test]
+async fn return_leases_of_a_thousand_keys_with_redis_stopped_takes_one_timeout() {
+    let server = RedisServer::start();
+    let (clock, _time) = Clock::manual();
+    let timeout = Duration::from_millis(300);
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(timeout)
+        .lease(Lease::new(2, Duration::from_secs(10)));
+    let l = RedisRateLimiter::<u32>::builder(store, Quota::per_minute(60).burst(20))
+        .name("shutdown")
+        .clock(clock)
+        .build();
+    for k in 0..1_000u32 {
+        assert!(l.check(&k).await.is_allowed());
+        assert!(l.check(&k).await.is_allowed());
+    }
+    server.pause();
+    tokio::time::pause();
+    let started = tokio::time::Instant::now();
+    l.return_leases().await;
+    let took = started.elapsed();
+    tokio::time::resume();
+    server.resume();
+    // One timeout for all (tokio's timers fire on whole milliseconds), not one per key.
+    assert!(took <= timeout + Duration::from_millis(1), "{took:?}");
+}
+
+#[test]
+fn whatever_the_lease_state_and_failure_mode_a_decision_with_redis_stopped_waits_one_timeout() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let timeout = Duration::from_millis(250);
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::cell::Cell::new(0u32);
+    runner
+        .run(
+            &(
+                0..20u32,
+                any::<bool>(),
+                prop::collection::vec(1..=4u32, 1..10),
+                1..=16u32,
+                0..3u8,
+                any::<bool>(),
+            ),
+            |(warm, expired, costs, max_batch, mode, penalty)| {
+                case.set(case.get() + 1);
+                let mode = match mode {
+                    0 => FailMode::Open,
+                    1 => FailMode::Closed,
+                    _ => FailMode::local(0.5).unwrap(),
+                };
+                let waits = rt.block_on(async {
+                    let (clock, time) = Clock::manual();
+                    let store = RedisStore::connect(&server.url())
+                        .await
+                        .unwrap()
+                        .timeout(timeout)
+                        .on_failure(mode)
+                        .lease(Lease::new(max_batch, Duration::from_millis(100)));
+                    let mut b = RedisRateLimiter::<&'static str>::builder(
+                        store,
+                        Quota::per_minute(600).burst(30),
+                    )
+                    .name(format!("case-{}", case.get()))
+                    .clock(clock);
+                    if penalty {
+                        b = b.penalty_box(tollgate::PenaltyBox::new(
+                            3,
+                            Duration::from_secs(60),
+                            Duration::from_secs(60),
+                        ));
+                    }
+                    let l = b.build();
+                    for _ in 0..warm {
+                        let _ = l.check(&"k").await;
+                    }
+                    if expired {
+                        time.advance(Duration::from_millis(100));
+                    }
+                    server.pause();
+                    tokio::time::pause();
+                    let mut tasks = tokio::task::JoinSet::new();
+                    for cost in costs {
+                        let l = l.clone();
+                        tasks.spawn(async move {
+                            let started = tokio::time::Instant::now();
+                            let _ = l.check_n(&"k", cost).await;
+                            started.elapsed()
+                        });
+                    }
+                    let mut waits = Vec::new();
+                    while let Some(w) = tasks.join_next().await {
+                        waits.push(w.unwrap());
+                    }
+                    tokio::time::resume();
+                    server.resume();
+                    waits
+                });
+                // Tokio's timers fire on whole milliseconds.
+                let one = timeout + Duration::from_millis(1);
+                prop_assert!(waits.iter().all(|w| *w <= one), "{:?}", waits);
+                Ok(())
+            },
+        )
+        .unwrap();
+}
