@@ -632,3 +632,94 @@ fn whatever_the_lease_state_and_failure_mode_a_decision_with_redis_stopped_waits
         )
         .unwrap();
 }
+
+/// A layer of `quota` per `x-api-key` on its own connection (a process of its own).
+async fn process(
+    server: &RedisServer,
+    policy: tollgate::Policy,
+) -> tollgate::RateLimitLayer<Header, RedisStore> {
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+        .deny_cache(0);
+    tollgate::RateLimitLayer::new(policy)
+        .key(Header::new("x-api-key"))
+        .store(store)
+}
+
+/// Requests of `"k"` through `a`, then `b`, until each refuses one: what each admitted.
+async fn admitted_by_each(
+    a: &tollgate::RateLimitLayer<Header, RedisStore>,
+    b: &tollgate::RateLimitLayer<Header, RedisStore>,
+) -> [u32; 2] {
+    use tower::Layer;
+    let mut out = [0; 2];
+    for (n, layer) in out.iter_mut().zip([a, b]) {
+        let mut svc = layer.clone().layer(ok_service());
+        while status(&mut svc, "k").await == 200 {
+            *n += 1;
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_unnamed_limit_changed_live_keeps_its_names_and_a_process_started_with_the_new_quotas_counts_apart(
+) {
+    let server = RedisServer::start();
+    // Process A was built with 3 per minute and is raised to 5 through its handle; process B
+    // starts later from the new configuration, 5 per minute.
+    let a = process(&server, Quota::per_minute(3).into()).await;
+    a.handle()
+        .unwrap()
+        .set_default_quotas([Quota::per_minute(5)])
+        .unwrap();
+    let b = process(&server, Quota::per_minute(5).into()).await;
+    let k: Box<[u8]> = Box::from(&b"k"[..]);
+    let name_a = a.limiter("3-per-1m").unwrap().unwrap().redis_key(&k);
+    let name_b = b.limiter("5-per-1m").unwrap().unwrap().redis_key(&k);
+    assert_ne!(name_a, name_b);
+    // Each counts in its own key: the fleet admits twice the limit.
+    assert_eq!(admitted_by_each(&a, &b).await, [5, 5]);
+    // Named, the two processes share one key whatever their quotas were at build.
+    let a = process(&server, tollgate::Policy::new("keys", Quota::per_minute(3))).await;
+    a.handle()
+        .unwrap()
+        .set_default_quotas([Quota::per_minute(5)])
+        .unwrap();
+    let b = process(&server, tollgate::Policy::new("keys", Quota::per_minute(5))).await;
+    assert_eq!(admitted_by_each(&a, &b).await, [5, 0]);
+}
+
+#[tokio::test]
+async fn two_programs_with_unnamed_limiters_of_one_key_type_share_their_keys_and_names_part_them() {
+    let server = RedisServer::start();
+    let limiter = |name: Option<&'static str>| {
+        let server_url = server.url();
+        async move {
+            let store = RedisStore::connect(&server_url)
+                .await
+                .unwrap()
+                .deny_cache(0);
+            let b = RedisRateLimiter::<u64>::builder(store, Quota::per_minute(3));
+            match name {
+                Some(n) => b.name(n).build(),
+                None => b.build(),
+            }
+        }
+    };
+    // User 7 in one program, order 7 in another: one key.
+    let (users, orders) = (limiter(None).await, limiter(None).await);
+    assert_eq!(users.redis_key(&7), orders.redis_key(&7));
+    for _ in 0..3 {
+        assert!(users.check(&7).await.is_allowed());
+    }
+    assert!(!orders.check(&7).await.is_allowed());
+    // Named, they never meet.
+    let (users, orders) = (limiter(Some("users")).await, limiter(Some("orders")).await);
+    for _ in 0..3 {
+        assert!(users.check(&7).await.is_allowed());
+    }
+    assert!(orders.check(&7).await.is_allowed());
+}

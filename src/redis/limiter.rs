@@ -296,6 +296,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     ///
     /// Without a name, the limiter is called `"default"` and its Redis keys are named after
     /// its quotas and its key type as well, so that only limiters alike in both share them.
+    /// A key type says nothing of what a key means: two programs on one Redis with unnamed
+    /// limiters of the same quotas keyed by `u64` (a user id, an order id) share their keys.
+    /// Name every limiter used directly.
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         self.name = name.into();
         self.named = true;
@@ -673,6 +676,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// The new quotas must be as many as the limiter was built with, each of the kind of the
     /// one it replaces, and valid for the store (whole microseconds); otherwise this returns a [`ConfigError`] and the quotas in force
     /// stay.
+    ///
+    /// An unnamed limiter keeps the key names of the quotas it was built with (they are
+    /// fixed when it is built; moving them would drop every key's state). A process built
+    /// later with the new quotas writes other names, and counts apart from those changed
+    /// while serving: name a policy that you change live on several instances.
     pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
         let old = self.inner.limits.load();
