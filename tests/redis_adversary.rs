@@ -248,13 +248,15 @@ async fn units_held_when_redis_loses_the_key_are_still_spent_within_their_hold()
     assert_eq!(flood(&b).await, 0);
 }
 
-/// A store whose Redis never answers (a port nothing listens on), falling back to `share`.
+/// A store whose Redis never answers (a port nothing listens on), falling back to `share`;
+/// after its first failure it tries Redis once an hour, so that the fallback decides at once.
 fn unreachable(share: Share) -> RedisStore {
     let port = common::redis_server::free_port();
     RedisStore::open(&format!("redis://127.0.0.1:{port}"))
         .unwrap()
         .timeout(Duration::from_millis(200))
         .on_failure(FailMode::Local(share))
+        .probe_every(Duration::from_secs(3_600))
 }
 
 #[tokio::test]
@@ -722,4 +724,81 @@ async fn two_programs_with_unnamed_limiters_of_one_key_type_share_their_keys_and
         assert!(users.check(&7).await.is_allowed());
     }
     assert!(orders.check(&7).await.is_allowed());
+}
+
+#[test]
+fn the_local_fallback_never_admits_more_than_its_burst_plus_the_share_of_the_rate() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 96,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let period = prop_oneof![Just(1u64), Just(60), Just(3_600), Just(86_400)];
+    // One store per share, down from its first call on.
+    let stores = std::cell::RefCell::new(std::collections::HashMap::new());
+    runner
+        .run(
+            &(
+                1..=200u32,
+                1..=200u32,
+                period,
+                prop_oneof![1..=1_000u64, (1..=64u64).prop_map(|n| 1_000 / n)],
+                prop::collection::vec((0..=3u64, 1..=3u32), 1..60),
+            ),
+            |(count, burst, period_s, per_mille, steps)| {
+                let share = Share::new(per_mille as f64 / 1_000.0).unwrap();
+                let store = stores
+                    .borrow_mut()
+                    .entry(per_mille)
+                    .or_insert_with(|| rt.block_on(async { unreachable(share) }))
+                    .clone();
+                let quota = Quota::new(count, Duration::from_secs(period_s)).burst(burst);
+                let scaled_burst = u64::from(burst) * per_mille / 1_000;
+                let admitted = rt.block_on(async {
+                    let (clock, time) = Clock::manual();
+                    let l = RedisRateLimiter::<&'static str>::builder(store, quota)
+                        .name("bound")
+                        .clock(clock)
+                        .build();
+                    let mut admitted = Vec::new();
+                    let mut elapsed = 0u128;
+                    // Each step: the clock moves on by 0 to 3 tenths of the period, then
+                    // requests of one cost until one is refused.
+                    for (tenths, cost) in steps {
+                        let by = Duration::from_secs(period_s) * tenths as u32 / 10;
+                        time.advance(by);
+                        elapsed += by.as_nanos();
+                        let mut n = 0u64;
+                        while l.check_n(&"k", cost).await.is_allowed() {
+                            n += u64::from(cost);
+                        }
+                        admitted.push((elapsed, n));
+                    }
+                    admitted
+                });
+                // Over [0, t]: at most max(1, ⌊burst × share⌋) + share × rate × t.
+                let mut total = 0u64;
+                for (t, n) in admitted {
+                    total += n;
+                    let rate_part = u128::from(count) * u128::from(per_mille) * t
+                        / (1_000 * u128::from(period_s) * 1_000_000_000);
+                    let bound = scaled_burst.max(1) + rate_part as u64;
+                    prop_assert!(
+                        total <= bound,
+                        "{} admitted by {} ns, bound {}",
+                        total,
+                        t,
+                        bound
+                    );
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
 }
