@@ -802,3 +802,48 @@ fn the_local_fallback_never_admits_more_than_its_burst_plus_the_share_of_the_rat
         )
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_key_the_redis_user_may_not_touch_is_refused_and_is_no_outage() {
+    let server = RedisServer::start();
+    // A Redis user that may only touch the keys of the policy `api`.
+    server
+        .cli(&[
+            "ACL",
+            "SETUSER",
+            "limited",
+            "on",
+            ">secret",
+            "~tollgate:3:api:*",
+            "+@all",
+        ])
+        .unwrap();
+    let url = server.url().replace("redis://", "redis://limited:secret@");
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+        .on_failure(FailMode::Open)
+        .probe_every(Duration::from_secs(5));
+    let (clock, _time) = Clock::manual();
+    let limiter = |name: &'static str| {
+        RedisRateLimiter::<u64>::builder(store.clone(), Quota::per_minute(3))
+            .name(name)
+            .clock(clock.clone())
+            .build()
+    };
+    let (api, other) = (limiter("api"), limiter("other"));
+    assert!(api.check(&1).await.is_allowed());
+    // The user may not touch `other`'s keys: that is a misconfiguration, refused every time,
+    // never admitted as if Redis were down.
+    for _ in 0..3 {
+        let d = other.check(&1).await;
+        assert!(d.is_degraded() && !d.is_allowed(), "{d:?}");
+    }
+    // Redis answers the keys it may: no outage, no probing.
+    for _ in 0..2 {
+        let d = api.check(&1).await;
+        assert!(d.is_allowed() && !d.is_degraded(), "{d:?}");
+    }
+    assert!(!api.check(&1).await.is_allowed());
+}

@@ -90,7 +90,7 @@ fn ns_of(d: Option<Duration>) -> u64 {
 /// all, from its start (a wait for another request's batch included).
 ///
 /// An error Redis gives about one key (a value of another type, a script error on it, `OOM`
-/// for a write, a reply that does not fit) is not an outage: the request is rejected as
+/// for a write, `NOPERM` from an ACL rule, a reply that does not fit) is not an outage: the request is rejected as
 /// unavailable and degraded, whatever the [`FailMode`], and nothing else changes (no outage
 /// state, no probing). The first of a policy is logged at `ERROR` with the key's Redis name
 /// and the likely cause; each is counted in `tollgate_redis_errors_total{error="key"}`.
