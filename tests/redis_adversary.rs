@@ -847,3 +847,57 @@ async fn a_key_the_redis_user_may_not_touch_is_refused_and_is_no_outage() {
     }
     assert!(!api.check(&1).await.is_allowed());
 }
+
+#[test]
+fn shares_outside_zero_to_one_are_configuration_errors_and_the_edges_inside_are_not() {
+    for bad in [
+        0.0,
+        -0.0,
+        -1.0,
+        1.0 + f64::EPSILON,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    ] {
+        assert!(FailMode::local(bad).is_err(), "{bad}");
+        assert!(Share::new(bad).is_err(), "{bad}");
+    }
+    for good in [f64::MIN_POSITIVE, 1e-300, 0.5, 1.0] {
+        assert_eq!(Share::new(good).unwrap().get(), good);
+    }
+    assert!(Share::one_in(0).is_err());
+    assert_eq!(Share::one_in(1).unwrap().get(), 1.0);
+}
+
+#[tokio::test]
+async fn two_limits_named_alike_with_quotas_of_other_kinds_are_refused_loudly_not_switched_off() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+        .on_failure(FailMode::Open);
+    let (clock, _time) = Clock::manual();
+    let gcra = RedisRateLimiter::<u64>::builder(store.clone(), Quota::per_minute(3))
+        .name("login")
+        .clock(clock.clone())
+        .build();
+    let log =
+        RedisRateLimiter::<u64>::builder(store, Quota::sliding_log(3, Duration::from_secs(60)))
+            .name("login")
+            .clock(clock)
+            .build();
+    assert!(gcra.check(&1).await.is_allowed());
+    // Named alike on purpose, they share the key; the other layout is refused, never admitted.
+    let mut refused = 0;
+    for _ in 0..5 {
+        let d = log.check(&1).await;
+        assert!(d.is_degraded() && !d.is_allowed(), "{d:?}");
+        refused += 1;
+    }
+    assert_eq!(refused, 5);
+    // The GCRA limit still counts its own: 2 more of 3.
+    assert!(gcra.check(&1).await.is_allowed());
+    assert!(gcra.check(&1).await.is_allowed());
+    assert!(!gcra.check(&1).await.is_allowed());
+}

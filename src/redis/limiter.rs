@@ -298,7 +298,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     /// its quotas and its key type as well, so that only limiters alike in both share them.
     /// A key type says nothing of what a key means: two programs on one Redis with unnamed
     /// limiters of the same quotas keyed by `u64` (a user id, an order id) share their keys.
-    /// Name every limiter used directly.
+    /// And it is the type's `std::any::type_name`, which moving the type to another module,
+    /// or another compiler, may spell otherwise: a rolling deploy across such a change splits
+    /// the limit in two. Name every limiter used directly.
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         self.name = name.into();
         self.named = true;
