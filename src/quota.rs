@@ -481,22 +481,31 @@ impl Quota {
     }
 
     /// This quota at `share` (in `(0, 1]`) of its count and burst, each rounded down and at
-    /// least 1; the period, kind, warm-up and name are kept. An error when the result is not a
-    /// valid quota (its tolerance would overflow the clock).
+    /// least 1; the period, kind, warm-up and name are kept, except that a count below one
+    /// stretches the period (at most to the longest a quota can have, over a century). An
+    /// error when the result is not a valid quota.
     pub(crate) fn scaled(&self, share: f64) -> Result<Quota, ConfigError> {
         // Under one request per period, one request per a longer period: the rate is never
         // above the share (5 per minute at a tenth: 1 per 2 minutes, not 1 per minute).
         let exact = f64::from(self.count) * share;
+        let burst = scale(self.burst, share);
         let period = if exact < 1.0 - 1e-6 && exact > 0.0 {
             let ns = (self.period.as_nanos() as f64 / exact).ceil();
-            // `as` saturates; a period this long is reported by `validate` if it matters.
-            Duration::from_nanos(ns as u64)
+            // One request per that period (`count` becomes 1); at most the longest period
+            // the quota can have (over a century), so that a tiny share still builds: `as`
+            // saturates.
+            let longest = if self.is_gcra() {
+                (u64::MAX / 4) / u64::from(burst)
+            } else {
+                u64::MAX / 4
+            };
+            Duration::from_nanos((ns as u64).min(longest)).max(self.period)
         } else {
             self.period
         };
         let q = Quota {
             count: scale(self.count, share),
-            burst: scale(self.burst, share),
+            burst,
             period,
             ..self.clone()
         };

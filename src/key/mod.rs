@@ -242,8 +242,19 @@ impl<E: KeyExtractor> KeyExtractor for Named<E> {
     fn client_ip(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         self.0.client_ip(req)
     }
+    /// `named:` and the name, with `\`, `(`, `)` and `,` escaped by a `\`: a name cannot
+    /// end the part it is in, so `or` chains and tuples of named extractors describe alike
+    /// only when their names are alike.
     fn describe(&self) -> Option<String> {
-        Some(format!("named:{}", self.1))
+        let mut out = String::with_capacity(6 + self.1.len());
+        out.push_str("named:");
+        for c in self.1.chars() {
+            if matches!(c, '\\' | '(' | ')' | ',') {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        Some(out)
     }
 }
 

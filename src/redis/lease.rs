@@ -414,8 +414,9 @@ impl<K: Hash + Eq + Clone> Leases<K> {
     }
 
     /// Takes every unit held at `now` under a live lease (of the quotas in force), for them
-    /// to be given back; the units of expired leases are dropped, never returned.
-    pub(crate) fn drain(&self, now: u64) -> Vec<(K, u32)> {
+    /// to be given back, with the end of each lease: a give-back that cannot leave before
+    /// then is not sent. The units of expired leases are dropped, never returned.
+    pub(crate) fn drain(&self, now: u64) -> Vec<(K, u32, u64)> {
         let mut keys = Vec::new();
         self.table.for_each(|k, h| {
             if h.units > 0 {
@@ -435,17 +436,17 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                         || 0,
                         |h, _| {
                             if h.generation == generation && now < h.until {
-                                std::mem::take(&mut h.units)
+                                (std::mem::take(&mut h.units), h.until)
                             } else {
                                 // Never given back; an expired lease's units still size the
                                 // key's next batch.
-                                0
+                                (0, 0)
                             }
                         },
-                        |_| Absent::Done(0),
+                        |_| Absent::Done((0, 0)),
                     )
-                    .unwrap_or(0);
-                (units > 0).then_some((k, units))
+                    .unwrap_or((0, 0));
+                (units.0 > 0).then_some((k, units.0, units.1))
             })
             .collect()
     }
@@ -608,7 +609,7 @@ mod tests {
         let g = Gcra::new(MS, 100 * MS);
         let l = leases(8, 100);
         grown_to_eight(&l, &g);
-        assert_eq!(l.drain(100 * MS - 1), [("k", 7)]);
+        assert_eq!(l.drain(100 * MS - 1), [("k", 7, 100 * MS)]);
         assert!(l.drain(100 * MS - 1).is_empty(), "given back once");
     }
 

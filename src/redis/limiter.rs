@@ -90,7 +90,7 @@ fn ns_of(d: Option<Duration>) -> u64 {
 /// all, from its start (a wait for another request's batch included).
 ///
 /// An error Redis gives about one key (a value of another type, a script error on it, `OOM`
-/// for a write, a reply that does not fit) is not an outage: the request is rejected as
+/// for a write, `NOPERM` from an ACL rule, a reply that does not fit) is not an outage: the request is rejected as
 /// unavailable and degraded, whatever the [`FailMode`], and nothing else changes (no outage
 /// state, no probing). The first of a policy is logged at `ERROR` with the key's Redis name
 /// and the likely cause; each is counted in `tollgate_redis_errors_total{error="key"}`.
@@ -297,6 +297,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     ///
     /// Without a name, the limiter is called `"default"` and its Redis keys are named after
     /// its quotas and its key type as well, so that only limiters alike in both share them.
+    /// A key type says nothing of what a key means: two programs on one Redis with unnamed
+    /// limiters of the same quotas keyed by `u64` (a user id, an order id) share their keys.
+    /// And it is the type's `std::any::type_name`, which moving the type to another module,
+    /// or another compiler, may spell otherwise: a rolling deploy across such a change splits
+    /// the limit in two. Name every limiter used directly.
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         self.name = name.into();
         self.named = true;
@@ -671,6 +676,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// The new quotas must be as many as the limiter was built with, each of the kind of the
     /// one it replaces, and valid for the store (whole microseconds); otherwise this returns a [`ConfigError`] and the quotas in force
     /// stay.
+    ///
+    /// An unnamed limiter keeps the key names of the quotas it was built with (they are
+    /// fixed when it is built; moving them would drop every key's state). A process built
+    /// later with the new quotas writes other names, and counts apart from those changed
+    /// while serving: name a policy that you change live on several instances.
     pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
         let old = self.inner.limits.load();
@@ -713,7 +723,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// multiplexed connection a few hundred at a time, under one deadline: the whole takes at
     /// most the store's [`timeout`](RedisStore::timeout), whatever the number of keys. Units of a lease older
     /// than its hold are never given back: Redis restored them by time alone, and returning
-    /// them would give the fleet more than the limit. Units that Redis does not take back in
+    /// them would give the fleet more than the limit. That holds for each give-back when it
+    /// is sent: one whose lease ends while earlier ones are on their way is dropped. (A call
+    /// sent in time but held up in Redis, which runs it when it resumes, still lands late.) Units that Redis does not take back in
     /// time are lost to the fleet until the key recovers on its own, within its burst period.
     pub async fn return_leases(&self) {
         let Some(leases) = &self.inner.leases else {
@@ -725,9 +737,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             for chunk in held.chunks(RETURN_AT_ONCE) {
                 let calls: Vec<_> = chunk
                     .iter()
-                    .map(|(key, units)| {
+                    .map(|(key, units, until)| {
                         Box::pin(async move {
-                            let _ = self.give_back(key, *units).await;
+                            // A lease that expired while earlier give-backs were on their way
+                            // is not given back: Redis restores its units by time alone.
+                            if self.now() < *until {
+                                let _ = self.give_back(key, *units).await;
+                            }
                         })
                     })
                     .collect();

@@ -66,7 +66,8 @@ pub enum FailMode {
     ///
     /// * the rate, by at most the share: the count times the share, rounded down; when that
     ///   is below one request per period, one request per period divided by count × share
-    ///   (`per_minute(5)` at a tenth: one per 2 minutes);
+    ///   (`per_minute(5)` at a tenth: one per 2 minutes), a period capped at the longest a
+    ///   quota can have (over a century) for a share too small to reach it;
     /// * the burst (a window's count), times the share rounded down, at least 1.
     ///
     /// So over any span `t` of an outage an instance admits for a key at most
@@ -436,7 +437,7 @@ impl RedisStore {
     /// than `deadline` when one is given (a decision that already waited for a lease's batch).
     ///
     /// An error about one key or the script on it ([`Failure::Key`]: `WRONGTYPE`, a script
-    /// error, `OOM` for a write) is logged once per policy and counted, and never trips the
+    /// error, `OOM` for a write, `NOPERM` from an ACL rule) is logged once per policy and counted, and never trips the
     /// outage state. Anything else (a timeout, a refused or dropped connection, a server that
     /// is loading, read-only, down or refusing the credentials) is [`Failure::Unavailable`]
     /// and is an outage, except a timeout cut short by `deadline` (the call did not have the
@@ -601,6 +602,11 @@ pub(crate) fn key_error_cause(e: &RedisError) -> Option<&'static str> {
              store prefix",
         ),
         Some("OOM") => Some("Redis is out of memory (maxmemory) and refuses this write"),
+        // Redis answered: its access rules, not its health, refuse the call.
+        Some("NOPERM") => Some(
+            "the Redis user may not run the decision script on this key (an ACL rule): allow \
+             it the store's key prefix (`~<prefix>*`) and `EVALSHA`, `EVAL`, `SCRIPT`",
+        ),
         Some("ERR") if e.detail().is_some_and(|d| d.contains("script")) => Some(
             "the decision script failed on the key's stored value, which another limiter may \
              have written in another layout",
@@ -791,6 +797,8 @@ mod tests {
             "OOM command not allowed when used memory > 'maxmemory'.",
             "ERR user_script:12: attempt to perform arithmetic on a nil value script: x",
             "ERR Error running script (call to f_0123): @user_script:1: boom",
+            "NOPERM this user has no permissions to run the 'evalsha' command",
+            "NOPERM No permissions to access a key",
         ] {
             assert!(key_error_cause(&error(key)).is_some(), "{key}");
         }
@@ -800,7 +808,6 @@ mod tests {
             "READONLY You can't write against a read only replica.",
             "MASTERDOWN Link with MASTER is down",
             "NOAUTH Authentication required.",
-            "NOPERM this user has no permissions to run the 'evalsha' command",
             "CLUSTERDOWN The cluster is down",
             "ERR max number of clients reached",
         ] {
