@@ -39,7 +39,9 @@ fn redis_store_agrees_with_the_reference_model() {
         .unwrap();
     let store = rt
         .block_on(RedisStore::connect(&server.url()))
-        .expect("connect to the test server");
+        .expect("connect to the test server")
+        // A timeout no loaded machine reaches: a degraded decision fails the comparison.
+        .timeout(std::time::Duration::from_secs(5));
     let mut runner = TestRunner::new(Config::with_cases(64));
     let case_no = std::cell::Cell::new(0u32);
     runner
@@ -90,7 +92,10 @@ fn a_clock_stepping_backwards_grants_no_extra_burst() {
         .enable_all()
         .build()
         .unwrap();
-    let store = rt.block_on(RedisStore::connect(&server.url())).unwrap();
+    let store = rt
+        .block_on(RedisStore::connect(&server.url()))
+        .unwrap()
+        .timeout(std::time::Duration::from_secs(5));
     let quota = Quota::per_second(10).burst(5);
 
     let (clock, time) = Clock::manual();

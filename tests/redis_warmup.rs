@@ -78,7 +78,11 @@ fn compare(
 ) {
     let server = RedisServer::start();
     let rt = twins::runtime();
-    let store = rt.block_on(RedisStore::connect(&server.url())).unwrap();
+    // A timeout no loaded machine reaches: a degraded decision fails the comparison.
+    let store = rt
+        .block_on(RedisStore::connect(&server.url()))
+        .unwrap()
+        .timeout(Duration::from_secs(5));
     let mut runner = TestRunner::new(Config::with_cases(cases));
     let case_no = std::cell::Cell::new(0u32);
     runner
@@ -120,7 +124,10 @@ fn redis_cli(server: &RedisServer, args: &[&str]) -> String {
 #[tokio::test]
 async fn a_warm_up_key_holds_two_words_and_expires_once_cold_again() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(5));
     let (clock, _time) = Clock::manual();
     let quota = Quota::per_second(1)
         .burst(1)
@@ -208,7 +215,10 @@ fn the_scripts_long_multiplication_is_exact_below_2_to_the_52() {
 #[tokio::test]
 async fn extreme_warm_up_settings_stay_exact_in_the_script() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(5));
     let max = tollgate::warmup::MAX_WARM_UP_PERIOD;
     for (i, quota) in [
         Quota::per_second(1).warm_up(max, 3),
