@@ -92,6 +92,61 @@ async fn unnamed_layers_keyed_differently_never_share_a_bucket() {
 }
 
 #[tokio::test]
+async fn quotas_named_alike_for_their_header_fields_never_share_a_bucket_across_keys() {
+    // `Quota::named` names the header items; it is no choice to share Redis keys.
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, _time) = Clock::manual();
+    let minute = || Quota::per_minute(3).named("minute");
+    let login = RateLimitLayer::new(minute())
+        .key(PeerIp)
+        .clock(clock.clone())
+        .store(store.clone());
+    let api = RateLimitLayer::new(minute())
+        .key(Header::new("x-api-key"))
+        .clock(clock)
+        .store(store);
+    let mut login = login.layer(tower::service_fn(ok));
+    let mut api = api.layer(tower::service_fn(ok));
+    for _ in 0..3 {
+        let r = req("/api", "192.0.2.66", Some("10.0.0.1"));
+        assert_eq!(send(&mut api, r).await, StatusCode::OK);
+    }
+    for _ in 0..3 {
+        let r = req("/login", "10.0.0.1", None);
+        assert_eq!(send(&mut login, r).await, StatusCode::OK);
+    }
+    let names = keys(&server);
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.iter().all(|k| k.starts_with("tollgate:")));
+    assert!(names.iter().all(|k| k.contains("minute#")), "{names:?}");
+}
+
+#[tokio::test]
+async fn policies_named_alike_on_purpose_share_their_keys() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, _time) = Clock::manual();
+    let a = RateLimitLayer::new(Policy::new("shared", Quota::per_minute(3)))
+        .key(Header::new("x-api-key"))
+        .clock(clock.clone())
+        .store(store.clone());
+    let b = RateLimitLayer::new(Policy::new("shared", Quota::per_minute(3)))
+        .key(Header::new("x-api-key"))
+        .clock(clock)
+        .store(store);
+    let mut a = a.layer(tower::service_fn(ok));
+    let mut b = b.layer(tower::service_fn(ok));
+    for _ in 0..3 {
+        let r = req("/a", "192.0.2.1", Some("k"));
+        assert_eq!(send(&mut a, r).await, StatusCode::OK);
+    }
+    let r = req("/b", "192.0.2.1", Some("k"));
+    assert_eq!(send(&mut b, r).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(keys(&server), vec!["tollgate:6:shared:k".to_owned()]);
+}
+
+#[tokio::test]
 async fn an_unnamed_gcra_layer_and_an_unnamed_sliding_log_layer_each_admit_their_own_limit() {
     let server = RedisServer::start();
     let store = store(&server).await;

@@ -42,6 +42,9 @@ pub struct Policy {
     pub(crate) quotas: Vec<Quota>,
     /// Named after its first quota, not by the user: each unnamed quota takes its own rate.
     derived: bool,
+    /// Named after its first quota's own name ([`Quota::named`], a name for the header
+    /// fields), not by the user: the name is not a choice to share Redis keys.
+    quota_named: bool,
 }
 
 impl Policy {
@@ -55,6 +58,7 @@ impl Policy {
             name: name.into(),
             quotas: vec![quota],
             derived: false,
+            quota_named: false,
         }
     }
 
@@ -63,6 +67,7 @@ impl Policy {
         Policy {
             name,
             derived: false,
+            quota_named: false,
             ..self
         }
     }
@@ -74,10 +79,12 @@ impl Policy {
         self
     }
 
-    /// Whether the name was derived from the first quota rather than given.
+    /// Whether the name was derived from the first quota (its rate, or its name for the
+    /// header fields) rather than given to the policy: such a name is not a choice to share
+    /// Redis keys with another layer of that name.
     #[cfg(feature = "redis")]
     pub(crate) fn is_derived(&self) -> bool {
-        self.derived
+        self.derived || self.quota_named
     }
 
     /// The policy's name.
@@ -153,11 +160,15 @@ impl From<Quota> for Policy {
     /// A policy named after the quota: its own name, else its rate (`"10-per-1s"`).
     fn from(quota: Quota) -> Self {
         match quota.name() {
-            Some(name) => Policy::new(name.to_owned(), quota),
+            Some(name) => Policy {
+                quota_named: true,
+                ..Policy::new(name.to_owned(), quota)
+            },
             None => Policy {
                 name: rate_name(&quota).into(),
                 quotas: vec![quota],
                 derived: true,
+                quota_named: false,
             },
         }
     }

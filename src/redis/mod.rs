@@ -34,7 +34,8 @@
 //! One string key per limiter key, `<prefix><scope length>:<scope>:<key>`, holding the
 //! theoretical arrival time of each quota in microseconds, separated by spaces, e.g.
 //! `tollgate:7:per-key:abc` → `"1732290000123456"`. The scope is the policy's name when it was
-//! given, else the name derived from its quota with a digest of its quotas and key extractor
+//! given (`Policy::new`, `.name(..)`), else the name derived from its first quota (its rate,
+//! or its name for the header fields) with a digest of its quotas and key extractor
 //! (`3-per-1m#5c0f9a1b2e47`; see [Keys](RedisRateLimiter#keys)). A key whose bytes have a `{` is written
 //! after `{}` (`tollgate:7:per-key:{}{abc}`), so that no client can pick a Redis Cluster slot
 //! with a hash tag (see [`RedisKey`]). It expires when the key is back to its
