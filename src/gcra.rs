@@ -60,6 +60,15 @@ impl Gcra {
         self.burst
     }
 
+    /// The time once `cost` is taken at `now` whatever the limit (a cost settled after the
+    /// response): `cost` emission intervals past the later of `tat` and `now`, beyond the
+    /// tolerance if need be, so that the key is in debt and rejected until time pays it off.
+    #[inline]
+    pub(crate) fn charged(&self, tat: u64, now: u64, cost: u32) -> u64 {
+        tat.max(now)
+            .saturating_add(self.interval.saturating_mul(u64::from(cost)))
+    }
+
     /// Decides a request of `cost` against stored `tat` at `now`.
     #[inline]
     pub(crate) fn step(&self, tat: u64, now: u64, cost: u32) -> Step {
@@ -715,4 +724,13 @@ pub(crate) fn moved_back(tat: u64, back: u64, now: u64) -> u64 {
         return tat;
     }
     tat.saturating_sub(back).max(now)
+}
+
+/// A quota's time once `units` of the request that took `spot` (its slice of time, of a
+/// request of `cost`) are given back at `now`: the end part of its own slice that is still
+/// ahead of now comes off, never moving the time before `now`; the part already behind now
+/// has come back on its own.
+#[inline]
+pub(crate) fn refunded(tat: u64, now: u64, spot: [u64; 2], cost: u32, units: u32) -> u64 {
+    moved_back(tat, slice_back(spot, cost, units, now, 1), now)
 }

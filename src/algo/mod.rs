@@ -185,7 +185,7 @@ impl Rule {
     /// are added by [`KeyState::charge`]).
     pub(crate) fn charge(&self, words: Words, now: u64, cost: u32) -> Words {
         match self {
-            Rule::Gcra(g) => [crate::store::memory::charged(g, words[0], now, cost), 0],
+            Rule::Gcra(g) => [g.charged(words[0], now, cost), 0],
             Rule::FixedWindow(w) => w.fixed_charge(words, now, cost),
             Rule::SlidingLog(_) => words,
             Rule::SlidingWindow(w) => w.counter_charge(words, now, cost),

@@ -40,24 +40,6 @@ pub(crate) trait Slot: Send + Sync + Sized {
     fn full(rules: &Self::Rules, retry_after: u64) -> Decision;
 }
 
-/// A quota's time once `cost` is taken at `now` whatever the limit (a cost settled after the
-/// response): `cost` emission intervals past the later of `tat` and `now`, beyond the
-/// tolerance if need be, so that the key is in debt and rejected until time pays it off.
-#[inline]
-pub(crate) fn charged(g: &Gcra, tat: u64, now: u64, cost: u32) -> u64 {
-    tat.max(now)
-        .saturating_add(g.interval.saturating_mul(u64::from(cost)))
-}
-
-/// A quota's time once `units` of the request that took `spot` (its slice of time, of a
-/// request of `cost`) are given back at `now`: the end part of its own slice that is still
-/// ahead of now comes off, never moving the time before `now`; the part already behind now
-/// has come back on its own.
-#[inline]
-pub(crate) fn refunded(tat: u64, now: u64, spot: [u64; 2], cost: u32, units: u32) -> u64 {
-    gcra::moved_back(tat, gcra::slice_back(spot, cost, units, now, 1), now)
-}
-
 /// One quota: the whole state is one word, updated by compare-and-swap.
 pub(crate) struct One(AtomicU64);
 
@@ -101,7 +83,7 @@ impl Slot for One {
     fn refund(&self, _: &Gcra, now: u64, taken: &Reservation, units: u32) {
         let mut tat = self.0.load(Ordering::Acquire);
         loop {
-            let new_tat = refunded(tat, now, taken.spots[0], taken.cost, units);
+            let new_tat = gcra::refunded(tat, now, taken.spots[0], taken.cost, units);
             if new_tat == tat {
                 return;
             }
@@ -119,12 +101,12 @@ impl Slot for One {
         let _ = self
             .0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                Some(charged(g, tat, now, cost))
+                Some(g.charged(tat, now, cost))
             });
     }
 
     fn charged_absent(g: &Gcra, now: u64, cost: u32) -> Self {
-        One(AtomicU64::new(charged(g, 0, now, cost)))
+        One(AtomicU64::new(g.charged(0, now, cost)))
     }
 
     fn full(g: &Gcra, retry_after: u64) -> Decision {
@@ -165,21 +147,21 @@ impl Slot for Many {
     fn refund(&self, gcras: &[Gcra], now: u64, taken: &Reservation, units: u32) {
         let mut tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
         for (tat, spot) in tats.iter_mut().zip(&taken.spots).take(gcras.len()) {
-            *tat = refunded(*tat, now, *spot, taken.cost, units);
+            *tat = gcra::refunded(*tat, now, *spot, taken.cost, units);
         }
     }
 
     fn charge(&self, gcras: &[Gcra], now: u64, cost: u32) {
         let mut tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
         for (tat, g) in tats.iter_mut().zip(gcras) {
-            *tat = charged(g, *tat, now, cost);
+            *tat = g.charged(*tat, now, cost);
         }
     }
 
     fn charged_absent(gcras: &[Gcra], now: u64, cost: u32) -> Self {
         let mut tats = [0u64; MAX_QUOTAS];
         for (tat, g) in tats.iter_mut().zip(gcras) {
-            *tat = charged(g, 0, now, cost);
+            *tat = g.charged(0, now, cost);
         }
         Many(Mutex::new(tats))
     }
