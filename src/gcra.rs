@@ -96,7 +96,10 @@ impl Gcra {
 }
 
 /// Whether a request was admitted.
+///
+/// More outcomes may come in later versions: match with a `_` arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// Admitted: the cost was taken from every quota.
     Allowed,
@@ -214,7 +217,11 @@ impl QuotaState {
 /// assert_eq!(d.remaining(), 0);
 /// assert!(d.retry_after().is_some());
 /// ```
+///
+/// A decision is `#[must_use]`: an admitted one has already taken its cost, so dropping it
+/// unread (`limiter.check(&key);`) spends quota in silence.
 #[derive(Debug, Clone, Copy)]
+#[must_use = "an admitted decision has taken its cost: read it (is_allowed) or drop it with `let _ =`"]
 pub struct Decision {
     outcome: Outcome,
     retry_after: u64,

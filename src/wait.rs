@@ -321,7 +321,7 @@ mod tests {
         assert_eq!(lines.keys(), 0);
         // Admitted at once: the line is gone too.
         let admit = || std::future::ready(Decision::degraded(&gcras, true, 0));
-        until_admitted(&lines, &2, &gcras, &clock, 1, admit)
+        let _ = until_admitted(&lines, &2, &gcras, &clock, 1, admit)
             .await
             .unwrap();
         assert_eq!(lines.keys(), 0);

@@ -64,7 +64,7 @@ fn threads_flooding_distinct_keys_never_exceed_max_keys() {
                 std::thread::spawn(move || {
                     let mut most = 0;
                     for k in 0..2_000u64 {
-                        l.check(&(t * 1_000_000 + k));
+                        let _ = l.check(&(t * 1_000_000 + k));
                         most = most.max(l.len());
                     }
                     most
@@ -133,7 +133,7 @@ async fn a_new_key_waiting_on_a_full_store_is_admitted_when_room_is_made_in_orde
     for i in 0..3u64 {
         let (l, order) = (l.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
-            l.until_ready(&2).await;
+            let _ = l.until_ready(&2).await;
             order.lock().unwrap().push((i, start.elapsed()));
         }));
         tokio::task::yield_now().await;

@@ -63,7 +63,7 @@ fn reject_new_keys_admits_a_new_key_once_a_tracked_one_is_idle_and_says_when() {
 fn reject_new_keys_recovers_after_a_flood_of_a_hundred() {
     let (l, hand) = limiter(Quota::per_minute(1), 100, OnFull::RejectNewKeys);
     for k in 0..1_000u64 {
-        l.check(&k);
+        let _ = l.check(&k);
     }
     assert_eq!(l.len(), 100);
     let d = l.check(&5_000);
@@ -81,7 +81,7 @@ fn reject_new_keys_recovers_after_a_flood_of_a_hundred() {
 fn eviction_forgets_no_active_key_while_idle_ones_are_tracked() {
     let (l, hand) = limiter(Quota::per_hour(1), 1_000, OnFull::EvictNearestIdle);
     for k in 0..1_100u64 {
-        l.check(&k);
+        let _ = l.check(&k);
     }
     hand.advance(Duration::from_secs(2 * 3600));
     // 100 clients spend their burst...
@@ -103,7 +103,7 @@ fn eviction_forgets_no_active_key_while_idle_ones_are_tracked() {
 fn ordinary_traffic_shrinks_the_store_after_a_flood() {
     let (l, hand) = limiter(Quota::per_minute(1), 20_000, OnFull::EvictNearestIdle);
     for k in 0..20_000u64 {
-        l.check(&k);
+        let _ = l.check(&k);
     }
     assert_eq!(l.len(), 20_000);
     hand.advance(Duration::from_secs(3600));
@@ -141,7 +141,7 @@ async fn an_evicted_shaper_key_leaves_at_most_one_interval_early() {
 fn the_default_store_holds_under_a_full_size_flood() {
     let (l, hand) = limiter(Quota::per_hour(1), 1_000_000, OnFull::RejectNewKeys);
     for k in 0..1_100_000u64 {
-        l.check(&k);
+        let _ = l.check(&k);
     }
     assert_eq!(l.len(), 1_000_000);
     hand.advance(Duration::from_secs(3 * 3600));

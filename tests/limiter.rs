@@ -15,7 +15,7 @@ async fn until_ready_waits_exactly_one_interval_per_request_after_the_burst() {
     let start = tokio::time::Instant::now();
     let mut at = Vec::new();
     for _ in 0..5 {
-        limiter.until_ready(&()).await;
+        let _ = limiter.until_ready(&()).await;
         at.push(start.elapsed().as_millis());
     }
     assert_eq!(at, [0, 0, 100, 200, 300]);
@@ -36,7 +36,7 @@ async fn a_cancelled_until_ready_consumes_nothing() {
     let limiter = RateLimiter::<()>::builder(Quota::per_second(1).burst(1))
         .clock(Clock::tokio())
         .build();
-    limiter.until_ready(&()).await;
+    let _ = limiter.until_ready(&()).await;
     // Waits 1 s; give up after 500 ms.
     let r = tokio::time::timeout(Duration::from_millis(500), limiter.until_ready(&())).await;
     assert!(r.is_err());

@@ -244,12 +244,12 @@ async fn a_waiter_decides_under_the_new_quota_when_its_turn_comes() {
         .clock(Clock::tokio())
         .build();
     let start = tokio::time::Instant::now();
-    l.until_ready(&1).await;
+    let _ = l.until_ready(&1).await;
     let waiter = tokio::spawn({
         let l = l.clone();
         async move {
             for _ in 0..3 {
-                l.until_ready(&1).await;
+                let _ = l.until_ready(&1).await;
             }
             start.elapsed()
         }

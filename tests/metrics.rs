@@ -491,11 +491,11 @@ fn a_named_limiter_counts_its_decisions_and_an_unnamed_one_does_not() {
     );
     let (named, unnamed) = limiters;
     for job in 0..3 {
-        named.check(&7);
-        unnamed.check(&job);
+        let _ = named.check(&7);
+        let _ = unnamed.check(&job);
     }
     // A cost of 0 only reports.
-    named.peek(&7);
+    let _ = named.peek(&7);
     assert!(named.check_n(&7, 11).outcome() == tollgate::Outcome::Exceeds);
     let limiter = [("layer", "limiter"), ("policy", "jobs")];
     let of = |outcome: &str, quota: &str| {
@@ -523,7 +523,7 @@ async fn the_limiters_of_a_layer_are_counted_once_by_the_layer() {
     );
     let mut svc = ServiceBuilder::new().layer(layer.clone()).service_fn(ok);
     status(&mut svc, from("a")).await;
-    layer.limiter("once").unwrap().unwrap().check(&());
+    let _ = layer.limiter("once").unwrap().unwrap().check(&());
     assert_eq!(decisions(&snap, "once", "", "allowed", "false"), 1);
     assert!(value(&snap, DECISIONS, &[("layer", "limiter")]).is_none());
 }
@@ -681,7 +681,7 @@ mod redis {
             |_| {},
         );
         for _ in 0..3 {
-            limiter.check(&1).await;
+            let _ = limiter.check(&1).await;
         }
         let labels = |outcome, quota| {
             [

@@ -297,7 +297,7 @@ async fn redis_paused_falls_back_within_the_timeout_and_resumed_decides_from_its
     assert_eq!(local, 5);
 
     server.resume();
-    until_redis_decides(&limiter, 1).await;
+    let _ = until_redis_decides(&limiter, 1).await;
     for _ in 0..10 {
         let d = timed(&limiter, 1, 1).await;
         assert!(!d.is_degraded(), "Redis decides after the pause");
@@ -406,7 +406,7 @@ async fn an_outage_logs_the_fallback_in_a_few_lines() {
         assert!(limiter.check(&1).await.is_local());
     }
     server.resume();
-    until_redis_decides(&limiter, 1).await;
+    let _ = until_redis_decides(&limiter, 1).await;
     let text = out.text();
     let lines: Vec<&str> = text
         .lines()

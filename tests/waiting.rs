@@ -84,7 +84,7 @@ async fn a_large_cost_at_the_head_is_served_before_the_small_ones_behind_it() {
         let (l, small) = (limiter.clone(), small.clone());
         loops.push(tokio::spawn(async move {
             loop {
-                l.until_ready(&"k").await;
+                let _ = l.until_ready(&"k").await;
                 small.fetch_add(1, Ordering::Relaxed);
             }
         }));
@@ -131,7 +131,7 @@ async fn a_dropped_waiter_consumes_nothing_and_the_next_one_moves_up() {
     let second = tokio::spawn({
         let l = limiter.clone();
         async move {
-            l.until_ready(&"k").await;
+            let _ = l.until_ready(&"k").await;
             start.elapsed()
         }
     });
@@ -155,7 +155,7 @@ async fn keys_wait_in_separate_lines() {
     for key in ["a", "b", "a", "b"] {
         let l = limiter.clone();
         tasks.push(tokio::spawn(async move {
-            l.until_ready(&key).await;
+            let _ = l.until_ready(&key).await;
             start.elapsed().as_millis()
         }));
     }

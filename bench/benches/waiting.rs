@@ -55,7 +55,7 @@ fn run(rt: &tokio::runtime::Runtime, n: u32, fifo: bool) {
             let l = limiter.clone();
             tasks.push(tokio::spawn(async move {
                 if fifo {
-                    black_box(l.until_ready(&7).await);
+                    let _ = black_box(l.until_ready(&7).await);
                 } else {
                     every_waiter_retries(&l, &7).await;
                 }

@@ -147,7 +147,7 @@ proptest! {
         let mut now = 1;
         for (gap, c) in reqs {
             now += gap;
-            decide(&rules, &mut st, now, c);
+            let _ = decide(&rules, &mut st, now, c);
         }
         let mut at = st.idle_at(&rules).max(now) + later;
         let mut fresh = KeyState::default();

@@ -264,7 +264,7 @@ mod tests {
                         let admitted = model.check(u64::from(cost));
                         prop_assert_eq!(d.is_allowed(), admitted);
                         if admitted {
-                            limiter.settle(&1, &Reservation::of(&d, cost), actual);
+                            let _ = limiter.settle(&1, &Reservation::of(&d, cost), actual);
                             model.settle(u64::from(cost), u64::from(actual));
                         }
                     }

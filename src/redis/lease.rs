@@ -580,7 +580,7 @@ mod tests {
             }
             let plan = l.plan(&"k", 0, 1, 100);
             let d = redis(g, &mut tat, 0, plan.batch);
-            l.took(&"k", &[*g], 0, &plan, plan.batch, &d);
+            let _ = l.took(&"k", &[*g], 0, &plan, plan.batch, &d);
             if plan.batch == 8 {
                 break;
             }
@@ -626,7 +626,7 @@ mod tests {
             let plan = l.plan(&"k", now, 1, 5);
             assert!(plan.batch <= 5, "{plan:?}");
             let d = redis(&g, &mut tat, now, plan.batch);
-            l.took(&"k", &[g], now, &plan, plan.batch, &d);
+            let _ = l.took(&"k", &[g], now, &plan, plan.batch, &d);
         }
         l.refused(&"k", true);
         assert_eq!(l.plan(&"k", 50 * MS, 1, 5).batch, 2);
@@ -666,7 +666,7 @@ mod tests {
             if l.serve(&"k", &[g], 0, 1).is_none() {
                 let plan = l.plan(&"k", 0, 1, 100);
                 let d = redis(&g, &mut tat, 0, plan.batch);
-                l.took(&"k", &[g], 0, &plan, plan.batch, &d);
+                let _ = l.took(&"k", &[g], 0, &plan, plan.batch, &d);
             }
         }
         l.quotas_changed();
