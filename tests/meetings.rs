@@ -161,3 +161,211 @@ async fn a_strike_on_a_full_shared_bound_after_a_widened_log_drops_no_key_that_c
     assert!(!one(&mut rig, "a", 1, FAILED).await);
     assert!(!one(&mut rig, "b", 2, FAILED).await);
 }
+
+// ---- the penalty box's Retry-After with window kinds, debts and changes ----
+
+mod told {
+    use super::*;
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::Full;
+    use proptest::prelude::*;
+    use std::convert::Infallible;
+    use tower::{Service, ServiceExt};
+
+    /// A request of `cost` for key `k` whose response reports `actual`.
+    fn req(cost: u32, actual: u32) -> Request<()> {
+        Request::get("/")
+            .header("x-key", "k")
+            .header("x-cost", cost.to_string())
+            .header("x-actual", actual.to_string())
+            .body(())
+            .unwrap()
+    }
+
+    pub(super) async fn handler(r: Request<()>) -> Result<Response<Full<Bytes>>, Infallible> {
+        let actual = r.headers()["x-actual"].clone();
+        let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
+        resp.headers_mut().insert("x-actual", actual);
+        Ok(resp)
+    }
+
+    /// The status and the Retry-After (whole seconds) of one request.
+    pub(super) async fn send<S>(svc: &mut S, cost: u32, actual: u32) -> (u16, Option<u64>)
+    where
+        S: Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible>,
+    {
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(req(cost, actual))
+            .await
+            .unwrap();
+        let retry = resp
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().parse().unwrap());
+        (resp.status().as_u16(), retry)
+    }
+
+    #[derive(Debug, Clone)]
+    pub(super) enum Op {
+        /// A request of `cost`, settled at `actual` if admitted.
+        Request {
+            cost: u32,
+            actual: u32,
+        },
+        Wait {
+            ms: u64,
+        },
+        /// The quota's count (or burst) becomes this.
+        Change {
+            count: u32,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (1u32..4, 0u32..9).prop_map(|(cost, actual)| Op::Request { cost, actual }),
+            2 => (0u64..4_000).prop_map(|ms| Op::Wait { ms }),
+            1 => (3u32..8).prop_map(|count| Op::Change { count }),
+        ]
+    }
+
+    fn quota(kind: u8, count: u32) -> Quota {
+        match kind {
+            0 => Quota::new(count, 4 * S).burst(count),
+            1 => Quota::fixed_window(count, 4 * S),
+            2 => Quota::sliding_log(count, 4 * S),
+            _ => Quota::sliding_window(count, 4 * S),
+        }
+    }
+
+    /// Runs `ops`; on every ban (429 with a Retry-After), waits exactly as told and sends the
+    /// same request again, which must be admitted. Returns how many bans were waited out.
+    /// `raise_only`: changes only raise the count (a lowered count may refuse what a wait
+    /// told before the change promised).
+    pub(super) async fn run(kind: u8, ops: Vec<Op>, raise_only: bool) -> Result<u32, String> {
+        let (clock, time) = manual();
+        let mut count = 3;
+        let l = RateLimitLayer::new(Policy::new("p", quota(kind, count)))
+            .key(Header::new("x-key"))
+            .clock(clock.clone())
+            .cost(|h| {
+                h.headers
+                    .get("x-cost")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1)
+            })
+            .settle(ActualCost::header("x-actual"))
+            .penalty_box(PenaltyBox::new(1, 60 * S, S));
+        let mut svc = l.clone().layer(tower::service_fn(handler));
+        let mut waited = 0;
+        let mut ops = ops.into_iter().peekable();
+        while let Some(op) = ops.next() {
+            match op {
+                Op::Request { cost, actual } => {
+                    let (status, retry) = send(&mut svc, cost, actual).await;
+                    if status == 429 {
+                        let retry = retry.ok_or("a 429 without Retry-After")?;
+                        // A change that comes next comes during the ban, half way.
+                        time.advance(Duration::from_millis(retry * 500));
+                        if let Some(Op::Change { count: c }) = ops.peek().cloned() {
+                            ops.next();
+                            if !(raise_only && c < count) {
+                                count = c;
+                                l.handle()
+                                    .unwrap()
+                                    .set_policy(Policy::new("p", quota(kind, count)))
+                                    .unwrap();
+                            }
+                        }
+                        time.advance(Duration::from_millis(retry * 500));
+                        let (again, _) = send(&mut svc, cost, actual).await;
+                        if again != 200 {
+                            return Err(format!(
+                                "waited {retry} s as told for cost {cost}: {again}"
+                            ));
+                        }
+                        waited += 1;
+                    }
+                }
+                Op::Wait { ms } => time.advance(Duration::from_millis(ms)),
+                Op::Change { count: c } => {
+                    if raise_only && c < count {
+                        continue;
+                    }
+                    count = c;
+                    l.handle()
+                        .unwrap()
+                        .set_policy(Policy::new("p", quota(kind, count)))
+                        .unwrap();
+                }
+            }
+        }
+        Ok(waited)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Every kind, with settled debts and raised counts: a client banned on its first
+        /// refusal that waits as told is admitted.
+        #[test]
+        fn a_client_that_waits_as_told_is_admitted_with_every_kind_and_debts(
+            kind in 0u8..4,
+            ops in proptest::collection::vec(op(), 1..60),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let r = rt.block_on(run(kind, ops, true));
+            prop_assert!(r.is_ok(), "{:?}", r);
+        }
+    }
+}
+
+/// A wait told under one quota is a promise of that quota: lowered during the ban, the
+/// quota refuses the retry, which is a strike of the key's own (the ban escalates), and the
+/// new Retry-After is again when a retry is admitted, under the quota in force.
+#[tokio::test]
+async fn a_quota_lowered_during_a_ban_refuses_the_told_retry_and_tells_the_new_time() {
+    let (clock, time) = manual();
+    let l = RateLimitLayer::new(Policy::new("p", Quota::per_second(1).burst(3)))
+        .key(Header::new("x-key"))
+        .clock(clock.clone())
+        .penalty_box(PenaltyBox::new(1, 60 * S, S));
+    let mut svc = l.clone().layer(tower::service_fn(told::handler));
+    for _ in 0..3 {
+        assert_eq!(told::send(&mut svc, 1, 1).await, (200, None));
+    }
+    // Full: retry in 1 s, and banned for 1 s.
+    assert_eq!(told::send(&mut svc, 1, 1).await, (429, Some(1)));
+    time.advance(500 * MS);
+    l.handle()
+        .unwrap()
+        .set_policy(Policy::new("p", Quota::per_second(1).burst(1)))
+        .unwrap();
+    time.advance(500 * MS);
+    // At 1 s the key is 2 s ahead, over the new burst's 1 s: refused, banned again (2 s),
+    // and told 2 s, when the quota admits it.
+    assert_eq!(told::send(&mut svc, 1, 1).await, (429, Some(2)));
+    time.advance(2 * S);
+    assert_eq!(told::send(&mut svc, 1, 1).await.0, 200);
+}
+
+/// A debt settled above every kind's count, then a request: banned, told when the debt lets
+/// a retry through, and admitted then.
+#[tokio::test]
+async fn a_debt_bans_with_every_kind_and_the_told_retry_is_admitted() {
+    use told::Op::Request;
+    // GCRA's debt (8 intervals) outlasts the retry's; a window's debt ends with its window
+    // (fixed), its entry (log), or weighs in the next window (counter).
+    for (kind, bans) in [(0, 2), (1, 1), (2, 1), (3, 2)] {
+        let ops = vec![
+            Request { cost: 1, actual: 8 },
+            Request { cost: 1, actual: 1 },
+            Request { cost: 2, actual: 2 },
+        ];
+        assert_eq!(told::run(kind, ops, true).await, Ok(bans), "kind {kind}");
+    }
+}
