@@ -126,3 +126,105 @@ async fn late_refunds_of_leased_admissions_never_double_a_limit() {
         assert_eq!(counted, 3, "lease {lease:?}");
     }
 }
+
+fn redis_name(l: &Limit, name: &str, k: &str) -> String {
+    let limiter = l.limiter(name).unwrap().unwrap();
+    let key: Box<[u8]> = k.as_bytes().into();
+    String::from_utf8(limiter.redis_key(&key)).unwrap()
+}
+
+// ---- a key error during a refund or a settlement ----
+
+/// The key's value turns into another type while requests are in flight: their refund and
+/// their settlement meet `WRONGTYPE`. The handler's response stands (the error is about the
+/// key, not the request's answer), and the key's next request is refused as unavailable.
+#[tokio::test]
+async fn a_key_error_during_a_refund_or_a_settlement_keeps_the_handlers_response() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    for (i, quota) in [Quota::new(3, 10 * S), Quota::sliding_log(3, 10 * S)]
+        .into_iter()
+        .enumerate()
+    {
+        let (clock, _time) = manual();
+        let name = format!("keyerr{i}");
+        let l = layer(&store, &name, std::slice::from_ref(&quota), &clock);
+        let mut rig = Rig::new(|h| l.layer(h));
+        let refunded = rig.send("k", 1).await.unwrap();
+        let settled = rig.send("k", 1).await.unwrap();
+        let redis_key = redis_name(&l, &name, "k");
+        server.cli(&["DEL", &redis_key]).unwrap();
+        server.cli(&["HSET", &redis_key, "f", "v"]).unwrap();
+        assert_eq!(rig.answer(refunded, OK).await, 200, "{quota:?}");
+        let charged = Reply {
+            status: 401,
+            actual: Some(3),
+        };
+        assert_eq!(rig.answer(settled, charged).await, 401, "{quota:?}");
+        let key: Box<[u8]> = b"k".as_slice().into();
+        let d = l.limiter(&name).unwrap().unwrap().peek(&key).await;
+        assert!(!d.is_allowed() && d.is_degraded(), "{quota:?}");
+        assert_eq!(server.cli(&["TYPE", &redis_key]).unwrap().trim(), "hash");
+    }
+}
+
+// ---- refunds of a key whose Redis state was lost ----
+
+/// GCRA 3 per 10 s: three slow successes in flight at 0 s; Redis loses the key (FLUSHALL, or
+/// its expiry: a DEL); at 1 s the key starts afresh, and three failures pass; then the slow
+/// successes answer: their reservations name slices of the lost state, and what of them is
+/// still ahead of now (2.33 s + 3.33 s + 3.33 s) comes off the new state, so two more
+/// failures pass. Five counted against a limit of 3: the loss is worth at most one burst,
+/// never more.
+#[tokio::test]
+async fn refunds_after_redis_lost_the_key_give_back_at_most_one_burst() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    for (i, lose) in [["FLUSHALL", ""], ["DEL", "key"]].into_iter().enumerate() {
+        let (clock, time) = manual();
+        let name = format!("lost{i}");
+        let l = layer(&store, &name, &[Quota::new(3, 10 * S)], &clock);
+        let mut rig = Rig::new(|h| l.layer(h));
+        let slow = [
+            rig.send("login", 1).await.unwrap(),
+            rig.send("login", 1).await.unwrap(),
+            rig.send("login", 1).await.unwrap(),
+        ];
+        let redis_key = redis_name(&l, &name, "login");
+        match lose {
+            ["FLUSHALL", _] => server.cli(&["FLUSHALL"]).unwrap(),
+            _ => server.cli(&["DEL", &redis_key]).unwrap(),
+        };
+        time.advance(S);
+        let mut counted = failures(&mut rig, "login", 4).await;
+        assert_eq!(counted, 3);
+        for id in slow {
+            assert_eq!(rig.answer(id, OK).await, 200);
+        }
+        counted += failures(&mut rig, "login", 4).await;
+        assert_eq!(counted, 5, "{lose:?}");
+    }
+}
+
+/// A sliding log written by an earlier layout (one member per unit, without costs) is
+/// forgotten by the script; a refund that arrives for it finds nothing of its own and
+/// takes nothing from the requests admitted since.
+#[tokio::test]
+async fn a_refund_meeting_a_log_of_an_older_layout_takes_nothing_from_later_requests() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, time) = manual();
+    let l = layer(&store, "old", &[Quota::sliding_log(3, 10 * S)], &clock);
+    let mut rig = Rig::new(|h| l.layer(h));
+    let slow = rig.send("login", 1).await.unwrap();
+    let redis_key = redis_name(&l, "old", "login");
+    server.cli(&["DEL", &redis_key]).unwrap();
+    // The earlier layout: `<time>:<index>` members, times in microseconds.
+    server
+        .cli(&["ZADD", &redis_key, "1000000000", "1000000000:0"])
+        .unwrap();
+    time.advance(S);
+    assert_eq!(failures(&mut rig, "login", 4).await, 3);
+    assert_eq!(rig.answer(slow, OK).await, 200);
+    assert_eq!(failures(&mut rig, "login", 1).await, 0);
+}
