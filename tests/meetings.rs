@@ -522,3 +522,126 @@ mod bounded {
         }
     }
 }
+
+// ---- count_if refunds racing a burst flip, on threads ----
+
+mod racing {
+    use super::*;
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::Full;
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use tower::ServiceExt;
+
+    async fn handler(r: Request<()>) -> Result<Response<Full<Bytes>>, Infallible> {
+        let status: u16 = r.headers()["x-status"].to_str().unwrap().parse().unwrap();
+        let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
+        *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+        Ok(resp)
+    }
+
+    /// Eight tasks send 400 logins for one key, every other one failing, while another task
+    /// flips the burst between 10 and 5 two hundred times, on a stopped clock: the failures
+    /// counted never pass the larger burst, and the successes (refunded) take nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn refunds_racing_a_burst_flip_never_count_more_than_the_larger_burst() {
+        for kind in 0..4u8 {
+            let (clock, _time) = manual();
+            let quota = move |n: u32| match kind {
+                0 => Quota::per_second(1).burst(n),
+                1 => Quota::fixed_window(n, 100 * S),
+                2 => Quota::sliding_log(n, 100 * S),
+                _ => Quota::sliding_window(n, 100 * S),
+            };
+            let l = RateLimitLayer::new(Policy::new("p", quota(10)))
+                .key(Header::new("x-key"))
+                .clock(clock.clone())
+                .count_if(|res| res.status != StatusCode::OK);
+            let svc = l.clone().layer(tower::service_fn(handler));
+            let failed = Arc::new(AtomicU64::new(0));
+            let done = Arc::new(AtomicBool::new(false));
+            let handle = l.handle().unwrap();
+            let flipper = {
+                let done = done.clone();
+                tokio::spawn(async move {
+                    for i in 0..200 {
+                        let n = if i % 2 == 0 { 5 } else { 10 };
+                        handle.set_policy(Policy::new("p", quota(n))).unwrap();
+                        tokio::task::yield_now().await;
+                    }
+                    done.store(true, Ordering::SeqCst);
+                })
+            };
+            let mut tasks = tokio::task::JoinSet::new();
+            for t in 0..8u64 {
+                let svc = svc.clone();
+                let failed = failed.clone();
+                tasks.spawn(async move {
+                    for i in 0..50u64 {
+                        let status = if (t + i) % 2 == 0 { 401 } else { 200 };
+                        let req = Request::get("/")
+                            .header("x-key", "login")
+                            .header("x-status", status.to_string())
+                            .body(())
+                            .unwrap();
+                        let resp = svc.clone().oneshot(req).await.unwrap();
+                        if resp.status() == StatusCode::UNAUTHORIZED {
+                            failed.fetch_add(1, Ordering::SeqCst);
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                });
+            }
+            while let Some(r) = tasks.join_next().await {
+                r.unwrap();
+            }
+            flipper.await.unwrap();
+            assert!(done.load(Ordering::SeqCst));
+            let failed = failed.load(Ordering::SeqCst);
+            assert!(failed <= 10, "kind {kind}: {failed} failures counted");
+            // Nothing else is left held: the key's count is exactly its failures.
+            let lim = l.limiter("p").unwrap().unwrap();
+            let k: Box<[u8]> = b"login".as_slice().into();
+            let used = 10 - lim.peek(&k).states()[0].remaining();
+            assert_eq!(used, failed, "kind {kind}");
+        }
+    }
+}
+
+// ---- dry run with a penalty box and settlements ----
+
+/// In a dry run every request reaches the handler; an admitted one reserves and settles as
+/// when enforced (its debt stands in the state), a would-be rejection let through reserves
+/// and settles nothing, and no refusal is a strike.
+#[tokio::test]
+async fn a_dry_run_settles_only_what_it_admitted_and_records_no_strike() {
+    for quota in [Quota::fixed_window(2, 60 * S), Quota::per_minute(2)] {
+        let (clock, _time) = manual();
+        let l = layer(quota.clone(), &clock)
+            .dry_run(true)
+            .penalty_box(PenaltyBox::new(1, 60 * S, 10 * S));
+        let mut rig = rig!(l);
+        let charged = Reply {
+            status: 401,
+            actual: Some(3),
+        };
+        for _ in 0..5 {
+            assert!(one(&mut rig, "k", 1, charged).await, "{quota:?}");
+        }
+        let lim = l.limiter("p").unwrap().unwrap();
+        let k: Box<[u8]> = b"k".as_slice().into();
+        let d = lim.peek(&k);
+        assert_eq!(d.states()[0].remaining(), 0, "{quota:?}");
+        // One admission settled at 3: a fixed window counts 3 of 2 until it ends; GCRA is
+        // 3 intervals (90 s) ahead.
+        let expect = if quota == Quota::per_minute(2) {
+            90 * S
+        } else {
+            60 * S
+        };
+        assert_eq!(d.reset_after(), expect, "{quota:?}");
+        assert_eq!(l.penalties().unwrap().unwrap().len(), 0);
+    }
+}
