@@ -228,3 +228,166 @@ async fn a_refund_meeting_a_log_of_an_older_layout_takes_nothing_from_later_requ
     assert_eq!(rig.answer(slow, OK).await, 200);
     assert_eq!(failures(&mut rig, "login", 1).await, 0);
 }
+
+// ---- the penalty box's Retry-After on Redis, with window kinds, debts and changes ----
+
+mod told {
+    use super::*;
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::Full;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    use std::convert::Infallible;
+    use tollgate::PenaltyBox;
+    use tower::{Service, ServiceExt};
+
+    fn req(cost: u32, actual: u32) -> Request<()> {
+        Request::get("/")
+            .header("x-key", "k")
+            .header("x-cost", cost.to_string())
+            .header("x-actual", actual.to_string())
+            .body(())
+            .unwrap()
+    }
+
+    async fn handler(r: Request<()>) -> Result<Response<Full<Bytes>>, Infallible> {
+        let actual = r.headers()["x-actual"].clone();
+        let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
+        resp.headers_mut().insert("x-actual", actual);
+        Ok(resp)
+    }
+
+    async fn send<S>(svc: &mut S, cost: u32, actual: u32) -> (u16, Option<u64>)
+    where
+        S: Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible>,
+    {
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(req(cost, actual))
+            .await
+            .unwrap();
+        let retry = resp
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().parse().unwrap());
+        (resp.status().as_u16(), retry)
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Request {
+            cost: u32,
+            actual: u32,
+        },
+        Wait {
+            ms: u64,
+        },
+        /// The count becomes this, if it raises it.
+        Raise {
+            count: u32,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (1u32..4, 0u32..9).prop_map(|(cost, actual)| Op::Request { cost, actual }),
+            2 => (0u64..4_000).prop_map(|ms| Op::Wait { ms }),
+            1 => (3u32..8).prop_map(|count| Op::Raise { count }),
+        ]
+    }
+
+    fn quota(kind: u8, count: u32) -> Quota {
+        match kind {
+            0 => Quota::new(count, 4 * S).burst(count),
+            1 => Quota::fixed_window(count, 4 * S),
+            2 => Quota::sliding_log(count, 4 * S),
+            _ => Quota::sliding_window(count, 4 * S),
+        }
+    }
+
+    /// As the memory test of the same name: every kind, settled debts, raised counts during
+    /// bans; a client banned on its first refusal that waits as told is admitted.
+    #[test]
+    fn a_client_that_waits_as_told_is_admitted_on_redis() {
+        let server = RedisServer::start();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = rt.block_on(store(&server));
+        let mut runner = TestRunner::new(Config::with_cases(48));
+        let case = std::cell::Cell::new(0u32);
+        let waited = std::cell::Cell::new(0u32);
+        let strategy = (0u8..4, prop::collection::vec(op(), 1..40));
+        runner
+            .run(&strategy, |(kind, ops)| {
+                case.set(case.get() + 1);
+                let name = format!("told{}", case.get());
+                rt.block_on(async {
+                    let (clock, time) = manual();
+                    let mut count = 3;
+                    let l = RateLimitLayer::new(Policy::new(name.clone(), quota(kind, count)))
+                        .key(Header::new("x-key"))
+                        .clock(clock.clone())
+                        .cost(|h| {
+                            h.headers
+                                .get("x-cost")
+                                .and_then(|v| v.to_str().ok()?.parse().ok())
+                                .unwrap_or(1)
+                        })
+                        .settle(ActualCost::header("x-actual"))
+                        .penalty_box(PenaltyBox::new(1, 60 * S, S))
+                        .store(store.clone());
+                    let redis_key = redis_name(&l, &name, "k");
+                    let mut svc = l.clone().layer(tower::service_fn(handler));
+                    let mut ops = ops.into_iter().peekable();
+                    while let Some(op) = ops.next() {
+                        match op {
+                            Op::Request { cost, actual } => {
+                                let (status, retry) = send(&mut svc, cost, actual).await;
+                                if status == 429 {
+                                    let retry = retry.expect("a Retry-After");
+                                    time.advance(Duration::from_millis(retry * 500));
+                                    if let Some(Op::Raise { count: c }) = ops.peek().cloned() {
+                                        ops.next();
+                                        if c > count {
+                                            count = c;
+                                            l.handle()
+                                                .unwrap()
+                                                .set_policy(Policy::new(
+                                                    name.clone(),
+                                                    quota(kind, count),
+                                                ))
+                                                .unwrap();
+                                        }
+                                    }
+                                    time.advance(Duration::from_millis(retry * 500));
+                                    let (again, _) = send(&mut svc, cost, actual).await;
+                                    prop_assert_eq!(again, 200, "waited {} s", retry);
+                                    waited.set(waited.get() + 1);
+                                }
+                            }
+                            Op::Wait { ms } => time.advance(Duration::from_millis(ms)),
+                            Op::Raise { count: c } => {
+                                if c > count {
+                                    count = c;
+                                    l.handle()
+                                        .unwrap()
+                                        .set_policy(Policy::new(name.clone(), quota(kind, count)))
+                                        .unwrap();
+                                }
+                            }
+                        }
+                        // The key's time to live runs on the server's clock, not the test's.
+                        server.cli(&["PERSIST", &redis_key]);
+                    }
+                    Ok(())
+                })
+            })
+            .unwrap();
+        assert!(waited.get() > 0);
+    }
+}
