@@ -391,3 +391,153 @@ mod told {
         assert!(waited.get() > 0);
     }
 }
+
+// ---- memory and Redis side by side, with a penalty box ----
+
+mod side_by_side {
+    use super::*;
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::Full;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    use std::convert::Infallible;
+    use tollgate::PenaltyBox;
+    use tower::{Service, ServiceExt};
+
+    fn req(cost: u32, actual: u32) -> Request<()> {
+        Request::get("/")
+            .header("x-key", "k")
+            .header("x-cost", cost.to_string())
+            .header("x-actual", actual.to_string())
+            .body(())
+            .unwrap()
+    }
+
+    async fn handler(r: Request<()>) -> Result<Response<Full<Bytes>>, Infallible> {
+        let actual = r.headers()["x-actual"].clone();
+        let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
+        resp.headers_mut().insert("x-actual", actual);
+        Ok(resp)
+    }
+
+    /// Status, Retry-After and RateLimit fields of one request.
+    async fn send<S>(svc: &mut S, cost: u32, actual: u32) -> (u16, Option<String>, Option<String>)
+    where
+        S: Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible>,
+    {
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(req(cost, actual))
+            .await
+            .unwrap();
+        let field = |n: &str| {
+            resp.headers()
+                .get(n)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        (
+            resp.status().as_u16(),
+            field("retry-after"),
+            field("ratelimit"),
+        )
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Request { cost: u32, actual: u32 },
+        Wait { ms: u64 },
+        Change { count: u32 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0u32..4, 0u32..9).prop_map(|(cost, actual)| Op::Request { cost, actual }),
+            2 => (0u64..4_000).prop_map(|ms| Op::Wait { ms }),
+            1 => (2u32..8).prop_map(|count| Op::Change { count }),
+        ]
+    }
+
+    fn quotas(kind: u8, count: u32) -> Vec<Quota> {
+        match kind {
+            0 => vec![Quota::new(count, 4 * S).burst(count)],
+            1 => vec![Quota::fixed_window(count, 4 * S)],
+            2 => vec![Quota::sliding_log(count, 4 * S)],
+            3 => vec![Quota::sliding_window(count, 4 * S)],
+            _ => vec![
+                Quota::new(count, 4 * S).burst(count),
+                Quota::sliding_log(count + 2, 10 * S),
+            ],
+        }
+    }
+
+    fn policy(name: &str, qs: Vec<Quota>) -> Policy {
+        qs[1..]
+            .iter()
+            .fold(Policy::new(name.to_owned(), qs[0].clone()), |p, q| {
+                p.quota(q.clone())
+            })
+    }
+
+    /// A penalty box over every kind and a mixed policy, with settled debts and live
+    /// changes (raised and lowered): the memory layer and the Redis layer answer every
+    /// request alike (status, Retry-After, RateLimit fields), bans included.
+    #[test]
+    fn memory_and_redis_ban_and_tell_alike() {
+        let server = RedisServer::start();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = rt.block_on(store(&server));
+        let mut runner = TestRunner::new(Config::with_cases(48));
+        let case = std::cell::Cell::new(0u32);
+        let strategy = (0u8..5, prop::collection::vec(op(), 1..40));
+        runner
+            .run(&strategy, |(kind, ops)| {
+                case.set(case.get() + 1);
+                let name = format!("side{}", case.get());
+                rt.block_on(async {
+                    let (clock, time) = manual();
+                    let build = |qs: Vec<Quota>| {
+                        RateLimitLayer::new(policy(&name, qs))
+                            .key(Header::new("x-key"))
+                            .clock(clock.clone())
+                            .cost(|h| {
+                                h.headers
+                                    .get("x-cost")
+                                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                                    .unwrap_or(1)
+                            })
+                            .settle(ActualCost::header("x-actual"))
+                            .penalty_box(PenaltyBox::new(2, 6 * S, 2 * S))
+                    };
+                    let mem = build(quotas(kind, 3));
+                    let red = build(quotas(kind, 3)).store(store.clone());
+                    let redis_key = redis_name(&red, &name, "k");
+                    let mut m = mem.clone().layer(tower::service_fn(handler));
+                    let mut r = red.clone().layer(tower::service_fn(handler));
+                    for op in ops {
+                        match op {
+                            Op::Request { cost, actual } => {
+                                let a = send(&mut m, cost, actual).await;
+                                let b = send(&mut r, cost, actual).await;
+                                prop_assert_eq!(a, b, "cost {} actual {}", cost, actual);
+                            }
+                            Op::Wait { ms } => time.advance(Duration::from_millis(ms)),
+                            Op::Change { count } => {
+                                let p = policy(&name, quotas(kind, count));
+                                mem.handle().unwrap().set_policy(p.clone()).unwrap();
+                                red.handle().unwrap().set_policy(p).unwrap();
+                            }
+                        }
+                        server.cli(&["PERSIST", &redis_key]);
+                    }
+                    Ok(())
+                })
+            })
+            .unwrap();
+    }
+}
