@@ -541,3 +541,149 @@ mod side_by_side {
             .unwrap();
     }
 }
+
+// ---- leased admissions, refunds and settlements on random interleavings ----
+
+#[derive(Debug, Clone)]
+enum LeaseOp {
+    Send(u32),
+    /// Answer the request in flight at this index: OK (refunded), failed (counted), or
+    /// failed settling this cost.
+    Answer(usize, Option<Option<u32>>),
+}
+
+fn lease_op() -> impl proptest::strategy::Strategy<Value = LeaseOp> {
+    use proptest::prelude::*;
+    prop_oneof![
+        5 => (1u32..4).prop_map(LeaseOp::Send),
+        4 => (0usize..8, prop::option::of(prop::option::of(0u32..9)))
+            .prop_map(|(i, r)| LeaseOp::Answer(i, r)),
+    ]
+}
+
+/// On a stopped clock every slice is still ahead: whatever the batches, the order in which
+/// leased requests are answered, refunds and settlements (debts included), once the leases
+/// are returned Redis holds exactly what was counted, 500 ms per unit; and the counted units
+/// admitted never pass the burst except by settled debts.
+#[test]
+fn leased_refunds_and_settlements_leave_exactly_what_was_counted() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = rt
+        .block_on(store(&server))
+        .lease(Lease::new(4, Duration::from_secs(60)));
+    let mut runner = TestRunner::new(Config::with_cases(64));
+    let case = std::cell::Cell::new(0u32);
+    let leased = std::cell::Cell::new(0u64);
+    let strategy = prop::collection::vec(lease_op(), 1..60);
+    runner
+        .run(&strategy, |ops| {
+            case.set(case.get() + 1);
+            let name = format!("leased{}", case.get());
+            rt.block_on(async {
+                let (clock, _time) = manual();
+                // 2 per second, burst 6: 500 ms per unit.
+                let l = layer(&store, &name, &[Quota::per_second(2).burst(6)], &clock);
+                let lim = l.limiter(&name).unwrap().unwrap();
+                let mut rig = Rig::new(|h| l.layer(h));
+                let mut flying: Vec<(u64, u32)> = Vec::new();
+                // Units held by requests in flight, units counted for good, and what the
+                // answered requests kept of their reservations (without settled charges).
+                let (mut held, mut counted, mut kept) = (0u64, 0u64, 0u64);
+                // Whether a settlement put the key in debt (it stands on a stopped clock).
+                let mut debt = false;
+                for op in ops {
+                    match op {
+                        LeaseOp::Send(cost) => {
+                            if let Some(id) = rig.send("k", cost).await {
+                                // A debt stands: nothing is admitted after it, leased or not.
+                                prop_assert!(!debt, "admitted in debt");
+                                flying.push((id, cost));
+                                held += u64::from(cost);
+                                prop_assert!(held + kept <= 6, "held {} kept {}", held, kept);
+                            }
+                        }
+                        LeaseOp::Answer(i, reply) => {
+                            if flying.is_empty() {
+                                continue;
+                            }
+                            let (id, cost) = flying.remove(i % flying.len());
+                            held -= u64::from(cost);
+                            let (reply, units) = match reply {
+                                None => (OK, 0),
+                                Some(None) => (FAILED, cost),
+                                Some(Some(n)) => (
+                                    Reply {
+                                        status: 401,
+                                        actual: Some(n),
+                                    },
+                                    n,
+                                ),
+                            };
+                            counted += u64::from(units);
+                            kept += u64::from(units.min(cost));
+                            debt |= counted > 6;
+                            rig.answer(id, reply).await;
+                        }
+                    }
+                }
+                for (id, _) in std::mem::take(&mut flying) {
+                    rig.answer(id, OK).await;
+                }
+                leased.set(leased.get() + lim.leased());
+                lim.return_leases().await;
+                let key: Box<[u8]> = b"k".as_slice().into();
+                let d = lim.peek(&key).await;
+                prop_assert_eq!(
+                    d.states()[0].reset_after(),
+                    Duration::from_millis(500 * counted)
+                );
+                Ok(())
+            })
+        })
+        .unwrap();
+    assert!(leased.get() > 0);
+}
+
+/// A leased key settled into debt: the units this instance still holds of it are not
+/// handed out past the debt (a debt stands, leased or not), and go back to Redis.
+#[tokio::test]
+async fn a_debt_settled_on_a_leased_key_stops_the_lease() {
+    let server = RedisServer::start();
+    let store = store(&server)
+        .await
+        .lease(Lease::new(8, Duration::from_secs(60)));
+    let (clock, _time) = manual();
+    let l = layer(&store, "debt", &[Quota::per_second(2).burst(6)], &clock);
+    let lim = l.limiter("debt").unwrap().unwrap();
+    let mut rig = Rig::new(|h| l.layer(h));
+    // Batches of 1, 2 and 4 units: four requests admitted, three units held.
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(rig.send("k", 1).await.unwrap());
+    }
+    assert!(lim.leased() > 0);
+    // One settles at 6: 5 more than it reserved, over the burst.
+    let first = ids.remove(0);
+    rig.answer(
+        first,
+        Reply {
+            status: 401,
+            actual: Some(6),
+        },
+    )
+    .await;
+    assert_eq!(rig.send("k", 1).await, None);
+    for id in ids {
+        rig.answer(id, OK).await;
+    }
+    lim.return_leases().await;
+    // Redis holds exactly the 6 units counted: 3 s.
+    let key: Box<[u8]> = b"k".as_slice().into();
+    assert_eq!(lim.peek(&key).await.states()[0].reset_after(), 3 * S);
+}

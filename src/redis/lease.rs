@@ -35,7 +35,9 @@
 //! in Redis (the batch's units are handed out in order from the start of its slice), so a
 //! refund or a settlement of it gives back what it took and only what still counts, as for a
 //! request Redis decided alone (see `src/rate_limit/settle.rs`): a late refund never doubles
-//! a limit.
+//! a limit. A settlement that puts a key in debt takes back the units this instance holds of
+//! it and gives them back to Redis in a second call, so that no unit taken before the debt
+//! is handed out past it: a debt stands, leased or not.
 //!
 //! Local decisions report what the instance knows: the key's state in Redis after its latest
 //! batch, with the units it still holds given back. `r` is then what Redis would report if the
@@ -542,6 +544,24 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                 (units > 0).then_some((k, units))
             })
             .collect()
+    }
+
+    /// Takes every unit held of `key` at `now` under a live lease (of the quotas in force),
+    /// for them to be given back: the key went into debt, which no unit taken before it may
+    /// pass. An expired lease's units are dropped, never returned.
+    pub(crate) fn take(&self, key: &K, now: u64) -> u32 {
+        let hash = self.table.hash(key);
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut units = 0;
+        self.table.update_or_remove(hash, key, |h| {
+            let live = h.generation == generation && now < h.until;
+            let held = std::mem::take(&mut h.units);
+            if live {
+                units = held;
+            }
+            true
+        });
+        units
     }
 
     /// A future that completes when a batch arrives or is refused; to be created (and

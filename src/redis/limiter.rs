@@ -1102,7 +1102,19 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             std::cmp::Ordering::Greater => format!("+{}", actual - reserved),
             std::cmp::Ordering::Equal => "0".to_owned(),
         };
-        self.adjust(key, &cost, Some(taken)).await
+        let settled = self.adjust(key, &cost, Some(taken)).await;
+        if actual > reserved {
+            // A debt stands: units this instance holds of the key, taken before it, are not
+            // handed out past it, and go back as `return_leases` gives them.
+            if let Some(leases) = &self.inner.leases {
+                let units = leases.take(key, self.now());
+                if units > 0 {
+                    let back = self.adjust(key, &format!("-{units}"), None).await;
+                    return back.or(settled);
+                }
+            }
+        }
+        settled
     }
 
     /// Runs the script with a signed cost that moves the key's times whatever the limit (a
