@@ -645,3 +645,54 @@ async fn a_dry_run_settles_only_what_it_admitted_and_records_no_strike() {
         assert_eq!(l.penalties().unwrap().unwrap().len(), 0);
     }
 }
+
+// ---- refunds of a key whose quota state was evicted meanwhile ----
+
+/// GCRA 3 per 10 s on a table of one key that evicts: "a" has one slow success in flight;
+/// a new key "c" takes its place, and "a" starts again from a full burst (3 failures). Its
+/// late refund then gives back the part of its own slice still ahead (3.33 s) from the new
+/// state: one failure more. Four against a limit of 3: the eviction loosened "a" by less
+/// than its burst, as `OnFull::EvictNearestIdle` says.
+#[tokio::test]
+async fn a_refund_of_an_evicted_key_loosens_it_by_at_most_one_burst() {
+    let (clock, _time) = manual();
+    let l = layer(Quota::new(3, 10 * S), &clock).max_keys(1);
+    let mut rig = rig!(l);
+    let slow = rig.send("a", 1).await.unwrap();
+    assert!(one(&mut rig, "c", 1, FAILED).await);
+    let mut counted = 0;
+    for _ in 0..4 {
+        counted += usize::from(one(&mut rig, "a", 1, FAILED).await);
+    }
+    assert_eq!(counted, 3);
+    assert_eq!(rig.answer(slow, OK).await, 200);
+    for _ in 0..4 {
+        counted += usize::from(one(&mut rig, "a", 1, FAILED).await);
+    }
+    assert_eq!(counted, 4);
+}
+
+/// A key refused on a full bound shared with a penalty box: its strike needs a place, and
+/// quota state is evicted first, from a random sample of shards. The state evicted may be
+/// the struck key's own, whose next request then starts from a full burst: its refusal freed
+/// it. Two keys, 200 runs: the refused key must be refused again every time. Fails about one
+/// run in three today; ignored until a strike can tell the table which key it is for.
+#[tokio::test]
+#[ignore = "a strike may evict its own key's quota state on a full shared bound"]
+async fn a_strike_never_evicts_its_own_keys_quota_state() {
+    let mut freed = 0;
+    for _ in 0..200 {
+        let (clock, _time) = manual();
+        let l = layer(Quota::new(3, 10 * S), &clock)
+            .max_keys(2)
+            .penalty_box(PenaltyBox::new(1_000, 60 * S, S));
+        let mut rig = rig!(l);
+        let _slow = rig.send("a", 1).await.unwrap();
+        for _ in 0..3 {
+            assert!(one(&mut rig, "b", 1, FAILED).await);
+        }
+        assert!(!one(&mut rig, "b", 1, FAILED).await);
+        freed += usize::from(one(&mut rig, "b", 1, FAILED).await);
+    }
+    assert_eq!(freed, 0);
+}
