@@ -696,3 +696,82 @@ async fn a_strike_never_evicts_its_own_keys_quota_state() {
     }
     assert_eq!(freed, 0);
 }
+
+// ---- a debt, then a burst flip; stacked layers giving back after a change ----
+
+/// Tokens per minute 100: a response settles 250 (150 s ahead); the burst goes down to 50
+/// and back up to 100: the debt stands through both, and the next request fits the burst in
+/// force (60 s) once 150.6 s - 60 s have passed.
+#[tokio::test]
+async fn a_debt_stands_through_a_burst_flip() {
+    let (clock, _time) = manual();
+    let l = layer(Quota::per_minute(100), &clock);
+    let mut rig = rig!(l);
+    let id = rig.send("api", 1).await.unwrap();
+    rig.answer(
+        id,
+        Reply {
+            status: 401,
+            actual: Some(250),
+        },
+    )
+    .await;
+    let h = l.handle().unwrap();
+    h.set_policy(Policy::new("p", Quota::per_minute(100).burst(50)))
+        .unwrap();
+    h.set_policy(Policy::new("p", Quota::per_minute(100)))
+        .unwrap();
+    let lim = l.limiter("p").unwrap().unwrap();
+    let d = lim.check(&b"api".as_slice().into());
+    assert_eq!(d.reset_after(), 150 * S);
+    assert_eq!(d.retry_after(), Some(90_600 * MS));
+}
+
+/// Two layers, each counting failures only: GCRA 60 per minute outside, a fixed window of 5
+/// per minute inside. Five slow successes are held while both change (5 per minute; a 1 s
+/// window from the key's next window); their refunds give back to each layer what the
+/// request took there (1 s of GCRA each, 5 of the open window, which empties and so ends):
+/// five failures then pass both, in a new window of 1 s inside, and a sixth is refused.
+#[tokio::test]
+async fn stacked_layers_give_back_what_each_took_after_a_change() {
+    let (clock, _time) = manual();
+    let outer = layer(Quota::per_minute(60), &clock);
+    let inner = RateLimitLayer::new(Policy::new("in", Quota::fixed_window(5, 60 * S)))
+        .key(Header::new("x-key"))
+        .clock(clock.clone())
+        .count_if(|res| res.status != StatusCode::OK);
+    let mut rig = {
+        let (o, i) = (outer.clone(), inner.clone());
+        Rig::new(move |h| o.layer(i.layer(h)))
+    };
+    let mut slow = Vec::new();
+    for _ in 0..5 {
+        slow.push(rig.send("k", 1).await.unwrap());
+    }
+    assert_eq!(rig.send("k", 1).await, None);
+    outer
+        .handle()
+        .unwrap()
+        .set_policy(Policy::new("p", Quota::per_minute(5)))
+        .unwrap();
+    inner
+        .handle()
+        .unwrap()
+        .set_policy(Policy::new("in", Quota::fixed_window(5, S)))
+        .unwrap();
+    for id in slow {
+        assert_eq!(rig.answer(id, OK).await, 200);
+    }
+    let mut counted = 0;
+    for _ in 0..6 {
+        counted += usize::from(one(&mut rig, "k", 1, FAILED).await);
+    }
+    assert_eq!(counted, 5);
+    let k: Box<[u8]> = b"k".as_slice().into();
+    // Outside: 5 of 5, 60 s ahead. Inside: 5 of a window of the new width.
+    let o = outer.limiter("p").unwrap().unwrap().peek(&k);
+    assert_eq!(o.reset_after(), 60 * S);
+    let i = inner.limiter("in").unwrap().unwrap().peek(&k);
+    assert_eq!(i.reset_after(), S);
+    assert_eq!(i.states()[0].remaining(), 0);
+}
