@@ -687,3 +687,105 @@ async fn a_debt_settled_on_a_leased_key_stops_the_lease() {
     let key: Box<[u8]> = b"k".as_slice().into();
     assert_eq!(lim.peek(&key).await.states()[0].reset_after(), 3 * S);
 }
+
+/// As in memory: a settled debt (250 tokens at 600 ms, 150 s ahead) stands through a burst
+/// flip (100, 50, 100), and the next request fits 90.6 s later.
+#[tokio::test]
+async fn a_debt_stands_through_a_burst_flip_on_redis() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, _time) = manual();
+    let l = layer(&store, "flip", &[Quota::per_minute(100)], &clock);
+    let mut rig = Rig::new(|h| l.layer(h));
+    let id = rig.send("api", 1).await.unwrap();
+    rig.answer(
+        id,
+        Reply {
+            status: 401,
+            actual: Some(250),
+        },
+    )
+    .await;
+    let h = l.handle().unwrap();
+    h.set_policy(Policy::new("flip", Quota::per_minute(100).burst(50)))
+        .unwrap();
+    h.set_policy(Policy::new("flip", Quota::per_minute(100)))
+        .unwrap();
+    let lim = l.limiter("flip").unwrap().unwrap();
+    let key: Box<[u8]> = b"api".as_slice().into();
+    let d = lim.check_n(&key, 1).await;
+    assert_eq!(d.reset_after(), 150 * S);
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(90_600)));
+}
+
+/// GCRA 3 per 4 s with a penalty box (2 strikes in 6 s ban 2 s, doubling): a charge of 7
+/// (9.33 s ahead), then refusals: a first ban at 0 s (2 s, told 5.33 s), a second at 2 s
+/// (4 s, until 6 s, told 6.67 s for its cost of 1). At 6 s the ban is over and a peek (cost
+/// 0, 3.33 s ahead, within the 4 s tolerance) is admitted, in memory and on Redis alike: the
+/// instance's cache of bans answers until the ban ends, not until the retry it told.
+#[tokio::test]
+async fn a_cached_ban_ends_with_the_ban_not_with_the_retry_it_told() {
+    use http::Request;
+    use tollgate::PenaltyBox;
+    use tower::ServiceExt;
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let (clock, time) = manual();
+    let build = || {
+        RateLimitLayer::new(Policy::new("cached", Quota::new(3, 4 * S).burst(3)))
+            .key(Header::new("x-key"))
+            .clock(clock.clone())
+            .cost(|h| {
+                h.headers
+                    .get("x-cost")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1)
+            })
+            .settle(ActualCost::header("x-actual"))
+            .penalty_box(PenaltyBox::new(2, 6 * S, 2 * S))
+    };
+    let handler = tower::service_fn(|r: Request<()>| async move {
+        let mut resp = http::Response::new(http_body_util::Full::new(bytes::Bytes::new()));
+        resp.headers_mut()
+            .insert("x-actual", r.headers()["x-actual"].clone());
+        Ok::<_, std::convert::Infallible>(resp)
+    });
+    let mem = build().layer(handler);
+    let red = build().store(store).layer(handler);
+    let both = |cost: u32, actual: u32| {
+        let req = move || {
+            Request::get("/")
+                .header("x-key", "k")
+                .header("x-cost", cost.to_string())
+                .header("x-actual", actual.to_string())
+                .body(())
+                .unwrap()
+        };
+        let (m, r) = (mem.clone(), red.clone());
+        async move {
+            let a = m.oneshot(req()).await.unwrap();
+            let b = r.oneshot(req()).await.unwrap();
+            let retry = |x: &http::Response<_>| {
+                x.headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_owned())
+            };
+            assert_eq!(
+                (a.status(), retry(&a)),
+                (b.status(), retry(&b)),
+                "cost {cost} actual {actual}"
+            );
+            (a.status().as_u16(), retry(&a))
+        }
+    };
+    assert_eq!(both(0, 7).await, (200, None));
+    assert_eq!(both(0, 0).await, (429, Some("6".into())));
+    assert_eq!(both(0, 0).await, (429, Some("6".into())));
+    time.advance(2 * S);
+    assert_eq!(both(0, 0).await, (429, Some("4".into())));
+    assert_eq!(both(1, 0).await, (429, Some("5".into())));
+    time.advance(3_232 * Duration::from_millis(1));
+    assert_eq!(both(0, 0).await, (429, Some("2".into())));
+    time.advance(768 * Duration::from_millis(1));
+    assert_eq!(both(0, 0).await, (200, None));
+}
