@@ -137,9 +137,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> Room for Inner<K> {
     fn drop_idle(&self) -> bool {
         let now = self.clock.now();
         match &self.store {
-            Store::One(s) => s.table().drop_idle(now),
-            Store::Many(s) => s.table().drop_idle(now),
-            Store::Mixed(s) => s.table().drop_idle(now),
+            Store::One(s) => s.table().drop_idle(s.sweep_time(now)),
+            Store::Many(s) => s.table().drop_idle(s.sweep_time(now)),
+            Store::Mixed(s) => s.table().drop_idle(s.sweep_time(now)),
             _ => false,
         }
     }
@@ -147,9 +147,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> Room for Inner<K> {
     fn evict(&self, rank: u8) -> bool {
         let now = self.clock.now();
         match &self.store {
-            Store::One(s) => s.table().evict_for_other(now, rank),
-            Store::Many(s) => s.table().evict_for_other(now, rank),
-            Store::Mixed(s) => s.table().evict_for_other(now, rank),
+            Store::One(s) => s.table().evict_for_other(s.sweep_time(now), rank),
+            Store::Many(s) => s.table().evict_for_other(s.sweep_time(now), rank),
+            Store::Mixed(s) => s.table().evict_for_other(s.sweep_time(now), rank),
             _ => false,
         }
     }
@@ -157,9 +157,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> Room for Inner<K> {
     fn idle_in(&self) -> u64 {
         let now = self.clock.now();
         match &self.store {
-            Store::One(s) => s.table().idle_in(now),
-            Store::Many(s) => s.table().idle_in(now),
-            Store::Mixed(s) => s.table().idle_in(now),
+            Store::One(s) => s.table().idle_in(s.sweep_time(now)),
+            Store::Many(s) => s.table().idle_in(s.sweep_time(now)),
+            Store::Mixed(s) => s.table().idle_in(s.sweep_time(now)),
             _ => u64::MAX,
         }
     }

@@ -23,7 +23,8 @@
 //!   [`PenaltyBox::status`]), with `Retry-After` (and gRPC pushback) the time at which a retry
 //!   is admitted: the end of the ban, or later when the quotas that refused the request that
 //!   brought the ban admit it later (whole seconds, rounded up). A client that waits as told is
-//!   served, never struck again. `RateLimit` fields agree: every quota `r=0`, `t` at least that
+//!   served, never struck again, unless the quotas are lowered meanwhile: its retry is then
+//!   judged by the new quotas (a refusal is a strike), and told the new time. `RateLimit` fields agree: every quota `r=0`, `t` at least that
 //!   wait. The rejection's kind is [`RejectionKind::Banned`](crate::response::RejectionKind::Banned).
 //!
 //! # Memory

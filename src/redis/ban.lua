@@ -14,10 +14,11 @@
 --
 -- `ban_only` (a peek at the ban alone) answers the ban left instead of the wait.
 --
--- Returns {3, wait} when the key is banned (before the decision, or by the strike this
+-- Returns {3, wait, ban} when the key is banned (before the decision, or by the strike this
 -- rejection made), wait being the time until a retry is admitted: the end of the ban, or later
--- when the quotas that refused the request admit it later (src/penalty.rs `Record::wait`);
--- else what `decide` returns. A ban is checked before the quotas are asked, so
+-- when the quotas that refused the request admit it later (src/penalty.rs `Record::wait`),
+-- and ban the time until the ban itself ends (other requests are decided by the quotas from
+-- then on); else what `decide` returns. A ban is checked before the quotas are asked, so
 -- a banned key's request consumes nothing. Every number stays below 2^53.
 
 local function penalize(decide, ban_only)
@@ -54,7 +55,7 @@ local function penalize(decide, ban_only)
 
   if banned_until > now then
     if ban_only or retry_at < banned_until then retry_at = banned_until end
-    return {3, retry_at - now}
+    return {3, retry_at - now, banned_until - now}
   end
 
   local reply = decide()
@@ -71,7 +72,7 @@ local function penalize(decide, ban_only)
     run_end = now + within
   end
   strikes = strikes + 1
-  local left = 0
+  local left, banned_for = 0, 0
   if strikes >= need then
     offences = offences + 1
     local length = max_ban
@@ -81,6 +82,7 @@ local function penalize(decide, ban_only)
       if length > max_ban then length = max_ban end
     end
     banned_until = now + length
+    banned_for = length
     strikes = 0
     run_end = 0
     left = length
@@ -100,7 +102,7 @@ local function penalize(decide, ban_only)
   end
 
   if left > 0 then
-    return {3, left}
+    return {3, left, banned_for}
   end
   return reply
 end

@@ -62,8 +62,11 @@ pub(crate) const MAX_MICROS: u64 = 1 << 50;
 /// A ban Redis announced, as this instance remembers it (limiter clock, ns).
 #[derive(Debug, Clone, Copy)]
 struct Cached {
-    /// When the ban ends.
+    /// When the ban ends: from then on the quotas decide.
     ends: u64,
+    /// When a retry is admitted, as Redis said (the ban's end, or later when the quotas
+    /// that refused the request that brought the ban admit it later).
+    retry_at: u64,
     /// Until when the ban is answered without asking Redis.
     trusted_until: u64,
 }
@@ -88,18 +91,22 @@ impl<K: Hash + Eq + Clone> BanCache<K> {
         }
     }
 
-    /// Nanoseconds of ban left for `key` at `now`, if a ban is known and still trusted.
+    /// Nanoseconds until a retry of `key` is admitted at `now`, if a ban is known, still
+    /// trusted and not over.
     pub(crate) fn left(&self, key: &K, now: u64) -> Option<u64> {
         let hash = self.table.hash(key);
         let c = self.table.get(hash, key, now, |c| *c)?;
-        (now < c.trusted_until && now < c.ends).then(|| c.ends - now)
+        (now < c.trusted_until && now < c.ends).then(|| c.retry_at.max(c.ends) - now)
     }
 
-    /// Remembers that Redis said `key` is banned for `left` ns, for a request sent at `sent_at`
-    /// (never later than when Redis answered, so the ban is never thought to end later).
-    pub(crate) fn remember(&self, key: &K, sent_at: u64, left: u64) {
+    /// Remembers that Redis said `key` is banned for `ban` ns and a retry is admitted in
+    /// `wait` ns, for a request sent at `sent_at` (never later than when Redis answered, so
+    /// the ban is never thought to end later).
+    pub(crate) fn remember(&self, key: &K, sent_at: u64, wait: u64, ban: u64) {
+        let left = ban.min(wait);
         let entry = Cached {
             ends: sent_at.saturating_add(left),
+            retry_at: sent_at.saturating_add(wait),
             trusted_until: sent_at.saturating_add(left.min(self.max_age)),
         };
         let hash = self.table.hash(key);

@@ -9,7 +9,7 @@
 --          member "w<words>" at score -inf. Times in microseconds. Absent is an idle key.
 -- ARGV[1]  cost (0 only reports); a negative cost -u gives back u units of a request admitted
 --          earlier: of what its reservation (below) took, only what still counts (src/algo/
---          mod.rs `KeyState::refund`); without one (a lease's units), u emission intervals of
+--          mod.rs `KeyState::refund`); without one (units of an expired lease), u emission intervals of
 --          each time, never before now, and the newest log entries. "+c" charges c whatever
 --          the limit (a cost settled after the response): decided as if every quota admitted
 --          it, beyond the limit if need be (`KeyState::charge`)

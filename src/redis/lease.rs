@@ -31,6 +31,14 @@
 //! at least the limit's allowance less `instances × max_batch` units (plus what expired leases
 //! held; Redis's own recovery makes up for those within the quota's burst period).
 //!
+//! A request served from a lease took its own part of the batch's slice of each quota's time
+//! in Redis (the batch's units are handed out in order from the start of its slice), so a
+//! refund or a settlement of it gives back what it took and only what still counts, as for a
+//! request Redis decided alone (see `src/rate_limit/settle.rs`): a late refund never doubles
+//! a limit. A settlement that puts a key in debt takes back the units this instance holds of
+//! it and gives them back to Redis in a second call, so that no unit taken before the debt
+//! is handed out past it: a debt stands, leased or not.
+//!
 //! Local decisions report what the instance knows: the key's state in Redis after its latest
 //! batch, with the units it still holds given back. `r` is then what Redis would report if the
 //! instance returned its lease now and no other instance had taken anything since.
@@ -142,6 +150,88 @@ struct Held {
     generation: u64,
     /// Each quota's stored time in Redis after the latest batch, on the limiter's clock.
     tats: Tats,
+    /// What the latest batch took in Redis (its `taken` units): each quota's slice, in the
+    /// script's time; all zeros when not known. A unit handed out takes its own part of it
+    /// (see [`Held::hand_out`]).
+    slices: Slices,
+    /// How many of the units held are left of earlier batches (handed out first), and their
+    /// slices.
+    carried: u32,
+    carried_slices: Slices,
+}
+
+/// One slice of Redis time per quota.
+type Slices = [[u64; 2]; MAX_QUOTAS];
+
+/// `width × part / whole`, in 128 bits.
+fn share(width: u64, part: u32, whole: u32) -> u64 {
+    let s = u128::from(width) * u128::from(part) / u128::from(whole.max(1));
+    u64::try_from(s).unwrap_or(u64::MAX)
+}
+
+impl Held {
+    /// What a request of `cost` handed out now took in Redis, `units` (the request's included)
+    /// being held: the units left of earlier batches go first, from the start of their
+    /// slices, then the latest batch's, from the start of its slice. A request whose units
+    /// come from both takes as much time as its parts, from the start of the first (never
+    /// later than they lie, so that a refund gives back no more than still counts). A batch
+    /// whose slices are not known gives a reservation of the cost alone.
+    fn hand_out(&mut self, units: u32, n: usize, cost: u32) -> gcra::Reservation {
+        let mut taken = gcra::Reservation::none();
+        taken.cost = cost;
+        let known = self.slices != gcra::Reservation::none().spots && self.taken > 0;
+        let carried = self.carried.min(units);
+        let from_carried = cost.min(carried);
+        let from_batch = cost - from_carried;
+        // Units of the latest batch still held before this request.
+        let in_batch = units - carried;
+        for q in 0..n {
+            let [a, b] = self.slices[q];
+            let [s, e] = self.carried_slices[q];
+            let carried_len = share(e.saturating_sub(s), from_carried, carried);
+            let batch_start = b.saturating_sub(share(b.saturating_sub(a), in_batch, self.taken));
+            let batch_len = share(b.saturating_sub(a), from_batch, self.taken);
+            taken.spots[q] = if from_carried > 0 {
+                [s, s.saturating_add(carried_len).saturating_add(batch_len)]
+            } else {
+                [batch_start, batch_start.saturating_add(batch_len)]
+            };
+            self.carried_slices[q] = [s.saturating_add(carried_len), e];
+        }
+        self.carried = carried - from_carried;
+        if !known {
+            return gcra::Reservation {
+                cost,
+                ..gcra::Reservation::none()
+            };
+        }
+        taken
+    }
+
+    /// A new batch of `batch` units that took `slices` arrives while `self.units` are held:
+    /// those become the units carried, with the slices they lie in (their own part of the
+    /// latest batch, counted from its end, once the units carried before are gone; else from
+    /// the start of the earliest slice, no later than they lie).
+    fn new_batch(&mut self, n: usize, batch: u32, slices: Slices) {
+        let held = self.units;
+        let old_carried = self.carried.min(held);
+        let in_batch = held - old_carried;
+        for q in 0..n {
+            let [a, b] = self.slices[q];
+            let from_batch = share(b.saturating_sub(a), in_batch, self.taken);
+            self.carried_slices[q] = if held == 0 {
+                [0, 0]
+            } else if old_carried == 0 {
+                [b.saturating_sub(from_batch), b]
+            } else {
+                let [s, e] = self.carried_slices[q];
+                [s, e.saturating_add(from_batch)]
+            };
+        }
+        self.carried = held;
+        self.slices = slices;
+        self.taken = batch;
+    }
 }
 
 /// One stored time per quota.
@@ -223,6 +313,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                         return None;
                     }
                     let d = local_decision(gcras, &h.tats, h.units, now, cost);
+                    let d = d.with_taken(h.hand_out(h.units, gcras.len(), cost));
                     h.units -= cost;
                     Some(d)
                 },
@@ -255,6 +346,9 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             forget_at: now.saturating_add(hold.saturating_mul(2)),
             generation,
             tats: [0; MAX_QUOTAS],
+            slices: [[0; 2]; MAX_QUOTAS],
+            carried: 0,
+            carried_slices: [[0; 2]; MAX_QUOTAS],
         };
         let batch = self.table.upsert(
             hash,
@@ -371,15 +465,17 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                     // (tired of waiting) leaves a batch still on its way pending.
                     h.pending_until = 0;
                 }
+                h.new_batch(gcras.len(), batch, gcra::Reservation::of(d, batch).spots);
                 h.units = h.units.saturating_add(kept);
                 h.forget_at = h.until.saturating_add(hold);
                 h.since = sent_at;
-                h.taken = batch;
                 // The later of two answers is the one that knows more.
                 for (old, new) in h.tats.iter_mut().zip(tats) {
                     *old = (*old).max(new);
                 }
-                local_decision(gcras, &h.tats, h.units.saturating_add(cost), sent_at, cost)
+                let held = h.units.saturating_add(cost);
+                let d = local_decision(gcras, &h.tats, held, sent_at, cost);
+                d.with_taken(h.hand_out(held, gcras.len(), cost))
             },
             // Dropped since the plan (the table was full): the units are lost to this instance,
             // and come back in Redis within the burst period.
@@ -451,6 +547,24 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             .collect()
     }
 
+    /// Takes every unit held of `key` at `now` under a live lease (of the quotas in force),
+    /// for them to be given back: the key went into debt, which no unit taken before it may
+    /// pass. An expired lease's units are dropped, never returned.
+    pub(crate) fn take(&self, key: &K, now: u64) -> u32 {
+        let hash = self.table.hash(key);
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut units = 0;
+        self.table.update_or_remove(hash, key, |h| {
+            let live = h.generation == generation && now < h.until;
+            let held = std::mem::take(&mut h.units);
+            if live {
+                units = held;
+            }
+            true
+        });
+        units
+    }
+
     /// A future that completes when a batch arrives or is refused; to be created (and
     /// enabled) before [`plan`](Self::plan), so that no batch arriving in between is missed.
     pub(crate) fn taken(&self) -> tokio::sync::futures::Notified<'_> {
@@ -515,8 +629,8 @@ fn local_decision(
     let n = gcras.len().min(MAX_QUOTAS);
     let (d, _) = gcra::decide(gcras, &mut shadow[..n], now, cost);
     if d.is_allowed() {
-        // Taken from the lease, not from a slice of Redis's times: given back as its units.
-        d.with_taken(gcra::Reservation::none())
+        // What it took is its part of the batch's slice (see [`Held::hand_out`]).
+        d
     } else {
         // Only when the times the instance knows are behind what it holds (answers that
         // crossed): the units are real, so the request is admitted with the state known.

@@ -1012,13 +1012,17 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                     .await
             }
         };
-        let d = decision_of(&limits.rules, &reply?, cost).ok_or_else(|| {
+        let reply = reply?;
+        let d = decision_of(&limits.rules, &reply, cost).ok_or_else(|| {
             inner.store.bad_reply_on(&inner.meter, &redis_key);
             Failure::Key
         })?;
         if d.outcome() == Outcome::Banned {
             if let Some(bans) = inner.penalty.as_ref().and_then(|p| p.bans.as_ref()) {
-                bans.remember(key, now, ns_of(d.retry_after()));
+                // Until the ban ends, not until the retry it told: from then on the quotas
+                // decide, and may admit another request sooner.
+                let wait = ns_of(d.retry_after());
+                bans.remember(key, now, wait, ban_left(&reply).unwrap_or(wait));
             }
         }
         if let Some(deny) = &inner.deny {
@@ -1118,7 +1122,19 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             std::cmp::Ordering::Greater => format!("+{}", actual - reserved),
             std::cmp::Ordering::Equal => "0".to_owned(),
         };
-        self.adjust(key, &cost, Some(taken)).await
+        let settled = self.adjust(key, &cost, Some(taken)).await;
+        if actual > reserved {
+            // A debt stands: units this instance holds of the key, taken before it, are not
+            // handed out past it, and go back as `return_leases` gives them.
+            if let Some(leases) = &self.inner.leases {
+                let units = leases.take(key, self.now());
+                if units > 0 {
+                    let back = self.adjust(key, &format!("-{units}"), None).await;
+                    return back.or(settled);
+                }
+            }
+        }
+        settled
     }
 
     /// Runs the script with a signed cost that moves the key's times whatever the limit (a
@@ -1191,10 +1207,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             .eval_script(script, &keys, &args, &inner.meter)
             .await?;
         match reply.as_slice() {
-            [3, left] => {
+            [3, left, ..] => {
                 let left = u64::try_from(*left).ok()?.saturating_mul(MICRO);
                 if let Some(bans) = &p.bans {
-                    bans.remember(key, now, left);
+                    bans.remember(key, now, left, ban_left(&reply).unwrap_or(left));
                 }
                 Some(left)
             }
@@ -1256,9 +1272,17 @@ async fn join_all<F: std::future::Future<Output = ()> + Unpin>(mut calls: Vec<F>
     .await
 }
 
+/// The time until the ban of a banned reply (`{3, wait, ban}`) ends, in ns.
+fn ban_left(r: &[i64]) -> Option<u64> {
+    match r {
+        [3, _, ban] => u64::try_from(*ban).ok()?.checked_mul(MICRO),
+        _ => None,
+    }
+}
+
 /// Maps the script's reply onto a decision under `rules`; `None` when it does not fit.
 fn decision_of(rules: &[Rule], r: &[i64], cost: u32) -> Option<Decision> {
-    if let [3, left] = r {
+    if let [3, left] | [3, left, _] = r {
         let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
         return Some(banned_decision(rules, left));
     }

@@ -315,7 +315,7 @@ where
 
     /// The time the table sweeps at when the clock says `now` (see [`widen`](Self::widen)).
     #[inline]
-    fn sweep_time(&self, now: u64) -> u64 {
+    pub(crate) fn sweep_time(&self, now: u64) -> u64 {
         if now < self.lag_until.load(Ordering::Acquire) {
             now.saturating_sub(self.lag.load(Ordering::Acquire))
         } else {
@@ -380,16 +380,17 @@ where
             return self.decide(key, rules, clock, now, cost);
         }
         let hash = self.table.hash(key);
-        if let Some(d) = self
-            .table
-            .get(hash, key, now, |slot| slot.decide(rules, now, 0))
-        {
+        // The table reads and makes room at the sweep time, as on every path.
+        if let Some(d) = self.table.get(hash, key, self.sweep_time(now), |slot| {
+            slot.decide(rules, now, 0)
+        }) {
             return d;
         }
         let (decision, _) = V::decide_absent(rules, now, 0);
-        match self.table.room(now) {
+        let swept = self.sweep_time(clock.now().max(now));
+        match self.table.room(swept) {
             Ok(()) => decision,
-            Err(full) => V::full(rules, full_retry(clock.now().max(now), full.retry_at)),
+            Err(full) => V::full(rules, full_retry(swept, full.retry_at)),
         }
     }
 
@@ -406,19 +407,20 @@ where
         let charge = |slot: &V, now: u64| slot.charge(rules, now, cost);
         if self
             .table
-            .get(hash, key, now, |slot| charge(slot, now))
+            .get(hash, key, self.sweep_time(now), |slot| charge(slot, now))
             .is_some()
         {
             return;
         }
-        let read = || clock.now().max(now);
+        // The table reads and sweeps at the sweep time; the key is charged at the clock's.
+        let clock_now = || clock.now().max(now);
         let _ = self.table.upsert(
             hash,
             key,
             false,
-            read,
-            |slot, now| charge(&*slot, now),
-            |now| Absent::Insert((), V::charged_absent(rules, now, cost)),
+            || self.sweep_time(clock_now()),
+            |slot, _| charge(&*slot, clock_now()),
+            |_| Absent::Insert((), V::charged_absent(rules, clock_now(), cost)),
         );
     }
 
