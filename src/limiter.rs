@@ -144,12 +144,12 @@ impl<K: Hash + Eq + Clone + Send + Sync> Room for Inner<K> {
         }
     }
 
-    fn evict(&self, rank: u8) -> bool {
+    fn evict(&self, rank: u8, spare: Option<u64>) -> bool {
         let now = self.clock.now();
         match &self.store {
-            Store::One(s) => s.table().evict_for_other(s.sweep_time(now), rank),
-            Store::Many(s) => s.table().evict_for_other(s.sweep_time(now), rank),
-            Store::Mixed(s) => s.table().evict_for_other(s.sweep_time(now), rank),
+            Store::One(s) => s.table().evict_for_other(s.sweep_time(now), rank, spare),
+            Store::Many(s) => s.table().evict_for_other(s.sweep_time(now), rank, spare),
+            Store::Mixed(s) => s.table().evict_for_other(s.sweep_time(now), rank, spare),
             _ => false,
         }
     }

@@ -402,8 +402,8 @@ where
         self.table.drop_idle(self.clock.now())
     }
 
-    fn evict(&self, rank: u8) -> bool {
-        self.table.evict_for_other(self.clock.now(), rank)
+    fn evict(&self, rank: u8, spare: Option<u64>) -> bool {
+        self.table.evict_for_other(self.clock.now(), rank, spare)
     }
 
     fn idle_in(&self) -> u64 {

@@ -675,10 +675,9 @@ async fn a_refund_of_an_evicted_key_loosens_it_by_at_most_one_burst() {
 /// A key refused on a full bound shared with a penalty box: its strike needs a place, and
 /// quota state is evicted first, from a random sample of shards. The state evicted may be
 /// the struck key's own, whose next request then starts from a full burst: its refusal freed
-/// it. Two keys, 200 runs: the refused key must be refused again every time. Fails about one
-/// run in three today; ignored until a strike can tell the table which key it is for.
+/// it. Two keys, 200 runs: the refused key must be refused again every time, since the key
+/// asking for room is never the one evicted for it.
 #[tokio::test]
-#[ignore = "a strike may evict its own key's quota state on a full shared bound"]
 async fn a_strike_never_evicts_its_own_keys_quota_state() {
     let mut freed = 0;
     for _ in 0..200 {

@@ -63,6 +63,9 @@ pub(crate) struct Bound {
     max_keys: usize,
     /// The owners of the tables sharing this bound, asked for room when one table has none.
     members: Mutex<Vec<Weak<dyn Room>>>,
+    /// One hash of a key for every table sharing the bound (each table seeds its own): how
+    /// the key asking for room is told apart in the others.
+    hasher: foldhash::fast::RandomState,
 }
 
 /// The owner of a table that shares a [`Bound`], as the other tables see it: each reads its
@@ -70,9 +73,10 @@ pub(crate) struct Bound {
 pub(crate) trait Room: Send + Sync {
     /// Drops the table's idle entries; whether any was dropped.
     fn drop_idle(&self) -> bool;
-    /// Evicts one entry of rank at most `rank` if the table's policy evicts; its place in the
-    /// bound is then the caller's.
-    fn evict(&self, rank: u8) -> bool;
+    /// Evicts one entry of rank at most `rank` if the table's policy evicts, never the entry
+    /// of the key whose [`Bound::spare`] hash is `spare` (the key asking for room: a strike
+    /// must not free its own key's quota state); its place in the bound is then the caller's.
+    fn evict(&self, rank: u8, spare: Option<u64>) -> bool;
     /// Nanoseconds until an entry of the table may go idle (`u64::MAX`: none).
     fn idle_in(&self) -> u64;
 }
@@ -84,7 +88,14 @@ impl Bound {
             len: AtomicUsize::new(0),
             max_keys: max_keys.max(1),
             members: Mutex::new(Vec::new()),
+            hasher: foldhash::fast::RandomState::default(),
         }
+    }
+
+    /// The hash of `key` that every table sharing this bound reads alike (see [`Room::evict`]).
+    pub(crate) fn spare<K: std::hash::Hash>(&self, key: &K) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(key)
     }
 
     /// The number of places.
@@ -136,9 +147,9 @@ impl Bound {
 
     /// Evicts an entry of rank at most `rank` from a table sharing this bound whose policy
     /// evicts, the lowest rank first; its place is then the caller's.
-    pub(crate) fn evict(&self, rank: u8) -> bool {
+    pub(crate) fn evict(&self, rank: u8, spare: Option<u64>) -> bool {
         let members = self.members();
-        (0..=rank).any(|r| members.iter().any(|m| m.evict(r)))
+        (0..=rank).any(|r| members.iter().any(|m| m.evict(r, spare)))
     }
 
     /// Nanoseconds until an entry of a table sharing this bound may go idle.

@@ -245,8 +245,10 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 OnFull::EvictNearestIdle => {
                     // A table at its own cap makes room among its own entries only.
                     let capped = self.len() >= self.cap;
+                    let spare = Some(self.bound.load().spare(key));
                     if evictions < EVICTION_SHARDS
-                        && (self.evict_one(now, rank) || (!capped && self.bound.load().evict(rank)))
+                        && (self.evict_one(now, rank, spare)
+                            || (!capped && self.bound.load().evict(rank, spare)))
                     {
                         // The evicted entry's place in the bound is now this key's.
                         reserved = true;
@@ -343,8 +345,8 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
 
     /// Evicts an entry of rank at most `rank` for a key of another table sharing the bound,
     /// if this table's policy evicts; its place in the bound is the caller's.
-    pub(crate) fn evict_for_other(&self, now: u64, rank: u8) -> bool {
-        self.on_full == OnFull::EvictNearestIdle && self.evict_one(now, rank)
+    pub(crate) fn evict_for_other(&self, now: u64, rank: u8, spare: Option<u64>) -> bool {
+        self.on_full == OnFull::EvictNearestIdle && self.evict_one(now, rank, spare)
     }
 
     /// Nanoseconds from `now` until an entry of this table may go idle (`u64::MAX`: none).
@@ -477,14 +479,14 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     /// can have ([`Entry::MIN_RANK`]) is taken at once, so a table whose values all share one
     /// rank looks at one shard as before. Otherwise every shard is looked at once and the
     /// shard that held the lowest rank is looked at again.
-    fn evict_one(&self, now: u64, rank: u8) -> bool {
+    fn evict_one(&self, now: u64, rank: u8, spare: Option<u64>) -> bool {
         let n = self.shards.len();
         let start = self.shard_index(self.draw());
         let mut lowest: Option<(u8, usize)> = None;
         for step in 0..n {
             let i = (start + step) % n;
             let mut map = write(&self.shards[i].map);
-            let Some((r, index)) = self.pick(&map, now, rank) else {
+            let Some((r, index)) = self.pick(&map, now, rank, spare) else {
                 continue;
             };
             if r <= V::MIN_RANK {
@@ -502,7 +504,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             return false;
         };
         let mut map = write(&self.shards[i].map);
-        match self.pick(&map, now, r) {
+        match self.pick(&map, now, r, spare) {
             Some((_, index)) => match map.entries.get_bucket_entry(index) {
                 Ok(entry) => {
                     entry.remove();
@@ -518,14 +520,19 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     /// The bucket of the evictable entry of one shard to forget first: the lowest rank (at
     /// most `rank`), then the nearest to idle, among a random sample (every entry of a sparse
     /// shard). With it, its rank.
-    fn pick(&self, map: &Map<K, V>, now: u64, rank: u8) -> Option<(u8, usize)> {
+    fn pick(&self, map: &Map<K, V>, now: u64, rank: u8, spare: Option<u64>) -> Option<(u8, usize)> {
         let buckets = map.entries.num_buckets();
         if map.entries.is_empty() || buckets == 0 {
             return None;
         }
-        let eligible = |v: &V| {
+        let bound = spare.map(|_| self.bound.load_full());
+        let spared = |k: &K| match (&bound, spare) {
+            (Some(b), Some(h)) => b.spare(k) == h,
+            _ => false,
+        };
+        let eligible = |k: &K, v: &V| {
             let r = v.rank(now);
-            (r <= rank && v.evictable(now)).then(|| (r, v.idle_at()))
+            (r <= rank && v.evictable(now) && !spared(k)).then(|| (r, v.idle_at()))
         };
         let mut best: Option<((u8, u64), usize)> = None;
         let mut seen = 0;
@@ -534,11 +541,11 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             let draw = self.draw();
             for index in [draw as u32 as usize, (draw >> 32) as usize] {
                 let index = index % buckets;
-                let Some((_, v)) = map.entries.get_bucket(index) else {
+                let Some((k, v)) = map.entries.get_bucket(index) else {
                     continue;
                 };
                 seen += 1;
-                if let Some(at) = eligible(v) {
+                if let Some(at) = eligible(k, v) {
                     if best.map_or(true, |(b, _)| at < b) {
                         best = Some((at, index));
                     }
@@ -554,7 +561,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             best = map
                 .entries
                 .iter()
-                .filter_map(|(k, v)| Some((eligible(v)?, k)))
+                .filter_map(|(k, v)| Some((eligible(k, v)?, k)))
                 .min_by_key(|(at, _)| *at)
                 .and_then(|(at, k)| {
                     let h = self.hasher.hash_one(k);
