@@ -151,6 +151,31 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         found
     }
 
+    /// As [`get`](Self::get), for a change that may bring the entry's idle time earlier (a
+    /// refund): the shard's lower bound of idle times follows it, so that a sweep or a full
+    /// table finds the entry idle as soon as it is, before any live key is evicted.
+    pub(crate) fn get_lowering<R>(
+        &self,
+        hash: u64,
+        key: &K,
+        now: u64,
+        f: impl FnOnce(&V) -> R,
+    ) -> Option<R> {
+        let shard = &self.shards[self.shard_index(hash)];
+        let found = {
+            let map = read(&shard.map);
+            map.entries.find(hash, |(k, _)| k == key).map(|(_, v)| {
+                let r = f(v);
+                shard.min_idle.fetch_min(v.idle_at(), Ordering::Relaxed);
+                r
+            })
+        };
+        if now >= shard.next_sweep.load(Ordering::Relaxed) {
+            self.maintain(shard, now);
+        }
+        found
+    }
+
     /// Finds or inserts the entry of `key`, under the shard's exclusive lock.
     ///
     /// `clock` is read once the lock is held, so that no sweep with a later time can remove

@@ -359,7 +359,7 @@ where
     ) {
         let hash = self.table.hash(key);
         let swept = self.sweep_time(now);
-        self.table.get(hash, key, swept, |slot| {
+        self.table.get_lowering(hash, key, swept, |slot| {
             slot.refund(gcras, now, taken, units)
         });
     }
