@@ -3,6 +3,7 @@
 //! (and 16 entries), and memory given back as the log shrinks, not only once it is empty.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -21,20 +22,52 @@ static HELD: AtomicIsize = AtomicIsize::new(0);
 /// One measurement at a time: the counter is global.
 static ONE: Mutex<()> = Mutex::new(());
 
+thread_local! {
+    /// Whether this thread's allocations are counted: only the measuring test's, so that
+    /// the harness's other threads (starting the next test, printing) add nothing.
+    static COUNTED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn counted() -> bool {
+    COUNTED.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Counts this thread's allocations until dropped.
+struct Measuring;
+
+impl Measuring {
+    fn start() -> Self {
+        COUNTED.with(|c| c.set(true));
+        Measuring
+    }
+}
+
+impl Drop for Measuring {
+    fn drop(&mut self) {
+        COUNTED.with(|c| c.set(false));
+    }
+}
+
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        HELD.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        if counted() {
+            HELD.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        HELD.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        if counted() {
+            HELD.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        }
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        HELD.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
+        if counted() {
+            HELD.fetch_add(
+                new_size as isize - layout.size() as isize,
+                Ordering::Relaxed,
+            );
+        }
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -51,6 +84,7 @@ const DAY: Duration = Duration::from_secs(86_400);
 #[test]
 fn a_log_of_ten_thousand_requests_holds_at_most_sixteen_bytes_each_and_shrinks_with_them() {
     let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let _measuring = Measuring::start();
     let (clock, time) = Clock::manual();
     let l = RateLimiter::<u64>::builder(Quota::sliding_log(10_000, Duration::from_secs(10)))
         .clock(clock)
@@ -78,6 +112,7 @@ fn a_log_of_ten_thousand_requests_holds_at_most_sixteen_bytes_each_and_shrinks_w
 #[test]
 fn five_settlements_of_ten_thousand_and_one_add_one_entry_each() {
     let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let _measuring = Measuring::start();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
