@@ -48,7 +48,6 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::{BufMut, BytesMut};
-use http::header::Entry;
 use http::{HeaderMap, HeaderValue};
 
 use crate::error::ConfigError;
@@ -58,6 +57,12 @@ use crate::gcra::Decision;
 pub static RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`.
 pub static RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
+
+/// [`RATELIMIT_POLICY`] as a constant: each use is a new name made at compile time, with no
+/// clone to call (and drop) of the static's shared bytes.
+const POLICY_NAME: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
+/// [`RATELIMIT`] as a constant, for the same reason.
+const RATELIMIT_NAME: http::HeaderName = http::HeaderName::from_static("ratelimit");
 /// `X-RateLimit-Limit` (legacy, on request).
 pub static X_RATELIMIT_LIMIT: http::HeaderName = http::HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining` (legacy, on request).
@@ -162,25 +167,32 @@ pub(crate) fn append_fields(
     policy: HeaderValue,
     ratelimit: Option<HeaderValue>,
 ) {
-    match headers.entry(&RATELIMIT_POLICY) {
-        Entry::Vacant(e) => {
-            e.insert(policy);
-        }
-        Entry::Occupied(mut e) => {
-            if !DUPLICATE_WARNED.load(Ordering::Relaxed) {
-                let twice = e.iter().find_map(|v| {
-                    PolicyNames(v.as_bytes())
-                        .find(|n| PolicyNames(policy.as_bytes()).any(|m| m == *n))
-                });
-                if let Some(name) = twice {
-                    warn_duplicate(name);
-                }
-            }
-            e.append(policy);
-        }
+    // `append` says whether the field was there already, hashing the name once, as for
+    // `RateLimit`; only then are its earlier items read, for a name shared with the new one.
+    let existed = headers.append(POLICY_NAME, policy);
+    if existed && !DUPLICATE_WARNED.load(Ordering::Relaxed) {
+        find_duplicate(headers);
     }
     if let Some(ratelimit) = ratelimit {
-        headers.append(RATELIMIT.clone(), ratelimit);
+        headers.append(RATELIMIT_NAME, ratelimit);
+    }
+}
+
+/// Logs an item name of the last `RateLimit-Policy` value (the one just appended) that an
+/// earlier value of the field has too.
+#[cold]
+#[inline(never)]
+fn find_duplicate(headers: &HeaderMap) {
+    let values = headers.get_all(&RATELIMIT_POLICY);
+    let Some(added) = values.iter().next_back() else {
+        return;
+    };
+    let earlier = values.iter().count() - 1;
+    let twice = values.iter().take(earlier).find_map(|v| {
+        PolicyNames(v.as_bytes()).find(|n| PolicyNames(added.as_bytes()).any(|m| m == *n))
+    });
+    if let Some(name) = twice {
+        warn_duplicate(name);
     }
 }
 
