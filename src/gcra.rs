@@ -539,15 +539,16 @@ impl<'a> IntoIterator for &'a Decisions {
 
 /// Records in `ext` that a layer admitted the request with `d`: `d` becomes the request's
 /// [`Decision`], and joins the [`Decisions`] of the layers outside.
-pub(crate) fn record_admitted(ext: &mut http::Extensions, d: Decision) {
-    let Some(prev) = ext.insert(d) else { return };
+pub(crate) fn record_admitted(ext: &mut http::Extensions, d: &Decision) {
+    // Copied once, into the extensions' box.
+    let Some(prev) = ext.insert(*d) else { return };
     if prev.is_unlimited() {
         return;
     }
     match ext.get_mut::<Stack>() {
-        Some(stack) => stack.0.push(d),
+        Some(stack) => stack.0.push(*d),
         None => {
-            ext.insert(Stack(vec![prev, d]));
+            ext.insert(Stack(vec![prev, *d]));
         }
     }
 }
