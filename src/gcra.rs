@@ -555,15 +555,16 @@ impl<'a> IntoIterator for &'a Decisions {
 
 /// Records in `ext` that a layer admitted the request with `d`: `d` becomes the request's
 /// [`Decision`], and joins the [`Decisions`] of the layers outside.
-pub(crate) fn record_admitted(ext: &mut http::Extensions, d: Decision) {
-    let Some(prev) = ext.insert(d) else { return };
+pub(crate) fn record_admitted(ext: &mut http::Extensions, d: &Decision) {
+    // Copied once, into the extensions' box.
+    let Some(prev) = ext.insert(*d) else { return };
     if prev.is_unlimited() {
         return;
     }
     match ext.get_mut::<Stack>() {
-        Some(stack) => stack.0.push(d),
+        Some(stack) => stack.0.push(*d),
         None => {
-            ext.insert(Stack(vec![prev, d]));
+            ext.insert(Stack(vec![prev, *d]));
         }
     }
 }
@@ -629,21 +630,41 @@ pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (
 /// admitted.
 #[inline]
 pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, Option<u64>) {
-    let mut taken = Reservation::none();
-    let (outcome, retry_after, stored) = match g.step(tat, now, cost) {
-        Step::Allow { new_tat } if cost > 0 => {
-            taken.cost = cost;
-            taken.spots[0] = [tat.max(now), new_tat];
-            (Outcome::Allowed, 0, Some(new_tat))
-        }
+    let step = step_one(g, tat, now, cost);
+    (decision_one(g, tat, now, cost, step), step.2)
+}
+
+/// The step of [`decide_one`] alone: the outcome, the retry time and the new time to store
+/// when admitted. A compare-and-swap loop retries this, and builds the decision (larger)
+/// once, with [`decision_one`].
+#[inline]
+pub(crate) fn step_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Outcome, u64, Option<u64>) {
+    match g.step(tat, now, cost) {
+        Step::Allow { new_tat } if cost > 0 => (Outcome::Allowed, 0, Some(new_tat)),
         Step::Allow { .. } => (Outcome::Allowed, 0, None),
         Step::Deny { retry_after } => (Outcome::Limited, retry_after, None),
         Step::Never => (Outcome::Exceeds, 0, None),
-    };
-    let tat = stored.unwrap_or(tat);
+    }
+}
+
+/// The decision of [`step_one`]'s `step` for a key whose stored time was `tat`.
+#[inline]
+pub(crate) fn decision_one(
+    g: &Gcra,
+    tat: u64,
+    now: u64,
+    cost: u32,
+    step: (Outcome, u64, Option<u64>),
+) -> Decision {
+    let (outcome, retry_after, stored) = step;
+    let mut taken = Reservation::none();
+    if let Some(new_tat) = stored {
+        taken.cost = cost;
+        taken.spots[0] = [tat.max(now), new_tat];
+    }
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    quotas[0] = QuotaState::of(g, tat, now);
-    let decision = Decision {
+    quotas[0] = QuotaState::of(g, stored.unwrap_or(tat), now);
+    Decision {
         outcome,
         retry_after,
         len: 1,
@@ -652,8 +673,7 @@ pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, 
         full: false,
         quotas,
         taken,
-    };
-    (decision, stored)
+    }
 }
 
 /// What an admitted request took from its key, per quota, so that a refund or a settlement

@@ -48,7 +48,6 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::{BufMut, BytesMut};
-use http::header::Entry;
 use http::{HeaderMap, HeaderValue};
 
 use crate::error::ConfigError;
@@ -58,6 +57,12 @@ use crate::gcra::Decision;
 pub static RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`.
 pub static RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
+
+/// [`RATELIMIT_POLICY`] as a constant: each use is a new name made at compile time, with no
+/// clone to call (and drop) of the static's shared bytes.
+const POLICY_NAME: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
+/// [`RATELIMIT`] as a constant, for the same reason.
+const RATELIMIT_NAME: http::HeaderName = http::HeaderName::from_static("ratelimit");
 /// `X-RateLimit-Limit` (legacy, on request).
 pub static X_RATELIMIT_LIMIT: http::HeaderName = http::HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining` (legacy, on request).
@@ -162,26 +167,73 @@ pub(crate) fn append_fields(
     policy: HeaderValue,
     ratelimit: Option<HeaderValue>,
 ) {
-    match headers.entry(&RATELIMIT_POLICY) {
-        Entry::Vacant(e) => {
-            e.insert(policy);
-        }
-        Entry::Occupied(mut e) => {
-            if !DUPLICATE_WARNED.load(Ordering::Relaxed) {
-                let twice = e.iter().find_map(|v| {
-                    PolicyNames(v.as_bytes())
-                        .find(|n| PolicyNames(policy.as_bytes()).any(|m| m == *n))
-                });
-                if let Some(name) = twice {
-                    warn_duplicate(name);
-                }
-            }
-            e.append(policy);
-        }
+    // `append` says whether the field was there already, hashing the name once, as for
+    // `RateLimit`; only then are its earlier items read, for a name shared with the new one.
+    let existed = headers.append(POLICY_NAME, policy);
+    if existed && !DUPLICATE_WARNED.load(Ordering::Relaxed) {
+        find_duplicate(headers);
     }
     if let Some(ratelimit) = ratelimit {
-        headers.append(RATELIMIT.clone(), ratelimit);
+        headers.append(RATELIMIT_NAME, ratelimit);
     }
+}
+
+/// Logs an item name of the last `RateLimit-Policy` value (the one just appended) that an
+/// earlier value of the field has too.
+#[cold]
+#[inline(never)]
+fn find_duplicate(headers: &HeaderMap) {
+    if let Some(name) = duplicate(headers) {
+        warn_duplicate(&name);
+    }
+}
+
+/// An item name of the last `RateLimit-Policy` value that an earlier value has too.
+///
+/// Stacked layers append the same values to every response, so a pair of values found
+/// without a common name is remembered (on this thread, the last [`CLEAN_PAIRS`]) and not
+/// read again. The pairs hold their values: a value at the same address, of the same length,
+/// is the same bytes.
+fn duplicate(headers: &HeaderMap) -> Option<Vec<u8>> {
+    let values = headers.get_all(&RATELIMIT_POLICY);
+    let added = values.iter().next_back()?;
+    let earlier = values.iter().count() - 1;
+    CLEAN.with(|clean| {
+        let mut clean = clean.borrow_mut();
+        for v in values.iter().take(earlier) {
+            let known = clean
+                .iter()
+                .flatten()
+                .any(|(a, b)| same_value(a, v) && same_value(b, added));
+            if known {
+                continue;
+            }
+            let twice =
+                PolicyNames(v.as_bytes()).find(|n| PolicyNames(added.as_bytes()).any(|m| m == *n));
+            if let Some(name) = twice {
+                return Some(name.to_vec());
+            }
+            clean.rotate_right(1);
+            clean[0] = Some((v.clone(), added.clone()));
+        }
+        None
+    })
+}
+
+/// Whether `a` and `b` are views of the same bytes.
+fn same_value(a: &HeaderValue, b: &HeaderValue) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.as_ptr() == b.as_ptr() && a.len() == b.len()
+}
+
+/// How many pairs of `RateLimit-Policy` values each thread remembers as sharing no name.
+const CLEAN_PAIRS: usize = 4;
+
+thread_local! {
+    /// The last pairs of `RateLimit-Policy` values (an earlier one, the one added after it)
+    /// found to share no item name, most recent first.
+    static CLEAN: RefCell<[Option<(HeaderValue, HeaderValue)>; CLEAN_PAIRS]> =
+        const { RefCell::new([const { None }; CLEAN_PAIRS]) };
 }
 
 /// Whether a duplicate item name has been logged.
@@ -558,6 +610,44 @@ mod tests {
         assert_eq!(names(r#""api";q=1, garbage, "b";q=2"#), ["api"]);
         assert!(names(r#""unterminated;q=1"#).is_empty());
         assert_eq!(names(r#""a";q"#), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_pair_of_policy_values_found_clean_is_remembered_and_a_duplicate_after_it_is_still_found() {
+        let api = HeaderValue::from_static(r#""api";q=10;w=1"#);
+        let db = HeaderValue::from_static(r#""db";q=8;qu="concurrent-requests""#);
+        let api_again = HeaderValue::from_static(r#""db2";q=1, "api";q=5;w=1"#);
+        for _ in 0..3 {
+            let mut headers = HeaderMap::new();
+            headers.append(&RATELIMIT_POLICY, api.clone());
+            headers.append(&RATELIMIT_POLICY, db.clone());
+            assert_eq!(duplicate(&headers), None);
+        }
+        let known = CLEAN.with(|c| {
+            c.borrow()
+                .iter()
+                .flatten()
+                .filter(|(a, b)| same_value(a, &api) && same_value(b, &db))
+                .count()
+        });
+        assert_eq!(known, 1);
+        // The same earlier value with another one added: read, and its name found.
+        let mut headers = HeaderMap::new();
+        headers.append(&RATELIMIT_POLICY, api.clone());
+        headers.append(&RATELIMIT_POLICY, db.clone());
+        headers.append(&RATELIMIT_POLICY, api_again);
+        assert_eq!(duplicate(&headers), Some(b"api".to_vec()));
+        // Equal bytes at another address are read again, never taken for a remembered value.
+        let mut headers = HeaderMap::new();
+        headers.append(
+            &RATELIMIT_POLICY,
+            HeaderValue::from_str(r#""db";q=1"#).unwrap(),
+        );
+        headers.append(
+            &RATELIMIT_POLICY,
+            HeaderValue::from_str(r#""db";q=2"#).unwrap(),
+        );
+        assert_eq!(duplicate(&headers), Some(b"db".to_vec()));
     }
 
     #[test]

@@ -231,7 +231,7 @@ where
                     let key = d.key.as_ref().map(|k| k as &dyn std::fmt::Debug);
                     match d
                         .answers
-                        .finish(*d.tier, decision, *d.cost, key, &mut request)
+                        .finish(*d.tier, &decision, *d.cost, key, &mut request)
                     {
                         Ok(headers) => Kind::Inner {
                             future: service.call(request),

@@ -58,7 +58,7 @@ where
         if let Some(banned) = shared.banned(tier, &key) {
             // Neither the handler nor the quotas see a banned key's requests.
             let traced = shared.core.traced(&key);
-            return match shared.answers.finish(tier, banned, cost, traced, &mut req) {
+            return match shared.answers.finish(tier, &banned, cost, traced, &mut req) {
                 Err(resp) => ResponseFuture::ready(resp),
                 // A banned decision is never admitted; were it, the request would pass.
                 Ok(headers) => ResponseFuture::inner(self.inner.call(req), headers, None),
@@ -71,8 +71,8 @@ where
             B::decide(limiter, &key, cost)
         };
         match answer {
-            Answer::Now(decision) => {
-                let decision = shared.strike(tier, &key, decision);
+            Answer::Now(mut decision) => {
+                shared.strike(tier, &key, &mut decision);
                 // What was taken goes with the response, to be given back if a layer inside
                 // rejects the request, or settled from the response; a decision of a store's
                 // failure policy (not its local fallback) or a rejection let through by a dry
@@ -85,10 +85,10 @@ where
                 let traced = shared.core.traced(&key);
                 match shared
                     .answers
-                    .finish(tier, decision, cost, traced, &mut req)
+                    .finish(tier, &decision, cost, traced, &mut req)
                 {
                     Ok(headers) => {
-                        let taken = took.then(|| shared.taken(tier, key, cost, Some(decision)));
+                        let taken = took.then(|| shared.taken(tier, key, cost, Some(&decision)));
                         ResponseFuture::inner(self.inner.call(req), headers, taken)
                     }
                     Err(resp) => ResponseFuture::ready(resp),

@@ -257,20 +257,20 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     }
 
     /// A refusal the key's own traffic caused is a strike against it (see
-    /// [`penalty::is_offence`]): the decision to answer with, the ban's if this strike (or
-    /// one racing it) banned the key. A dry run records no strikes.
+    /// [`penalty::is_offence`]): `decision` becomes the ban's if this strike (or one racing
+    /// it) banned the key. A dry run records no strikes.
     #[inline]
-    pub(crate) fn strike(&self, tier: usize, key: &E::Key, decision: Decision) -> Decision {
+    pub(crate) fn strike(&self, tier: usize, key: &E::Key, decision: &mut Decision) {
         let Some(penalty) = &self.penalty else {
-            return decision;
+            return;
         };
-        if !penalty::is_offence(&decision) || self.answers.observe.dry_run {
-            return decision;
+        if !penalty::is_offence(decision) || self.answers.observe.dry_run {
+            return;
         }
         let retry = decision.retry_after().map_or(0, penalty::nanos);
         match penalty.strike_at(key, penalty.now(), retry).1 {
-            0 => decision,
-            wait => banned_decision(&self.answers.tiers[tier].live.load().rules, wait),
+            0 => {}
+            wait => *decision = banned_decision(&self.answers.tiers[tier].live.load().rules, wait),
         }
     }
 }
@@ -290,7 +290,7 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
         tier: usize,
         key: E::Key,
         cost: u32,
-        admitted: Option<Decision>,
+        admitted: Option<&Decision>,
     ) -> Taken<B, E::Key>
     where
         B: super::store::Backend<E::Key, Limiter = L>,
@@ -311,7 +311,7 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
                 Box::new(Settle {
                     answers: self.answers.clone(),
                     tier,
-                    admitted,
+                    admitted: admitted.copied(),
                 })
             }),
         }
@@ -327,7 +327,7 @@ impl Answers {
     pub(crate) fn finish<ReqBody, B: From<Bytes>>(
         &self,
         tier: usize,
-        decision: Decision,
+        decision: &Decision,
         cost: u32,
         key: Option<&dyn std::fmt::Debug>,
         req: &mut Request<ReqBody>,
@@ -343,7 +343,7 @@ impl Answers {
         let headers = if blind || settles || (dry_run && !self.dry_run_headers) {
             None
         } else {
-            self.rate_headers(tier, &decision)
+            self.rate_headers(tier, decision)
         };
         if decision.is_allowed() {
             let verdict = if decision.is_local() {
@@ -365,7 +365,7 @@ impl Answers {
     fn rejected<ReqBody, B: From<Bytes>>(
         &self,
         tier: &Tier,
-        decision: Decision,
+        decision: &Decision,
         cost: u32,
         key: Option<&dyn std::fmt::Debug>,
         req: &mut Request<ReqBody>,
@@ -387,7 +387,7 @@ impl Answers {
         let quota = if blind {
             None
         } else {
-            observe::fired(&decision, cost)
+            observe::fired(decision, cost)
         };
         let verdict = match decision.outcome() {
             Outcome::Limited if decision.is_local() => Verdict::LocalLimited,
@@ -416,7 +416,7 @@ impl Answers {
             kind,
             status,
             decision.retry_after(),
-            Some(&decision),
+            Some(decision),
             Some(&tier.name),
             Recipient::of(&RequestHead::new(req)),
         );

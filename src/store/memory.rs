@@ -61,16 +61,17 @@ impl Slot for One {
     #[inline]
     fn decide(&self, g: &Gcra, now: u64, cost: u32) -> Decision {
         let mut tat = self.0.load(Ordering::Acquire);
+        // The step is retried; the decision, many words, is built once.
         loop {
-            let (decision, store) = gcra::decide_one(g, tat, now, cost);
-            let Some(new_tat) = store else {
-                return decision;
+            let step = gcra::step_one(g, tat, now, cost);
+            let Some(new_tat) = step.2 else {
+                return gcra::decision_one(g, tat, now, cost, step);
             };
             match self
                 .0
                 .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return decision,
+                Ok(_) => return gcra::decision_one(g, tat, now, cost, step),
                 Err(actual) => tat = actual,
             }
         }
