@@ -162,18 +162,12 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         f: impl FnOnce(&V) -> R,
     ) -> Option<R> {
         let shard = &self.shards[self.shard_index(hash)];
-        let found = {
-            let map = read(&shard.map);
-            map.entries.find(hash, |(k, _)| k == key).map(|(_, v)| {
-                let r = f(v);
-                shard.min_idle.fetch_min(v.idle_at(), Ordering::Relaxed);
-                r
-            })
-        };
-        if now >= shard.next_sweep.load(Ordering::Relaxed) {
-            self.maintain(shard, now);
-        }
-        found
+        // Under the shard's lock, as sweeps set the bound under it.
+        self.get(hash, key, now, |v| {
+            let r = f(v);
+            shard.min_idle.fetch_min(v.idle_at(), Ordering::Relaxed);
+            r
+        })
     }
 
     /// Finds or inserts the entry of `key`, under the shard's exclusive lock.
