@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Every group holds two functions, `tollgate` and `governor`, configured alike and measured in
-//! the same run, so the ratio between them is what carries (see DESIGN.md §5 for reference
+//! the same run, so the ratio between them is what carries (see BENCHMARKS.md for reference
 //! figures). Both use their real default clocks: tollgate's `Clock::system()` and governor's
 //! `DefaultClock` (both read the TSC through `quanta`). The full result of each check (tollgate's
 //! `Decision`, governor's `Result<(), NotUntil>`) goes through `black_box`, as a caller that
