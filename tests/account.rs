@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::account::rig::{Reply, Rig};
+use common::account::rig::{failures, manual, settles, Rig, FAILED, OK};
 use common::account::{Account, Kind};
 use http::StatusCode;
 use proptest::prelude::*;
 use tollgate::key::Header;
 use tollgate::rate_limit::ActualCost;
-use tollgate::{Clock, ManualClock, Outcome, Policy, Quota, RateLimitLayer, RateLimiter};
+use tollgate::{Clock, Outcome, Policy, Quota, RateLimitLayer, RateLimiter};
 use tower::Layer;
 
 const MS: Duration = Duration::from_millis(1);
@@ -51,47 +51,6 @@ fn key(k: &str) -> Box<[u8]> {
     k.as_bytes().into()
 }
 
-const OK: Reply = Reply {
-    status: 200,
-    actual: None,
-};
-const FAILED: Reply = Reply {
-    status: 401,
-    actual: None,
-};
-
-fn settles(n: u32) -> Reply {
-    Reply {
-        status: 401,
-        actual: Some(n),
-    }
-}
-
-fn manual() -> (Clock, ManualClock) {
-    let (clock, time) = Clock::manual();
-    time.advance(Duration::from_secs(1_000));
-    (clock, time)
-}
-
-/// Failed logins admitted, each answered at once.
-async fn failures<S>(rig: &mut Rig<S>, n: usize) -> usize
-where
-    S: tower::Service<
-        http::Request<()>,
-        Response = http::Response<http_body_util::Full<bytes::Bytes>>,
-        Error = std::convert::Infallible,
-    >,
-{
-    let mut admitted = 0;
-    for _ in 0..n {
-        if let Some(id) = rig.send("login", 1).await {
-            rig.answer(id, FAILED).await;
-            admitted += 1;
-        }
-    }
-    admitted
-}
-
 // ---- 1. late refunds ----
 
 #[tokio::test]
@@ -112,14 +71,14 @@ async fn late_refunds_of_a_passed_window_never_double_a_limit_of_any_kind() {
         }
         // A failure at 5 s (GCRA has earned one back by then; no window has).
         time.advance(5 * S);
-        let mut counted = failures(&mut rig, 1).await;
+        let mut counted = failures(&mut rig, "login", 1).await;
         // At 10 s their window has passed: failures, then the late successes answer.
         time.advance(5 * S);
-        counted += failures(&mut rig, 3).await;
+        counted += failures(&mut rig, "login", 3).await;
         for id in slow {
             assert_eq!(rig.answer(id, OK).await, 200);
         }
-        counted += failures(&mut rig, 3).await;
+        counted += failures(&mut rig, "login", 3).await;
         assert_eq!(counted, 3, "{quota:?}");
     }
 }
@@ -133,13 +92,13 @@ async fn a_log_refund_removes_its_own_entry_not_the_newest() {
     let mut rig = Rig::new(|h| l.layer(h));
     let slow = rig.send("login", 1).await.unwrap();
     time.advance(5 * S);
-    assert_eq!(failures(&mut rig, 1).await, 1);
+    assert_eq!(failures(&mut rig, "login", 1).await, 1);
     time.advance(S);
     rig.answer(slow, OK).await;
-    assert_eq!(failures(&mut rig, 1).await, 1);
+    assert_eq!(failures(&mut rig, "login", 1).await, 1);
     // The failures of 5 s and 6 s fill the window until 15 s.
     time.advance(4 * S);
-    assert_eq!(failures(&mut rig, 1).await, 0);
+    assert_eq!(failures(&mut rig, "login", 1).await, 0);
     let d = limiter(&l).peek(&key("login"));
     assert_eq!(d.reset_after(), 6 * S);
 }
@@ -151,7 +110,7 @@ async fn a_refund_gives_back_what_it_took_not_todays_interval() {
     let (clock, _time) = manual();
     let l = layer(&[Quota::per_minute(60)], &clock);
     let mut rig = Rig::new(|h| l.layer(h));
-    assert_eq!(failures(&mut rig, 50).await, 50);
+    assert_eq!(failures(&mut rig, "login", 50).await, 50);
     let mut in_flight = Vec::new();
     for _ in 0..10 {
         in_flight.push(rig.send("login", 1).await.unwrap());
@@ -165,7 +124,7 @@ async fn a_refund_gives_back_what_it_took_not_todays_interval() {
     }
     // Each success gave back its own second: the 50 failures stand, 50 s ahead, and the
     // next fits the new tolerance (60 s) 2 s from now.
-    assert_eq!(failures(&mut rig, 5).await, 0);
+    assert_eq!(failures(&mut rig, "login", 5).await, 0);
     let d = limiter(&l).check(&key("login"));
     assert_eq!(d.retry_after(), Some(2 * S));
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::account::rig::{Reply, Rig};
+use common::account::rig::{failures, manual, Reply, Rig, FAILED, OK};
 use common::account::{Account, Kind, Taken};
 use common::redis_server::RedisServer;
 use http::StatusCode;
@@ -16,7 +16,7 @@ use proptest::test_runner::{Config, TestRunner};
 use tollgate::key::Header;
 use tollgate::rate_limit::ActualCost;
 use tollgate::redis::{RedisRateLimiter, RedisStore};
-use tollgate::{Clock, ManualClock, Outcome, Policy, Quota, RateLimitLayer, RateLimiter};
+use tollgate::{Clock, Outcome, Policy, Quota, RateLimitLayer, RateLimiter};
 use tower::Layer;
 
 const MS: Duration = Duration::from_millis(1);
@@ -60,39 +60,6 @@ fn key(k: &str) -> Box<[u8]> {
     k.as_bytes().into()
 }
 
-const OK: Reply = Reply {
-    status: 200,
-    actual: None,
-};
-const FAILED: Reply = Reply {
-    status: 401,
-    actual: None,
-};
-
-fn manual() -> (Clock, ManualClock) {
-    let (clock, time) = Clock::manual();
-    time.advance(Duration::from_secs(1_000));
-    (clock, time)
-}
-
-async fn failures<S>(rig: &mut Rig<S>, n: usize) -> usize
-where
-    S: tower::Service<
-        http::Request<()>,
-        Response = http::Response<http_body_util::Full<bytes::Bytes>>,
-        Error = std::convert::Infallible,
-    >,
-{
-    let mut admitted = 0;
-    for _ in 0..n {
-        if let Some(id) = rig.send("login", 1).await {
-            rig.answer(id, FAILED).await;
-            admitted += 1;
-        }
-    }
-    admitted
-}
-
 #[tokio::test]
 async fn late_refunds_never_double_a_limit_on_redis() {
     let server = RedisServer::start();
@@ -119,13 +86,13 @@ async fn late_refunds_never_double_a_limit_on_redis() {
             slow.push(rig.send("login", 1).await.unwrap());
         }
         time.advance(5 * S);
-        let mut counted = failures(&mut rig, 1).await;
+        let mut counted = failures(&mut rig, "login", 1).await;
         time.advance(5 * S);
-        counted += failures(&mut rig, 3).await;
+        counted += failures(&mut rig, "login", 3).await;
         for id in slow {
             assert_eq!(rig.answer(id, OK).await, 200);
         }
-        counted += failures(&mut rig, 3).await;
+        counted += failures(&mut rig, "login", 3).await;
         assert_eq!(counted, 3, "{quota:?}");
     }
 }
@@ -139,12 +106,12 @@ async fn a_log_refund_removes_its_own_entry_on_redis() {
     let mut rig = Rig::new(|h| l.layer(h));
     let slow = rig.send("login", 1).await.unwrap();
     time.advance(5 * S);
-    assert_eq!(failures(&mut rig, 1).await, 1);
+    assert_eq!(failures(&mut rig, "login", 1).await, 1);
     time.advance(S);
     rig.answer(slow, OK).await;
-    assert_eq!(failures(&mut rig, 1).await, 1);
+    assert_eq!(failures(&mut rig, "login", 1).await, 1);
     time.advance(4 * S);
-    assert_eq!(failures(&mut rig, 1).await, 0);
+    assert_eq!(failures(&mut rig, "login", 1).await, 0);
     let d = limiter(&l, "own").check_n(&key("login"), 0).await;
     assert_eq!(d.reset_after(), 6 * S);
 }
@@ -156,7 +123,7 @@ async fn a_refund_is_sized_by_its_admission_and_a_debt_stands_on_redis() {
     let (clock, _time) = manual();
     let l = layer(&store, "sized", &[Quota::per_minute(60)], &clock);
     let mut rig = Rig::new(|h| l.layer(h));
-    assert_eq!(failures(&mut rig, 50).await, 50);
+    assert_eq!(failures(&mut rig, "login", 50).await, 50);
     let mut in_flight = Vec::new();
     for _ in 0..10 {
         in_flight.push(rig.send("login", 1).await.unwrap());
@@ -168,7 +135,7 @@ async fn a_refund_is_sized_by_its_admission_and_a_debt_stands_on_redis() {
     for id in in_flight {
         rig.answer(id, OK).await;
     }
-    assert_eq!(failures(&mut rig, 5).await, 0);
+    assert_eq!(failures(&mut rig, "login", 5).await, 0);
     let d = limiter(&l, "sized").check(&key("login")).await;
     assert_eq!(d.retry_after(), Some(2 * S));
 

@@ -6,31 +6,16 @@ mod common;
 
 use std::time::Duration;
 
-use common::account::rig::{Reply, Rig};
+use common::account::rig::{manual, Reply, Rig, FAILED, OK};
 use http::StatusCode;
 use tollgate::key::Header;
 use tollgate::rate_limit::ActualCost;
 use tollgate::store::OnFull;
-use tollgate::{Clock, ManualClock, PenaltyBox, Policy, Quota, RateLimitLayer};
+use tollgate::{Clock, PenaltyBox, Policy, Quota, RateLimitLayer};
 use tower::Layer;
 
 const MS: Duration = Duration::from_millis(1);
 const S: Duration = Duration::from_secs(1);
-
-const OK: Reply = Reply {
-    status: 200,
-    actual: None,
-};
-const FAILED: Reply = Reply {
-    status: 401,
-    actual: None,
-};
-
-fn manual() -> (Clock, ManualClock) {
-    let (clock, time) = Clock::manual();
-    time.advance(Duration::from_secs(1_000));
-    (clock, time)
-}
 
 /// One policy `p` of `quota`, keyed by `x-key`, costing `x-cost`; a `200` does not count, and
 /// a response that counts settles the cost it reports.

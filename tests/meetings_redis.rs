@@ -8,13 +8,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::account::rig::{Reply, Rig};
+use common::account::rig::{failures, manual, Reply, Rig, FAILED, OK};
 use common::redis_server::RedisServer;
 use http::StatusCode;
 use tollgate::key::Header;
 use tollgate::rate_limit::ActualCost;
 use tollgate::redis::{Lease, RedisStore};
-use tollgate::{Clock, ManualClock, Policy, Quota, RateLimitLayer};
+use tollgate::{Clock, Policy, Quota, RateLimitLayer};
 use tower::Layer;
 
 const S: Duration = Duration::from_secs(1);
@@ -48,39 +48,6 @@ fn layer(store: &RedisStore, name: &str, quotas: &[Quota], clock: &Clock) -> Lim
         .count_if(|res| res.status != StatusCode::OK)
         .settle(ActualCost::of)
         .store(store.clone())
-}
-
-const OK: Reply = Reply {
-    status: 200,
-    actual: None,
-};
-const FAILED: Reply = Reply {
-    status: 401,
-    actual: None,
-};
-
-fn manual() -> (Clock, ManualClock) {
-    let (clock, time) = Clock::manual();
-    time.advance(Duration::from_secs(1_000));
-    (clock, time)
-}
-
-async fn failures<S>(rig: &mut Rig<S>, key: &str, n: usize) -> usize
-where
-    S: tower::Service<
-        http::Request<()>,
-        Response = http::Response<http_body_util::Full<bytes::Bytes>>,
-        Error = std::convert::Infallible,
-    >,
-{
-    let mut admitted = 0;
-    for _ in 0..n {
-        if let Some(id) = rig.send(key, 1).await {
-            rig.answer(id, FAILED).await;
-            admitted += 1;
-        }
-    }
-    admitted
 }
 
 // ---- leased admissions, then count_if refunds ----

@@ -410,6 +410,49 @@ pub mod rig {
         pub actual: Option<u32>,
     }
 
+    /// A success: it does not count (the layers of these tests count only failures).
+    pub const OK: Reply = Reply {
+        status: 200,
+        actual: None,
+    };
+
+    /// A failure: it counts, at the cost it reserved.
+    pub const FAILED: Reply = Reply {
+        status: 401,
+        actual: None,
+    };
+
+    /// A failure that settles `n`.
+    pub fn settles(n: u32) -> Reply {
+        Reply {
+            status: 401,
+            actual: Some(n),
+        }
+    }
+
+    /// A manual clock 1 000 s past its start, so that no time a test reads is near the
+    /// crate's "never" (0).
+    pub fn manual() -> (tollgate::Clock, tollgate::ManualClock) {
+        let (clock, time) = tollgate::Clock::manual();
+        time.advance(std::time::Duration::from_secs(1_000));
+        (clock, time)
+    }
+
+    /// `n` failures sent for `key`, each answered at once; how many were admitted.
+    pub async fn failures<S>(rig: &mut Rig<S>, key: &str, n: usize) -> usize
+    where
+        S: Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible>,
+    {
+        let mut admitted = 0;
+        for _ in 0..n {
+            if let Some(id) = rig.send(key, 1).await {
+                rig.answer(id, FAILED).await;
+                admitted += 1;
+            }
+        }
+        admitted
+    }
+
     type Gates = Arc<Mutex<HashMap<u64, oneshot::Receiver<Reply>>>>;
 
     /// Answers each request with the reply its gate receives.
