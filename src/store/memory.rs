@@ -32,7 +32,7 @@ pub(crate) trait Slot: Send + Sync + Sized {
     /// Gives back `units` of the request that took `taken`: only what still counts at `now`
     /// (see [`Reservation`]). Atomic for the key.
     fn refund(&self, rules: &Self::Rules, now: u64, taken: &Reservation, units: u32);
-    /// Takes `cost` whatever the state (see [`charged`]). Atomic for the key.
+    /// Takes `cost` whatever the state (see [`Gcra::charged`]). Atomic for the key.
     fn charge(&self, rules: &Self::Rules, now: u64, cost: u32);
     /// The entry of a key without one once `cost` is taken whatever the limit.
     fn charged_absent(rules: &Self::Rules, now: u64, cost: u32) -> Self;
@@ -395,7 +395,7 @@ where
         }
     }
 
-    /// Takes `cost` from `key` whatever its state (see [`charged`]).
+    /// Takes `cost` from `key` whatever its state (see [`Gcra::charged`]).
     ///
     /// A key without an entry needs a place like any new key, and never one beyond
     /// `max_keys`: under [`OnFull::EvictNearestIdle`] it takes the place of the key nearest to
