@@ -165,7 +165,11 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         // Under the shard's lock, as sweeps set the bound under it.
         self.get(hash, key, now, |v| {
             let r = f(v);
-            shard.min_idle.fetch_min(v.idle_at(), Ordering::Relaxed);
+            // Read first: a refund that leaves the bound where it was writes no shared line.
+            let idle_at = v.idle_at();
+            if idle_at < shard.min_idle.load(Ordering::Relaxed) {
+                shard.min_idle.fetch_min(idle_at, Ordering::Relaxed);
+            }
             r
         })
     }
@@ -264,10 +268,11 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 OnFull::EvictNearestIdle => {
                     // A table at its own cap makes room among its own entries only.
                     let capped = self.len() >= self.cap;
-                    let spare = Some(self.bound.load().spare(key));
+                    let bound = self.bound.load();
+                    let spare = Some(bound.spare(key));
                     if evictions < EVICTION_SHARDS
                         && (self.evict_one(now, rank, spare)
-                            || (!capped && self.bound.load().evict(rank, spare)))
+                            || (!capped && bound.evict(rank, spare)))
                     {
                         // The evicted entry's place in the bound is now this key's.
                         reserved = true;
