@@ -4,7 +4,7 @@ use axum::extract::{FromRequestParts, OptionalFromRequestParts};
 use http::request::Parts;
 use http::StatusCode;
 
-use crate::gcra::{Decision, Decisions};
+use crate::decision::{Decision, Decisions};
 
 /// A handler behind a [`RateLimitLayer`](crate::RateLimitLayer) can take the decision that
 /// admitted its request (the innermost, when layers are stacked; see [`Decisions`] for all).

@@ -50,8 +50,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use bytes::{BufMut, BytesMut};
 use http::{HeaderMap, HeaderValue};
 
+use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::gcra::Decision;
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");

@@ -178,8 +178,15 @@
 mod algo;
 pub mod clock;
 pub mod concurrency;
+mod decision;
 pub mod error;
-pub mod gcra;
+/// Former home of the decision types, kept while their paths move: use the crate root
+/// ([`Decision`], [`Decisions`], [`Outcome`], [`QuotaState`]) and
+/// [`quota::MAX_QUOTAS`].
+#[doc(hidden)]
+pub mod gcra {
+    pub use crate::decision::{Decision, Decisions, Outcome, QuotaState, MAX_QUOTAS};
+}
 pub mod grpc;
 pub mod headers;
 pub mod key;
@@ -208,8 +215,8 @@ mod axum_support;
 
 pub use clock::{Clock, ManualClock};
 pub use concurrency::{ConcurrencyHandle, ConcurrencyLimitLayer};
+pub use decision::{Decision, Decisions, Outcome, QuotaState};
 pub use error::ConfigError;
-pub use gcra::{Decision, Decisions, Outcome, QuotaState};
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
 pub use penalty::PenaltyBox;
 pub use quota::{Quota, QuotaKind};

@@ -9,10 +9,11 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::algo::gcra::Gcra;
 use crate::algo::Rule;
 use crate::clock::Clock;
+use crate::decision::{Decision, Reservation, MAX_QUOTAS};
 use crate::error::ConfigError;
-use crate::gcra::{Decision, Gcra, Reservation, MAX_QUOTAS};
 use crate::keyed::{Bound, Room};
 use crate::quota::Quota;
 use crate::store::memory::{Many, MemoryStore, Mixed, One, Slot};

@@ -58,8 +58,8 @@ use http::StatusCode;
 
 use crate::algo::Rule;
 use crate::clock::Clock;
+use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
-use crate::gcra::{Decision, Outcome, QuotaState};
 use crate::keyed::{Absent, Bound, Entry, OnFull, Room, Table};
 
 /// The longest ban when none is set: one day (or the first ban, if longer).
@@ -208,21 +208,10 @@ pub enum Strike {
     NotRecorded,
 }
 
-/// The decision for a request of a key banned for `left` more nanoseconds, on quotas `rules`:
-/// nothing remaining on any quota, and no quota back before the ban ends.
+/// The decision for a request of a key banned for `left` more nanoseconds, on quotas `rules`
+/// (see [`Decision::banned`]).
 pub(crate) fn banned_decision(rules: &[Rule], left: u64) -> Decision {
-    let mut states = [QuotaState::default(); crate::gcra::MAX_QUOTAS];
-    let n = rules.len().min(states.len());
-    for (s, r) in states.iter_mut().zip(rules) {
-        *s = match r {
-            Rule::Gcra(g) => QuotaState::ahead_by(g, left.max(g.tolerance)),
-            _ => {
-                let reset = r.spent().reset_after_nanos().max(left);
-                QuotaState::counted(r.limit(), 0, reset)
-            }
-        };
-    }
-    Decision::from_store(Outcome::Banned, left, &states[..n])
+    Decision::banned(rules, left)
 }
 
 /// The penalty state of one key, in nanoseconds of the box's clock.

@@ -3,9 +3,9 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use crate::algo::{Rule, Window};
+use crate::algo::{Gcra, Rule, Window};
+pub use crate::decision::MAX_QUOTAS;
 use crate::error::ConfigError;
-use crate::gcra::Gcra;
 use crate::warmup::{WarmGcra, WarmUp};
 
 /// The algorithm a [`Quota`] decides with. See the crate's README ("Which algorithm") for how

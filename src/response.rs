@@ -23,7 +23,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::gcra::Decision;
+use crate::decision::Decision;
 use crate::grpc::GrpcMode;
 use crate::headers;
 use crate::key::RequestHead;
@@ -649,7 +649,7 @@ mod tests {
             );
             assert!(!is_rejection(&resp));
             // What an outer layer records when it admits (or lets through) the request.
-            crate::gcra::record_unlimited(req.extensions_mut());
+            crate::decision::record_unlimited(req.extensions_mut());
             let to = Recipient::of(&RequestHead::new(&req));
             assert!(to.outer);
             let resp: Response<Bytes> = respond(

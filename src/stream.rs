@@ -51,7 +51,7 @@ use futures_core::Stream;
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
-use crate::gcra::Outcome;
+use crate::decision::Outcome;
 use crate::limiter::RateLimiter;
 use crate::shape::{Shaper, Slot};
 

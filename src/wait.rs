@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use crate::algo::Rule;
 use crate::clock::Clock;
-use crate::gcra::{Decision, Outcome};
+use crate::decision::{Decision, Outcome};
 use crate::limiter::InsufficientCapacity;
 
 /// How long the head waits before asking again when a rejection carries no retry time.
@@ -195,7 +195,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gcra::Gcra;
+    use crate::algo::gcra::Gcra;
     use std::collections::BTreeMap;
     use std::pin::pin;
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -20,15 +20,16 @@
 //!
 //! [`decide`] runs them all or nothing over a policy.
 
+pub(crate) mod gcra;
 mod window;
 
 use std::collections::VecDeque;
 
-use crate::gcra::{
-    moved_back, slice_back, Decision, Gcra, Outcome, QuotaState, Reservation, MAX_QUOTAS,
-};
+use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use crate::warmup::{WarmGcra, WarmState, WarmStep};
 
+pub(crate) use gcra::Gcra;
+use gcra::{moved_back, slice_back};
 pub(crate) use window::Window;
 
 /// The state of one quota of one key: two words, zero when never seen.
@@ -120,12 +121,12 @@ impl Rule {
     pub(crate) fn step(&self, words: Words, log: &Log, now: u64, cost: u32) -> Step {
         match self {
             Rule::Gcra(g) => match g.step(words[0], now, cost) {
-                crate::gcra::Step::Allow { new_tat } => Step::Allow {
+                gcra::Step::Allow { new_tat } => Step::Allow {
                     words: [new_tat, 0],
                     spot: [words[0].max(now), new_tat],
                 },
-                crate::gcra::Step::Deny { retry_after } => Step::Deny { retry_after },
-                crate::gcra::Step::Never => Step::Never,
+                gcra::Step::Deny { retry_after } => Step::Deny { retry_after },
+                gcra::Step::Never => Step::Never,
             },
             Rule::FixedWindow(w) => w.fixed_step(words, now, cost),
             Rule::SlidingLog(w) => w.log_step(log, now, cost),
@@ -398,6 +399,65 @@ impl KeyState {
         if let Some(time) = log {
             self.log.give_back(time, u64::from(units));
         }
+    }
+}
+
+impl Decision {
+    /// A decision made by a store's failure policy: admitted (fail open) or limited for
+    /// `retry_after` nanoseconds (fail closed), with no knowledge of the key's state.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn degraded(rules: &[Rule], allowed: bool, retry_after: u64) -> Decision {
+        let outcome = if allowed {
+            Outcome::Allowed
+        } else {
+            Outcome::Limited
+        };
+        let retry_after = if allowed { 0 } else { retry_after };
+        Decision::spent(rules, outcome, retry_after).made_degraded()
+    }
+
+    /// A new key turned away because the store tracks as many keys as it may and all of them
+    /// are active: limited for `retry_after` nanoseconds (until the first tracked key goes
+    /// idle, when a new key is admitted), every quota reported spent.
+    pub(crate) fn store_full(rules: &[Rule], retry_after: u64) -> Decision {
+        Decision::spent(rules, Outcome::Limited, retry_after).made_full()
+    }
+
+    /// Every quota reported spent, as when nothing is known of the key's state.
+    fn spent(rules: &[Rule], outcome: Outcome, retry_after: u64) -> Decision {
+        let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+        for (q, r) in quotas.iter_mut().zip(rules) {
+            *q = r.spent();
+        }
+        Decision::new(
+            outcome,
+            retry_after,
+            quotas,
+            rules.len(),
+            Reservation::none(),
+        )
+    }
+
+    /// The decision for a request of a key banned for `left` more nanoseconds, on quotas
+    /// `rules`: nothing remaining on any quota, and no quota back before the ban ends.
+    pub(crate) fn banned(rules: &[Rule], left: u64) -> Decision {
+        let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+        for (q, r) in quotas.iter_mut().zip(rules) {
+            *q = match r {
+                Rule::Gcra(g) => QuotaState::ahead_by(g, left.max(g.tolerance)),
+                _ => {
+                    let reset = r.spent().reset_after_nanos().max(left);
+                    QuotaState::counted(r.limit(), 0, reset)
+                }
+            };
+        }
+        Decision::new(
+            Outcome::Banned,
+            left,
+            quotas,
+            rules.len(),
+            Reservation::none(),
+        )
     }
 }
 

@@ -33,7 +33,7 @@
 //! ```
 
 use super::{Log, Step, Words};
-use crate::gcra::QuotaState;
+use crate::decision::QuotaState;
 
 /// A window quota: at most `limit` per `width` nanoseconds.
 ///

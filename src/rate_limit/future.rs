@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use super::shared::Answers;
 use super::store::{Answer, Backend, Refunding, Settling};
-use crate::gcra::{Decision, Reservation};
+use crate::decision::{Decision, Reservation};
 use crate::response;
 
 use crate::headers::{append_fields, Legacy};

@@ -2,8 +2,8 @@
 
 use std::borrow::Cow;
 
+use crate::decision::MAX_QUOTAS;
 use crate::error::ConfigError;
-use crate::gcra::MAX_QUOTAS;
 use crate::headers::{self, PolicyHeaders};
 use crate::quota::Quota;
 

@@ -44,13 +44,13 @@ where
         let shared = &*self.shared;
         let (tier, key, cost) = match shared.prepare(&RequestHead::new(&req)) {
             Prepared::Pass => {
-                crate::gcra::record_unlimited(req.extensions_mut());
+                crate::decision::record_unlimited(req.extensions_mut());
                 return ResponseFuture::inner(self.inner.call(req), None, None);
             }
             Prepared::Reject(resp) => return ResponseFuture::ready(resp),
             Prepared::Shadow(rejection) => {
                 rejection.record(req.extensions_mut());
-                crate::gcra::record_unlimited(req.extensions_mut());
+                crate::decision::record_unlimited(req.extensions_mut());
                 return ResponseFuture::inner(self.inner.call(req), None, None);
             }
             Prepared::Decide { tier, key, cost } => (tier, key, cost),

@@ -162,7 +162,7 @@ mod tests {
 
     use proptest::prelude::*;
 
-    use crate::gcra::Reservation;
+    use crate::decision::Reservation;
     use crate::{Clock, Quota, RateLimiter};
 
     /// The reference: each quota's theoretical arrival time in whole milliseconds, decided

@@ -12,7 +12,7 @@ use super::future::{RateHeaders, Settle, Taken};
 use super::policy::Policy;
 use super::settle::SettleRule;
 use crate::algo::Rule;
-use crate::gcra::{Decision, Outcome, Reservation};
+use crate::decision::{Decision, Outcome, Reservation};
 use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
@@ -354,7 +354,7 @@ impl Answers {
                 Verdict::Allowed
             };
             tier.meter.count(verdict, None);
-            crate::gcra::record_admitted(req.extensions_mut(), decision);
+            crate::decision::record_admitted(req.extensions_mut(), decision);
             return Ok(headers);
         }
         self.rejected(tier, decision, cost, key, req, headers)
@@ -408,7 +408,7 @@ impl Answers {
         if dry_run {
             let r = DryRunRejection::new(&tier.names, quota, kind, status, retry_after);
             r.record(req.extensions_mut());
-            crate::gcra::record_admitted(req.extensions_mut(), decision);
+            crate::decision::record_admitted(req.extensions_mut(), decision);
             return Ok(headers);
         }
         let mut resp = response::respond(

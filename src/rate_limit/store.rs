@@ -9,8 +9,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crate::clock::Clock;
+use crate::decision::{Decision, Reservation};
 use crate::error::ConfigError;
-use crate::gcra::{Decision, Reservation};
 use crate::limiter::{RateLimiter, DEFAULT_MAX_KEYS};
 use crate::penalty::{Penalties, PenaltyBox};
 use crate::quota::Quota;

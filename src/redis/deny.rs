@@ -24,7 +24,8 @@
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::gcra::{self, Decision, Gcra, Outcome, MAX_QUOTAS};
+use crate::algo::gcra::{self, Gcra};
+use crate::decision::{Decision, Outcome, MAX_QUOTAS};
 use crate::keyed::{Absent, OnFull, Table};
 
 #[derive(Debug, Clone, Copy)]

@@ -47,8 +47,9 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::algo::gcra::{self, Gcra};
+use crate::decision::{Decision, Outcome, Reservation, MAX_QUOTAS};
 use crate::error::ConfigError;
-use crate::gcra::{self, Decision, Gcra, MAX_QUOTAS};
 use crate::keyed::{Absent, OnFull, Table};
 
 /// Leases of a hot key's quota, taken from Redis in batches and handed out locally.
@@ -176,10 +177,10 @@ impl Held {
     /// come from both takes as much time as its parts, from the start of the first (never
     /// later than they lie, so that a refund gives back no more than still counts). A batch
     /// whose slices are not known gives a reservation of the cost alone.
-    fn hand_out(&mut self, units: u32, n: usize, cost: u32) -> gcra::Reservation {
-        let mut taken = gcra::Reservation::none();
+    fn hand_out(&mut self, units: u32, n: usize, cost: u32) -> Reservation {
+        let mut taken = Reservation::none();
         taken.cost = cost;
-        let known = self.slices != gcra::Reservation::none().spots && self.taken > 0;
+        let known = self.slices != Reservation::none().spots && self.taken > 0;
         let carried = self.carried.min(units);
         let from_carried = cost.min(carried);
         let from_batch = cost - from_carried;
@@ -200,9 +201,9 @@ impl Held {
         }
         self.carried = carried - from_carried;
         if !known {
-            return gcra::Reservation {
+            return Reservation {
                 cost,
-                ..gcra::Reservation::none()
+                ..Reservation::none()
             };
         }
         taken
@@ -465,7 +466,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                     // (tired of waiting) leaves a batch still on its way pending.
                     h.pending_until = 0;
                 }
-                h.new_batch(gcras.len(), batch, gcra::Reservation::of(d, batch).spots);
+                h.new_batch(gcras.len(), batch, Reservation::of(d, batch).spots);
                 h.units = h.units.saturating_add(kept);
                 h.forget_at = h.until.saturating_add(hold);
                 h.since = sent_at;
@@ -634,7 +635,7 @@ fn local_decision(
     } else {
         // Only when the times the instance knows are behind what it holds (answers that
         // crossed): the units are real, so the request is admitted with the state known.
-        Decision::from_store(gcra::Outcome::Allowed, 0, d.states())
+        Decision::from_store(Outcome::Allowed, 0, d.states())
     }
 }
 

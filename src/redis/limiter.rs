@@ -17,10 +17,11 @@ use super::lease::Leases;
 use super::store::{
     Arg, FailMode, Failure, RedisStore, Share, GCRA_ONLY, RETRY_WHEN_UNAVAILABLE, SCRIPT,
 };
+use crate::algo::gcra::Gcra;
 use crate::algo::{Rule, Window};
 use crate::clock::Clock;
+use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use crate::error::ConfigError;
-use crate::gcra::{Decision, Gcra, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use crate::limiter::{InsufficientCapacity, RateLimiter};
 use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;

@@ -698,7 +698,7 @@ where
     fn refund(
         limiter: &Self::Limiter,
         key: K,
-        taken: crate::gcra::Reservation,
+        taken: crate::decision::Reservation,
         local: bool,
     ) -> Option<crate::rate_limit::Refunding> {
         if local {
@@ -714,7 +714,7 @@ where
     fn settle(
         limiter: &Self::Limiter,
         key: K,
-        taken: crate::gcra::Reservation,
+        taken: crate::decision::Reservation,
         actual: u32,
         local: bool,
     ) -> crate::rate_limit::Answer<crate::rate_limit::Settling> {

@@ -13,9 +13,10 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use crate::algo::gcra::{self, Gcra};
 use crate::algo::{self, KeyState, Rule};
 use crate::clock::Clock;
-use crate::gcra::{self, Decision, Gcra, Reservation, MAX_QUOTAS};
+use crate::decision::{Decision, Reservation, MAX_QUOTAS};
 pub use crate::keyed::OnFull;
 use crate::keyed::{Absent, Table};
 
@@ -552,7 +553,7 @@ mod tests {
                     2 => store.charge(&key, &rules, &clock, now, cost * 5),
                     _ => {
                         let d = store.decide(&key, &rules, &clock, now, cost);
-                        let taken = crate::gcra::Reservation::of(&d, cost);
+                        let taken = crate::decision::Reservation::of(&d, cost);
                         store.refund(&key, &rules, now, &taken, cost)
                     }
                 }

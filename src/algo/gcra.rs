@@ -1,0 +1,232 @@
+//! The GCRA decision: a pure function of numbers, with no clock, no storage and no I/O.
+//!
+//! Times are nanoseconds on one monotonic axis chosen by the caller. A stored theoretical
+//! arrival time (`tat`) of `0`, or any `tat <= now`, is the state of an idle key: evicting such
+//! an entry changes no decision.
+//!
+//! For a request of cost `c`:
+//!
+//! ```text
+//! base    = max(tat, now)
+//! new_tat = base + c*T
+//! allow   = new_tat - now <= tau      (tau = burst * T)
+//! ```
+//!
+//! An allowed request stores `new_tat`; a rejected one stores nothing. With several quotas on
+//! one key the request is allowed only if every quota allows it, and then all of them store.
+
+use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
+
+/// One quota reduced to the two numbers the algorithm needs, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Gcra {
+    /// Emission interval `T`.
+    pub(crate) interval: u64,
+    /// Tolerance `tau = burst * T`.
+    pub(crate) tolerance: u64,
+    /// `tau / T`, kept so that no decision divides for it.
+    burst: u64,
+}
+
+/// What one quota says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Admitted; store `new_tat`.
+    Allow { new_tat: u64 },
+    /// Not now; admissible after `retry_after` nanoseconds.
+    Deny { retry_after: u64 },
+    /// The cost is larger than the burst: no amount of waiting helps.
+    Never,
+}
+
+impl Gcra {
+    pub(crate) const fn new(interval: u64, tolerance: u64) -> Self {
+        let interval = if interval == 0 { 1 } else { interval };
+        Gcra {
+            interval,
+            tolerance,
+            burst: tolerance / interval,
+        }
+    }
+
+    /// The burst, in requests.
+    #[inline]
+    pub(crate) fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The time once `cost` is taken at `now` whatever the limit (a cost settled after the
+    /// response): `cost` emission intervals past the later of `tat` and `now`, beyond the
+    /// tolerance if need be, so that the key is in debt and rejected until time pays it off.
+    #[inline]
+    pub(crate) fn charged(&self, tat: u64, now: u64, cost: u32) -> u64 {
+        tat.max(now)
+            .saturating_add(self.interval.saturating_mul(u64::from(cost)))
+    }
+
+    /// Decides a request of `cost` against stored `tat` at `now`.
+    #[inline]
+    pub(crate) fn step(&self, tat: u64, now: u64, cost: u32) -> Step {
+        let inc = self.interval.saturating_mul(u64::from(cost));
+        if inc > self.tolerance {
+            return Step::Never;
+        }
+        let base = if tat > now { tat } else { now };
+        let Some(new_tat) = base.checked_add(inc) else {
+            // Only reachable about 584 years into a clock's life; deny rather than let a
+            // saturated time admit requests for free.
+            return Step::Deny {
+                retry_after: self.interval,
+            };
+        };
+        let ahead = new_tat - now;
+        if ahead <= self.tolerance {
+            Step::Allow { new_tat }
+        } else {
+            Step::Deny {
+                retry_after: ahead - self.tolerance,
+            }
+        }
+    }
+}
+
+impl QuotaState {
+    /// The state of quota `g` for a key whose stored time is `tat`, at `now`.
+    #[inline]
+    pub(crate) fn of(g: &Gcra, tat: u64, now: u64) -> Self {
+        QuotaState::timed(g.interval, g.tolerance, tat.saturating_sub(now))
+    }
+
+    /// The state of quota `g` for a key that may not send anything now: no request remaining,
+    /// and the whole burst period until it is back.
+    pub(crate) fn spent(g: &Gcra) -> Self {
+        QuotaState::timed(g.interval, g.tolerance, g.tolerance)
+    }
+
+    /// The state of quota `g` for a key `ahead` nanoseconds ahead of now.
+    pub(crate) fn ahead_by(g: &Gcra, ahead: u64) -> Self {
+        QuotaState::timed(g.interval, g.tolerance, ahead)
+    }
+}
+
+/// Decides a request of `cost` against every quota at once, all or nothing.
+///
+/// `tats` holds one stored time per quota (`0` for absent); when the request is admitted they
+/// are replaced by the new times, otherwise left alone. Returns the decision (with what an
+/// admission took, see [`Reservation`]) and whether `tats` changed.
+pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (Decision, bool) {
+    debug_assert_eq!(gcras.len(), tats.len());
+    debug_assert!(gcras.len() <= MAX_QUOTAS);
+    let mut outcome = Outcome::Allowed;
+    let mut retry_after = 0;
+    let mut new_tats = [0u64; MAX_QUOTAS];
+    for (i, (g, tat)) in gcras.iter().zip(tats.iter()).enumerate() {
+        match g.step(*tat, now, cost) {
+            Step::Allow { new_tat } => new_tats[i] = new_tat,
+            Step::Deny { retry_after: r } => {
+                if outcome == Outcome::Allowed {
+                    outcome = Outcome::Limited;
+                }
+                retry_after = retry_after.max(r);
+            }
+            Step::Never => outcome = Outcome::Exceeds,
+        }
+    }
+    let allowed = outcome == Outcome::Allowed && cost > 0;
+    let mut taken = Reservation::none();
+    if allowed {
+        taken.cost = cost;
+        for (i, tat) in tats.iter_mut().enumerate() {
+            taken.spots[i] = [(*tat).max(now), new_tats[i]];
+            *tat = new_tats[i];
+        }
+    }
+    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+    for (i, (g, &tat)) in gcras.iter().zip(tats.iter()).enumerate() {
+        quotas[i] = QuotaState::of(g, tat, now);
+    }
+    let decision = Decision::new(outcome, retry_after, quotas, gcras.len(), taken);
+    (decision, allowed)
+}
+
+/// The single-quota case, on one word: returns the decision and the new time to store when
+/// admitted.
+#[inline]
+pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, Option<u64>) {
+    let step = step_one(g, tat, now, cost);
+    (decision_one(g, tat, now, cost, step), step.2)
+}
+
+/// The step of [`decide_one`] alone: the outcome, the retry time and the new time to store
+/// when admitted. A compare-and-swap loop retries this, and builds the decision (larger)
+/// once, with [`decision_one`].
+#[inline]
+pub(crate) fn step_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Outcome, u64, Option<u64>) {
+    match g.step(tat, now, cost) {
+        Step::Allow { new_tat } if cost > 0 => (Outcome::Allowed, 0, Some(new_tat)),
+        Step::Allow { .. } => (Outcome::Allowed, 0, None),
+        Step::Deny { retry_after } => (Outcome::Limited, retry_after, None),
+        Step::Never => (Outcome::Exceeds, 0, None),
+    }
+}
+
+/// The decision of [`step_one`]'s `step` for a key whose stored time was `tat`.
+#[inline]
+pub(crate) fn decision_one(
+    g: &Gcra,
+    tat: u64,
+    now: u64,
+    cost: u32,
+    step: (Outcome, u64, Option<u64>),
+) -> Decision {
+    let (outcome, retry_after, stored) = step;
+    let mut taken = Reservation::none();
+    if let Some(new_tat) = stored {
+        taken.cost = cost;
+        taken.spots[0] = [tat.max(now), new_tat];
+    }
+    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+    quotas[0] = QuotaState::of(g, stored.unwrap_or(tat), now);
+    Decision::new(outcome, retry_after, quotas, 1, taken)
+}
+
+/// The slice `[start, end)` a request of `cost` added to a quota's time, once `units` of it
+/// are given back at `now` from its end: how far the time moves back. Only the part of the
+/// slice still ahead of `now` counts; the rest has come back on its own.
+///
+/// The part of `units` is `units / cost` of the slice, rounded down in whole `unit`s of
+/// time (a warm-up quota's curve counts microseconds, as Redis does) and exactly below.
+#[inline]
+pub(crate) fn slice_back(spot: [u64; 2], cost: u32, units: u32, now: u64, unit: u64) -> u64 {
+    let [start, end] = spot;
+    if cost == 0 || end <= now {
+        return 0;
+    }
+    let (units, cost, unit) = (
+        u128::from(units.min(cost)),
+        u128::from(cost),
+        u128::from(unit.max(1)),
+    );
+    let len = u128::from(end.saturating_sub(start));
+    let part = (len / unit * units / cost) * unit + (len % unit) * units / cost;
+    end - end.saturating_sub(part as u64).max(now)
+}
+
+/// A quota's time `tat` once a slice is given back at `now` (see [`slice_back`]): `back`
+/// earlier, never before `now`; a time already past stays.
+#[inline]
+pub(crate) fn moved_back(tat: u64, back: u64, now: u64) -> u64 {
+    if tat <= now || back == 0 {
+        return tat;
+    }
+    tat.saturating_sub(back).max(now)
+}
+
+/// A quota's time once `units` of the request that took `spot` (its slice of time, of a
+/// request of `cost`) are given back at `now`: the end part of its own slice that is still
+/// ahead of now comes off, never moving the time before `now`; the part already behind now
+/// has come back on its own.
+#[inline]
+pub(crate) fn refunded(tat: u64, now: u64, spot: [u64; 2], cost: u32, units: u32) -> u64 {
+    moved_back(tat, slice_back(spot, cost, units, now, 1), now)
+}
