@@ -126,7 +126,7 @@ pub enum ConfigError {
     /// queue on a layer that rejects at once, say); the setting named cannot change.
     NotChangeable(&'static str),
     /// A warm-up period was zero or longer than
-    /// [`MAX_WARM_UP_PERIOD`](crate::warmup::MAX_WARM_UP_PERIOD).
+    /// [`MAX_WARM_UP_PERIOD`](crate::quota::MAX_WARM_UP_PERIOD).
     InvalidWarmUpPeriod(Duration),
     /// A warm-up cold factor was zero: a cold key runs at `rate / cold_factor`, at least 1.
     InvalidColdFactor(u32),
@@ -250,8 +250,8 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::InvalidWarmUpPeriod(period) => write!(
                 f,
-                "warm-up period {period:?} must be longer than zero and at most {:?}",
-                crate::warmup::MAX_WARM_UP_PERIOD
+                "warm-up period {period:?} must be longer than zero and at most \
+                 1152921504.606846976s"
             ),
             ConfigError::InvalidColdFactor(factor) => {
                 write!(f, "warm-up cold factor {factor} must be at least 1")

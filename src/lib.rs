@@ -208,7 +208,12 @@ pub mod store;
 pub mod stream;
 
 mod wait;
-pub mod warmup;
+/// Former home of the warm-up settings, kept while their paths move: use
+/// [`quota::WarmUp`] and [`quota::MAX_WARM_UP_PERIOD`].
+#[doc(hidden)]
+pub mod warmup {
+    pub use crate::quota::{WarmUp, MAX_WARM_UP_PERIOD};
+}
 
 #[cfg(feature = "axum")]
 mod axum_support;

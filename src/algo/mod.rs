@@ -21,12 +21,13 @@
 //! [`decide`] runs them all or nothing over a policy.
 
 pub(crate) mod gcra;
+pub(crate) mod warmup;
 mod window;
 
 use std::collections::VecDeque;
 
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
-use crate::warmup::{WarmGcra, WarmState, WarmStep};
+use warmup::{WarmGcra, WarmState, WarmStep};
 
 pub(crate) use gcra::Gcra;
 use gcra::{moved_back, slice_back};
@@ -54,7 +55,7 @@ pub(crate) enum Rule {
     FixedWindow(Window),
     SlidingLog(Window),
     SlidingWindow(Window),
-    /// GCRA with warm-up: words `[tat, deficit]` (see [`crate::warmup`]).
+    /// GCRA with warm-up: words `[tat, deficit]` (see [`warmup`]).
     WarmUp(WarmGcra),
 }
 

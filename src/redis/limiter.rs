@@ -18,6 +18,7 @@ use super::store::{
     Arg, FailMode, Failure, RedisStore, Share, GCRA_ONLY, RETRY_WHEN_UNAVAILABLE, SCRIPT,
 };
 use crate::algo::gcra::Gcra;
+use crate::algo::warmup::{Curve, WarmGcra};
 use crate::algo::{Rule, Window};
 use crate::clock::Clock;
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
@@ -26,7 +27,6 @@ use crate::limiter::{InsufficientCapacity, RateLimiter};
 use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
 use crate::wait::Lines;
-use crate::warmup::{Curve, WarmGcra};
 
 const MICRO: u64 = 1_000;
 

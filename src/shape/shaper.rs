@@ -19,7 +19,7 @@ use crate::error::ConfigError;
 use crate::keyed::{Absent, Entry, OnFull, Table};
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::quota::Quota;
-use crate::warmup::WarmUp;
+use crate::quota::WarmUp;
 
 /// How late a departure may be and still be caught up. It covers tokio's 1 ms timer ticks
 /// and a busy runtime's scheduling delays (several ms on a loaded machine); a schedule that
@@ -181,7 +181,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
     /// Makes a key's queue drain slowly after idleness: the first departures are spaced
     /// `cold_factor` times wider than the quota's interval, and the spacing narrows to the
     /// interval over `period` of steady departures (Sentinel's warm-up with queue). The
-    /// spacing follows the same curve as a warm-up quota; see [`crate::warmup`] for the
+    /// spacing follows the same curve as a warm-up quota; see [`WarmUp`] for the
     /// formula. A key that stays idle cools down again over `period`.
     ///
     /// ```

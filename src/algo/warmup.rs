@@ -1,78 +1,5 @@
-//! Warm-up: after idleness, a key's admitted rate starts low and rises to the quota's rate.
-//!
-//! A service that has been idle (cold caches, cold connection pools, a JIT that has not
-//! compiled the hot path yet) cannot take its full rate at once. With [`WarmUp`], a quota
-//! admits `rate / cold_factor` right after idleness and climbs to `rate` over the warm-up
-//! period, the way Guava's `SmoothWarmingUp` rate limiter (and Sentinel's warm-up control)
-//! define it. The same curve spaces out the departures of a [`Shaper`](crate::shape::Shaper)
-//! queue (Sentinel's "warm-up with queue").
-//!
-//! # The model
-//!
-//! Write `T` for the quota's emission interval (`period / count`), `W` for the warm-up period
-//! and `f` for the cold factor. Each key keeps, besides its theoretical arrival time `tat`, a
-//! number of *stored permits*. Stored permits accumulate while the key is idle (`now > tat`)
-//! and are spent by requests; the more the key has stored, the colder it is and the more a
-//! request costs:
-//!
-//! ```text
-//!   cost of one
-//!   request
-//!     f·T  +                 /      cold
-//!          |               / |
-//!          |             /   |     the area of the trapezoid between
-//!          |           /     |     `threshold` and `max` is W
-//!       T  +---------/       |
-//!          |  stable |  warm |
-//!        0 +---------+-------+---> stored permits
-//!          0     threshold  max
-//! ```
-//!
-//! * `threshold = W / (2T)` permits; `max = threshold + 2W / (T + f·T)` permits.
-//! * A permit taken when `x` permits are stored above `threshold` costs
-//!   `T + x · slope`, with `slope = (f·T − T) / (max − threshold)`. Below the threshold a
-//!   permit costs `T`, exactly like a request of plain GCRA.
-//! * Taking `k` permits from `a` stored above the threshold costs the area under that line:
-//!   `k·T + slope · (a² − (a − k)²) / 2`. Spending the whole warm zone (from `max` down to
-//!   `threshold`) costs exactly `W`: a key that is sent requests as fast as it admits them
-//!   goes from cold to warm in `W`.
-//! * An idle key gains `max / W` permits per second (so it goes from warm to fully cold in
-//!   `W`), up to `max`. A key never seen is fully cold.
-//!
-//! A request of cost `c` at `now` is then decided like GCRA, except for what it costs:
-//!
-//! ```text
-//! if tat < now:  stored = min(max, stored + (now − tat) · max / W);  base = now
-//! else:          base = tat
-//! allow    = base + c·T − now <= tau               (exactly plain GCRA's test)
-//! spent    = min(c, stored)                        (only when allowed)
-//! new_tat  = base + c·T + slope · (a² − (a − min(a, spent))²) / 2,  a = stored − threshold
-//! stored   = stored − spent
-//! ```
-//!
-//! A request is admitted exactly when plain GCRA would admit it; the warm-up surcharge moves
-//! `tat` further ahead, so the requests *after* it wait longer. That is how Guava charges too
-//! (a request pays for the one before it), so with burst 1 the spacing of admitted requests is
-//! Guava's `acquire()` wait, request for request. With a larger burst an idle key still admits a
-//! short burst, smaller than when warm, since every cold request uses up more of the
-//! tolerance.
-//!
-//! With `f = 1` the surcharge is zero: the quota behaves exactly like plain GCRA.
-//!
-//! The `RateLimit` header field reports `r` as the requests of cost 1 that would be admitted
-//! one after another now (fewer than the burst while the key is cold) and `t` as the time
-//! until the key's backlog is clear (`tat − now`): from then on a request is admitted at
-//! once. It is not a time until "full": an idle key grows colder, not fuller.
-//!
-//! # Guava's example
-//!
-//! `RateLimiter.create(2, 3, SECONDS)` (Guava's cold factor is always 3): `T = 0.5 s`,
-//! `threshold = 3`, `max = 6` permits, `slope = 1/3 s` per permit. The cost line is at
-//! 1.5 s, 1.167 s, 0.833 s and 0.5 s when 6, 5, 4 and 3 permits are stored; a request takes
-//! one permit and pays the area of its strip, the mean of the two ends: 1.333 s, 1 s,
-//! 0.667 s, then 0.5 s for every later one. Guava's `acquire()` returns these waits
-//! (0, 1.333, 1, 0.667, 0.5, …), and so does this crate (`tests` in this module pin them to
-//! the nanosecond).
+//! The warm-up curve of a [`WarmUp`](crate::quota::WarmUp) quota, in exact integers: the model
+//! as the user sees it is written out on `WarmUp`; here is how it is computed.
 //!
 //! # Exact integers
 //!
@@ -98,92 +25,6 @@
 //! `2·(f + 1)` units per admitted request of the real-valued model, and the two differ only
 //! on requests that arrive within that margin of the boundary. Property tests check this
 //! against an independent floating-point reading of Guava's model.
-
-use std::fmt;
-use std::time::Duration;
-
-use crate::error::ConfigError;
-
-/// The longest warm-up period: 2^60 ns, about 36 years. Longer ones are refused, so that every
-/// product the Redis script computes stays exact.
-pub const MAX_WARM_UP_PERIOD: Duration = Duration::from_nanos(1 << 60);
-
-/// How a quota warms up after idleness: over `period`, from `rate / cold_factor` to the
-/// quota's rate. See the [module docs](self) for the exact model.
-///
-/// ```
-/// use std::time::Duration;
-/// use tollgate::warmup::WarmUp;
-///
-/// let w = WarmUp::new(Duration::from_secs(3), 3);
-/// assert_eq!(w.cold_factor(), 3);
-/// assert!(WarmUp::try_new(Duration::ZERO, 3).is_err());
-/// assert!(WarmUp::try_new(Duration::from_secs(3), 0).is_err());
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct WarmUp {
-    period: Duration,
-    cold_factor: u32,
-}
-
-impl WarmUp {
-    /// Warm-up over `period`, starting at `rate / cold_factor`.
-    ///
-    /// # Panics
-    /// When `period` is zero or longer than [`MAX_WARM_UP_PERIOD`], or `cold_factor` is zero;
-    /// use [`WarmUp::try_new`] for values from configuration.
-    #[track_caller]
-    #[must_use]
-    pub fn new(period: Duration, cold_factor: u32) -> Self {
-        match Self::try_new(period, cold_factor) {
-            Ok(w) => w,
-            Err(e) => panic!("tollgate: {e}"),
-        }
-    }
-
-    /// Warm-up over `period`, starting at `rate / cold_factor`, or why it cannot work.
-    pub fn try_new(period: Duration, cold_factor: u32) -> Result<Self, ConfigError> {
-        if period.is_zero() || period > MAX_WARM_UP_PERIOD {
-            return Err(ConfigError::InvalidWarmUpPeriod(period));
-        }
-        if cold_factor == 0 {
-            return Err(ConfigError::InvalidColdFactor(cold_factor));
-        }
-        Ok(WarmUp {
-            period,
-            cold_factor,
-        })
-    }
-
-    /// How long a key sent requests as fast as it admits them takes to go from cold to its
-    /// full rate (and an idle key from warm to fully cold).
-    pub fn period(&self) -> Duration {
-        self.period
-    }
-
-    /// How much slower than the quota's rate a fully cold key starts.
-    pub fn cold_factor(&self) -> u32 {
-        self.cold_factor
-    }
-
-    /// The curve for emission interval `interval` (ns), computed in units of `unit` (1 µs for
-    /// quotas, 1 ns for shapers).
-    pub(crate) fn curve(&self, interval: u64, unit: Duration) -> Curve {
-        // At most 2^60 ns: validated at construction.
-        let period = self.period.as_nanos() as u64;
-        Curve::new(interval, period, self.cold_factor, unit.as_nanos() as u64)
-    }
-}
-
-impl fmt::Display for WarmUp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "warm-up over {:?} from 1/{} of the rate",
-            self.period, self.cold_factor
-        )
-    }
-}
 
 /// `⌊x · y / d⌋` in 128 bits (`d > 0`); saturates at `u64::MAX`.
 #[inline]
@@ -461,6 +302,7 @@ impl WarmGcra {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quota::MAX_WARM_UP_PERIOD;
 
     const MS: u64 = 1_000_000;
     const S: u64 = 1_000_000_000;
@@ -712,14 +554,6 @@ mod tests {
                 let _ = c.price(d, u64::from(u32::MAX));
             }
         }
-    }
-
-    #[test]
-    fn validation_refuses_what_cannot_work() {
-        assert!(WarmUp::try_new(Duration::ZERO, 3).is_err());
-        assert!(WarmUp::try_new(Duration::from_secs(1), 0).is_err());
-        assert!(WarmUp::try_new(MAX_WARM_UP_PERIOD, 1).is_ok());
-        assert!(WarmUp::try_new(MAX_WARM_UP_PERIOD + Duration::from_nanos(1), 1).is_err());
     }
 }
 
