@@ -15,6 +15,7 @@
 //! An allowed request stores `new_tat`; a rejected one stores nothing. With several quotas on
 //! one key the request is allowed only if every quota allows it, and then all of them store.
 
+use super::step::{all_or_nothing, Step};
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 
 /// One quota reduced to the two numbers the algorithm needs, in nanoseconds.
@@ -26,17 +27,6 @@ pub(crate) struct Gcra {
     pub(crate) tolerance: u64,
     /// `tau / T`, kept so that no decision divides for it.
     burst: u64,
-}
-
-/// What one quota says about one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Step {
-    /// Admitted; store `new_tat`.
-    Allow { new_tat: u64 },
-    /// Not now; admissible after `retry_after` nanoseconds.
-    Deny { retry_after: u64 },
-    /// The cost is larger than the burst: no amount of waiting helps.
-    Never,
 }
 
 impl Gcra {
@@ -81,7 +71,10 @@ impl Gcra {
         };
         let ahead = new_tat - now;
         if ahead <= self.tolerance {
-            Step::Allow { new_tat }
+            Step::Allow {
+                words: [new_tat, 0],
+                spot: [base, new_tat],
+            }
         } else {
             Step::Deny {
                 retry_after: ahead - self.tolerance,
@@ -116,36 +109,22 @@ impl QuotaState {
 /// admission took, see [`Reservation`]) and whether `tats` changed.
 pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (Decision, bool) {
     debug_assert_eq!(gcras.len(), tats.len());
-    debug_assert!(gcras.len() <= MAX_QUOTAS);
-    let mut outcome = Outcome::Allowed;
-    let mut retry_after = 0;
-    let mut new_tats = [0u64; MAX_QUOTAS];
-    for (i, (g, tat)) in gcras.iter().zip(tats.iter()).enumerate() {
-        match g.step(*tat, now, cost) {
-            Step::Allow { new_tat } => new_tats[i] = new_tat,
-            Step::Deny { retry_after: r } => {
-                if outcome == Outcome::Allowed {
-                    outcome = Outcome::Limited;
-                }
-                retry_after = retry_after.max(r);
-            }
-            Step::Never => outcome = Outcome::Exceeds,
-        }
-    }
-    let allowed = outcome == Outcome::Allowed && cost > 0;
+    let n = gcras.len().min(tats.len());
+    let v = all_or_nothing(n, |i| gcras[i].step(tats[i], now, cost));
+    let allowed = v.outcome == Outcome::Allowed && cost > 0;
     let mut taken = Reservation::none();
     if allowed {
         taken.cost = cost;
-        for (i, tat) in tats.iter_mut().enumerate() {
-            taken.spots[i] = [(*tat).max(now), new_tats[i]];
-            *tat = new_tats[i];
+        taken.spots = v.spots;
+        for (tat, words) in tats.iter_mut().zip(&v.words) {
+            *tat = words[0];
         }
     }
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
     for (i, (g, &tat)) in gcras.iter().zip(tats.iter()).enumerate() {
         quotas[i] = QuotaState::of(g, tat, now);
     }
-    let decision = Decision::new(outcome, retry_after, quotas, gcras.len(), taken);
+    let decision = Decision::new(v.outcome, v.retry_after, quotas, n, taken);
     (decision, allowed)
 }
 
@@ -163,7 +142,7 @@ pub(crate) fn decide_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Decision, 
 #[inline]
 pub(crate) fn step_one(g: &Gcra, tat: u64, now: u64, cost: u32) -> (Outcome, u64, Option<u64>) {
     match g.step(tat, now, cost) {
-        Step::Allow { new_tat } if cost > 0 => (Outcome::Allowed, 0, Some(new_tat)),
+        Step::Allow { words, .. } if cost > 0 => (Outcome::Allowed, 0, Some(words[0])),
         Step::Allow { .. } => (Outcome::Allowed, 0, None),
         Step::Deny { retry_after } => (Outcome::Limited, retry_after, None),
         Step::Never => (Outcome::Exceeds, 0, None),

@@ -21,32 +21,19 @@
 //! [`decide`] runs them all or nothing over a policy.
 
 pub(crate) mod gcra;
+mod log;
+mod step;
 pub(crate) mod warmup;
 mod window;
 
-use std::collections::VecDeque;
-
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
-use warmup::{WarmGcra, WarmState, WarmStep};
+use warmup::{WarmGcra, WarmState};
 
 pub(crate) use gcra::Gcra;
 use gcra::{moved_back, slice_back};
+pub(crate) use log::Log;
+pub(crate) use step::{all_or_nothing, Step, Words};
 pub(crate) use window::Window;
-
-/// The state of one quota of one key: two words, zero when never seen.
-pub(crate) type Words = [u64; 2];
-
-/// What one quota says about one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Step {
-    /// Admitted; store `words` (a log quota also appends the request to the log); the cost
-    /// lands at `spot` (see [`Reservation`]).
-    Allow { words: Words, spot: Words },
-    /// Not now; admissible after `retry_after` nanoseconds.
-    Deny { retry_after: u64 },
-    /// The cost is larger than the quota's limit: no amount of waiting helps.
-    Never,
-}
 
 /// One quota, reduced to the numbers its kind needs, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,25 +108,11 @@ impl Rule {
     #[inline]
     pub(crate) fn step(&self, words: Words, log: &Log, now: u64, cost: u32) -> Step {
         match self {
-            Rule::Gcra(g) => match g.step(words[0], now, cost) {
-                gcra::Step::Allow { new_tat } => Step::Allow {
-                    words: [new_tat, 0],
-                    spot: [words[0].max(now), new_tat],
-                },
-                gcra::Step::Deny { retry_after } => Step::Deny { retry_after },
-                gcra::Step::Never => Step::Never,
-            },
+            Rule::Gcra(g) => g.step(words[0], now, cost),
             Rule::FixedWindow(w) => w.fixed_step(words, now, cost),
             Rule::SlidingLog(w) => w.log_step(log, now, cost),
             Rule::SlidingWindow(w) => w.counter_step(words, now, cost),
-            Rule::WarmUp(g) => match g.step(warm(words), now, cost) {
-                WarmStep::Allow(s) => Step::Allow {
-                    words: [s.tat, s.deficit],
-                    spot: [words[0].max(now), s.tat],
-                },
-                WarmStep::Deny { retry_after } => Step::Deny { retry_after },
-                WarmStep::Never => Step::Never,
-            },
+            Rule::WarmUp(g) => g.step(warm(words), now, cost),
         }
     }
 
@@ -227,126 +200,6 @@ impl Rule {
     }
 }
 
-/// A key's admitted requests, oldest first: one entry per request (or settled charge), with
-/// its time and the running total of costs through it; kept as long as the longest
-/// sliding-log window of the policy. A log of `n` entries holds `16 n` bytes in its buffer,
-/// which is never more than four times what it holds (and at least 16 entries).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Log {
-    /// `(time, running total of costs through this entry)`, times in order.
-    entries: VecDeque<(u64, u64)>,
-    /// The running total before the first entry.
-    base: u64,
-}
-
-impl Log {
-    /// The first entry still inside a window of `width` at `now` (times `t` with
-    /// `t + width > now`, and after `gone`: see [`Window::replacing`]), and the cost those
-    /// entries hold.
-    #[inline]
-    pub(crate) fn in_window(&self, now: u64, width: u64, gone: u64) -> (usize, u64) {
-        let first = self
-            .entries
-            .partition_point(|&(t, _)| t.saturating_add(width) <= now || (gone > 0 && t <= gone));
-        (first, self.total() - self.before(first))
-    }
-
-    /// The running total before entry `i`.
-    #[inline]
-    fn before(&self, i: usize) -> u64 {
-        match i.checked_sub(1) {
-            Some(j) => self.entries[j].1,
-            None => self.base,
-        }
-    }
-
-    #[inline]
-    fn total(&self) -> u64 {
-        self.entries.back().map_or(self.base, |e| e.1)
-    }
-
-    /// The time of the entry, from `first` on, at which the cost counted from `first`
-    /// reaches `units`.
-    pub(crate) fn reaching(&self, first: usize, units: u64) -> Option<u64> {
-        let goal = self.before(first).saturating_add(units);
-        let i = self.entries.partition_point(|&(_, c)| c < goal);
-        self.entries.get(i).map(|e| e.0)
-    }
-
-    pub(crate) fn newest(&self) -> Option<u64> {
-        self.entries.back().map(|e| e.0)
-    }
-
-    /// The time a request admitted at `now` is recorded at. A time earlier than the newest
-    /// entry (a reading of the clock taken before another thread's decision) is recorded as
-    /// the newest: later, never earlier, so the log stays sorted and never admits more than
-    /// it should.
-    #[inline]
-    fn time_of(&self, now: u64) -> u64 {
-        self.newest().map_or(now, |t| t.max(now))
-    }
-
-    /// The number of entries and the entries the buffer has room for.
-    #[cfg(test)]
-    pub(crate) fn sizes(&self) -> (usize, usize) {
-        (self.entries.len(), self.entries.capacity())
-    }
-
-    /// Records a request of `cost` admitted at `now`, after dropping what no window of
-    /// `width` or less can see any more. The buffer grows by doubling, but not past `limit`
-    /// entries (the most requests a window of that count admits) while it holds fewer.
-    fn admit(&mut self, now: u64, cost: u64, width: u64, limit: u64) {
-        self.trim(now, width);
-        if cost == 0 {
-            return;
-        }
-        let len = self.entries.len();
-        if len == self.entries.capacity() {
-            let room = usize::try_from(limit)
-                .unwrap_or(usize::MAX)
-                .saturating_sub(len);
-            self.entries.reserve_exact(len.max(4).min(room.max(1)));
-        }
-        let at = self.time_of(now);
-        let total = self.total().saturating_add(cost);
-        self.entries.push_back((at, total));
-    }
-
-    /// Drops the entries that no window of `width` can see at `now`, and gives memory back
-    /// as the log shrinks: the buffer never has room for more than four times what it holds
-    /// (or 16 entries).
-    fn trim(&mut self, now: u64, width: u64) {
-        let (first, _) = self.in_window(now, width, 0);
-        if first > 0 {
-            self.base = self.entries[first - 1].1;
-            self.entries.drain(..first);
-        }
-        let len = self.entries.len();
-        if self.entries.capacity() > 16 && self.entries.capacity() > 4 * len {
-            self.entries.shrink_to((2 * len).max(16));
-        }
-    }
-
-    /// Gives back `units` of the request recorded at `time`: its own entry loses them (and
-    /// goes once empty); entries of other requests stay. Nothing when no entry has that time
-    /// (it has left every window).
-    fn give_back(&mut self, time: u64, mut units: u64) {
-        let mut i = self.entries.partition_point(|&(t, _)| t <= time);
-        while units > 0 && i > 0 && self.entries[i - 1].0 == time {
-            i -= 1;
-            let own = self.entries[i].1 - self.before(i);
-            let back = own.min(units);
-            units -= back;
-            for e in self.entries.range_mut(i..) {
-                e.1 -= back;
-            }
-            if back == own {
-                self.entries.remove(i);
-            }
-        }
-    }
-}
-
 /// The state of one key under a policy of any kinds.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct KeyState {
@@ -369,15 +222,10 @@ impl KeyState {
     /// would change no decision, and so a key's log holds at most one entry per admitted
     /// request and one per settlement, whatever the costs.
     pub(crate) fn charge(&mut self, rules: &[Rule], now: u64, cost: u32) {
-        let mut log: Option<(u64, u64)> = None;
         for (r, w) in rules.iter().zip(self.words.iter_mut()) {
             *w = r.charge(*w, now, cost);
-            if let Rule::SlidingLog(win) = r {
-                let (width, limit) = log.unwrap_or((0, 0));
-                log = Some((width.max(win.width), limit.max(win.limit)));
-            }
         }
-        if let Some((width, limit)) = log {
+        if let Some((width, limit)) = log_bounds(rules) {
             self.log
                 .admit(now, u64::from(cost).min(limit), width, limit);
         }
@@ -485,6 +333,19 @@ pub(crate) fn widening(old: &[Rule], new: &[Rule], now: u64) -> (u64, u64) {
     (lag, until)
 }
 
+/// The widest window and the largest limit among the sliding-log quotas of `rules`, if any:
+/// how long the shared log keeps its entries, and how many it may need room for.
+fn log_bounds(rules: &[Rule]) -> Option<(u64, u64)> {
+    let mut bounds: Option<(u64, u64)> = None;
+    for r in rules {
+        if let Rule::SlidingLog(w) = r {
+            let (width, limit) = bounds.unwrap_or((0, 0));
+            bounds = Some((width.max(w.width), limit.max(w.limit)));
+        }
+    }
+    bounds
+}
+
 /// Decides a request of `cost` against every quota of `rules` at once, all or nothing, and
 /// updates `state` when it is admitted. Returns the decision (with what an admission took,
 /// see [`Reservation`]) and whether `state` changed.
@@ -494,56 +355,29 @@ pub(crate) fn decide(
     now: u64,
     cost: u32,
 ) -> (Decision, bool) {
-    debug_assert!(rules.len() <= MAX_QUOTAS);
-    let mut outcome = Outcome::Allowed;
-    let mut retry_after = 0;
-    let mut new = [[0u64; 2]; MAX_QUOTAS];
+    let n = rules.len().min(MAX_QUOTAS);
+    let v = all_or_nothing(n, |i| rules[i].step(state.words[i], &state.log, now, cost));
+    let allowed = v.outcome == Outcome::Allowed && cost > 0;
     let mut taken = Reservation::none();
-    let mut log_width = None;
-    let mut log_limit = 0;
-    for (i, r) in rules.iter().enumerate() {
-        if let Some(w) = r.log_width() {
-            log_width = Some(log_width.map_or(w, |m: u64| m.max(w)));
-            log_limit = log_limit.max(r.limit());
-            taken.spots[i] = [state.log.time_of(now), 0];
-        }
-        match r.step(state.words[i], &state.log, now, cost) {
-            Step::Allow { words, spot } => {
-                new[i] = words;
-                if r.log_width().is_none() {
-                    taken.spots[i] = spot;
-                }
-            }
-            Step::Deny { retry_after: r } => {
-                if outcome == Outcome::Allowed {
-                    outcome = Outcome::Limited;
-                }
-                retry_after = retry_after.max(r);
-            }
-            Step::Never => outcome = Outcome::Exceeds,
-        }
-    }
-    let allowed = outcome == Outcome::Allowed && cost > 0;
     if allowed {
-        state.words[..rules.len()].copy_from_slice(&new[..rules.len()]);
-        if let Some(width) = log_width {
-            state.log.admit(now, u64::from(cost), width, log_limit);
+        state.words[..n].copy_from_slice(&v.words[..n]);
+        if let Some((width, limit)) = log_bounds(rules) {
+            state.log.admit(now, u64::from(cost), width, limit);
         }
         taken.cost = cost;
-    } else {
-        taken = Reservation::none();
+        taken.spots = v.spots;
     }
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    for (i, r) in rules.iter().enumerate() {
+    for (i, r) in rules.iter().enumerate().take(n) {
         quotas[i] = r.state(state.words[i], &state.log, now);
     }
-    let retry_after = if outcome == Outcome::Limited {
-        retry_after
+    let retry_after = if v.outcome == Outcome::Limited {
+        v.retry_after
     } else {
         0
     };
-    let decision = Decision::from_store(outcome, retry_after, &quotas[..rules.len()]);
-    (decision.with_taken(taken), allowed)
+    let decision = Decision::new(v.outcome, retry_after, quotas, n, taken);
+    (decision, allowed)
 }
 
 #[cfg(test)]

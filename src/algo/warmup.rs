@@ -26,6 +26,8 @@
 //! on requests that arrive within that margin of the boundary. Property tests check this
 //! against an independent floating-point reading of Guava's model.
 
+use super::step::Step;
+
 /// `⌊x · y / d⌋` in 128 bits (`d > 0`); saturates at `u64::MAX`.
 #[inline]
 pub(crate) fn mul_div(x: u64, y: u64, d: u64) -> u64 {
@@ -207,17 +209,6 @@ pub(crate) struct WarmGcra {
     pub(crate) tolerance: u64,
 }
 
-/// What a warm-up quota says about one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WarmStep {
-    /// Admitted; store this state (unless the cost is 0).
-    Allow(WarmState),
-    /// Not now; admissible after `retry_after`.
-    Deny { retry_after: u64 },
-    /// The cost is larger than the burst.
-    Never,
-}
-
 impl WarmGcra {
     pub(crate) fn new(curve: Curve, tolerance: u64) -> Self {
         WarmGcra { curve, tolerance }
@@ -242,27 +233,32 @@ impl WarmGcra {
     }
 
     /// Decides a request of `cost` at `now`.
+    /// Admitted, it stores `[tat, deficit]` and its cost lands in the slice of time it adds
+    /// to `tat`.
     #[inline]
-    pub(crate) fn step(&self, s: WarmState, now: u64, cost: u32) -> WarmStep {
+    pub(crate) fn step(&self, s: WarmState, now: u64, cost: u32) -> Step {
         let t = self.curve.interval;
         let inc = t.saturating_mul(u64::from(cost));
         if inc > self.tolerance {
-            return WarmStep::Never;
+            return Step::Never;
         }
         let s = self.resync(s, now);
         let Some(stable_tat) = s.tat.checked_add(inc) else {
-            return WarmStep::Deny { retry_after: t };
+            return Step::Deny { retry_after: t };
         };
         let ahead = stable_tat - now;
         if ahead > self.tolerance {
-            return WarmStep::Deny {
+            return Step::Deny {
                 retry_after: ahead - self.tolerance,
             };
         }
         let (price, deficit) = self.curve.price(s.deficit, u64::from(cost));
         match s.tat.checked_add(price) {
-            Some(tat) => WarmStep::Allow(WarmState { tat, deficit }),
-            None => WarmStep::Deny { retry_after: t },
+            Some(tat) => Step::Allow {
+                words: [tat, deficit],
+                spot: [s.tat, tat],
+            },
+            None => Step::Deny { retry_after: t },
         }
     }
 
@@ -296,6 +292,27 @@ impl WarmGcra {
     /// Time from `now` until the key is the same as one never seen: no backlog and fully cold.
     pub(crate) fn idle_at(&self, s: WarmState) -> u64 {
         s.tat.saturating_add(self.curve.cold_in(s.deficit))
+    }
+}
+
+/// A warm-up step read back as the quota's state, for the tests.
+#[cfg(test)]
+#[derive(Debug, PartialEq)]
+enum WarmStep {
+    Allow(WarmState),
+    Deny { retry_after: u64 },
+    Never,
+}
+
+#[cfg(test)]
+fn step(w: &WarmGcra, s: WarmState, now: u64, cost: u32) -> WarmStep {
+    match w.step(s, now, cost) {
+        Step::Allow { words, .. } => WarmStep::Allow(WarmState {
+            tat: words[0],
+            deficit: words[1],
+        }),
+        Step::Deny { retry_after } => WarmStep::Deny { retry_after },
+        Step::Never => WarmStep::Never,
     }
 }
 
@@ -365,14 +382,14 @@ mod tests {
         let mut admitted = Vec::new();
         for _ in 0..6 {
             // Wait exactly as long as the limiter says, then ask again.
-            match w.step(s, now, 1) {
+            match step(&w, s, now, 1) {
                 WarmStep::Allow(next) => {
                     admitted.push(now);
                     s = next;
                 }
                 WarmStep::Deny { retry_after } => {
                     now += retry_after;
-                    match w.step(s, now, 1) {
+                    match step(&w, s, now, 1) {
                         WarmStep::Allow(next) => {
                             admitted.push(now);
                             s = next;
@@ -438,7 +455,7 @@ mod tests {
         let mut s = WarmState::default();
         let mut now = S;
         for _ in 0..5 {
-            if let WarmStep::Allow(n) = w.step(s, now, 1) {
+            if let WarmStep::Allow(n) = step(&w, s, now, 1) {
                 s = n;
             }
             now += 300 * MS;
@@ -447,8 +464,8 @@ mod tests {
         assert!(idle > s.tat);
         let fresh = WarmState::default();
         for cost in [1, 2, 4] {
-            let from_state = w.step(s, idle, cost);
-            let from_nothing = w.step(fresh, idle, cost);
+            let from_state = step(&w, s, idle, cost);
+            let from_nothing = step(&w, fresh, idle, cost);
             match (from_state, from_nothing) {
                 (WarmStep::Allow(a), WarmStep::Allow(b)) => assert_eq!(a, b),
                 (a, b) => assert_eq!(a, b),
@@ -464,22 +481,22 @@ mod tests {
         // and told to come back when plain GCRA's test passes.
         let w = WarmGcra::new(guava(), S);
         let now = 5 * S;
-        let WarmStep::Allow(s) = w.step(WarmState::default(), now, 1) else {
+        let WarmStep::Allow(s) = step(&w, WarmState::default(), now, 1) else {
             panic!("first request from cold is admitted");
         };
         assert_eq!(s.tat, now + 1_333_333_334);
         assert_eq!(
-            w.step(s, now, 1),
+            step(&w, s, now, 1),
             WarmStep::Deny {
                 retry_after: 833_333_334
             }
         );
         assert!(matches!(
-            w.step(s, now + 833_333_334, 1),
+            step(&w, s, now + 833_333_334, 1),
             WarmStep::Allow(_)
         ));
         assert_eq!(
-            w.step(s, now + 833_333_333, 1),
+            step(&w, s, now + 833_333_333, 1),
             WarmStep::Deny { retry_after: 1 }
         );
     }
@@ -487,9 +504,9 @@ mod tests {
     #[test]
     fn cost_above_burst_never_passes_and_cost_0_consumes_nothing() {
         let w = WarmGcra::new(guava(), S);
-        assert_eq!(w.step(WarmState::default(), S, 3), WarmStep::Never);
+        assert_eq!(step(&w, WarmState::default(), S, 3), WarmStep::Never);
         assert_eq!(
-            w.step(WarmState::default(), S, 0),
+            step(&w, WarmState::default(), S, 0),
             WarmStep::Allow(WarmState { tat: S, deficit: 0 })
         );
     }
@@ -503,7 +520,7 @@ mod tests {
                 let expect = w.remaining(start, now);
                 let mut s = start;
                 let mut got = 0;
-                while let WarmStep::Allow(n) = w.step(s, now, 1) {
+                while let WarmStep::Allow(n) = step(&w, s, now, 1) {
                     s = n;
                     got += 1;
                 }
@@ -517,7 +534,7 @@ mod tests {
         use crate::algo::Rule;
         let w = WarmGcra::new(guava(), 2 * S);
         let rule = Rule::WarmUp(w);
-        let WarmStep::Allow(s) = w.step(WarmState::default(), S, 1) else {
+        let WarmStep::Allow(s) = step(&w, WarmState::default(), S, 1) else {
             panic!()
         };
         // The request added [1 s, 2.333 s): all of it comes back at 1 s, the surcharge too.
@@ -548,7 +565,7 @@ mod tests {
             let w = WarmGcra::new(c, t);
             for d in [0, 1, c.max / 2, c.max] {
                 let s = WarmState { tat: 0, deficit: d };
-                let _ = w.step(s, u64::MAX / 2, 1);
+                let _ = step(&w, s, u64::MAX / 2, 1);
                 let _ = w.remaining(s, u64::MAX / 2);
                 let _ = w.idle_at(s);
                 let _ = c.price(d, u64::from(u32::MAX));
@@ -681,7 +698,7 @@ mod model {
                 // Both start each request from the same state: the model reads the integers.
                 r.next_free = s.tat as f64;
                 r.stored = g.curve.max.saturating_sub(s.deficit) as f64 / r.t;
-                let ours = match g.step(s, now, cost) {
+                let ours = match step(&g, s, now, cost) {
                     WarmStep::Allow(next) => {
                         if cost > 0 {
                             s = next;

@@ -32,7 +32,8 @@
 //!                                   costs counted from the oldest reach n + c - limit
 //! ```
 
-use super::{Log, Step, Words};
+use super::log::Log;
+use super::step::{Step, Words};
 use crate::decision::QuotaState;
 
 /// A window quota: at most `limit` per `width` nanoseconds.
@@ -306,9 +307,10 @@ impl Window {
         }
         let (first, n) = log.in_window(now, self.width, self.gone);
         if n.saturating_add(c) <= self.limit {
+            // The cost lands in the request's own entry of the log.
             return Step::Allow {
                 words: [0, 0],
-                spot: [0, 0],
+                spot: [log.time_of(now), 0],
             };
         }
         // The oldest entries in the window holding `n + c - limit` must leave it first.
