@@ -105,4 +105,5 @@ pub use layer::RateLimitLayer;
 pub use policy::Policy;
 pub use service::RateLimit;
 pub use settle::ActualCost;
-pub use store::{Answer, Backend, Handover, Memory, Never, Refunding, Settling};
+pub use store::{Backend, Memory};
+pub(crate) use store::{Answer, Handover, Refunding, Settling};
