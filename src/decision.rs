@@ -149,6 +149,7 @@ impl Eq for Decision {}
 
 impl Decision {
     /// This decision, recording that its admission took `taken`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn with_taken(self, taken: Reservation) -> Decision {
         Decision { taken, ..self }
     }
@@ -338,6 +339,7 @@ impl Decision {
 
     /// A decision a remote store made and sent back: its outcome, the wait in nanoseconds and
     /// each quota's state, in the policy's order (at most [`MAX_QUOTAS`] are kept).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_store(
         outcome: Outcome,
         retry_after: u64,

@@ -106,4 +106,5 @@ pub use policy::Policy;
 pub use service::RateLimit;
 pub use settle::ActualCost;
 pub use store::{Backend, Memory};
+#[cfg(feature = "redis")]
 pub(crate) use store::{Answer, Handover, Refunding, Settling};
