@@ -105,6 +105,6 @@ pub use layer::RateLimitLayer;
 pub use policy::Policy;
 pub use service::RateLimit;
 pub use settle::ActualCost;
-pub use store::{Backend, Memory};
 #[cfg(feature = "redis")]
 pub(crate) use store::{Answer, Handover, Refunding, Settling};
+pub use store::{Backend, Memory};

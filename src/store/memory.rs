@@ -48,6 +48,28 @@ impl One {
     pub(crate) fn idle() -> Self {
         One(AtomicU64::new(0))
     }
+
+    /// Reads the key's time, decides through `f` what to store in its place (nothing: leave
+    /// it), and replaces it, unless another thread replaced it first: then decides again on
+    /// what that thread stored. Returns what `f` said last and the time it was given.
+    #[inline]
+    fn measure_and_replace<T>(&self, mut f: impl FnMut(u64) -> (T, Option<u64>)) -> (T, u64) {
+        let mut old = self.0.load(Ordering::Acquire);
+        loop {
+            let (said, new) = f(old);
+            let new = match new {
+                Some(new) if new != old => new,
+                _ => return (said, old),
+            };
+            match self
+                .0
+                .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return (said, old),
+                Err(actual) => old = actual,
+            }
+        }
+    }
 }
 
 impl Slot for One {
@@ -61,21 +83,12 @@ impl Slot for One {
 
     #[inline]
     fn decide(&self, g: &Gcra, now: u64, cost: u32) -> Decision {
-        let mut tat = self.0.load(Ordering::Acquire);
         // The step is retried; the decision, many words, is built once.
-        loop {
+        let (step, tat) = self.measure_and_replace(|tat| {
             let step = gcra::step_one(g, tat, now, cost);
-            let Some(new_tat) = step.2 else {
-                return gcra::decision_one(g, tat, now, cost, step);
-            };
-            match self
-                .0
-                .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return gcra::decision_one(g, tat, now, cost, step),
-                Err(actual) => tat = actual,
-            }
-        }
+            (step, step.2)
+        });
+        gcra::decision_one(g, tat, now, cost, step)
     }
 
     fn horizon(&self) -> u64 {
@@ -83,28 +96,14 @@ impl Slot for One {
     }
 
     fn refund(&self, _: &Gcra, now: u64, taken: &Reservation, units: u32) {
-        let mut tat = self.0.load(Ordering::Acquire);
-        loop {
-            let new_tat = gcra::refunded(tat, now, taken.spots[0], taken.cost, units);
-            if new_tat == tat {
-                return;
-            }
-            match self
-                .0
-                .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return,
-                Err(actual) => tat = actual,
-            }
-        }
+        self.measure_and_replace(|tat| {
+            let back = gcra::refunded(tat, now, taken.spots[0], taken.cost, units);
+            ((), Some(back))
+        });
     }
 
     fn charge(&self, g: &Gcra, now: u64, cost: u32) {
-        let _ = self
-            .0
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                Some(g.charged(tat, now, cost))
-            });
+        self.measure_and_replace(|tat| ((), Some(g.charged(tat, now, cost))));
     }
 
     fn charged_absent(g: &Gcra, now: u64, cost: u32) -> Self {
@@ -123,6 +122,13 @@ impl Many {
     pub(crate) fn idle() -> Self {
         Many(Mutex::new([0; MAX_QUOTAS]))
     }
+
+    /// Reads the key's times and replaces them through `f`, under the key's lock.
+    fn measure_and_replace<T>(&self, f: impl FnOnce(&mut [u64; MAX_QUOTAS]) -> T) -> T {
+        // A poisoned lock only means another thread panicked between two plain stores of
+        // `u64`s; the values are still valid times.
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 impl Slot for Many {
@@ -135,29 +141,27 @@ impl Slot for Many {
     }
 
     fn decide(&self, gcras: &[Gcra], now: u64, cost: u32) -> Decision {
-        // A poisoned lock only means another thread panicked between two plain stores of
-        // `u64`s; the values are still valid times.
-        let mut tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        gcra::decide(gcras, &mut tats[..gcras.len()], now, cost).0
+        self.measure_and_replace(|tats| gcra::decide(gcras, &mut tats[..gcras.len()], now, cost).0)
     }
 
     fn horizon(&self) -> u64 {
-        let tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        tats.iter().copied().max().unwrap_or(0)
+        self.measure_and_replace(|tats| tats.iter().copied().max().unwrap_or(0))
     }
 
     fn refund(&self, gcras: &[Gcra], now: u64, taken: &Reservation, units: u32) {
-        let mut tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        for (tat, spot) in tats.iter_mut().zip(&taken.spots).take(gcras.len()) {
-            *tat = gcra::refunded(*tat, now, *spot, taken.cost, units);
-        }
+        self.measure_and_replace(|tats| {
+            for (tat, spot) in tats.iter_mut().zip(&taken.spots).take(gcras.len()) {
+                *tat = gcra::refunded(*tat, now, *spot, taken.cost, units);
+            }
+        })
     }
 
     fn charge(&self, gcras: &[Gcra], now: u64, cost: u32) {
-        let mut tats = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        for (tat, g) in tats.iter_mut().zip(gcras) {
-            *tat = g.charged(*tat, now, cost);
-        }
+        self.measure_and_replace(|tats| {
+            for (tat, g) in tats.iter_mut().zip(gcras) {
+                *tat = g.charged(*tat, now, cost);
+            }
+        })
     }
 
     fn charged_absent(gcras: &[Gcra], now: u64, cost: u32) -> Self {
@@ -194,10 +198,15 @@ impl Mixed {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, KeyState> {
+    /// Reads the key's state and replaces it through `f`, under the key's lock, then keeps
+    /// the time the key becomes idle under `rules` beside it.
+    fn measure_and_replace<T>(&self, rules: &[Rule], f: impl FnOnce(&mut KeyState) -> T) -> T {
         // A poisoned lock only means another thread panicked while deciding; the state is
         // still a valid state (every change is made after the decision's arithmetic).
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let said = f(&mut state);
+        self.horizon.store(state.idle_at(rules), Ordering::Release);
+        said
     }
 }
 
@@ -215,10 +224,7 @@ impl Slot for Mixed {
     }
 
     fn decide(&self, rules: &[Rule], now: u64, cost: u32) -> Decision {
-        let mut state = self.lock();
-        let (d, _) = algo::decide(rules, &mut state, now, cost);
-        self.horizon.store(state.idle_at(rules), Ordering::Release);
-        d
+        self.measure_and_replace(rules, |state| algo::decide(rules, state, now, cost).0)
     }
 
     fn horizon(&self) -> u64 {
@@ -226,15 +232,11 @@ impl Slot for Mixed {
     }
 
     fn refund(&self, rules: &[Rule], now: u64, taken: &Reservation, units: u32) {
-        let mut state = self.lock();
-        state.refund(rules, now, taken, units);
-        self.horizon.store(state.idle_at(rules), Ordering::Release);
+        self.measure_and_replace(rules, |state| state.refund(rules, now, taken, units))
     }
 
     fn charge(&self, rules: &[Rule], now: u64, cost: u32) {
-        let mut state = self.lock();
-        state.charge(rules, now, cost);
-        self.horizon.store(state.idle_at(rules), Ordering::Release);
+        self.measure_and_replace(rules, |state| state.charge(rules, now, cost))
     }
 
     fn charged_absent(rules: &[Rule], now: u64, cost: u32) -> Self {
