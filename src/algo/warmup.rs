@@ -156,17 +156,42 @@ impl Curve {
 
     /// The most requests of cost 1 that a key with `deficit` can take one after another
     /// within `budget` ns: the largest `n` with `n·T + surcharge(n) <= budget`.
+    ///
+    /// Past the requests that spend every permit above the threshold each one costs `T`, so
+    /// that part is a division; below it the cost is a quadratic in `n`, whose real root
+    /// gives a first guess that the exact test then corrects in a few steps (the cost rises
+    /// with `n`, so the answer is the same whatever the guess).
     pub(crate) fn fits(&self, deficit: u64, budget: u64) -> u64 {
         let t = self.interval;
-        let fits = |n: u64| {
+        let cost = |n: u64| {
             n.checked_mul(t)
                 .and_then(|c| c.checked_add(self.surcharge(deficit, n)))
-                .is_some_and(|c| c <= budget)
         };
-        // Without the surcharge: budget / T, an upper bound.
-        let (mut lo, mut hi) = (0u64, budget / t);
-        if fits(hi) {
-            return hi;
+        let fits = |n: u64| cost(n).is_some_and(|c| c <= budget);
+        let a = self.above(deficit);
+        // The requests that spend every stored permit above the threshold.
+        let whole = a.div_ceil(self.interval_units.max(1));
+        if let Some(c) = cost(whole).filter(|&c| c <= budget) {
+            return whole.saturating_add((budget - c) / t);
+        }
+        // `fits(0)` holds (nothing costs nothing) and `fits(whole)` does not.
+        let (mut lo, mut hi) = (0, whole);
+        let guess = self.guess(a, budget).clamp(1, whole) - 1;
+        let mut step = 1;
+        if fits(guess) {
+            lo = guess;
+            while lo + step < hi && fits(lo + step) {
+                lo += step;
+                step = step.saturating_mul(2);
+            }
+            hi = hi.min(lo.saturating_add(step));
+        } else {
+            hi = guess;
+            while hi - lo > step && !fits(hi - step) {
+                hi -= step;
+                step = step.saturating_mul(2);
+            }
+            lo = lo.max(hi.saturating_sub(step));
         }
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
@@ -177,6 +202,31 @@ impl Curve {
             }
         }
         lo
+    }
+
+    /// About how many requests fit `budget` ns while every one is priced above the
+    /// threshold (`a` units stored above it): the real root of
+    /// `B·n − A·n² = budget`, with `A = u·(f − 1)·I² / (2·zone)` and
+    /// `B = T + u·(f − 1)·a·I / zone` (`u` the unit, `I` the interval in units). A guess only:
+    /// [`fits`](Self::fits) settles the exact answer.
+    fn guess(&self, a: u64, budget: u64) -> u64 {
+        let (u, i, t) = (
+            self.unit as f64,
+            self.interval_units as f64,
+            self.interval as f64,
+        );
+        let (f, zone) = ((self.cold_factor - 1) as f64, self.zone.max(1) as f64);
+        let sq = u * f * i * i / (2.0 * zone);
+        let lin = t + u * f * a as f64 * i / zone;
+        let budget = budget as f64;
+        let disc = (lin * lin - 4.0 * sq * budget).max(0.0);
+        // The smaller root, written so that it does not cancel when `sq` is small.
+        let n = 2.0 * budget / (lin + disc.sqrt());
+        if n.is_finite() && n > 0.0 {
+            n as u64
+        } else {
+            0
+        }
     }
 
     /// The cost in units of the next request of cost 1 at `stored` permits (in time units) on
@@ -581,6 +631,53 @@ mod tests {
 /// test pins what one step does. Run apart for long, the two drift: a few ns of `tat` change
 /// how much an idle key regains, which changes the next surcharge, and so on; the same holds
 /// between Guava's `double`s and exact arithmetic.
+/// [`Curve::fits`] against the plain search over every count it replaced.
+#[cfg(test)]
+mod fits {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The largest `n <= budget / T` with `n·T + surcharge(n) <= budget`, by bisection.
+    fn by_search(c: &Curve, deficit: u64, budget: u64) -> u64 {
+        let fits = |n: u64| {
+            n.checked_mul(c.interval)
+                .and_then(|x| x.checked_add(c.surcharge(deficit, n)))
+                .is_some_and(|x| x <= budget)
+        };
+        let (mut lo, mut hi) = (0u64, budget / c.interval);
+        if fits(hi) {
+            return hi;
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn fits_counts_what_the_search_counts(
+            interval in prop_oneof![1u64..1_000, 1_000u64..10_000_000_000],
+            period in prop_oneof![1u64..1_000_000, 1_000_000u64..(1 << 60)],
+            cold in prop_oneof![1u32..=10, 10u32..=u32::MAX],
+            unit in prop_oneof![Just(1u64), Just(1_000u64)],
+            share in 0u64..=1_000,
+            budget in prop_oneof![0u64..1_000_000_000, 0u64..u64::MAX / 2],
+        ) {
+            let c = Curve::new(interval, period, cold, unit);
+            let deficit = mul_div(c.max, share, 1_000);
+            prop_assert_eq!(c.fits(deficit, budget), by_search(&c, deficit, budget));
+        }
+    }
+}
+
 #[cfg(test)]
 mod model {
     use super::*;
