@@ -16,6 +16,12 @@ pub(crate) struct Log {
 }
 
 impl Log {
+    /// The log of a key no request has reached: what a quota kept in two words is shown.
+    pub(crate) const EMPTY: Log = Log {
+        entries: VecDeque::new(),
+        base: 0,
+    };
+
     /// The first entry still inside a window of `width` at `now` (times `t` with
     /// `t + width > now`, and after `gone`: see [`Window::replacing`]), and the cost those
     /// entries hold.

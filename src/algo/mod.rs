@@ -32,7 +32,7 @@ use warmup::{WarmGcra, WarmState};
 pub(crate) use gcra::Gcra;
 use gcra::{moved_back, slice_back};
 pub(crate) use log::Log;
-pub(crate) use step::{all_or_nothing, Step, Words};
+pub(crate) use step::{all_or_nothing, Step, Verdict, Words};
 pub(crate) use window::Window;
 
 /// One quota, reduced to the numbers its kind needs, in nanoseconds.
@@ -86,6 +86,36 @@ impl Rule {
                 _ => {}
             }
         }
+    }
+
+    /// Whether a key's whole state under this quota alone is its two words: every kind but
+    /// the sliding log, whose state is its log.
+    #[inline]
+    pub(crate) fn in_two_words(&self) -> bool {
+        !matches!(self, Rule::SlidingLog(_))
+    }
+
+    /// When a key whose state under this quota alone is `words` becomes equal to one never
+    /// seen (see [`in_two_words`](Self::in_two_words)).
+    #[inline]
+    pub(crate) fn idle_at_two(&self, words: Words) -> u64 {
+        self.idle_at(words, &Log::EMPTY)
+    }
+
+    /// [`refund`](Self::refund) of what the request that took `taken` took from this quota,
+    /// the only one of its policy: `units` of it, at most its cost.
+    pub(crate) fn refund_two(
+        &self,
+        words: Words,
+        now: u64,
+        taken: &Reservation,
+        units: u32,
+    ) -> Words {
+        let units = units.min(taken.cost);
+        if units == 0 {
+            return words;
+        }
+        self.refund(words, now, taken.spots[0], taken.cost, units)
     }
 
     /// The GCRA parameters, for a GCRA quota.
@@ -358,26 +388,50 @@ pub(crate) fn decide(
     let n = rules.len().min(MAX_QUOTAS);
     let v = all_or_nothing(n, |i| rules[i].step(state.words[i], &state.log, now, cost));
     let allowed = v.outcome == Outcome::Allowed && cost > 0;
-    let mut taken = Reservation::none();
     if allowed {
         state.words[..n].copy_from_slice(&v.words[..n]);
         if let Some((width, limit)) = log_bounds(rules) {
             state.log.admit(now, u64::from(cost), width, limit);
         }
-        taken.cost = cost;
-        taken.spots = v.spots;
     }
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
     for (i, r) in rules.iter().enumerate().take(n) {
         quotas[i] = r.state(state.words[i], &state.log, now);
+    }
+    (concluded(&v, cost, quotas, n), allowed)
+}
+
+/// The decision of a policy of one quota kept in two words (any kind but the sliding log,
+/// see [`Rule::in_two_words`]) on a key in state `words`, which it updates when the request
+/// is admitted: [`decide`] without a log. Returns the decision and whether `words` changed.
+#[inline]
+pub(crate) fn decide_two(rule: &Rule, words: &mut Words, now: u64, cost: u32) -> (Decision, bool) {
+    debug_assert!(rule.in_two_words());
+    let v = all_or_nothing(1, |_| rule.step(*words, &Log::EMPTY, now, cost));
+    let allowed = v.outcome == Outcome::Allowed && cost > 0;
+    if allowed {
+        *words = v.words[0];
+    }
+    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+    quotas[0] = rule.state(*words, &Log::EMPTY, now);
+    (concluded(&v, cost, quotas, 1), allowed)
+}
+
+/// The decision of verdict `v` on a request of `cost`, with the states of the `n` quotas
+/// after it: what an admission took, and a wait only when limited.
+#[inline]
+fn concluded(v: &Verdict, cost: u32, quotas: [QuotaState; MAX_QUOTAS], n: usize) -> Decision {
+    let mut taken = Reservation::none();
+    if v.outcome == Outcome::Allowed && cost > 0 {
+        taken.cost = cost;
+        taken.spots = v.spots;
     }
     let retry_after = if v.outcome == Outcome::Limited {
         v.retry_after
     } else {
         0
     };
-    let decision = Decision::new(v.outcome, retry_after, quotas, n, taken);
-    (decision, allowed)
+    Decision::new(v.outcome, retry_after, quotas, n, taken)
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::algo::gcra::{self, Gcra};
-use crate::algo::{self, KeyState, Rule};
+use crate::algo::{self, KeyState, Rule, Words};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reservation, MAX_QUOTAS};
 pub use crate::keyed::OnFull;
@@ -181,32 +181,100 @@ impl Slot for Many {
     }
 }
 
-/// Quotas of any kinds (see [`crate::algo`]): two words per quota and the log of admitted
-/// requests when a quota is a sliding log, changed together under the key's own lock.
-/// The time the key becomes idle is kept beside the state, for the table to read without
-/// the quotas.
-pub(crate) struct Mixed {
-    state: Mutex<KeyState>,
+/// Quotas of any kinds (see [`crate::algo`]), changed together under the key's own lock.
+///
+/// A policy of one quota kept in two words (a fixed window, a sliding-window counter or a
+/// warm-up quota) keeps just those words, as GCRA keeps one: a quarter of the memory, and no
+/// loop over quotas nor log to read. Any other policy keeps two words per quota and the log
+/// of admitted requests when a quota is a sliding log. The kinds of a policy never change
+/// while it serves, so a key's slot fits its policy for as long as it lives. The time the key
+/// becomes idle is kept beside the state, for the table to read without the quotas.
+pub(crate) enum Mixed {
+    Two(Kept<Words>),
+    Any(Kept<KeyState>),
+}
+
+/// A key's state under its lock, and when it becomes idle.
+pub(crate) struct Kept<S> {
+    state: Mutex<S>,
     horizon: AtomicU64,
 }
 
-impl Mixed {
-    pub(crate) fn idle() -> Self {
-        Mixed {
-            state: Mutex::new(KeyState::default()),
-            horizon: AtomicU64::new(0),
+impl<S> Kept<S> {
+    fn new(state: S, horizon: u64) -> Self {
+        Kept {
+            state: Mutex::new(state),
+            horizon: AtomicU64::new(horizon),
         }
     }
 
     /// Reads the key's state and replaces it through `f`, under the key's lock, then keeps
-    /// the time the key becomes idle under `rules` beside it.
-    fn measure_and_replace<T>(&self, rules: &[Rule], f: impl FnOnce(&mut KeyState) -> T) -> T {
+    /// the time the key becomes idle (`idle_at`) beside it.
+    #[inline]
+    fn measure_and_replace<T>(
+        &self,
+        f: impl FnOnce(&mut S) -> T,
+        idle_at: impl FnOnce(&S) -> u64,
+    ) -> T {
         // A poisoned lock only means another thread panicked while deciding; the state is
         // still a valid state (every change is made after the decision's arithmetic).
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let said = f(&mut state);
-        self.horizon.store(state.idle_at(rules), Ordering::Release);
+        self.horizon.store(idle_at(&state), Ordering::Release);
         said
+    }
+}
+
+impl Mixed {
+    pub(crate) fn idle() -> Self {
+        Mixed::Any(Kept::new(KeyState::default(), 0))
+    }
+
+    /// The slot a key of policy `rules` keeps once `change` is made to a state never seen,
+    /// if it says so (what it says comes back beside it).
+    #[inline]
+    fn made<T>(
+        rules: &[Rule],
+        two: impl FnOnce(&Rule, &mut Words) -> (T, bool),
+        any: impl FnOnce(&mut KeyState) -> (T, bool),
+    ) -> (T, Option<Self>) {
+        match rules {
+            [rule] if rule.in_two_words() => {
+                let mut words = [0; 2];
+                let (said, keep) = two(rule, &mut words);
+                let slot = keep.then(|| Mixed::Two(Kept::new(words, rule.idle_at_two(words))));
+                (said, slot)
+            }
+            _ => {
+                let mut state = KeyState::default();
+                let (said, keep) = any(&mut state);
+                let slot = keep.then(|| {
+                    let horizon = state.idle_at(rules);
+                    Mixed::Any(Kept::new(state, horizon))
+                });
+                (said, slot)
+            }
+        }
+    }
+
+    /// Changes the key's state through `two` (a slot of two words: with its only quota) or
+    /// `any`, under its lock.
+    #[inline]
+    fn change<T>(
+        &self,
+        rules: &[Rule],
+        two: impl FnOnce(&Rule, &mut Words) -> T,
+        any: impl FnOnce(&mut KeyState) -> T,
+    ) -> T {
+        match (self, rules) {
+            (Mixed::Two(kept), [rule, ..]) => {
+                kept.measure_and_replace(|w| two(rule, w), |w| rule.idle_at_two(*w))
+            }
+            (Mixed::Two(kept), []) => {
+                kept.measure_and_replace(|_| any(&mut KeyState::default()), |_| 0)
+            }
+            (Mixed::Any(kept), _) => kept.measure_and_replace(any, |s| s.idle_at(rules)),
+        }
     }
 }
 
@@ -214,38 +282,58 @@ impl Slot for Mixed {
     type Rules = [Rule];
 
     fn decide_absent(rules: &[Rule], now: u64, cost: u32) -> (Decision, Option<Self>) {
-        let mut state = KeyState::default();
-        let (d, changed) = algo::decide(rules, &mut state, now, cost);
-        let slot = changed.then(|| Mixed {
-            horizon: AtomicU64::new(state.idle_at(rules)),
-            state: Mutex::new(state),
-        });
-        (d, slot)
+        Mixed::made(
+            rules,
+            |rule, words| algo::decide_two(rule, words, now, cost),
+            |state| algo::decide(rules, state, now, cost),
+        )
     }
 
+    #[inline]
     fn decide(&self, rules: &[Rule], now: u64, cost: u32) -> Decision {
-        self.measure_and_replace(rules, |state| algo::decide(rules, state, now, cost).0)
+        self.change(
+            rules,
+            |rule, words| algo::decide_two(rule, words, now, cost).0,
+            |state| algo::decide(rules, state, now, cost).0,
+        )
     }
 
     fn horizon(&self) -> u64 {
-        self.horizon.load(Ordering::Acquire)
+        match self {
+            Mixed::Two(kept) => kept.horizon.load(Ordering::Acquire),
+            Mixed::Any(kept) => kept.horizon.load(Ordering::Acquire),
+        }
     }
 
     fn refund(&self, rules: &[Rule], now: u64, taken: &Reservation, units: u32) {
-        self.measure_and_replace(rules, |state| state.refund(rules, now, taken, units))
+        self.change(
+            rules,
+            |rule, words| *words = rule.refund_two(*words, now, taken, units),
+            |state| state.refund(rules, now, taken, units),
+        )
     }
 
     fn charge(&self, rules: &[Rule], now: u64, cost: u32) {
-        self.measure_and_replace(rules, |state| state.charge(rules, now, cost))
+        self.change(
+            rules,
+            |rule, words| *words = rule.charge(*words, now, cost),
+            |state| state.charge(rules, now, cost),
+        )
     }
 
     fn charged_absent(rules: &[Rule], now: u64, cost: u32) -> Self {
-        let mut state = KeyState::default();
-        state.charge(rules, now, cost);
-        Mixed {
-            horizon: AtomicU64::new(state.idle_at(rules)),
-            state: Mutex::new(state),
-        }
+        let (_, slot) = Mixed::made(
+            rules,
+            |rule, words| {
+                *words = rule.charge(*words, now, cost);
+                ((), true)
+            },
+            |state| {
+                state.charge(rules, now, cost);
+                ((), true)
+            },
+        );
+        slot.unwrap_or_else(Mixed::idle)
     }
 
     fn full(rules: &[Rule], retry_after: u64) -> Decision {
@@ -560,6 +648,66 @@ mod tests {
                     }
                 }
                 proptest::prop_assert!(store.len() <= 3, "{} keys", store.len());
+            }
+        }
+    }
+
+    fn one_quota_in_two_words() -> impl proptest::strategy::Strategy<Value = Rule> {
+        use crate::algo::warmup::{Curve, WarmGcra};
+        use crate::algo::Window;
+        use proptest::prelude::*;
+        prop_oneof![
+            (1u64..4, 1u64..4).prop_map(|(n, w)| Rule::FixedWindow(Window::new(n, w * S))),
+            (1u64..4, 1u64..4).prop_map(|(n, w)| Rule::SlidingWindow(Window::new(n, w * S))),
+            (1u64..4, 1u32..4).prop_map(|(b, f)| Rule::WarmUp(WarmGcra::new(
+                Curve::new(S, 4 * S, f, 1_000),
+                b * S
+            ))),
+        ]
+    }
+
+    proptest::proptest! {
+        /// A policy of one quota kept in two words decides, refunds and charges in its own
+        /// small slot exactly as the general state of any policy does, through any sequence
+        /// (decisions equal, with what each admission took).
+        #[test]
+        fn a_two_word_slot_keeps_the_account_of_the_general_state(
+            rule in one_quota_in_two_words(),
+            ops in proptest::collection::vec((0u8..4, 0u32..4, 0u64..4), 1..120),
+        ) {
+            let (clock, hand) = Clock::manual();
+            let rules = [rule];
+            let store = MemoryStore::<u64, Mixed>::new(4, OnFull::EvictNearestIdle);
+            let mut model = KeyState::default();
+            let mut now = S;
+            let mut taken = Vec::new();
+            for (op, cost, dt) in ops {
+                now += dt * S / 4;
+                hand.set(std::time::Duration::from_nanos(now));
+                match op {
+                    0 | 1 => {
+                        let d = store.decide(&1, &rules, &clock, now, cost);
+                        let (m, _) = algo::decide(&rules, &mut model, now, cost);
+                        proptest::prop_assert_eq!(d, m);
+                        proptest::prop_assert_eq!(Reservation::of(&d, cost), Reservation::of(&m, cost));
+                        if d.is_allowed() {
+                            taken.push(Reservation::of(&d, cost));
+                        }
+                    }
+                    2 => {
+                        if let Some(t) = taken.pop() {
+                            store.refund(&1, &rules, now, &t, cost);
+                            model.refund(&rules, now, &t, cost);
+                        }
+                    }
+                    _ => {
+                        store.charge(&1, &rules, &clock, now, cost);
+                        model.charge(&rules, now, cost);
+                    }
+                }
+                if store.table().get(store.table().hash(&1), &1, now, |slot| matches!(slot, Mixed::Two(_))) == Some(false) {
+                    proptest::prop_assert!(false, "a policy of one two-word quota kept the general state");
+                }
             }
         }
     }
