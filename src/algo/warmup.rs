@@ -31,6 +31,10 @@ use super::step::Step;
 /// `⌊x · y / d⌋` in 128 bits (`d > 0`); saturates at `u64::MAX`.
 #[inline]
 pub(crate) fn mul_div(x: u64, y: u64, d: u64) -> u64 {
+    // The same quotient in 64 bits when the product fits, without a 128-bit division.
+    if let Some(p) = x.checked_mul(y) {
+        return p / d.max(1);
+    }
     let q = u128::from(x) * u128::from(y) / u128::from(d.max(1));
     u64::try_from(q).unwrap_or(u64::MAX)
 }
@@ -38,6 +42,9 @@ pub(crate) fn mul_div(x: u64, y: u64, d: u64) -> u64 {
 /// `⌈x · y / d⌉` in 128 bits (`d > 0`); saturates at `u64::MAX`.
 #[inline]
 fn mul_div_ceil(x: u64, y: u64, d: u64) -> u64 {
+    if let Some(p) = x.checked_mul(y) {
+        return p.div_ceil(d.max(1));
+    }
     let q = (u128::from(x) * u128::from(y)).div_ceil(u128::from(d.max(1)));
     u64::try_from(q).unwrap_or(u64::MAX)
 }

@@ -243,8 +243,12 @@ impl Window {
 
     pub(super) fn counter_state(&self, words: Words, now: u64) -> QuotaState {
         let (start, prev, cur) = self.counter_current(words, now);
-        let w = u128::from(self.width);
-        let weight = self.weighted(start, prev, now).div_ceil(w);
+        let weighted = self.weighted(start, prev, now);
+        // The same quotient in 64 bits when the product fits, without a 128-bit division.
+        let weight = match u64::try_from(weighted) {
+            Ok(x) => u128::from(x.div_ceil(self.width.max(1))),
+            Err(_) => weighted.div_ceil(u128::from(self.width)),
+        };
         let used = u128::from(cur) + weight;
         let remaining = u128::from(self.limit).saturating_sub(used) as u64;
         let reset = if cur > 0 {
