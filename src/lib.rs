@@ -200,7 +200,6 @@ pub mod store;
 #[cfg(feature = "stream")]
 pub mod stream;
 
-mod wait;
 pub mod warmup;
 
 #[cfg(feature = "axum")]

@@ -21,10 +21,10 @@ use crate::algo::{Rule, Window};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, Outcome, QuotaState, Reservation, MAX_QUOTAS};
+use crate::limiter::wait::Lines;
 use crate::limiter::{InsufficientCapacity, RateLimiter};
 use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
-use crate::wait::Lines;
 use crate::warmup::{Curve, WarmGcra};
 
 const MICRO: u64 = 1_000;
@@ -640,7 +640,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let inner = &*self.inner;
         let limits = inner.limits.load_full();
         let check = || self.check_n(key, cost);
-        crate::wait::until_admitted(
+        crate::limiter::wait::until_admitted(
             &inner.waiters,
             key,
             &limits.rules,

@@ -26,7 +26,27 @@ use std::time::Duration;
 use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::gcra::{Decision, Outcome};
-use crate::limiter::InsufficientCapacity;
+
+/// The cost asked for can never be admitted: it is larger than a quota's burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsufficientCapacity {
+    /// The cost asked for.
+    pub cost: u32,
+    /// The smallest burst among the quotas.
+    pub burst: u64,
+}
+
+impl std::fmt::Display for InsufficientCapacity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a cost of {} can never be admitted by a burst of {}",
+            self.cost, self.burst
+        )
+    }
+}
+
+impl std::error::Error for InsufficientCapacity {}
 
 /// How long the head waits before asking again when a rejection carries no retry time.
 const RETRY_WITHOUT_TIME: Duration = Duration::from_millis(1);
@@ -144,6 +164,15 @@ impl<K: Hash + Eq + Clone> Drop for Place<'_, K> {
         if let Some(w) = next {
             w.wake();
         }
+    }
+}
+
+/// The decision of a wait for a cost of 1 (`until_ready`), which every valid quota admits
+/// in time (a burst is at least 1).
+pub(crate) fn admitted_one(waited: Result<Decision, InsufficientCapacity>) -> Decision {
+    match waited {
+        Ok(d) => d,
+        Err(_) => unreachable!("a burst is at least 1"),
     }
 }
 
