@@ -17,47 +17,8 @@
 //!   within `deny_cache_max_age`.
 
 use std::hash::Hash;
-use std::sync::LazyLock;
-
-use ::redis::Script;
 
 use crate::keyed::{Absent, OnFull, Table};
-
-/// The quota script wrapped by the penalty box, for decisions.
-pub(crate) static DECIDE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("ban.lua"),
-        "\nlocal function decide()\n",
-        include_str!("prelude.lua"),
-        include_str!("gcra.lua"),
-        "\nend\nreturn penalize(decide)\n"
-    ))
-});
-
-/// The penalty box alone, recording one strike (as if the quotas had rejected the request).
-pub(crate) static STRIKE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("ban.lua"),
-        "\nreturn penalize(function() return {1, 0} end)\n"
-    ))
-});
-
-/// The penalty box alone, reading whether the key is banned (`{3, ban left}`) or not
-/// (`{0, 0}`).
-pub(crate) static PEEK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("ban.lua"),
-        "\nreturn penalize(function() return {0, 0} end, true)\n"
-    ))
-});
-
-/// Forgets a key's penalty state.
-pub(crate) static PARDON: LazyLock<Script> =
-    LazyLock::new(|| Script::new("redis.call('DEL', KEYS[1])\nreturn {0, 0}\n"));
-
-/// The largest time sent to the script, in microseconds (about 35 years): sums of two stay
-/// exact in Lua's doubles.
-pub(crate) const MAX_MICROS: u64 = 1 << 50;
 
 /// A ban Redis announced, as this instance remembers it (limiter clock, ns).
 #[derive(Debug, Clone, Copy)]

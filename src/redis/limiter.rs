@@ -10,24 +10,23 @@ use std::time::Duration;
 use ::redis::Script;
 use arc_swap::ArcSwap;
 
-use super::ban::{BanCache, DECIDE, MAX_MICROS, PARDON, PEEK, STRIKE};
+use super::ban::BanCache;
 use super::deny::DenyCache;
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
 use super::lease::Leases;
-use super::store::{
-    Arg, FailMode, Failure, RedisStore, Share, GCRA_ONLY, RETRY_WHEN_UNAVAILABLE, SCRIPT,
+use super::script::{
+    ban_left, decision_args, decision_of, decision_script, micros, penalty_rules, rule_args,
+    time_arg, with_penalty_args, Arg, DECIDE, MICRO, PARDON, PEEK, STRIKE,
 };
-use crate::algo::{Rule, Window};
+use super::store::{FailMode, Failure, RedisStore, Share, RETRY_WHEN_UNAVAILABLE};
+use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::gcra::{Decision, Gcra, Outcome, QuotaState, Reservation, MAX_QUOTAS};
+use crate::gcra::{Decision, Gcra, Outcome, Reservation};
 use crate::limiter::wait::Lines;
 use crate::limiter::{InsufficientCapacity, RateLimiter};
 use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
-use crate::warmup::{Curve, WarmGcra};
-
-const MICRO: u64 = 1_000;
 
 fn ns_of(d: Option<Duration>) -> u64 {
     d.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
@@ -246,19 +245,6 @@ struct Penalty<K> {
     bans: Option<BanCache<K>>,
 }
 
-/// The script arguments of a penalty box's rules, in microseconds (at most [`MAX_MICROS`]).
-fn penalty_rules(p: &PenaltyBox) -> [u64; 5] {
-    let r = p.rules();
-    let us = |ns: u64| (ns.div_ceil(MICRO)).clamp(1, MAX_MICROS);
-    [
-        u64::from(r.strikes),
-        us(r.within),
-        us(r.ban),
-        us(r.max_ban),
-        us(r.forget_after).max(1),
-    ]
-}
-
 /// Builds a [`RedisRateLimiter`].
 #[derive(Debug, Clone)]
 #[must_use]
@@ -461,18 +447,6 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     }
 }
 
-/// A quota's kind and two numbers, as the script takes them (GCRA: interval and tolerance in
-/// microseconds; a window: its count and width in microseconds; warm-up: as GCRA).
-fn rule_args(r: &Rule) -> (u64, u64, u64) {
-    match r {
-        Rule::Gcra(g) => (0, g.interval / MICRO, g.tolerance / MICRO),
-        Rule::FixedWindow(w) => (1, w.limit, w.width / MICRO),
-        Rule::SlidingLog(w) => (2, w.limit, w.width / MICRO),
-        Rule::SlidingWindow(w) => (3, w.limit, w.width / MICRO),
-        Rule::WarmUp(g) => (4, g.curve.interval / MICRO, g.tolerance / MICRO),
-    }
-}
-
 /// The digest that names the keys of an unnamed limiter: of everything the script decides
 /// by (each quota's kind and numbers, in order, a warm-up's curve) and of what the keys are.
 /// Twelve hex digits (48 bits) of SHA-256: the same in every process, different for limits
@@ -499,59 +473,6 @@ fn scope_digest(rules: &[Rule], keys: &str) -> String {
 /// How many batches of other requests a request waits for at most before it asks Redis for
 /// its own cost.
 const MAX_LEASE_WAITS: u32 = 3;
-
-/// The largest integer the script's numbers (Lua doubles) hold exactly.
-const EXACT: u128 = 1 << 53;
-
-/// A quota in whole microseconds (an interval or a window rounded up), in nanoseconds.
-fn micros(q: &Quota) -> Result<Rule, ConfigError> {
-    let window = |w: &Window, counter: bool| -> Result<Window, ConfigError> {
-        let width = w.width.div_ceil(MICRO);
-        // The counter multiplies counts (up to twice the limit) by widths in the script.
-        if counter && u128::from(w.limit) * u128::from(width) * 2 >= EXACT {
-            return Err(ConfigError::WindowTooLongForStore {
-                count: q.count(),
-                window: q.period(),
-            });
-        }
-        Ok(Window::new(w.limit, width * MICRO))
-    };
-    match q.rule() {
-        Rule::Gcra(_) => gcra_micros(q).map(Rule::Gcra),
-        Rule::FixedWindow(w) => window(&w, false).map(Rule::FixedWindow),
-        Rule::SlidingLog(w) => window(&w, false).map(Rule::SlidingLog),
-        Rule::SlidingWindow(w) => window(&w, true).map(Rule::SlidingWindow),
-        Rule::WarmUp(_) => {
-            let g = gcra_micros(q)?;
-            // The script computes the curve in whole microseconds: the period is rounded down
-            // to one (at least 1 µs).
-            let w = q.warm_up_settings().ok_or(ConfigError::WarmUpOnWindow)?;
-            let period = (w.period().as_nanos() / u128::from(MICRO)).max(1) as u64;
-            let curve = Curve::new(g.interval, period * MICRO, w.cold_factor(), MICRO);
-            Ok(Rule::WarmUp(WarmGcra::new(curve, g.tolerance)))
-        }
-    }
-}
-
-/// A GCRA quota in whole microseconds (interval rounded up), expressed in nanoseconds.
-fn gcra_micros(q: &Quota) -> Result<Gcra, ConfigError> {
-    let g = q.gcra();
-    let too_fine = ConfigError::RateTooHighForStore {
-        count: q.count(),
-        period: q.period(),
-        resolution: Duration::from_micros(1),
-    };
-    let period = q.period().as_nanos();
-    if period < u128::from(q.count()) * u128::from(MICRO) {
-        return Err(too_fine);
-    }
-    let interval = g.interval.div_ceil(MICRO) * MICRO;
-    let tolerance = interval
-        .checked_mul(u64::from(q.burst_size()))
-        .filter(|t| *t <= u64::MAX / 4)
-        .ok_or(ConfigError::ToleranceTooLong)?;
-    Ok(Gcra::new(interval, tolerance))
-}
 
 impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// Starts a builder on `store` with a first quota.
@@ -795,63 +716,6 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         deny.check(key, &limits.gcras, now, cost)
     }
 
-    /// The script's arguments after the key: the cost (negative for a refund), the time sent
-    /// (empty: the server's clock), then each quota's kind and two numbers (GCRA: interval and
-    /// tolerance in microseconds; a window: its count and width in microseconds; warm-up: as
-    /// GCRA), then the cost of the reservation `taken` that a refund gives back from (0:
-    /// none), then for each warm-up quota in order its period in microseconds and its cold
-    /// factor, then for each quota what had left its windows at changes of quotas (see
-    /// `Window::replacing`), then `taken`'s spots. Returns them with how many are used.
-    fn script_args<'a>(
-        &self,
-        rules: &[Rule],
-        cost: Arg<'a>,
-        now: u64,
-        taken: Option<&Reservation>,
-    ) -> ([Arg<'a>; 4 + 9 * MAX_QUOTAS], usize) {
-        let inner = &*self.inner;
-        let mut args = [Arg::Int(0); 4 + 9 * MAX_QUOTAS];
-        args[0] = cost;
-        args[1] = if inner.local_time {
-            Arg::Int(now / MICRO)
-        } else {
-            Arg::Bytes(b"")
-        };
-        args[2] = Arg::Int(rules.len() as u64);
-        for (i, r) in rules.iter().enumerate() {
-            let (kind, a, b) = rule_args(r);
-            args[3 + 3 * i] = Arg::Int(kind);
-            args[4 + 3 * i] = Arg::Int(a);
-            args[5 + 3 * i] = Arg::Int(b);
-        }
-        args[3 + 3 * rules.len()] = Arg::Int(taken.map_or(0, |t| u64::from(t.cost)));
-        let mut used = 4 + 3 * rules.len();
-        for r in rules {
-            if let Rule::WarmUp(g) = r {
-                args[used] = Arg::Int(g.curve.period);
-                args[used + 1] = Arg::Int(g.curve.cold_factor);
-                used += 2;
-            }
-        }
-        for r in rules {
-            let (gone, gone_cur) = match r {
-                Rule::SlidingLog(w) | Rule::SlidingWindow(w) => (w.gone, w.gone_cur),
-                _ => (0, 0),
-            };
-            args[used] = Arg::Int(gone / MICRO);
-            args[used + 1] = Arg::Int(gone_cur / MICRO);
-            used += 2;
-        }
-        if let Some(t) = taken.filter(|t| t.cost > 0) {
-            for spot in &t.spots[..rules.len()] {
-                args[used] = Arg::Int(spot[0]);
-                args[used + 1] = Arg::Int(spot[1]);
-                used += 2;
-            }
-        }
-        (args, used)
-    }
-
     /// The decision of Redis, or of the failure policy; with a [`Lease`](super::Lease), a
     /// batch for the key taken with it when the key is hot.
     ///
@@ -988,12 +852,17 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let inner = &*self.inner;
         // One set of quotas for the whole decision, whatever changes while it is on its way.
         let limits = inner.limits.load_full();
-        let (args, n) = self.script_args(&limits.rules, Arg::Int(u64::from(cost)), now, None);
+        let (args, n) = decision_args(
+            &limits.rules,
+            Arg::Int(u64::from(cost)),
+            time_arg(inner.local_time, now),
+            None,
+        );
         let redis_key = self.redis_key(key);
         let reply = match &inner.penalty {
             Some(p) => {
                 let ban_key = self.ban_key(p, key);
-                let args = self.with_penalty_args(p, &args[..n], now);
+                let args = with_penalty_args(&p.rules, &args[..n], time_arg(inner.local_time, now));
                 let keys: [&[u8]; 2] = [&redis_key, &ban_key];
                 inner
                     .store
@@ -1001,11 +870,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                     .await
             }
             None => {
-                let script: &Script = if limits.gcras.len() == limits.rules.len() {
-                    &GCRA_ONLY
-                } else {
-                    &SCRIPT
-                };
+                let script = decision_script(limits.gcras.len() == limits.rules.len());
                 inner
                     .store
                     .try_eval_script(script, &[&redis_key], &args[..n], &inner.meter, deadline)
@@ -1147,7 +1012,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         // were known) is given back as a lease's units are.
         let taken = taken.filter(|t| t.spots != Reservation::none().spots);
         let args = Arg::Bytes(cost.as_bytes());
-        let (args, n) = self.script_args(&limits.rules, args, now, taken);
+        let (args, n) = decision_args(&limits.rules, args, time_arg(inner.local_time, now), taken);
         let reply = inner
             .store
             .eval(
@@ -1179,26 +1044,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         name
     }
 
-    /// `args` followed by the penalty box's: the time (empty: the server's), then its rules.
-    fn with_penalty_args<'a>(&self, p: &Penalty<K>, args: &[Arg<'a>], now: u64) -> Vec<Arg<'a>> {
-        let mut all = Vec::with_capacity(args.len() + 6);
-        all.extend_from_slice(args);
-        all.push(if self.inner.local_time {
-            Arg::Int(now / MICRO)
-        } else {
-            Arg::Bytes(b"")
-        });
-        all.extend(p.rules.iter().map(|&r| Arg::Int(r)));
-        all
-    }
-
     /// Runs the penalty box alone (`script`: [`STRIKE`] or [`PEEK`]); the ban left, `Some(0)`
     /// when not banned, `None` without a penalty box or when Redis did not answer.
     async fn penalty_only(&self, script: &Script, key: &K) -> Option<u64> {
         let inner = &*self.inner;
         let p = inner.penalty.as_ref()?;
         let now = self.now();
-        let args = self.with_penalty_args(p, &[], now);
+        let args = with_penalty_args(&p.rules, &[], time_arg(inner.local_time, now));
         let ban_key = self.ban_key(p, key);
         // The quota key is never touched by these scripts; it is passed for the slot.
         let keys: [&[u8]; 2] = [&self.redis_key(key), &ban_key];
@@ -1270,71 +1122,4 @@ async fn join_all<F: std::future::Future<Output = ()> + Unpin>(mut calls: Vec<F>
         }
     })
     .await
-}
-
-/// The time until the ban of a banned reply (`{3, wait, ban}`) ends, in ns.
-fn ban_left(r: &[i64]) -> Option<u64> {
-    match r {
-        [3, _, ban] => u64::try_from(*ban).ok()?.checked_mul(MICRO),
-        _ => None,
-    }
-}
-
-/// Maps the script's reply onto a decision under `rules`; `None` when it does not fit.
-fn decision_of(rules: &[Rule], r: &[i64], cost: u32) -> Option<Decision> {
-    if let [3, left] | [3, left, _] = r {
-        let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
-        return Some(banned_decision(rules, left));
-    }
-    let n = rules.len();
-    // An admission of a cost adds what it took: each quota's spot.
-    let mut taken = Reservation::none();
-    if r.len() == 2 + 4 * n && r[0] == 0 && cost > 0 {
-        taken.cost = cost;
-        for (i, spot) in taken.spots[..n].iter_mut().enumerate() {
-            *spot = [
-                u64::try_from(r[2 + 2 * n + 2 * i]).ok()?,
-                u64::try_from(r[3 + 2 * n + 2 * i]).ok()?,
-            ];
-        }
-    } else if r.len() != 2 + 2 * n {
-        return None;
-    }
-    let outcome = match r[0] {
-        0 => Outcome::Allowed,
-        1 => Outcome::Limited,
-        2 => Outcome::Exceeds,
-        _ => return None,
-    };
-    let ns = |v: i64| u64::try_from(v).ok()?.checked_mul(MICRO);
-    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    for (i, rule) in rules.iter().enumerate() {
-        let remaining = u64::try_from(r[2 + 2 * i]).ok()?;
-        let reset = ns(r[3 + 2 * i])?;
-        quotas[i] = match rule {
-            Rule::Gcra(g) => {
-                // The script's `remaining` follows from the time ahead; keep its
-                // consistency check.
-                let state = QuotaState::ahead_by(g, reset);
-                if state.remaining() != remaining {
-                    return None;
-                }
-                state
-            }
-            Rule::FixedWindow(w) | Rule::SlidingLog(w) | Rule::SlidingWindow(w) => {
-                if remaining > w.limit {
-                    return None;
-                }
-                QuotaState::counted(w.limit, remaining, reset)
-            }
-            Rule::WarmUp(g) => {
-                if remaining > g.burst() {
-                    return None;
-                }
-                QuotaState::counted(g.burst(), remaining, reset)
-            }
-        };
-    }
-    let d = Decision::from_store(outcome, ns(r[1])?, &quotas[..rules.len().min(MAX_QUOTAS)]);
-    Some(d.with_taken(taken))
 }

@@ -72,6 +72,7 @@ mod key;
 mod lease;
 mod limiter;
 mod outage;
+mod script;
 mod store;
 
 pub use key::RedisKey;

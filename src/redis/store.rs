@@ -4,7 +4,7 @@ use crate::error::ConfigError;
 use crate::observe::{RedisMeter, StoreError};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -13,6 +13,7 @@ use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, RedisError, Script};
 
 use super::outage::{Line, Outage, SUMMARY_INTERVAL};
+use super::script::{decision_script, Arg, GCRA_ONLY, SCRIPT};
 
 /// The default time allowed for one decision on Redis.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -26,24 +27,6 @@ pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The default time a rejection decided by Redis is answered locally at most.
 pub const DEFAULT_DENY_CACHE_MAX_AGE: Duration = Duration::from_secs(1);
-
-/// The decision script, loaded once per server and called by its SHA1 (`EVALSHA`); reloaded
-/// by the `redis` crate when a server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
-pub(crate) static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("prelude.lua"),
-        include_str!("gcra.lua")
-    ))
-});
-
-/// The decision script of a policy whose quotas are all GCRA: the same arguments, storage,
-/// reply and decisions as [`SCRIPT`], at a fraction of the server's time per call.
-pub(crate) static GCRA_ONLY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("prelude.lua"),
-        include_str!("gcra_only.lua")
-    ))
-});
 
 /// What a limiter does when Redis cannot decide in time (an error, a timeout, a refused
 /// connection).
@@ -407,21 +390,20 @@ impl RedisStore {
     /// Runs the decision script on `key` with `args`; `None` when Redis gave no reply (see
     /// [`try_eval_script`](Self::try_eval_script)).
     /// `gcra_only`: every quota is GCRA, and the lighter script decides.
-    pub(crate) async fn eval(
+    pub(super) async fn eval(
         &self,
         key: &[u8],
         args: &[Arg<'_>],
         gcra_only: bool,
         meter: &RedisMeter,
     ) -> Option<Vec<i64>> {
-        let script: &Script = if gcra_only { &GCRA_ONLY } else { &SCRIPT };
-        self.try_eval_script(script, &[key], args, meter, None)
+        self.try_eval_script(decision_script(gcra_only), &[key], args, meter, None)
             .await
             .ok()
     }
 
     /// Runs `script` on `keys` with `args`, as [`eval`](Self::eval) runs the decision script.
-    pub(crate) async fn eval_script(
+    pub(super) async fn eval_script(
         &self,
         script: &Script,
         keys: &[&[u8]],
@@ -442,7 +424,7 @@ impl RedisStore {
     /// is loading, read-only, down or refusing the credentials) is [`Failure::Unavailable`]
     /// and is an outage, except a timeout cut short by `deadline` (the call did not have the
     /// store's whole timeout, so it says nothing about Redis).
-    pub(crate) async fn try_eval_script(
+    pub(super) async fn try_eval_script(
         &self,
         script: &Script,
         keys: &[&[u8]],
@@ -614,13 +596,6 @@ pub(crate) fn key_error_cause(e: &RedisError) -> Option<&'static str> {
         _ if e.kind() == ::redis::ErrorKind::UnexpectedReturnType => Some(BAD_REPLY_CAUSE),
         _ => None,
     }
-}
-
-/// One argument of the script.
-#[derive(Clone, Copy)]
-pub(crate) enum Arg<'a> {
-    Int(u64),
-    Bytes(&'a [u8]),
 }
 
 fn log(line: &Line, error: Option<(&dyn fmt::Display, FailMode)>) {
