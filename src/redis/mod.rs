@@ -69,6 +69,7 @@
 mod ban;
 mod deny;
 mod key;
+mod layer;
 mod lease;
 mod limiter;
 mod outage;
