@@ -10,13 +10,13 @@ use std::time::Duration;
 use ::redis::Script;
 use arc_swap::ArcSwap;
 
-use super::ban::BanCache;
+use super::ban::Penalty;
 use super::deny::DenyCache;
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
 use super::lease::Leases;
 use super::script::{
-    ban_left, decision_args, decision_of, decision_script, micros, penalty_rules, rule_args,
-    time_arg, with_penalty_args, Arg, DECIDE, MICRO, PARDON, PEEK, STRIKE,
+    decision_args, decision_of, decision_script, micros, rule_args, time_arg, Arg, DECIDE, PEEK,
+    STRIKE,
 };
 use super::store::{FailMode, Failure, RedisStore, Share, RETRY_WHEN_UNAVAILABLE};
 use crate::algo::Rule;
@@ -27,10 +27,6 @@ use crate::limiter::wait::Lines;
 use crate::limiter::{InsufficientCapacity, RateLimiter};
 use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
-
-fn ns_of(d: Option<Duration>) -> u64 {
-    d.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
 
 /// A keyed GCRA rate limiter whose state lives in Redis, shared by every instance of a service
 /// that uses the same store prefix, policy name and key. The same methods and semantics as
@@ -234,17 +230,6 @@ impl Limits {
     }
 }
 
-/// A penalty box on Redis: where its state lives, its rules as script arguments, and the bans
-/// this instance has seen.
-struct Penalty<K> {
-    /// `<prefix>ban:<name length>:<name>:`, with an unclosed `{` closed.
-    key_prefix: Box<[u8]>,
-    tag_guard: TagGuard,
-    /// strikes, within, ban, max_ban, forget_after (times in microseconds).
-    rules: [u64; 5],
-    bans: Option<BanCache<K>>,
-}
-
 /// Builds a [`RedisRateLimiter`].
 #[derive(Debug, Clone)]
 #[must_use]
@@ -335,22 +320,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         let limits = Limits::new(self.quotas)?;
         crate::headers::check_name(&self.name)?;
         if let Some(p) = &self.penalty {
-            p.validate()?;
-            // The quota key and the penalty key go to one script call: on a cluster they
-            // must share a slot, which only a hash tag in the prefix ensures.
-            let prefix = &self.store.prefix;
-            // Redis's rule: the bytes between the first `{` and the next `}`, if not empty.
-            let tagged = prefix.iter().position(|&b| b == b'{').is_some_and(|open| {
-                let rest = &prefix[open + 1..];
-                rest.iter()
-                    .position(|&b| b == b'}')
-                    .is_some_and(|close| close > 0)
-            });
-            if self.store.is_cluster() && !tagged {
-                return Err(ConfigError::InvalidPenaltyBox(
-                    "on Redis Cluster it needs a store prefix with a hash tag, e.g. \"app{1}:\"",
-                ));
-            }
+            Penalty::<K>::check(p, &self.store)?;
         }
         let all_gcra = limits.gcras.len() == limits.rules.len();
         // The part of every Redis key name that says which limit it is.
@@ -400,22 +370,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
             .lease
             .filter(|_| all_gcra && self.penalty.is_none())
             .map(|lease| Leases::new(&lease, self.store.timeout));
-        let penalty = self.penalty.as_ref().map(|p| {
-            let mut prefix = self.store.prefix.to_vec();
-            prefix.extend_from_slice(b"ban:");
-            RedisKey::write_key(&scope.len(), &mut prefix);
-            prefix.push(b':');
-            prefix.extend_from_slice(scope.as_bytes());
-            prefix.push(b':');
-            let tag_guard = guard_fixed_part(&mut prefix);
-            Penalty {
-                key_prefix: prefix.into_boxed_slice(),
-                tag_guard,
-                rules: penalty_rules(p),
-                bans: (self.store.deny_cache > 0 && max_age > 0)
-                    .then(|| BanCache::new(self.store.deny_cache, max_age)),
-            }
-        });
+        let penalty = self
+            .penalty
+            .as_ref()
+            .map(|p| Penalty::new(p, &self.store, &scope, max_age));
         #[cfg(feature = "metrics")]
         let decisions = self.counted.then(|| {
             let policy = crate::Policy::new(self.name.to_string(), limits.quotas[0].clone());
@@ -694,7 +652,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     pub(crate) fn local(&self, key: &K, cost: u32, now: u64) -> Option<Decision> {
         if let Some(p) = &self.inner.penalty {
             // Rejections must reach Redis to count as strikes: only bans are answered here.
-            let left = p.bans.as_ref()?.left(key, now)?;
+            let left = p.known_ban(key, now)?;
             return Some(banned_decision(&self.inner.limits.load().rules, left));
         }
         if cost == 0 {
@@ -861,8 +819,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let redis_key = self.redis_key(key);
         let reply = match &inner.penalty {
             Some(p) => {
-                let ban_key = self.ban_key(p, key);
-                let args = with_penalty_args(&p.rules, &args[..n], time_arg(inner.local_time, now));
+                let ban_key = p.key(key);
+                let args = p.args(&args[..n], time_arg(inner.local_time, now));
                 let keys: [&[u8]; 2] = [&redis_key, &ban_key];
                 inner
                     .store
@@ -883,11 +841,8 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             Failure::Key
         })?;
         if d.outcome() == Outcome::Banned {
-            if let Some(bans) = inner.penalty.as_ref().and_then(|p| p.bans.as_ref()) {
-                // Until the ban ends, not until the retry it told: from then on the quotas
-                // decide, and may admit another request sooner.
-                let wait = ns_of(d.retry_after());
-                bans.remember(key, now, wait, ban_left(&reply).unwrap_or(wait));
+            if let Some(p) = &inner.penalty {
+                p.banned(key, now, &d, &reply);
             }
         }
         if let Some(deny) = &inner.deny {
@@ -1036,42 +991,22 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         }
     }
 
-    /// The Redis key of `key`'s penalty state.
-    fn ban_key(&self, p: &Penalty<K>, key: &K) -> Vec<u8> {
-        let mut name = Vec::with_capacity(p.key_prefix.len() + 32);
-        name.extend_from_slice(&p.key_prefix);
-        write_guarded(&mut name, key, p.tag_guard);
-        name
-    }
-
-    /// Runs the penalty box alone (`script`: [`STRIKE`] or [`PEEK`]); the ban left, `Some(0)`
-    /// when not banned, `None` without a penalty box or when Redis did not answer.
+    /// Runs the penalty box alone (see [`Penalty::only`]).
     async fn penalty_only(&self, script: &Script, key: &K) -> Option<u64> {
         let inner = &*self.inner;
         let p = inner.penalty.as_ref()?;
         let now = self.now();
-        let args = with_penalty_args(&p.rules, &[], time_arg(inner.local_time, now));
-        let ban_key = self.ban_key(p, key);
-        // The quota key is never touched by these scripts; it is passed for the slot.
-        let keys: [&[u8]; 2] = [&self.redis_key(key), &ban_key];
-        let reply = inner
-            .store
-            .eval_script(script, &keys, &args, &inner.meter)
-            .await?;
-        match reply.as_slice() {
-            [3, left, ..] => {
-                let left = u64::try_from(*left).ok()?.saturating_mul(MICRO);
-                if let Some(bans) = &p.bans {
-                    bans.remember(key, now, left, ban_left(&reply).unwrap_or(left));
-                }
-                Some(left)
-            }
-            [_, _] => Some(0),
-            _ => {
-                inner.store.bad_reply(&inner.meter);
-                None
-            }
-        }
+        let time = time_arg(inner.local_time, now);
+        p.only(
+            &inner.store,
+            &inner.meter,
+            script,
+            &self.redis_key(key),
+            key,
+            now,
+            time,
+        )
+        .await
     }
 
     /// Records a strike against `key` in the penalty box (a failed login found after the
@@ -1095,15 +1030,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// `deny_cache_max_age`).
     pub async fn pardon(&self, key: &K) {
         let inner = &*self.inner;
-        let Some(p) = &inner.penalty else { return };
-        if let Some(bans) = &p.bans {
-            bans.forget(key);
+        if let Some(p) = &inner.penalty {
+            p.pardon(&inner.store, &inner.meter, key).await;
         }
-        let ban_key = self.ban_key(p, key);
-        let _ = inner
-            .store
-            .eval_script(&PARDON, &[&ban_key], &[], &inner.meter)
-            .await;
     }
 }
 
