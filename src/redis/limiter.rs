@@ -12,19 +12,20 @@ use arc_swap::ArcSwap;
 
 use super::ban::Penalty;
 use super::deny::DenyCache;
+use super::fallback::Fallback;
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
 use super::lease::Leases;
 use super::script::{
     decision_args, decision_of, decision_script, micros, rule_args, time_arg, Arg, DECIDE, PEEK,
     STRIKE,
 };
-use super::store::{FailMode, Failure, RedisStore, Share, RETRY_WHEN_UNAVAILABLE};
+use super::store::{Failure, RedisStore};
 use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::gcra::{Decision, Gcra, Outcome, Reservation};
 use crate::limiter::wait::Lines;
-use crate::limiter::{InsufficientCapacity, RateLimiter};
+use crate::limiter::InsufficientCapacity;
 use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
 
@@ -164,38 +165,10 @@ struct Inner<K> {
     decisions: Option<crate::observe::LimiterMeter>,
     /// The tasks of this process waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
-    /// The in-memory limiter on the scaled quotas that decides while Redis does not answer,
-    /// with [`FailMode::Local`].
-    fallback: Option<Fallback<K>>,
+    /// What decides while Redis does not answer.
+    fallback: Fallback<K>,
     /// Held while the limiter lives: its unnamed key names are taken in its store.
     _claim: Option<Arc<()>>,
-}
-
-/// The local fallback: an in-memory limiter on the quotas at `share`.
-struct Fallback<K> {
-    limiter: RateLimiter<K>,
-    share: Share,
-}
-
-/// The in-memory limiter of [`FailMode::Local`]: `quotas` at `share`, decided on `clock`.
-fn fallback_limiter<K: Hash + Eq + Clone + Send + Sync>(
-    quotas: &[Quota],
-    share: Share,
-    clock: &Clock,
-) -> Result<RateLimiter<K>, ConfigError> {
-    let scaled = scaled(quotas, share)?;
-    let (first, rest) = scaled.split_first().ok_or(ConfigError::NoQuota)?;
-    rest.iter()
-        .fold(RateLimiter::builder(first.clone()), |b, q| {
-            b.quota(q.clone())
-        })
-        .clock(clock.clone())
-        .try_build()
-}
-
-/// `quotas`, each at `share`.
-fn scaled(quotas: &[Quota], share: Share) -> Result<Vec<Quota>, ConfigError> {
-    quotas.iter().map(|q| q.scaled(share.get())).collect()
 }
 
 /// A set of quotas and their numbers for the script, swapped as one.
@@ -351,13 +324,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
             Some(claim.ok_or_else(|| ConfigError::SharedRedisKeys(self.name.to_string()))?)
         };
         let clock = self.clock.unwrap_or_default();
-        let fallback = match self.store.on_failure {
-            FailMode::Local(share) => Some(Fallback {
-                limiter: fallback_limiter(&limits.quotas, share, &clock)?,
-                share,
-            }),
-            FailMode::Open | FailMode::Closed => None,
-        };
+        let fallback = Fallback::new(self.store.on_failure, &limits.quotas, &clock)?;
         let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
         let deny = (all_gcra && self.store.deny_cache > 0 && max_age > 0)
             .then(|| DenyCache::new(self.store.deny_cache, max_age));
@@ -565,9 +532,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let old = self.inner.limits.load();
         crate::limiter::check_replacement(&old.quotas, &quotas)?;
         let limits = Limits::replacing(quotas, &old.rules, self.now())?;
-        if let Some(f) = &self.inner.fallback {
-            f.limiter.set_quotas(scaled(&limits.quotas, f.share)?)?;
-        }
+        self.inner.fallback.set_quotas(&limits.quotas)?;
         self.inner.limits.store(Arc::new(limits));
         if let Some(leases) = &self.inner.leases {
             leases.quotas_changed();
@@ -712,7 +677,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             if inner.store.is_down() {
                 // A batch waited for got no answer between this request's last look and its
                 // new wait (so its wake-up may have been missed): no batch is coming.
-                return self.unanswered(key, cost, &limits.rules);
+                return self.inner.fallback.unanswered(key, cost, &limits.rules);
             }
             waits += 1;
             let until = deadline.min(tokio::time::Instant::now() + leases.hold());
@@ -724,7 +689,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             if inner.store.is_down() || tokio::time::Instant::now() >= deadline {
                 // The batch waited for got no answer, or the decision's time is up: asking
                 // Redis again would wait past the timeout.
-                return self.unanswered(key, cost, &limits.rules);
+                return self.inner.fallback.unanswered(key, cost, &limits.rules);
             }
         }
         // The decision's first call has the store's whole timeout unless the request waited
@@ -748,7 +713,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                         // The failure policy decides the cost alone (asking Redis again would
                         // wait as long).
                         leases.refused(key, false);
-                        return self.failed(key, cost, &limits.rules, failure);
+                        return self
+                            .inner
+                            .fallback
+                            .failed(key, cost, &limits.rules, failure);
                     }
                 };
                 if d.is_allowed() {
@@ -767,7 +735,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
                             return leases.took(key, &limits.gcras, now, &plan, left, &d);
                         }
                         Ok(_) => {}
-                        Err(failure) => return self.failed(key, cost, &limits.rules, failure),
+                        Err(failure) => {
+                            return self
+                                .inner
+                                .fallback
+                                .failed(key, cost, &limits.rules, failure)
+                        }
                     }
                 }
             }
@@ -793,7 +766,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             Ok(d) => d,
             Err(failure) => {
                 let limits = self.inner.limits.load();
-                self.failed(key, cost, &limits.rules, failure)
+                self.inner
+                    .fallback
+                    .failed(key, cost, &limits.rules, failure)
             }
         }
     }
@@ -857,38 +832,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         Ok(d)
     }
 
-    /// The decision for a request that Redis did not decide, by why: the failure policy's
-    /// when Redis is unavailable; a rejection as unavailable, whatever the failure policy,
-    /// when Redis answered with an error about the key (a misconfiguration: never admitted
-    /// silently, and never decided on a local state that would hide it).
-    fn failed(&self, key: &K, cost: u32, rules: &[Rule], failure: Failure) -> Decision {
-        match failure {
-            Failure::Unavailable => self.unanswered(key, cost, rules),
-            Failure::Key => {
-                Decision::degraded(rules, false, RETRY_WHEN_UNAVAILABLE.as_nanos() as u64)
-            }
-        }
-    }
-
-    /// The decision of the failure policy for a request Redis did not decide: the local
-    /// fallback's, or an admission or rejection that knows nothing of the key.
-    fn unanswered(&self, key: &K, cost: u32, rules: &[Rule]) -> Decision {
-        let retry = RETRY_WHEN_UNAVAILABLE.as_nanos() as u64;
-        match &self.inner.fallback {
-            Some(f) => {
-                let never = rules.iter().any(|r| u64::from(cost) > r.limit());
-                f.limiter.check_n(key, cost).made_locally(never, retry)
-            }
-            None => Decision::degraded(rules, self.inner.store.on_failure == FailMode::Open, retry),
-        }
-    }
-
     /// Gives back what the local fallback's admission of a request for `key` took (a layer
     /// inside rejected it) to the fallback's state.
     pub(crate) fn refund_locally(&self, key: &K, taken: &Reservation) {
-        if let Some(f) = &self.inner.fallback {
-            f.limiter.refund(key, taken, taken.cost);
-        }
+        self.inner.fallback.refund(key, taken);
     }
 
     /// Settles a request the local fallback admitted, in the fallback's state: the key's
@@ -899,9 +846,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         taken: &Reservation,
         actual: u32,
     ) -> Option<Decision> {
-        let f = self.inner.fallback.as_ref()?;
-        let d = f.limiter.settle(key, taken, actual);
-        Some(d.made_locally(true, 0))
+        self.inner.fallback.settle(key, taken, actual)
     }
 
     /// Gives back a request of `cost` admitted earlier for `key` (a layer inside rejected

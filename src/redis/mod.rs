@@ -68,6 +68,7 @@
 
 mod ban;
 mod deny;
+mod fallback;
 mod key;
 mod layer;
 mod lease;
