@@ -67,6 +67,7 @@
 //! ```
 
 mod ban;
+mod decide;
 mod deny;
 mod fallback;
 mod key;
