@@ -5,8 +5,9 @@
 //! ban, a leased unit), and after one script call otherwise; refunds and settlements of the
 //! local fallback's admissions are made in its state, at once.
 
+use super::key::RedisKey;
+use super::limiter::RedisRateLimiter;
 use super::store::{FailMode, RedisStore};
-use super::{RedisKey, RedisRateLimiter};
 
 impl crate::rate_limit::store::sealed::Sealed for RedisStore {}
 

@@ -12,6 +12,7 @@ use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, RedisError, Script};
 
+use super::lease::Lease;
 use super::outage::{Line, Outage, SUMMARY_INTERVAL};
 use super::script::{decision_script, Arg, GCRA_ONLY, SCRIPT};
 
@@ -186,7 +187,7 @@ pub struct RedisStore {
     pub(crate) on_failure: FailMode,
     pub(crate) deny_cache: usize,
     pub(crate) deny_max_age: Duration,
-    pub(crate) lease: Option<super::Lease>,
+    pub(crate) lease: Option<Lease>,
     /// During an outage, how often a call may try Redis (`None`: every call).
     probe_every: Option<Duration>,
     outage: Arc<Outage>,
@@ -382,7 +383,7 @@ impl RedisStore {
     /// # let _ = store; Ok(()) }
     /// ```
     #[must_use]
-    pub fn lease(mut self, lease: super::Lease) -> Self {
+    pub fn lease(mut self, lease: Lease) -> Self {
         self.lease = Some(lease);
         self
     }
