@@ -387,18 +387,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         key: &K,
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
-        let inner = &*self.inner;
-        let limits = inner.limits.load_full();
-        let check = || std::future::ready(self.check_n(key, cost));
-        wait::until_admitted(
-            &inner.waiters,
-            key,
-            &limits.rules,
-            &inner.clock,
-            cost,
-            check,
-        )
-        .await
+        wait::until_ready_n(self, key, cost).await
     }
 
     /// The quotas in force, in the order given (the latest set by
@@ -488,5 +477,23 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// themselves as they grow.
     pub fn evict_idle(&self) -> usize {
         self.inner.state.evict_idle(self.inner.clock.now())
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync> wait::Admit<K> for RateLimiter<K> {
+    fn admit(&self, key: &K, cost: u32) -> impl std::future::Future<Output = Decision> {
+        std::future::ready(self.check_n(key, cost))
+    }
+
+    fn lines(&self) -> &Lines<K> {
+        &self.inner.waiters
+    }
+
+    fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    fn smallest_burst(&self) -> u64 {
+        wait::smallest_burst(&self.inner.limits.load().rules)
     }
 }

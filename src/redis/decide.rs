@@ -420,14 +420,10 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         let taken = taken.filter(|t| t.spots != Reservation::none().spots);
         let args = Arg::Bytes(cost.as_bytes());
         let (args, n) = decision_args(&limits.rules, args, time_arg(inner.local_time, now), taken);
+        let script = decision_script(limits.gcras.len() == limits.rules.len());
         let reply = inner
             .store
-            .eval(
-                &self.redis_key(key),
-                &args[..n],
-                limits.gcras.len() == limits.rules.len(),
-                &inner.meter,
-            )
+            .eval_script(script, &[&self.redis_key(key)], &args[..n], &inner.meter)
             .await?;
         match decision_of(&limits.rules, &reply, 0) {
             Some(d) => {

@@ -408,18 +408,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         key: &K,
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
-        let inner = &*self.inner;
-        let limits = inner.limits.load_full();
-        let check = || self.check_n(key, cost);
-        wait::until_admitted(
-            &inner.waiters,
-            key,
-            &limits.rules,
-            &inner.clock,
-            cost,
-            check,
-        )
-        .await
+        wait::until_ready_n(self, key, cost).await
     }
 
     /// The quotas in force, in the order given (the latest set by
@@ -579,5 +568,23 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         if let Some(p) = &inner.penalty {
             p.pardon(&inner.store, &inner.meter, key).await;
         }
+    }
+}
+
+impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> wait::Admit<K> for RedisRateLimiter<K> {
+    fn admit(&self, key: &K, cost: u32) -> impl std::future::Future<Output = Decision> {
+        self.check_n(key, cost)
+    }
+
+    fn lines(&self) -> &Lines<K> {
+        &self.inner.waiters
+    }
+
+    fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    fn smallest_burst(&self) -> u64 {
+        wait::smallest_burst(&self.inner.limits.load().rules)
     }
 }

@@ -14,7 +14,7 @@ use ::redis::{Client, RedisError, Script};
 
 use super::lease::Lease;
 use super::outage::{Line, Outage, SUMMARY_INTERVAL};
-use super::script::{decision_script, Arg, GCRA_ONLY, SCRIPT};
+use super::script::{Arg, GCRA_ONLY, SCRIPT};
 
 /// The default time allowed for one decision on Redis.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -388,22 +388,8 @@ impl RedisStore {
         self
     }
 
-    /// Runs the decision script on `key` with `args`; `None` when Redis gave no reply (see
+    /// Runs `script` on `keys` with `args`; `None` when Redis gave no reply (see
     /// [`try_eval_script`](Self::try_eval_script)).
-    /// `gcra_only`: every quota is GCRA, and the lighter script decides.
-    pub(super) async fn eval(
-        &self,
-        key: &[u8],
-        args: &[Arg<'_>],
-        gcra_only: bool,
-        meter: &RedisMeter,
-    ) -> Option<Vec<i64>> {
-        self.try_eval_script(decision_script(gcra_only), &[key], args, meter, None)
-            .await
-            .ok()
-    }
-
-    /// Runs `script` on `keys` with `args`, as [`eval`](Self::eval) runs the decision script.
     pub(super) async fn eval_script(
         &self,
         script: &Script,
