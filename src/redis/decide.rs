@@ -32,7 +32,7 @@ use crate::quota::Quota;
 pub(super) struct Inner<K> {
     pub(super) name: Box<str>,
     /// The quotas in force: read once per decision, replaced whole by
-    /// [`RedisRateLimiter::set_quotas`].
+    /// [`RedisRateLimiter::set_quotas`](super::limiter::RedisRateLimiter::set_quotas).
     pub(super) limits: ArcSwap<Limits>,
     pub(super) store: RedisStore,
     /// `<prefix><name length>:<name>:`, with an unclosed `{` closed.
@@ -328,7 +328,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
     }
 
     /// Gives back to Redis the units held under a live lease (see
-    /// [`RedisRateLimiter::return_leases`](super::RedisRateLimiter::return_leases)).
+    /// [`RedisRateLimiter::return_leases`](super::limiter::RedisRateLimiter::return_leases)(super::RedisRateLimiter::return_leases)).
     pub(super) async fn return_leases(&self) {
         let Some(leases) = &self.leases else {
             return;
@@ -458,7 +458,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
     }
 }
 
-/// How many give-backs [`RedisRateLimiter::return_leases`] sends at once.
+/// How many give-backs [`RedisRateLimiter::return_leases`](super::limiter::RedisRateLimiter::return_leases) sends at once.
 const RETURN_AT_ONCE: usize = 256;
 
 /// Runs `calls` concurrently until all are done (each wake polls those left: for a few

@@ -77,14 +77,14 @@ use crate::quota::Quota;
 /// name ([`RedisKey`] says more).
 ///
 /// # When Redis does not answer
-/// See [`FailMode`]: the decision is admitted or rejected as configured, or made by the local
+/// See [`FailMode`](super::FailMode): the decision is admitted or rejected as configured, or made by the local
 /// fallback on the scaled quotas (each limiter and its clones keep one local state), and says
 /// [`is_degraded`](Decision::is_degraded). A decision waits at most the store's timeout in
 /// all, from its start (a wait for another request's batch included).
 ///
 /// An error Redis gives about one key (a value of another type, a script error on it, `OOM`
 /// for a write, `NOPERM` from an ACL rule, a reply that does not fit) is not an outage: the request is rejected as
-/// unavailable and degraded, whatever the [`FailMode`], and nothing else changes (no outage
+/// unavailable and degraded, whatever the [`FailMode`](super::FailMode), and nothing else changes (no outage
 /// state, no probing). The first of a policy is logged at `ERROR` with the key's Redis name
 /// and the likely cause; each is counted in `tollgate_redis_errors_total{error="key"}`.
 ///
