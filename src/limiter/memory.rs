@@ -267,3 +267,107 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
 pub(super) fn decide_one(slot: &One, limits: &Limits, now: u64, cost: u32) -> Decision {
     slot.decide(&limits.gcras[0], now, cost)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use crate::gcra::Reservation;
+    use crate::{Clock, Decision, Quota, RateLimiter};
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Check(u32),
+        Wait(u64),
+        /// Gives back up to this many units of the last admission not yet given back.
+        Refund(u32),
+        /// Settles the last admission at this actual cost.
+        Settle(u32),
+        Evict,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0u32..4).prop_map(Op::Check),
+            2 => (0u64..700).prop_map(Op::Wait),
+            1 => (1u32..4).prop_map(Op::Refund),
+            1 => (0u32..7).prop_map(Op::Settle),
+            1 => Just(Op::Evict),
+        ]
+    }
+
+    /// A policy of each shape: one GCRA quota, several, and kinds other than GCRA among them.
+    fn shapes() -> [Vec<Quota>; 3] {
+        [
+            vec![Quota::per_second(5)],
+            vec![Quota::per_second(5), Quota::per_minute(20)],
+            vec![
+                Quota::per_second(5),
+                Quota::sliding_window(8, Duration::from_secs(2)),
+                Quota::fixed_window(6, Duration::from_secs(1)),
+                Quota::sliding_log(7, Duration::from_millis(1500)),
+            ],
+        ]
+    }
+
+    fn limiter<K>(quotas: &[Quota], clock: &Clock) -> RateLimiter<K>
+    where
+        K: std::hash::Hash + Eq + Clone + Send + Sync,
+    {
+        quotas[1..]
+            .iter()
+            .fold(RateLimiter::builder(quotas[0].clone()), |b, q| {
+                b.quota(q.clone())
+            })
+            .clock(clock.clone())
+            .build()
+    }
+
+    proptest! {
+        /// The single key of a zero-sized key type keeps one slot, without a table: in every
+        /// shape of policy it decides, refunds, settles and is forgotten exactly as one key of
+        /// a table, over any sequence of requests and waits.
+        #[test]
+        fn the_single_slot_decides_as_a_key_of_a_table_in_every_shape(
+            ops in prop::collection::vec(op(), 1..60)
+        ) {
+            for quotas in shapes() {
+                let (clock, time) = Clock::manual();
+                time.advance(Duration::from_secs(10));
+                let direct = limiter::<()>(&quotas, &clock);
+                let keyed = limiter::<u8>(&quotas, &clock);
+                let mut last: Option<(Decision, Decision, u32)> = None;
+                for op in &ops {
+                    match *op {
+                        Op::Check(cost) => {
+                            let (a, b) = (direct.check_n(&(), cost), keyed.check_n(&7, cost));
+                            prop_assert_eq!(a, b);
+                            if a.is_allowed() && cost > 0 {
+                                last = Some((a, b, cost));
+                            }
+                        }
+                        Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
+                        Op::Refund(units) => {
+                            if let Some((a, b, cost)) = last.take() {
+                                let units = units.min(cost);
+                                direct.refund(&(), &Reservation::of(&a, cost), units);
+                                keyed.refund(&7, &Reservation::of(&b, cost), units);
+                            }
+                        }
+                        Op::Settle(actual) => {
+                            if let Some((a, b, cost)) = last.take() {
+                                let x = direct.settle(&(), &Reservation::of(&a, cost), actual);
+                                let y = keyed.settle(&7, &Reservation::of(&b, cost), actual);
+                                prop_assert_eq!(x, y);
+                            }
+                        }
+                        Op::Evict => prop_assert_eq!(direct.evict_idle(), keyed.evict_idle()),
+                    }
+                    prop_assert_eq!(direct.peek(&()), keyed.peek(&7));
+                }
+            }
+        }
+    }
+}
