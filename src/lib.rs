@@ -207,7 +207,6 @@ pub mod store;
 #[cfg(feature = "stream")]
 pub mod stream;
 
-mod wait;
 /// Former home of the warm-up settings, kept while their paths move: use
 /// [`quota::WarmUp`] and [`quota::MAX_WARM_UP_PERIOD`].
 #[doc(hidden)]

@@ -17,47 +17,150 @@
 //!   within `deny_cache_max_age`.
 
 use std::hash::Hash;
-use std::sync::LazyLock;
+use std::time::Duration;
 
 use ::redis::Script;
 
+use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
+use super::script::{ban_left, penalty_rules, with_penalty_args, Arg, MICRO, PARDON};
+use super::store::RedisStore;
+use crate::error::ConfigError;
+use crate::decision::Decision;
 use crate::keyed::{Absent, OnFull, Table};
+use crate::observe::RedisMeter;
+use crate::penalty::PenaltyBox;
 
-/// The quota script wrapped by the penalty box, for decisions.
-pub(crate) static DECIDE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("ban.lua"),
-        "\nlocal function decide()\n",
-        include_str!("prelude.lua"),
-        include_str!("gcra.lua"),
-        "\nend\nreturn penalize(decide)\n"
-    ))
-});
+/// A penalty box on Redis: where its state lives, its rules as script arguments, and the bans
+/// this instance has seen.
+pub(super) struct Penalty<K> {
+    /// `<prefix>ban:<name length>:<name>:`, with an unclosed `{` closed.
+    key_prefix: Box<[u8]>,
+    tag_guard: TagGuard,
+    /// strikes, within, ban, max_ban, forget_after (times in microseconds).
+    rules: [u64; 5],
+    bans: Option<BanCache<K>>,
+}
 
-/// The penalty box alone, recording one strike (as if the quotas had rejected the request).
-pub(crate) static STRIKE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("ban.lua"),
-        "\nreturn penalize(function() return {1, 0} end)\n"
-    ))
-});
+impl<K: RedisKey + Hash + Eq + Clone> Penalty<K> {
+    /// Whether `p` can be decided on `store`.
+    pub(super) fn check(p: &PenaltyBox, store: &RedisStore) -> Result<(), ConfigError> {
+        p.validate()?;
+        // The quota key and the penalty key go to one script call: on a cluster they
+        // must share a slot, which only a hash tag in the prefix ensures.
+        let prefix = &store.prefix;
+        // Redis's rule: the bytes between the first `{` and the next `}`, if not empty.
+        let tagged = prefix.iter().position(|&b| b == b'{').is_some_and(|open| {
+            let rest = &prefix[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .is_some_and(|close| close > 0)
+        });
+        if store.is_cluster() && !tagged {
+            return Err(ConfigError::InvalidPenaltyBox(
+                "on Redis Cluster it needs a store prefix with a hash tag, e.g. \"app{1}:\"",
+            ));
+        }
+        Ok(())
+    }
 
-/// The penalty box alone, reading whether the key is banned (`{3, ban left}`) or not
-/// (`{0, 0}`).
-pub(crate) static PEEK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("ban.lua"),
-        "\nreturn penalize(function() return {0, 0} end, true)\n"
-    ))
-});
+    /// The penalty box `p` of the limiter whose keys are named after `scope`, caching bans
+    /// for at most `max_age` ns.
+    pub(super) fn new(p: &PenaltyBox, store: &RedisStore, scope: &str, max_age: u64) -> Self {
+        let mut prefix = store.prefix.to_vec();
+        prefix.extend_from_slice(b"ban:");
+        RedisKey::write_key(&scope.len(), &mut prefix);
+        prefix.push(b':');
+        prefix.extend_from_slice(scope.as_bytes());
+        prefix.push(b':');
+        let tag_guard = guard_fixed_part(&mut prefix);
+        Penalty {
+            key_prefix: prefix.into_boxed_slice(),
+            tag_guard,
+            rules: penalty_rules(p),
+            bans: (store.deny_cache > 0 && max_age > 0)
+                .then(|| BanCache::new(store.deny_cache, max_age)),
+        }
+    }
 
-/// Forgets a key's penalty state.
-pub(crate) static PARDON: LazyLock<Script> =
-    LazyLock::new(|| Script::new("redis.call('DEL', KEYS[1])\nreturn {0, 0}\n"));
+    /// The Redis key of `key`'s penalty state.
+    pub(super) fn key(&self, key: &K) -> Vec<u8> {
+        let mut name = Vec::with_capacity(self.key_prefix.len() + 32);
+        name.extend_from_slice(&self.key_prefix);
+        write_guarded(&mut name, key, self.tag_guard);
+        name
+    }
 
-/// The largest time sent to the script, in microseconds (about 35 years): sums of two stay
-/// exact in Lua's doubles.
-pub(crate) const MAX_MICROS: u64 = 1 << 50;
+    /// `args` followed by the penalty box's, with `time`.
+    pub(super) fn args<'a>(&self, args: &[Arg<'a>], time: Arg<'a>) -> Vec<Arg<'a>> {
+        with_penalty_args(&self.rules, args, time)
+    }
+
+    /// The time until a retry of `key` is admitted at `now`, if this instance knows a ban.
+    pub(super) fn known_ban(&self, key: &K, now: u64) -> Option<u64> {
+        self.bans.as_ref()?.left(key, now)
+    }
+
+    /// Remembers the ban of `key` that Redis announced with `d` (its `reply`), for a request
+    /// sent at `now`.
+    pub(super) fn banned(&self, key: &K, now: u64, d: &Decision, reply: &[i64]) {
+        if let Some(bans) = &self.bans {
+            // Until the ban ends, not until the retry it told: from then on the quotas
+            // decide, and may admit another request sooner.
+            let wait = ns(d.retry_after());
+            bans.remember(key, now, wait, ban_left(reply).unwrap_or(wait));
+        }
+    }
+
+    /// Runs the penalty box alone (`script`: `STRIKE` or `PEEK`) for `key`, whose quota key is
+    /// `quota_key`, at `now` sent as `time`; the ban left, `Some(0)` when not banned, `None`
+    /// when Redis did not answer.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn only(
+        &self,
+        store: &RedisStore,
+        meter: &RedisMeter,
+        script: &Script,
+        quota_key: &[u8],
+        key: &K,
+        now: u64,
+        time: Arg<'_>,
+    ) -> Option<u64> {
+        let args = self.args(&[], time);
+        let ban_key = self.key(key);
+        // The quota key is never touched by these scripts; it is passed for the slot.
+        let keys: [&[u8]; 2] = [quota_key, &ban_key];
+        let reply = store.eval_script(script, &keys, &args, meter).await?;
+        match reply.as_slice() {
+            [3, left, ..] => {
+                let left = u64::try_from(*left).ok()?.saturating_mul(MICRO);
+                if let Some(bans) = &self.bans {
+                    bans.remember(key, now, left, ban_left(&reply).unwrap_or(left));
+                }
+                Some(left)
+            }
+            [_, _] => Some(0),
+            _ => {
+                store.bad_reply(meter);
+                None
+            }
+        }
+    }
+
+    /// Lifts `key`'s ban and forgets its strikes and offences, in Redis and in this instance.
+    pub(super) async fn pardon(&self, store: &RedisStore, meter: &RedisMeter, key: &K) {
+        if let Some(bans) = &self.bans {
+            bans.forget(key);
+        }
+        let _ = store
+            .eval_script(&PARDON, &[&self.key(key)], &[], meter)
+            .await;
+    }
+}
+
+/// The time a decision says to wait, in ns.
+fn ns(d: Option<Duration>) -> u64 {
+    d.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
 
 /// A ban Redis announced, as this instance remembers it (limiter clock, ns).
 #[derive(Debug, Clone, Copy)]

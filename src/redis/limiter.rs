@@ -7,32 +7,24 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::Script;
 use arc_swap::ArcSwap;
 
-use super::ban::{BanCache, DECIDE, MAX_MICROS, PARDON, PEEK, STRIKE};
+use super::ban::Penalty;
+use super::decide::{Inner, Limits};
 use super::deny::DenyCache;
-use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
+use super::fallback::Fallback;
+use super::key::{guard_fixed_part, RedisKey};
 use super::lease::Leases;
-use super::store::{
-    Arg, FailMode, Failure, RedisStore, Share, GCRA_ONLY, RETRY_WHEN_UNAVAILABLE, SCRIPT,
-};
-use crate::algo::gcra::Gcra;
-use crate::algo::warmup::{Curve, WarmGcra};
-use crate::algo::{Rule, Window};
+use super::script::{rule_args, PEEK, STRIKE};
+use super::store::RedisStore;
+use crate::algo::Rule;
 use crate::clock::Clock;
-use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use crate::error::ConfigError;
-use crate::limiter::{InsufficientCapacity, RateLimiter};
-use crate::penalty::{banned_decision, PenaltyBox};
+use crate::decision::{Decision, Reservation};
+use crate::limiter::wait::{self, Lines};
+use crate::limiter::InsufficientCapacity;
+use crate::penalty::PenaltyBox;
 use crate::quota::Quota;
-use crate::wait::Lines;
-
-const MICRO: u64 = 1_000;
-
-fn ns_of(d: Option<Duration>) -> u64 {
-    d.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
 
 /// A keyed GCRA rate limiter whose state lives in Redis, shared by every instance of a service
 /// that uses the same store prefix, policy name and key. The same methods and semantics as
@@ -85,14 +77,14 @@ fn ns_of(d: Option<Duration>) -> u64 {
 /// name ([`RedisKey`] says more).
 ///
 /// # When Redis does not answer
-/// See [`FailMode`]: the decision is admitted or rejected as configured, or made by the local
+/// See [`FailMode`](super::FailMode): the decision is admitted or rejected as configured, or made by the local
 /// fallback on the scaled quotas (each limiter and its clones keep one local state), and says
 /// [`is_degraded`](Decision::is_degraded). A decision waits at most the store's timeout in
 /// all, from its start (a wait for another request's batch included).
 ///
 /// An error Redis gives about one key (a value of another type, a script error on it, `OOM`
 /// for a write, `NOPERM` from an ACL rule, a reply that does not fit) is not an outage: the request is rejected as
-/// unavailable and degraded, whatever the [`FailMode`], and nothing else changes (no outage
+/// unavailable and degraded, whatever the [`FailMode`](super::FailMode), and nothing else changes (no outage
 /// state, no probing). The first of a policy is logged at `ERROR` with the key's Redis name
 /// and the likely cause; each is counted in `tollgate_redis_errors_total{error="key"}`.
 ///
@@ -143,121 +135,6 @@ impl<K> fmt::Debug for RedisRateLimiter<K> {
             .field("store", &self.inner.store)
             .finish_non_exhaustive()
     }
-}
-
-struct Inner<K> {
-    name: Box<str>,
-    /// The quotas in force: read once per decision, replaced whole by
-    /// [`RedisRateLimiter::set_quotas`].
-    limits: ArcSwap<Limits>,
-    store: RedisStore,
-    /// `<prefix><name length>:<name>:`, with an unclosed `{` closed.
-    key_prefix: Box<[u8]>,
-    /// How keys are kept from forming a Redis Cluster hash tag.
-    tag_guard: TagGuard,
-    clock: Clock,
-    /// Whether to send the clock's time to the script rather than use the server's `TIME`.
-    local_time: bool,
-    deny: Option<DenyCache<K>>,
-    /// Batches of hot keys' quota taken from Redis, handed out locally.
-    leases: Option<Leases<K>>,
-    /// The penalty box, decided in Redis with the quotas.
-    penalty: Option<Penalty<K>>,
-    /// Its script calls, in the metrics.
-    meter: crate::observe::RedisMeter,
-    /// Its decisions through `check_n`, in the metrics.
-    #[cfg(feature = "metrics")]
-    decisions: Option<crate::observe::LimiterMeter>,
-    /// The tasks of this process waiting in `until_ready_n`, in one line per key.
-    waiters: Lines<K>,
-    /// The in-memory limiter on the scaled quotas that decides while Redis does not answer,
-    /// with [`FailMode::Local`].
-    fallback: Option<Fallback<K>>,
-    /// Held while the limiter lives: its unnamed key names are taken in its store.
-    _claim: Option<Arc<()>>,
-}
-
-/// The local fallback: an in-memory limiter on the quotas at `share`.
-struct Fallback<K> {
-    limiter: RateLimiter<K>,
-    share: Share,
-}
-
-/// The in-memory limiter of [`FailMode::Local`]: `quotas` at `share`, decided on `clock`.
-fn fallback_limiter<K: Hash + Eq + Clone + Send + Sync>(
-    quotas: &[Quota],
-    share: Share,
-    clock: &Clock,
-) -> Result<RateLimiter<K>, ConfigError> {
-    let scaled = scaled(quotas, share)?;
-    let (first, rest) = scaled.split_first().ok_or(ConfigError::NoQuota)?;
-    rest.iter()
-        .fold(RateLimiter::builder(first.clone()), |b, q| {
-            b.quota(q.clone())
-        })
-        .clock(clock.clone())
-        .try_build()
-}
-
-/// `quotas`, each at `share`.
-fn scaled(quotas: &[Quota], share: Share) -> Result<Vec<Quota>, ConfigError> {
-    quotas.iter().map(|q| q.scaled(share.get())).collect()
-}
-
-/// A set of quotas and their numbers for the script, swapped as one.
-struct Limits {
-    quotas: Arc<[Quota]>,
-    /// The quotas rounded to whole microseconds, in nanoseconds.
-    rules: Box<[Rule]>,
-    /// The same as GCRA, when every quota is one (the deny cache decides those locally).
-    gcras: Box<[Gcra]>,
-}
-
-impl Limits {
-    fn new(quotas: Vec<Quota>) -> Result<Self, ConfigError> {
-        Limits::replacing(quotas, &[], 0)
-    }
-
-    /// `quotas` in place of the rules `old` at `now`: they judge the state every key stored
-    /// (see [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas)).
-    fn replacing(quotas: Vec<Quota>, old: &[Rule], now: u64) -> Result<Self, ConfigError> {
-        crate::limiter::check_quotas(&quotas)?;
-        let mut rules = quotas
-            .iter()
-            .map(micros)
-            .collect::<Result<Box<[Rule]>, _>>()?;
-        Rule::replacing(&mut rules, old, now);
-        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
-        Ok(Limits {
-            quotas: quotas.into(),
-            rules,
-            gcras,
-        })
-    }
-}
-
-/// A penalty box on Redis: where its state lives, its rules as script arguments, and the bans
-/// this instance has seen.
-struct Penalty<K> {
-    /// `<prefix>ban:<name length>:<name>:`, with an unclosed `{` closed.
-    key_prefix: Box<[u8]>,
-    tag_guard: TagGuard,
-    /// strikes, within, ban, max_ban, forget_after (times in microseconds).
-    rules: [u64; 5],
-    bans: Option<BanCache<K>>,
-}
-
-/// The script arguments of a penalty box's rules, in microseconds (at most [`MAX_MICROS`]).
-fn penalty_rules(p: &PenaltyBox) -> [u64; 5] {
-    let r = p.rules();
-    let us = |ns: u64| (ns.div_ceil(MICRO)).clamp(1, MAX_MICROS);
-    [
-        u64::from(r.strikes),
-        us(r.within),
-        us(r.ban),
-        us(r.max_ban),
-        us(r.forget_after).max(1),
-    ]
 }
 
 /// Builds a [`RedisRateLimiter`].
@@ -350,22 +227,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         let limits = Limits::new(self.quotas)?;
         crate::headers::check_name(&self.name)?;
         if let Some(p) = &self.penalty {
-            p.validate()?;
-            // The quota key and the penalty key go to one script call: on a cluster they
-            // must share a slot, which only a hash tag in the prefix ensures.
-            let prefix = &self.store.prefix;
-            // Redis's rule: the bytes between the first `{` and the next `}`, if not empty.
-            let tagged = prefix.iter().position(|&b| b == b'{').is_some_and(|open| {
-                let rest = &prefix[open + 1..];
-                rest.iter()
-                    .position(|&b| b == b'}')
-                    .is_some_and(|close| close > 0)
-            });
-            if self.store.is_cluster() && !tagged {
-                return Err(ConfigError::InvalidPenaltyBox(
-                    "on Redis Cluster it needs a store prefix with a hash tag, e.g. \"app{1}:\"",
-                ));
-            }
+            Penalty::<K>::check(p, &self.store)?;
         }
         let all_gcra = limits.gcras.len() == limits.rules.len();
         // The part of every Redis key name that says which limit it is.
@@ -396,13 +258,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
             Some(claim.ok_or_else(|| ConfigError::SharedRedisKeys(self.name.to_string()))?)
         };
         let clock = self.clock.unwrap_or_default();
-        let fallback = match self.store.on_failure {
-            FailMode::Local(share) => Some(Fallback {
-                limiter: fallback_limiter(&limits.quotas, share, &clock)?,
-                share,
-            }),
-            FailMode::Open | FailMode::Closed => None,
-        };
+        let fallback = Fallback::new(self.store.on_failure, &limits.quotas, &clock)?;
         let max_age = u64::try_from(self.store.deny_max_age.as_nanos()).unwrap_or(u64::MAX);
         let deny = (all_gcra && self.store.deny_cache > 0 && max_age > 0)
             .then(|| DenyCache::new(self.store.deny_cache, max_age));
@@ -415,22 +271,10 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
             .lease
             .filter(|_| all_gcra && self.penalty.is_none())
             .map(|lease| Leases::new(&lease, self.store.timeout));
-        let penalty = self.penalty.as_ref().map(|p| {
-            let mut prefix = self.store.prefix.to_vec();
-            prefix.extend_from_slice(b"ban:");
-            RedisKey::write_key(&scope.len(), &mut prefix);
-            prefix.push(b':');
-            prefix.extend_from_slice(scope.as_bytes());
-            prefix.push(b':');
-            let tag_guard = guard_fixed_part(&mut prefix);
-            Penalty {
-                key_prefix: prefix.into_boxed_slice(),
-                tag_guard,
-                rules: penalty_rules(p),
-                bans: (self.store.deny_cache > 0 && max_age > 0)
-                    .then(|| BanCache::new(self.store.deny_cache, max_age)),
-            }
-        });
+        let penalty = self
+            .penalty
+            .as_ref()
+            .map(|p| Penalty::new(p, &self.store, &scope, max_age));
         #[cfg(feature = "metrics")]
         let decisions = self.counted.then(|| {
             let policy = crate::Policy::new(self.name.to_string(), limits.quotas[0].clone());
@@ -462,18 +306,6 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     }
 }
 
-/// A quota's kind and two numbers, as the script takes them (GCRA: interval and tolerance in
-/// microseconds; a window: its count and width in microseconds; warm-up: as GCRA).
-fn rule_args(r: &Rule) -> (u64, u64, u64) {
-    match r {
-        Rule::Gcra(g) => (0, g.interval / MICRO, g.tolerance / MICRO),
-        Rule::FixedWindow(w) => (1, w.limit, w.width / MICRO),
-        Rule::SlidingLog(w) => (2, w.limit, w.width / MICRO),
-        Rule::SlidingWindow(w) => (3, w.limit, w.width / MICRO),
-        Rule::WarmUp(g) => (4, g.curve.interval / MICRO, g.tolerance / MICRO),
-    }
-}
-
 /// The digest that names the keys of an unnamed limiter: of everything the script decides
 /// by (each quota's kind and numbers, in order, a warm-up's curve) and of what the keys are.
 /// Twelve hex digits (48 bits) of SHA-256: the same in every process, different for limits
@@ -495,63 +327,6 @@ fn scope_digest(rules: &[Rule], keys: &str) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-/// How many batches of other requests a request waits for at most before it asks Redis for
-/// its own cost.
-const MAX_LEASE_WAITS: u32 = 3;
-
-/// The largest integer the script's numbers (Lua doubles) hold exactly.
-const EXACT: u128 = 1 << 53;
-
-/// A quota in whole microseconds (an interval or a window rounded up), in nanoseconds.
-fn micros(q: &Quota) -> Result<Rule, ConfigError> {
-    let window = |w: &Window, counter: bool| -> Result<Window, ConfigError> {
-        let width = w.width.div_ceil(MICRO);
-        // The counter multiplies counts (up to twice the limit) by widths in the script.
-        if counter && u128::from(w.limit) * u128::from(width) * 2 >= EXACT {
-            return Err(ConfigError::WindowTooLongForStore {
-                count: q.count(),
-                window: q.period(),
-            });
-        }
-        Ok(Window::new(w.limit, width * MICRO))
-    };
-    match q.rule() {
-        Rule::Gcra(_) => gcra_micros(q).map(Rule::Gcra),
-        Rule::FixedWindow(w) => window(&w, false).map(Rule::FixedWindow),
-        Rule::SlidingLog(w) => window(&w, false).map(Rule::SlidingLog),
-        Rule::SlidingWindow(w) => window(&w, true).map(Rule::SlidingWindow),
-        Rule::WarmUp(_) => {
-            let g = gcra_micros(q)?;
-            // The script computes the curve in whole microseconds: the period is rounded down
-            // to one (at least 1 µs).
-            let w = q.warm_up_settings().ok_or(ConfigError::WarmUpOnWindow)?;
-            let period = (w.period().as_nanos() / u128::from(MICRO)).max(1) as u64;
-            let curve = Curve::new(g.interval, period * MICRO, w.cold_factor(), MICRO);
-            Ok(Rule::WarmUp(WarmGcra::new(curve, g.tolerance)))
-        }
-    }
-}
-
-/// A GCRA quota in whole microseconds (interval rounded up), expressed in nanoseconds.
-fn gcra_micros(q: &Quota) -> Result<Gcra, ConfigError> {
-    let g = q.gcra();
-    let too_fine = ConfigError::RateTooHighForStore {
-        count: q.count(),
-        period: q.period(),
-        resolution: Duration::from_micros(1),
-    };
-    let period = q.period().as_nanos();
-    if period < u128::from(q.count()) * u128::from(MICRO) {
-        return Err(too_fine);
-    }
-    let interval = g.interval.div_ceil(MICRO) * MICRO;
-    let tolerance = interval
-        .checked_mul(u64::from(q.burst_size()))
-        .filter(|t| *t <= u64::MAX / 4)
-        .ok_or(ConfigError::ToleranceTooLong)?;
-    Ok(Gcra::new(interval, tolerance))
 }
 
 impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
@@ -618,18 +393,13 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// in line moves up; dropping it while a decision is on its way is as
     /// [`check`](Self::check).
     pub async fn until_ready(&self, key: &K) -> Decision {
-        match self.until_ready_n(key, 1).await {
-            Ok(d) => d,
-            // A cost of 1 never exceeds a valid quota's burst (at least 1).
-            Err(_) => unreachable!("a burst is at least 1"),
-        }
+        wait::admitted_one(self.until_ready_n(key, 1).await)
     }
 
-    /// Waits until a request of `cost` for `key` is admitted.
-    ///
-    /// Returns [`InsufficientCapacity`] at once when `cost` is larger than a quota's burst.
-    /// Waits in the same line as [`until_ready`](Self::until_ready): a large cost at the head
-    /// is served before the smaller ones behind it.
+    /// Waits until a request of `cost` for `key` is admitted, as
+    /// [`RateLimiter::until_ready_n`](crate::RateLimiter::until_ready_n): at once
+    /// [`InsufficientCapacity`] for a cost above a quota's burst, else in the line of
+    /// [`until_ready`](Self::until_ready).
     ///
     /// # Cancellation safety
     /// As [`until_ready`](Self::until_ready).
@@ -638,18 +408,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         key: &K,
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
-        let inner = &*self.inner;
-        let limits = inner.limits.load_full();
-        let check = || self.check_n(key, cost);
-        crate::wait::until_admitted(
-            &inner.waiters,
-            key,
-            &limits.rules,
-            &inner.clock,
-            cost,
-            check,
-        )
-        .await
+        wait::until_ready_n(self, key, cost).await
     }
 
     /// The quotas in force, in the order given (the latest set by
@@ -687,9 +446,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let old = self.inner.limits.load();
         crate::limiter::check_replacement(&old.quotas, &quotas)?;
         let limits = Limits::replacing(quotas, &old.rules, self.now())?;
-        if let Some(f) = &self.inner.fallback {
-            f.limiter.set_quotas(scaled(&limits.quotas, f.share)?)?;
-        }
+        self.inner.fallback.set_quotas(&limits.quotas)?;
         self.inner.limits.store(Arc::new(limits));
         if let Some(leases) = &self.inner.leases {
             leases.quotas_changed();
@@ -729,347 +486,51 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// sent in time but held up in Redis, which runs it when it resumes, still lands late.) Units that Redis does not take back in
     /// time are lost to the fleet until the key recovers on its own, within its burst period.
     pub async fn return_leases(&self) {
-        let Some(leases) = &self.inner.leases else {
-            return;
-        };
-        let held = leases.drain(self.now());
-        let all = async {
-            // A few hundred calls at a time, each batch pipelined on the connection.
-            for chunk in held.chunks(RETURN_AT_ONCE) {
-                let calls: Vec<_> = chunk
-                    .iter()
-                    .map(|(key, units, until)| {
-                        Box::pin(async move {
-                            // A lease that expired while earlier give-backs were on their way
-                            // is not given back: Redis restores its units by time alone.
-                            if self.now() < *until {
-                                let _ = self.give_back(key, *units).await;
-                            }
-                        })
-                    })
-                    .collect();
-                join_all(calls).await;
-            }
-        };
-        // One deadline for all of them: what is not back by then is lost to the fleet.
-        let _ = tokio::time::timeout(self.inner.store.timeout, all).await;
+        self.inner.return_leases().await;
     }
 
     /// The Redis key that holds the state of `key`: `<prefix><name length>:<name>:<key>`,
     /// with `{}` before the key's bytes when they have a `{` (see [`RedisKey`] on hash tags).
     pub fn redis_key(&self, key: &K) -> Vec<u8> {
-        let mut name = Vec::with_capacity(self.inner.key_prefix.len() + 32);
-        name.extend_from_slice(&self.inner.key_prefix);
-        write_guarded(&mut name, key, self.inner.tag_guard);
-        name
+        self.inner.redis_key(key)
     }
 
     #[inline]
     pub(crate) fn now(&self) -> u64 {
-        self.inner.clock.now()
+        self.inner.now()
     }
 
-    /// The decision the deny cache already knows, without a round trip.
+    /// The decision this instance already knows, without a round trip (see
+    /// [`Inner::local`]).
     #[inline]
     pub(crate) fn local(&self, key: &K, cost: u32, now: u64) -> Option<Decision> {
-        if let Some(p) = &self.inner.penalty {
-            // Rejections must reach Redis to count as strikes: only bans are answered here.
-            let left = p.bans.as_ref()?.left(key, now)?;
-            return Some(banned_decision(&self.inner.limits.load().rules, left));
-        }
-        if cost == 0 {
-            return None;
-        }
-        let limits = self.inner.limits.load();
-        if let Some(leases) = &self.inner.leases {
-            if let Some(d) = leases.serve(key, &limits.gcras, now, cost) {
-                return Some(d);
-            }
-        }
-        self.known_refused(key, &limits, now, cost)
+        self.inner.local(key, cost, now)
     }
 
-    /// The rejection of a request of `cost` for `key` at `now` that the deny cache knows.
-    #[inline]
-    fn known_refused(&self, key: &K, limits: &Limits, now: u64, cost: u32) -> Option<Decision> {
-        let deny = self.inner.deny.as_ref()?;
-        deny.check(key, &limits.gcras, now, cost)
-    }
-
-    /// The script's arguments after the key: the cost (negative for a refund), the time sent
-    /// (empty: the server's clock), then each quota's kind and two numbers (GCRA: interval and
-    /// tolerance in microseconds; a window: its count and width in microseconds; warm-up: as
-    /// GCRA), then the cost of the reservation `taken` that a refund gives back from (0:
-    /// none), then for each warm-up quota in order its period in microseconds and its cold
-    /// factor, then for each quota what had left its windows at changes of quotas (see
-    /// `Window::replacing`), then `taken`'s spots. Returns them with how many are used.
-    fn script_args<'a>(
-        &self,
-        rules: &[Rule],
-        cost: Arg<'a>,
-        now: u64,
-        taken: Option<&Reservation>,
-    ) -> ([Arg<'a>; 4 + 9 * MAX_QUOTAS], usize) {
-        let inner = &*self.inner;
-        let mut args = [Arg::Int(0); 4 + 9 * MAX_QUOTAS];
-        args[0] = cost;
-        args[1] = if inner.local_time {
-            Arg::Int(now / MICRO)
-        } else {
-            Arg::Bytes(b"")
-        };
-        args[2] = Arg::Int(rules.len() as u64);
-        for (i, r) in rules.iter().enumerate() {
-            let (kind, a, b) = rule_args(r);
-            args[3 + 3 * i] = Arg::Int(kind);
-            args[4 + 3 * i] = Arg::Int(a);
-            args[5 + 3 * i] = Arg::Int(b);
-        }
-        args[3 + 3 * rules.len()] = Arg::Int(taken.map_or(0, |t| u64::from(t.cost)));
-        let mut used = 4 + 3 * rules.len();
-        for r in rules {
-            if let Rule::WarmUp(g) = r {
-                args[used] = Arg::Int(g.curve.period);
-                args[used + 1] = Arg::Int(g.curve.cold_factor);
-                used += 2;
-            }
-        }
-        for r in rules {
-            let (gone, gone_cur) = match r {
-                Rule::SlidingLog(w) | Rule::SlidingWindow(w) => (w.gone, w.gone_cur),
-                _ => (0, 0),
-            };
-            args[used] = Arg::Int(gone / MICRO);
-            args[used + 1] = Arg::Int(gone_cur / MICRO);
-            used += 2;
-        }
-        if let Some(t) = taken.filter(|t| t.cost > 0) {
-            for spot in &t.spots[..rules.len()] {
-                args[used] = Arg::Int(spot[0]);
-                args[used + 1] = Arg::Int(spot[1]);
-                used += 2;
-            }
-        }
-        (args, used)
-    }
-
-    /// The decision of Redis, or of the failure policy; with a [`Lease`](super::Lease), a
-    /// batch for the key taken with it when the key is hot.
-    ///
-    /// The whole decision waits at most the store's timeout from here: waiting for another
-    /// request's batch and its own call share one deadline.
+    /// The decision of Redis, or of the failure policy (see [`Inner::remote`]).
     pub(crate) async fn remote(&self, key: &K, cost: u32, now: u64) -> Decision {
-        let inner = &*self.inner;
-        let deadline = inner.store.deadline();
-        // While Redis does not answer, no batch can be taken: a request waiting for another's
-        // batch would wait the timeout twice. Each asks for its own cost, as without a lease.
-        let Some(leases) = inner
-            .leases
-            .as_ref()
-            .filter(|_| cost > 0 && !inner.store.is_down())
-        else {
-            return self.decide(key, cost, now, None).await;
-        };
-        let limits = inner.limits.load_full();
-        let max_fit = u32::try_from(limits.gcras.iter().map(Gcra::burst).min().unwrap_or(1))
-            .unwrap_or(u32::MAX);
-        let mut plan;
-        let mut waits = 0;
-        // The time of the request's first look; after a wait, the clock is read again.
-        let mut at = now;
-        loop {
-            let taken = leases.taken();
-            let mut taken = std::pin::pin!(taken);
-            taken.as_mut().enable();
-            plan = leases.plan(key, at, cost, max_fit);
-            // Another request of this instance is taking a batch: its answer comes as soon as
-            // this request's own would, and may serve it. A few times at most, then the
-            // request asks Redis for its cost alone.
-            if !plan.wait || waits == MAX_LEASE_WAITS {
-                break;
-            }
-            if inner.store.is_down() {
-                // A batch waited for got no answer between this request's last look and its
-                // new wait (so its wake-up may have been missed): no batch is coming.
-                return self.unanswered(key, cost, &limits.rules);
-            }
-            waits += 1;
-            let until = deadline.min(tokio::time::Instant::now() + leases.hold());
-            let _ = tokio::time::timeout_at(until, taken).await;
-            at = self.now().max(at);
-            if let Some(d) = leases.serve(key, &limits.gcras, at, cost) {
-                return d;
-            }
-            if inner.store.is_down() || tokio::time::Instant::now() >= deadline {
-                // The batch waited for got no answer, or the decision's time is up: asking
-                // Redis again would wait past the timeout.
-                return self.unanswered(key, cost, &limits.rules);
-            }
-        }
-        // The decision's first call has the store's whole timeout unless the request waited
-        // for a batch; a call after another has what is left of it. (A call cut short that
-        // gets no answer says nothing about Redis: it is no outage.)
-        let mut limit = (waits > 0).then_some(deadline);
-        // Dropped before the answer, the request no longer holds up the others.
-        let mut pending = leases.pending(key, &plan);
-        if plan.batch > cost {
-            // A batch already known to be refused is not asked for.
-            if self.known_refused(key, &limits, now, plan.batch).is_some() {
-                pending.answered();
-                leases.refused(key, true);
-            } else {
-                let answer = self.ask(key, plan.batch, now, limit).await;
-                limit = Some(deadline);
-                pending.answered();
-                let d = match answer {
-                    Ok(d) => d,
-                    Err(failure) => {
-                        // The failure policy decides the cost alone (asking Redis again would
-                        // wait as long).
-                        leases.refused(key, false);
-                        return self.failed(key, cost, &limits.rules, failure);
-                    }
-                };
-                if d.is_allowed() {
-                    return leases.took(key, &limits.gcras, now, &plan, plan.batch, &d);
-                }
-                leases.refused(key, true);
-                // The refusal says what the key has left: the cost alone may be known to be
-                // refused too (no second call), or what is left may be taken as the batch.
-                if let Some(refused) = self.known_refused(key, &limits, now, cost) {
-                    return refused;
-                }
-                let left = u32::try_from(d.remaining()).unwrap_or(u32::MAX);
-                if left > cost && left < plan.batch {
-                    match self.ask(key, left, now, limit).await {
-                        Ok(d) if d.is_allowed() => {
-                            return leases.took(key, &limits.gcras, now, &plan, left, &d);
-                        }
-                        Ok(_) => {}
-                        Err(failure) => return self.failed(key, cost, &limits.rules, failure),
-                    }
-                }
-            }
-        }
-        let d = self.decide(key, cost, now, limit).await;
-        if d.is_allowed() && !d.is_degraded() {
-            // A batch of the cost alone: how soon the key needs the next one sizes that one.
-            return leases.took(key, &limits.gcras, now, &plan, cost, &d);
-        }
-        d
+        self.inner.remote(key, cost, now).await
     }
 
-    /// The decision of Redis for a request of `cost`, or of the failure policy, by
-    /// `deadline` if there is one.
-    async fn decide(
+    /// Gives back in Redis what a request for `key` took (see [`Inner::refund`]).
+    pub(crate) async fn refund(&self, key: &K, taken: &Reservation) {
+        self.inner.refund(key, taken).await
+    }
+
+    /// Settles in Redis a request for `key` at its `actual` cost (see [`Inner::settle`]).
+    pub(crate) async fn settle(
         &self,
         key: &K,
-        cost: u32,
-        now: u64,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Decision {
-        match self.ask(key, cost, now, deadline).await {
-            Ok(d) => d,
-            Err(failure) => {
-                let limits = self.inner.limits.load();
-                self.failed(key, cost, &limits.rules, failure)
-            }
-        }
-    }
-
-    /// The decision of Redis for a request of `cost`, answered within the store's timeout (and
-    /// by `deadline` if there is one); why there is none otherwise.
-    async fn ask(
-        &self,
-        key: &K,
-        cost: u32,
-        now: u64,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<Decision, Failure> {
-        let inner = &*self.inner;
-        // One set of quotas for the whole decision, whatever changes while it is on its way.
-        let limits = inner.limits.load_full();
-        let (args, n) = self.script_args(&limits.rules, Arg::Int(u64::from(cost)), now, None);
-        let redis_key = self.redis_key(key);
-        let reply = match &inner.penalty {
-            Some(p) => {
-                let ban_key = self.ban_key(p, key);
-                let args = self.with_penalty_args(p, &args[..n], now);
-                let keys: [&[u8]; 2] = [&redis_key, &ban_key];
-                inner
-                    .store
-                    .try_eval_script(&DECIDE, &keys, &args, &inner.meter, deadline)
-                    .await
-            }
-            None => {
-                let script: &Script = if limits.gcras.len() == limits.rules.len() {
-                    &GCRA_ONLY
-                } else {
-                    &SCRIPT
-                };
-                inner
-                    .store
-                    .try_eval_script(script, &[&redis_key], &args[..n], &inner.meter, deadline)
-                    .await
-            }
-        };
-        let reply = reply?;
-        let d = decision_of(&limits.rules, &reply, cost).ok_or_else(|| {
-            inner.store.bad_reply_on(&inner.meter, &redis_key);
-            Failure::Key
-        })?;
-        if d.outcome() == Outcome::Banned {
-            if let Some(bans) = inner.penalty.as_ref().and_then(|p| p.bans.as_ref()) {
-                // Until the ban ends, not until the retry it told: from then on the quotas
-                // decide, and may admit another request sooner.
-                let wait = ns_of(d.retry_after());
-                bans.remember(key, now, wait, ban_left(&reply).unwrap_or(wait));
-            }
-        }
-        if let Some(deny) = &inner.deny {
-            match d.outcome() {
-                // With a penalty box, every rejection must reach Redis as a strike.
-                Outcome::Limited if inner.penalty.is_none() => deny.remember(key, now, cost, &d),
-                // The key moved on: a cached rejection must not report stale times.
-                Outcome::Allowed if cost > 0 => deny.admitted(key, now, &d),
-                _ => {}
-            }
-        }
-        Ok(d)
-    }
-
-    /// The decision for a request that Redis did not decide, by why: the failure policy's
-    /// when Redis is unavailable; a rejection as unavailable, whatever the failure policy,
-    /// when Redis answered with an error about the key (a misconfiguration: never admitted
-    /// silently, and never decided on a local state that would hide it).
-    fn failed(&self, key: &K, cost: u32, rules: &[Rule], failure: Failure) -> Decision {
-        match failure {
-            Failure::Unavailable => self.unanswered(key, cost, rules),
-            Failure::Key => {
-                Decision::degraded(rules, false, RETRY_WHEN_UNAVAILABLE.as_nanos() as u64)
-            }
-        }
-    }
-
-    /// The decision of the failure policy for a request Redis did not decide: the local
-    /// fallback's, or an admission or rejection that knows nothing of the key.
-    fn unanswered(&self, key: &K, cost: u32, rules: &[Rule]) -> Decision {
-        let retry = RETRY_WHEN_UNAVAILABLE.as_nanos() as u64;
-        match &self.inner.fallback {
-            Some(f) => {
-                let never = rules.iter().any(|r| u64::from(cost) > r.limit());
-                f.limiter.check_n(key, cost).made_locally(never, retry)
-            }
-            None => Decision::degraded(rules, self.inner.store.on_failure == FailMode::Open, retry),
-        }
+        taken: &Reservation,
+        actual: u32,
+    ) -> Option<Decision> {
+        self.inner.settle(key, taken, actual).await
     }
 
     /// Gives back what the local fallback's admission of a request for `key` took (a layer
     /// inside rejected it) to the fallback's state.
     pub(crate) fn refund_locally(&self, key: &K, taken: &Reservation) {
-        if let Some(f) = &self.inner.fallback {
-            f.limiter.refund(key, taken, taken.cost);
-        }
+        self.inner.fallback.refund(key, taken);
     }
 
     /// Settles a request the local fallback admitted, in the fallback's state: the key's
@@ -1080,147 +541,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         taken: &Reservation,
         actual: u32,
     ) -> Option<Decision> {
-        let f = self.inner.fallback.as_ref()?;
-        let d = f.limiter.settle(key, taken, actual);
-        Some(d.made_locally(true, 0))
-    }
-
-    /// Gives back a request of `cost` admitted earlier for `key` (a layer inside rejected
-    /// it), in one script call: each quota's time moves back by `cost` emission intervals,
-    /// never before now. A cached rejection of the key is brought up to date (or dropped).
-    /// A refund Redis does not answer in time is lost, and logged as an outage.
-    pub(crate) async fn refund(&self, key: &K, taken: &Reservation) {
-        let cost = taken.cost;
-        if cost == 0 {
-            return;
-        }
-        // A negative cost is a refund to the script.
-        self.adjust(key, &format!("-{cost}"), Some(taken)).await;
-    }
-
-    /// Gives back `units` of an expired lease of `key`, as [`refund`](Self::refund); whether
-    /// Redis answered.
-    async fn give_back(&self, key: &K, units: u32) -> bool {
-        self.adjust(key, &format!("-{units}"), None).await.is_some()
-    }
-
-    /// Settles a request that reserved `reserved` for `key` at the `actual` cost known after
-    /// its response, in one script call: gives back the difference (as [`refund`]), or charges
-    /// it even over the limit (the key goes into debt). Returns the key's state after
-    /// settling; `None` when Redis did not answer in time (the reservation stands).
-    ///
-    /// [`refund`]: Self::refund
-    pub(crate) async fn settle(
-        &self,
-        key: &K,
-        taken: &Reservation,
-        actual: u32,
-    ) -> Option<Decision> {
-        let reserved = taken.cost;
-        let cost = match actual.cmp(&reserved) {
-            std::cmp::Ordering::Less => format!("-{}", reserved - actual),
-            // "+c" charges c whatever the limit.
-            std::cmp::Ordering::Greater => format!("+{}", actual - reserved),
-            std::cmp::Ordering::Equal => "0".to_owned(),
-        };
-        let settled = self.adjust(key, &cost, Some(taken)).await;
-        if actual > reserved {
-            // A debt stands: units this instance holds of the key, taken before it, are not
-            // handed out past it, and go back as `return_leases` gives them.
-            if let Some(leases) = &self.inner.leases {
-                let units = leases.take(key, self.now());
-                if units > 0 {
-                    let back = self.adjust(key, &format!("-{units}"), None).await;
-                    return back.or(settled);
-                }
-            }
-        }
-        settled
-    }
-
-    /// Runs the script with a signed cost that moves the key's times whatever the limit (a
-    /// refund, or a charge), and brings a cached rejection of the key up to date.
-    async fn adjust(&self, key: &K, cost: &str, taken: Option<&Reservation>) -> Option<Decision> {
-        let inner = &*self.inner;
-        let now = self.now();
-        let limits = inner.limits.load_full();
-        // A reservation the script did not fill in (a request admitted before its spots
-        // were known) is given back as a lease's units are.
-        let taken = taken.filter(|t| t.spots != Reservation::none().spots);
-        let args = Arg::Bytes(cost.as_bytes());
-        let (args, n) = self.script_args(&limits.rules, args, now, taken);
-        let reply = inner
-            .store
-            .eval(
-                &self.redis_key(key),
-                &args[..n],
-                limits.gcras.len() == limits.rules.len(),
-                &inner.meter,
-            )
-            .await?;
-        match decision_of(&limits.rules, &reply, 0) {
-            Some(d) => {
-                if let Some(deny) = &inner.deny {
-                    deny.admitted(key, now, &d);
-                }
-                Some(d)
-            }
-            None => {
-                inner.store.bad_reply(&inner.meter);
-                None
-            }
-        }
-    }
-
-    /// The Redis key of `key`'s penalty state.
-    fn ban_key(&self, p: &Penalty<K>, key: &K) -> Vec<u8> {
-        let mut name = Vec::with_capacity(p.key_prefix.len() + 32);
-        name.extend_from_slice(&p.key_prefix);
-        write_guarded(&mut name, key, p.tag_guard);
-        name
-    }
-
-    /// `args` followed by the penalty box's: the time (empty: the server's), then its rules.
-    fn with_penalty_args<'a>(&self, p: &Penalty<K>, args: &[Arg<'a>], now: u64) -> Vec<Arg<'a>> {
-        let mut all = Vec::with_capacity(args.len() + 6);
-        all.extend_from_slice(args);
-        all.push(if self.inner.local_time {
-            Arg::Int(now / MICRO)
-        } else {
-            Arg::Bytes(b"")
-        });
-        all.extend(p.rules.iter().map(|&r| Arg::Int(r)));
-        all
-    }
-
-    /// Runs the penalty box alone (`script`: [`STRIKE`] or [`PEEK`]); the ban left, `Some(0)`
-    /// when not banned, `None` without a penalty box or when Redis did not answer.
-    async fn penalty_only(&self, script: &Script, key: &K) -> Option<u64> {
-        let inner = &*self.inner;
-        let p = inner.penalty.as_ref()?;
-        let now = self.now();
-        let args = self.with_penalty_args(p, &[], now);
-        let ban_key = self.ban_key(p, key);
-        // The quota key is never touched by these scripts; it is passed for the slot.
-        let keys: [&[u8]; 2] = [&self.redis_key(key), &ban_key];
-        let reply = inner
-            .store
-            .eval_script(script, &keys, &args, &inner.meter)
-            .await?;
-        match reply.as_slice() {
-            [3, left, ..] => {
-                let left = u64::try_from(*left).ok()?.saturating_mul(MICRO);
-                if let Some(bans) = &p.bans {
-                    bans.remember(key, now, left, ban_left(&reply).unwrap_or(left));
-                }
-                Some(left)
-            }
-            [_, _] => Some(0),
-            _ => {
-                inner.store.bad_reply(&inner.meter);
-                None
-            }
-        }
+        self.inner.fallback.settle(key, taken, actual)
     }
 
     /// Records a strike against `key` in the penalty box (a failed login found after the
@@ -1228,14 +549,14 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// the key is banned now, if it is. `None` too without a penalty box, or when Redis did
     /// not answer in time (the strike may then be lost).
     pub async fn strike(&self, key: &K) -> Option<Duration> {
-        let left = self.penalty_only(&STRIKE, key).await?;
+        let left = self.inner.penalty_only(&STRIKE, key).await?;
         (left > 0).then(|| Duration::from_nanos(left))
     }
 
     /// How long `key` is still banned, as Redis says; `None` when it is not, without a
     /// penalty box, or when Redis did not answer in time.
     pub async fn ban_left(&self, key: &K) -> Option<Duration> {
-        let left = self.penalty_only(&PEEK, key).await?;
+        let left = self.inner.penalty_only(&PEEK, key).await?;
         (left > 0).then(|| Duration::from_nanos(left))
     }
 
@@ -1244,98 +565,26 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// `deny_cache_max_age`).
     pub async fn pardon(&self, key: &K) {
         let inner = &*self.inner;
-        let Some(p) = &inner.penalty else { return };
-        if let Some(bans) = &p.bans {
-            bans.forget(key);
+        if let Some(p) = &inner.penalty {
+            p.pardon(&inner.store, &inner.meter, key).await;
         }
-        let ban_key = self.ban_key(p, key);
-        let _ = inner
-            .store
-            .eval_script(&PARDON, &[&ban_key], &[], &inner.meter)
-            .await;
     }
 }
 
-/// How many give-backs [`RedisRateLimiter::return_leases`] sends at once.
-const RETURN_AT_ONCE: usize = 256;
+impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> wait::Admit<K> for RedisRateLimiter<K> {
+    fn admit(&self, key: &K, cost: u32) -> impl std::future::Future<Output = Decision> {
+        self.check_n(key, cost)
+    }
 
-/// Runs `calls` concurrently until all are done (each wake polls those left: for a few
-/// hundred at most).
-async fn join_all<F: std::future::Future<Output = ()> + Unpin>(mut calls: Vec<F>) {
-    std::future::poll_fn(|cx| {
-        calls.retain_mut(|c| std::pin::Pin::new(c).poll(cx).is_pending());
-        if calls.is_empty() {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await
-}
+    fn lines(&self) -> &Lines<K> {
+        &self.inner.waiters
+    }
 
-/// The time until the ban of a banned reply (`{3, wait, ban}`) ends, in ns.
-fn ban_left(r: &[i64]) -> Option<u64> {
-    match r {
-        [3, _, ban] => u64::try_from(*ban).ok()?.checked_mul(MICRO),
-        _ => None,
+    fn clock(&self) -> &Clock {
+        &self.inner.clock
     }
-}
 
-/// Maps the script's reply onto a decision under `rules`; `None` when it does not fit.
-fn decision_of(rules: &[Rule], r: &[i64], cost: u32) -> Option<Decision> {
-    if let [3, left] | [3, left, _] = r {
-        let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
-        return Some(banned_decision(rules, left));
+    fn smallest_burst(&self) -> u64 {
+        wait::smallest_burst(&self.inner.limits.load().rules)
     }
-    let n = rules.len();
-    // An admission of a cost adds what it took: each quota's spot.
-    let mut taken = Reservation::none();
-    if r.len() == 2 + 4 * n && r[0] == 0 && cost > 0 {
-        taken.cost = cost;
-        for (i, spot) in taken.spots[..n].iter_mut().enumerate() {
-            *spot = [
-                u64::try_from(r[2 + 2 * n + 2 * i]).ok()?,
-                u64::try_from(r[3 + 2 * n + 2 * i]).ok()?,
-            ];
-        }
-    } else if r.len() != 2 + 2 * n {
-        return None;
-    }
-    let outcome = match r[0] {
-        0 => Outcome::Allowed,
-        1 => Outcome::Limited,
-        2 => Outcome::Exceeds,
-        _ => return None,
-    };
-    let ns = |v: i64| u64::try_from(v).ok()?.checked_mul(MICRO);
-    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    for (i, rule) in rules.iter().enumerate() {
-        let remaining = u64::try_from(r[2 + 2 * i]).ok()?;
-        let reset = ns(r[3 + 2 * i])?;
-        quotas[i] = match rule {
-            Rule::Gcra(g) => {
-                // The script's `remaining` follows from the time ahead; keep its
-                // consistency check.
-                let state = QuotaState::ahead_by(g, reset);
-                if state.remaining() != remaining {
-                    return None;
-                }
-                state
-            }
-            Rule::FixedWindow(w) | Rule::SlidingLog(w) | Rule::SlidingWindow(w) => {
-                if remaining > w.limit {
-                    return None;
-                }
-                QuotaState::counted(w.limit, remaining, reset)
-            }
-            Rule::WarmUp(g) => {
-                if remaining > g.burst() {
-                    return None;
-                }
-                QuotaState::counted(g.burst(), remaining, reset)
-            }
-        };
-    }
-    let d = Decision::from_store(outcome, ns(r[1])?, &quotas[..rules.len().min(MAX_QUOTAS)]);
-    Some(d.with_taken(taken))
 }

@@ -67,11 +67,15 @@
 //! ```
 
 mod ban;
+mod decide;
 mod deny;
+mod fallback;
 mod key;
+mod layer;
 mod lease;
 mod limiter;
 mod outage;
+mod script;
 mod store;
 
 pub use key::RedisKey;

@@ -4,7 +4,7 @@ use crate::error::ConfigError;
 use crate::observe::{RedisMeter, StoreError};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -12,7 +12,9 @@ use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, RedisError, Script};
 
+use super::lease::Lease;
 use super::outage::{Line, Outage, SUMMARY_INTERVAL};
+use super::script::{Arg, GCRA_ONLY, SCRIPT};
 
 /// The default time allowed for one decision on Redis.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -26,24 +28,6 @@ pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The default time a rejection decided by Redis is answered locally at most.
 pub const DEFAULT_DENY_CACHE_MAX_AGE: Duration = Duration::from_secs(1);
-
-/// The decision script, loaded once per server and called by its SHA1 (`EVALSHA`); reloaded
-/// by the `redis` crate when a server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
-pub(crate) static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("prelude.lua"),
-        include_str!("gcra.lua")
-    ))
-});
-
-/// The decision script of a policy whose quotas are all GCRA: the same arguments, storage,
-/// reply and decisions as [`SCRIPT`], at a fraction of the server's time per call.
-pub(crate) static GCRA_ONLY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("prelude.lua"),
-        include_str!("gcra_only.lua")
-    ))
-});
 
 /// What a limiter does when Redis cannot decide in time (an error, a timeout, a refused
 /// connection).
@@ -203,7 +187,7 @@ pub struct RedisStore {
     pub(crate) on_failure: FailMode,
     pub(crate) deny_cache: usize,
     pub(crate) deny_max_age: Duration,
-    pub(crate) lease: Option<super::Lease>,
+    pub(crate) lease: Option<Lease>,
     /// During an outage, how often a call may try Redis (`None`: every call).
     probe_every: Option<Duration>,
     outage: Arc<Outage>,
@@ -399,29 +383,14 @@ impl RedisStore {
     /// # let _ = store; Ok(()) }
     /// ```
     #[must_use]
-    pub fn lease(mut self, lease: super::Lease) -> Self {
+    pub fn lease(mut self, lease: Lease) -> Self {
         self.lease = Some(lease);
         self
     }
 
-    /// Runs the decision script on `key` with `args`; `None` when Redis gave no reply (see
+    /// Runs `script` on `keys` with `args`; `None` when Redis gave no reply (see
     /// [`try_eval_script`](Self::try_eval_script)).
-    /// `gcra_only`: every quota is GCRA, and the lighter script decides.
-    pub(crate) async fn eval(
-        &self,
-        key: &[u8],
-        args: &[Arg<'_>],
-        gcra_only: bool,
-        meter: &RedisMeter,
-    ) -> Option<Vec<i64>> {
-        let script: &Script = if gcra_only { &GCRA_ONLY } else { &SCRIPT };
-        self.try_eval_script(script, &[key], args, meter, None)
-            .await
-            .ok()
-    }
-
-    /// Runs `script` on `keys` with `args`, as [`eval`](Self::eval) runs the decision script.
-    pub(crate) async fn eval_script(
+    pub(super) async fn eval_script(
         &self,
         script: &Script,
         keys: &[&[u8]],
@@ -442,7 +411,7 @@ impl RedisStore {
     /// is loading, read-only, down or refusing the credentials) is [`Failure::Unavailable`]
     /// and is an outage, except a timeout cut short by `deadline` (the call did not have the
     /// store's whole timeout, so it says nothing about Redis).
-    pub(crate) async fn try_eval_script(
+    pub(super) async fn try_eval_script(
         &self,
         script: &Script,
         keys: &[&[u8]],
@@ -616,13 +585,6 @@ pub(crate) fn key_error_cause(e: &RedisError) -> Option<&'static str> {
     }
 }
 
-/// One argument of the script.
-#[derive(Clone, Copy)]
-pub(crate) enum Arg<'a> {
-    Int(u64),
-    Bytes(&'a [u8]),
-}
-
 fn log(line: &Line, error: Option<(&dyn fmt::Display, FailMode)>) {
     let mode = match error.map(|(_, m)| m) {
         Some(FailMode::Closed) => "rejecting requests (fail closed)".to_owned(),
@@ -648,132 +610,6 @@ fn log(line: &Line, error: Option<(&dyn fmt::Display, FailMode)>) {
             errors,
             "Redis available again after {lasted:?}"
         ),
-    }
-}
-
-impl crate::rate_limit::store::sealed::Sealed for RedisStore {}
-
-/// A decision waiting for Redis.
-type Later = std::pin::Pin<Box<dyn std::future::Future<Output = crate::Decision> + Send>>;
-
-impl<K> crate::rate_limit::Backend<K> for RedisStore
-where
-    K: super::RedisKey + std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-{
-    type Limiter = super::RedisRateLimiter<K>;
-    type Later = Later;
-    const LOCAL_PENALTIES: bool = false;
-
-    /// Now when the cache of known rejections already knows (no round trip, no clone of the
-    /// inner service); later, after the round trip, otherwise.
-    fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> crate::rate_limit::Answer<Later> {
-        let now = limiter.now();
-        if let Some(decision) = limiter.local(key, cost, now) {
-            return crate::rate_limit::Answer::Now(decision);
-        }
-        let limiter = limiter.clone();
-        let key = key.clone();
-        crate::rate_limit::Answer::Later(Box::pin(
-            async move { limiter.remote(&key, cost, now).await },
-        ))
-    }
-
-    fn local_share(&self) -> Option<f64> {
-        match self.on_failure {
-            FailMode::Local(share) => Some(share.get()),
-            FailMode::Open | FailMode::Closed => None,
-        }
-    }
-
-    fn set_quotas(
-        limiter: &Self::Limiter,
-        quotas: &[crate::Quota],
-    ) -> Result<(), crate::ConfigError> {
-        limiter.set_quotas(quotas.iter().cloned())
-    }
-
-    /// One script call that moves the key's times back, and forgets a cached rejection of the
-    /// key that the refund makes stale; an admission of the local fallback is given back to
-    /// it, at once.
-    fn refund(
-        limiter: &Self::Limiter,
-        key: K,
-        taken: crate::decision::Reservation,
-        local: bool,
-    ) -> Option<crate::rate_limit::Refunding> {
-        if local {
-            limiter.refund_locally(&key, &taken);
-            return None;
-        }
-        let limiter = limiter.clone();
-        Some(Box::pin(async move { limiter.refund(&key, &taken).await }))
-    }
-
-    /// One script call that gives back or charges the difference, and reports the state; an
-    /// admission of the local fallback is settled there, at once.
-    fn settle(
-        limiter: &Self::Limiter,
-        key: K,
-        taken: crate::decision::Reservation,
-        actual: u32,
-        local: bool,
-    ) -> crate::rate_limit::Answer<crate::rate_limit::Settling> {
-        if local {
-            if let Some(d) = limiter.settle_locally(&key, &taken, actual) {
-                return crate::rate_limit::Answer::Now(d);
-            }
-        }
-        let limiter = limiter.clone();
-        crate::rate_limit::Answer::Later(Box::pin(async move {
-            limiter.settle(&key, &taken, actual).await
-        }))
-    }
-
-    fn make_limiter(
-        &self,
-        policy: &crate::Policy,
-        keys: Option<&str>,
-        clock: Option<&crate::Clock>,
-        max_keys: Option<usize>,
-        on_full: Option<crate::store::OnFull>,
-        penalty: Option<&crate::PenaltyBox>,
-    ) -> Result<Self::Limiter, crate::ConfigError> {
-        // Redis expires idle keys itself: a bound meant for memory must not pass unnoticed.
-        if max_keys.is_some() {
-            return Err(crate::ConfigError::MemoryOnly("max_keys"));
-        }
-        if on_full.is_some() {
-            return Err(crate::ConfigError::MemoryOnly("on_full"));
-        }
-        let (first, rest) = policy
-            .quotas
-            .split_first()
-            .ok_or(crate::ConfigError::NoQuota)?;
-        let mut builder = super::RedisRateLimiter::<K>::builder(self.clone(), first.clone())
-            .name(policy.name.to_string())
-            .keyed_as(!policy.is_derived(), keys.map(str::to_owned))
-            .uncounted();
-        for q in rest {
-            builder = builder.quota(q.clone());
-        }
-        if let Some(clock) = clock {
-            builder = builder.clock(clock.clone());
-        }
-        if let Some(penalty) = penalty {
-            builder = builder.penalty_box(penalty.clone());
-        }
-        builder.try_build()
-    }
-}
-
-impl<K, S> crate::rate_limit::Handover<K, S> for RedisStore
-where
-    K: super::RedisKey + std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    S: Clone,
-{
-    fn hand_over(inner: &mut S, later: Later) -> (S, Later) {
-        let clone = inner.clone();
-        (std::mem::replace(inner, clone), later)
     }
 }
 

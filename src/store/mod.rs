@@ -1,12 +1,14 @@
-//! Where theoretical arrival times live in memory, and what to do when the memory store is
-//! full ([`OnFull`]). The store a layer uses is chosen with
-//! [`RateLimitLayer::store`](crate::RateLimitLayer::store) (see
-//! [`rate_limit::Backend`](crate::rate_limit::Backend)).
+//! Where a limiter's state lives, and what the memory store does when it is full
+//! ([`OnFull`], the one public item here).
 //!
-//! The memory store is the default; it needs no server: for one key it reads the stored times,
-//! decides with the GCRA step and replaces them atomically. With the `redis` feature,
-//! `redis::RedisStore` keeps them in Redis, shared by every instance of a service; there the
-//! same rule runs as a Lua script on the server, on the server's clock, and the result is
+//! The memory store is the default and needs no server: it keeps each key's state on the
+//! crate's bounded table, and for one key reads it, decides, and replaces it atomically. Its
+//! mechanism is private to the crate; what a user sets on it (`max_keys`, [`OnFull`]) is
+//! memory-only. A layer chooses its store with
+//! [`RateLimitLayer::store`](crate::RateLimitLayer::store) (see
+//! [`rate_limit::Backend`](crate::rate_limit::Backend)). With the `redis` feature,
+//! `redis::RedisStore` keeps the state in Redis, shared by every instance of a service; there
+//! the same rules run as a Lua script on the server, on the server's clock, and the result is
 //! read back into the same [`Decision`](crate::Decision).
 
 pub(crate) mod memory;

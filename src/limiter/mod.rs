@@ -9,16 +9,20 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::algo::gcra::Gcra;
 use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reservation, MAX_QUOTAS};
 use crate::error::ConfigError;
 use crate::keyed::{Bound, Room};
 use crate::quota::Quota;
-use crate::store::memory::{Many, MemoryStore, Mixed, One, Slot};
 use crate::store::OnFull;
-use crate::wait::Lines;
+
+mod memory;
+pub(crate) mod wait;
+
+use memory::{Limits, State};
+pub use wait::InsufficientCapacity;
+use wait::Lines;
 
 /// The default bound on tracked keys.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -73,33 +77,14 @@ struct Inner<K> {
     /// The quotas in force: read once per decision, replaced whole by
     /// [`RateLimiter::set_quotas`].
     limits: ArcSwap<Limits>,
-    store: Store<K>,
+    /// Every key's state.
+    state: State<K>,
     clock: Clock,
     /// The tasks waiting in `until_ready_n`, in one line per key.
     waiters: Lines<K>,
     /// Its decisions in the metrics, when it has a name.
     #[cfg(feature = "metrics")]
     meter: Option<crate::observe::LimiterMeter>,
-}
-
-/// A set of quotas and the numbers the algorithms take from them, swapped as one.
-struct Limits {
-    quotas: Arc<[Quota]>,
-    /// The quotas as GCRA when every quota is one (else empty).
-    gcras: Box<[Gcra]>,
-    rules: Box<[Rule]>,
-}
-
-impl Limits {
-    fn new(quotas: Vec<Quota>) -> Self {
-        let rules: Box<[Rule]> = quotas.iter().map(Quota::rule).collect();
-        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
-        Limits {
-            quotas: quotas.into(),
-            gcras,
-            rules,
-        }
-    }
 }
 
 /// The checks every set of quotas passes, at build time and when replaced.
@@ -136,45 +121,16 @@ pub(crate) fn check_replacement(old: &[Quota], new: &[Quota]) -> Result<(), Conf
 
 impl<K: Hash + Eq + Clone + Send + Sync> Room for Inner<K> {
     fn drop_idle(&self) -> bool {
-        let now = self.clock.now();
-        match &self.store {
-            Store::One(s) => s.table().drop_idle(s.sweep_time(now)),
-            Store::Many(s) => s.table().drop_idle(s.sweep_time(now)),
-            Store::Mixed(s) => s.table().drop_idle(s.sweep_time(now)),
-            _ => false,
-        }
+        self.state.drop_idle(self.clock.now())
     }
 
     fn evict(&self, rank: u8, spare: Option<u64>) -> bool {
-        let now = self.clock.now();
-        match &self.store {
-            Store::One(s) => s.table().evict_for_other(s.sweep_time(now), rank, spare),
-            Store::Many(s) => s.table().evict_for_other(s.sweep_time(now), rank, spare),
-            Store::Mixed(s) => s.table().evict_for_other(s.sweep_time(now), rank, spare),
-            _ => false,
-        }
+        self.state.evict(self.clock.now(), rank, spare)
     }
 
     fn idle_in(&self) -> u64 {
-        let now = self.clock.now();
-        match &self.store {
-            Store::One(s) => s.table().idle_in(s.sweep_time(now)),
-            Store::Many(s) => s.table().idle_in(s.sweep_time(now)),
-            Store::Mixed(s) => s.table().idle_in(s.sweep_time(now)),
-            _ => u64::MAX,
-        }
+        self.state.idle_in(self.clock.now())
     }
-}
-
-enum Store<K> {
-    One(MemoryStore<K, One>),
-    Many(MemoryStore<K, Many>),
-    /// Quotas of other kinds than GCRA among them.
-    Mixed(MemoryStore<K, Mixed>),
-    /// A zero-sized key type has a single value (`()` above all): one slot, no map, no lock.
-    DirectOne(One),
-    DirectMany(Many),
-    DirectMixed(Mixed),
 }
 
 /// Builds a [`RateLimiter`].
@@ -256,23 +212,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
             return Err(ConfigError::ZeroMaxKeys);
         }
         let limits = Limits::new(self.quotas);
-        let (gcras, rules) = (&limits.gcras, &limits.rules);
-        let direct = std::mem::size_of::<K>() == 0;
-        let (max, on_full) = (self.max_keys, self.on_full);
-        let store = if gcras.len() < rules.len() {
-            if direct {
-                Store::DirectMixed(Mixed::idle())
-            } else {
-                Store::Mixed(MemoryStore::new(max, on_full))
-            }
-        } else {
-            match (direct, gcras.len() == 1) {
-                (true, true) => Store::DirectOne(One::idle()),
-                (true, false) => Store::DirectMany(Many::idle()),
-                (false, true) => Store::One(MemoryStore::new(max, on_full)),
-                (false, false) => Store::Many(MemoryStore::new(max, on_full)),
-            }
-        };
+        let state = State::new(&limits, self.max_keys, self.on_full);
         #[cfg(feature = "metrics")]
         let meter = self.name.as_deref().map(|name| {
             let policy = crate::Policy::new(name.to_owned(), limits.quotas[0].clone());
@@ -286,7 +226,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
         Ok(RateLimiter {
             inner: Arc::new(Inner {
                 limits: ArcSwap::from_pointee(limits),
-                store,
+                state,
                 clock: self.clock.unwrap_or_default(),
                 waiters: Lines::default(),
                 #[cfg(feature = "metrics")]
@@ -295,27 +235,6 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
         })
     }
 }
-
-/// The cost asked for can never be admitted: it is larger than a quota's burst.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InsufficientCapacity {
-    /// The cost asked for.
-    pub cost: u32,
-    /// The smallest burst among the quotas.
-    pub burst: u64,
-}
-
-impl fmt::Display for InsufficientCapacity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "a cost of {} can never be admitted by a burst of {}",
-            self.cost, self.burst
-        )
-    }
-}
-
-impl std::error::Error for InsufficientCapacity {}
 
 impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// A limiter with one quota, the system clock and the default key bound.
@@ -346,8 +265,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     pub fn check_n(&self, key: &K, cost: u32) -> Decision {
         let now = self.inner.clock.now();
         // The global limiter's whole state is one word: decide it here, inlined.
-        let decision = if let Store::DirectOne(slot) = &self.inner.store {
-            slot.decide(&self.inner.limits.load().gcras[0], now, cost)
+        let decision = if let Some(slot) = self.inner.state.direct_one() {
+            memory::decide_one(slot, &self.inner.limits.load(), now, cost)
         } else {
             self.decide_at(key, now, cost)
         };
@@ -365,33 +284,20 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
 
     #[inline]
     pub(crate) fn decide_at(&self, key: &K, now: u64, cost: u32) -> Decision {
-        let limits = self.inner.limits.load();
-        let (gcras, rules) = (&limits.gcras, &limits.rules);
-        let clock = &self.inner.clock;
-        match &self.inner.store {
-            Store::One(s) => s.decide(key, &gcras[0], clock, now, cost),
-            Store::Many(s) => s.decide(key, gcras, clock, now, cost),
-            Store::Mixed(s) => s.decide(key, rules, clock, now, cost),
-            Store::DirectOne(slot) => slot.decide(&gcras[0], now, cost),
-            Store::DirectMany(slot) => slot.decide(gcras, now, cost),
-            Store::DirectMixed(slot) => slot.decide(rules, now, cost),
-        }
+        let inner = &*self.inner;
+        let limits = inner.limits.load();
+        inner.state.decide(&limits, key, &inner.clock, now, cost)
     }
 
     /// Decides a request of `cost` for `key` whose cost may be charged after its response (a
     /// layer that settles): as [`check_n`](Self::check_n), but a cost of 0 needs a place for
     /// the key like any other cost (see `MemoryStore::reserve`).
     pub(crate) fn reserve_n(&self, key: &K, cost: u32) -> Decision {
-        let now = self.inner.clock.now();
-        let limits = self.inner.limits.load();
-        let (gcras, rules) = (&limits.gcras, &limits.rules);
-        let clock = &self.inner.clock;
-        match &self.inner.store {
-            Store::One(s) => s.reserve(key, &gcras[0], clock, now, cost),
-            Store::Many(s) => s.reserve(key, gcras, clock, now, cost),
-            Store::Mixed(s) => s.reserve(key, rules, clock, now, cost),
-            _ => self.check_n(key, cost),
-        }
+        let inner = &*self.inner;
+        let now = inner.clock.now();
+        inner
+            .state
+            .reserve(&inner.limits.load(), key, &inner.clock, now, cost)
     }
 
     /// Counts this limiter's keys in `bound`, with those of the other tables that share it (a
@@ -400,11 +306,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     where
         K: 'static,
     {
-        match &self.inner.store {
-            Store::One(s) => s.table().share(bound.clone()),
-            Store::Many(s) => s.table().share(bound.clone()),
-            Store::Mixed(s) => s.table().share(bound.clone()),
-            _ => return,
+        if !self.inner.state.share(bound) {
+            return;
         }
         let inner: Arc<dyn Room> = self.inner.clone();
         bound.join(Arc::downgrade(&inner));
@@ -418,17 +321,11 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         if units == 0 || taken.cost == 0 {
             return;
         }
-        let now = self.inner.clock.now();
-        let limits = self.inner.limits.load();
-        let (gcras, rules) = (&limits.gcras, &limits.rules);
-        match &self.inner.store {
-            Store::One(s) => s.refund(key, &gcras[0], now, taken, units),
-            Store::Many(s) => s.refund(key, gcras, now, taken, units),
-            Store::Mixed(s) => s.refund(key, rules, now, taken, units),
-            Store::DirectOne(slot) => slot.refund(&gcras[0], now, taken, units),
-            Store::DirectMany(slot) => slot.refund(gcras, now, taken, units),
-            Store::DirectMixed(slot) => slot.refund(rules, now, taken, units),
-        }
+        let inner = &*self.inner;
+        let now = inner.clock.now();
+        inner
+            .state
+            .refund(&inner.limits.load(), key, now, taken, units)
     }
 
     /// Settles a request that took `taken` for `key` at the `actual` cost known after its
@@ -450,18 +347,11 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// time moves `cost` emission intervals past the later of itself and now; a window counts
     /// `cost` more in its current window.
     fn charge(&self, key: &K, cost: u32) {
-        let now = self.inner.clock.now();
-        let limits = self.inner.limits.load();
-        let (gcras, rules) = (&limits.gcras, &limits.rules);
-        let clock = &self.inner.clock;
-        match &self.inner.store {
-            Store::One(s) => s.charge(key, &gcras[0], clock, now, cost),
-            Store::Many(s) => s.charge(key, gcras, clock, now, cost),
-            Store::Mixed(s) => s.charge(key, rules, clock, now, cost),
-            Store::DirectOne(slot) => slot.charge(&gcras[0], now, cost),
-            Store::DirectMany(slot) => slot.charge(gcras, now, cost),
-            Store::DirectMixed(slot) => slot.charge(rules, now, cost),
-        }
+        let inner = &*self.inner;
+        let now = inner.clock.now();
+        inner
+            .state
+            .charge(&inner.limits.load(), key, &inner.clock, now, cost)
     }
 
     /// Waits until one request for `key` is admitted, then returns its decision.
@@ -480,11 +370,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// Cancel-safe: nothing is consumed until the future completes, so dropping it consumes
     /// nothing, and the next task in line moves up.
     pub async fn until_ready(&self, key: &K) -> Decision {
-        match self.until_ready_n(key, 1).await {
-            Ok(d) => d,
-            // A cost of 1 never exceeds a valid quota's burst (at least 1).
-            Err(_) => unreachable!("a burst is at least 1"),
-        }
+        wait::admitted_one(self.until_ready_n(key, 1).await)
     }
 
     /// Waits until a request of `cost` for `key` is admitted.
@@ -501,19 +387,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         key: &K,
         cost: u32,
     ) -> Result<Decision, InsufficientCapacity> {
-        let inner = &*self.inner;
-        let limits = inner.limits.load_full();
-        let check = || std::future::ready(self.check_n(key, cost));
-        crate::wait::until_admitted(
-            &inner.waiters,
-            key,
-            &limits.rules,
-            &inner.clock,
-            cost,
-            check,
-        )
-        .await
+        wait::until_ready_n(self, key, cost).await
     }
+
     /// The quotas in force, in the order given (the latest set by
     /// [`set_quotas`](Self::set_quotas)).
     pub fn quotas(&self) -> Arc<[Quota]> {
@@ -576,10 +452,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         let now = self.inner.clock.now();
         let mut limits = Limits::new(quotas);
         Rule::replacing(&mut limits.rules, &old.rules, now);
-        if let Store::Mixed(s) = &self.inner.store {
-            let (lag, until) = crate::algo::widening(&old.rules, &limits.rules, now);
-            s.widen(now, lag, until);
-        }
+        self.inner.state.replacing(&old.rules, &limits.rules, now);
         self.inner.limits.store(Arc::new(limits));
         Ok(())
     }
@@ -591,14 +464,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
 
     /// The number of tracked keys, idle ones included until they are swept.
     pub fn len(&self) -> usize {
-        match &self.inner.store {
-            Store::One(s) => s.len(),
-            Store::Many(s) => s.len(),
-            Store::Mixed(s) => s.len(),
-            Store::DirectOne(slot) => usize::from(slot.horizon() > self.inner.clock.now()),
-            Store::DirectMany(slot) => usize::from(slot.horizon() > self.inner.clock.now()),
-            Store::DirectMixed(slot) => usize::from(slot.horizon() > self.inner.clock.now()),
-        }
+        self.inner.state.len(self.inner.clock.now())
     }
 
     /// Whether no key is tracked.
@@ -610,14 +476,24 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// still tracked. Not needed for correctness or for bounded memory: stores sweep by
     /// themselves as they grow.
     pub fn evict_idle(&self) -> usize {
-        let now = self.inner.clock.now();
-        match &self.inner.store {
-            Store::One(s) => s.evict_idle(now),
-            Store::Many(s) => s.evict_idle(now),
-            Store::Mixed(s) => s.evict_idle(now),
-            Store::DirectOne(slot) => usize::from(slot.horizon() > now),
-            Store::DirectMany(slot) => usize::from(slot.horizon() > now),
-            Store::DirectMixed(slot) => usize::from(slot.horizon() > now),
-        }
+        self.inner.state.evict_idle(self.inner.clock.now())
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync> wait::Admit<K> for RateLimiter<K> {
+    fn admit(&self, key: &K, cost: u32) -> impl std::future::Future<Output = Decision> {
+        std::future::ready(self.check_n(key, cost))
+    }
+
+    fn lines(&self) -> &Lines<K> {
+        &self.inner.waiters
+    }
+
+    fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    fn smallest_burst(&self) -> u64 {
+        wait::smallest_burst(&self.inner.limits.load().rules)
     }
 }

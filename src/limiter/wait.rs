@@ -26,7 +26,27 @@ use std::time::Duration;
 use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::decision::{Decision, Outcome};
-use crate::limiter::InsufficientCapacity;
+
+/// The cost asked for can never be admitted: it is larger than a quota's burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsufficientCapacity {
+    /// The cost asked for.
+    pub cost: u32,
+    /// The smallest burst among the quotas.
+    pub burst: u64,
+}
+
+impl std::fmt::Display for InsufficientCapacity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a cost of {} can never be admitted by a burst of {}",
+            self.cost, self.burst
+        )
+    }
+}
+
+impl std::error::Error for InsufficientCapacity {}
 
 /// How long the head waits before asking again when a rejection carries no retry time.
 const RETRY_WITHOUT_TIME: Duration = Duration::from_millis(1);
@@ -147,15 +167,58 @@ impl<K: Hash + Eq + Clone> Drop for Place<'_, K> {
     }
 }
 
+/// The decision of a wait for a cost of 1 (`until_ready`), which every valid quota admits
+/// in time (a burst is at least 1).
+pub(crate) fn admitted_one(waited: Result<Decision, InsufficientCapacity>) -> Decision {
+    match waited {
+        Ok(d) => d,
+        Err(_) => unreachable!("a burst is at least 1"),
+    }
+}
+
+/// A limiter whose callers may wait in line until it admits them: the memory and the Redis
+/// limiters wait alike, through [`until_ready_n`].
+pub(crate) trait Admit<K> {
+    /// Decides a request of `cost` for `key` (at once, or after a round trip).
+    fn admit(&self, key: &K, cost: u32) -> impl Future<Output = Decision>;
+    /// The lines of this limiter's waiters.
+    fn lines(&self) -> &Lines<K>;
+    /// The clock its decisions are made with.
+    fn clock(&self) -> &Clock;
+    /// The smallest burst among the quotas in force: no cost above it is ever admitted.
+    fn smallest_burst(&self) -> u64;
+}
+
+/// Waits in `key`'s line until `limiter` admits a request of `cost` (see the limiters'
+/// `until_ready_n`).
+pub(crate) async fn until_ready_n<K, L>(
+    limiter: &L,
+    key: &K,
+    cost: u32,
+) -> Result<Decision, InsufficientCapacity>
+where
+    K: Hash + Eq + Clone,
+    L: Admit<K>,
+{
+    let burst = limiter.smallest_burst();
+    let check = || limiter.admit(key, cost);
+    until_admitted(limiter.lines(), key, burst, limiter.clock(), cost, check).await
+}
+
+/// The smallest limit among `rules` (see [`Admit::smallest_burst`]).
+pub(crate) fn smallest_burst(rules: &[Rule]) -> u64 {
+    rules.iter().map(Rule::limit).min().unwrap_or(0)
+}
+
 /// Waits in `key`'s line until `check` admits a request of `cost`, sleeping at the head for
 /// each retry time in between.
 ///
-/// Returns [`InsufficientCapacity`] at once, without waiting, when `cost` is larger than a
-/// quota's burst.
+/// Returns [`InsufficientCapacity`] at once, without waiting, when `cost` is larger than
+/// `burst`, the smallest burst among the quotas.
 pub(crate) async fn until_admitted<K, F, Fut>(
     lines: &Lines<K>,
     key: &K,
-    rules: &[Rule],
+    burst: u64,
     clock: &Clock,
     cost: u32,
     mut check: F,
@@ -165,11 +228,8 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Decision>,
 {
-    let exceeds = || InsufficientCapacity {
-        cost,
-        burst: rules.iter().map(Rule::limit).min().unwrap_or(0),
-    };
-    if rules.iter().any(|r| u64::from(cost) > r.limit()) {
+    let exceeds = || InsufficientCapacity { cost, burst };
+    if u64::from(cost) > burst {
         return Err(exceeds());
     }
     let place = lines.join(key);
@@ -298,12 +358,13 @@ mod tests {
     async fn a_line_is_removed_with_its_last_waiter_however_it_leaves() {
         let lines = Lines::<u8>::default();
         let gcras = [Rule::Gcra(Gcra::new(100_000_000, 100_000_000))];
+        let burst = smallest_burst(&gcras);
         let clock = Clock::tokio();
         // Always rejected: every waiter waits until it is dropped.
         let check = || std::future::ready(Decision::degraded(&gcras, false, 1_000_000));
         let mut tasks = Vec::new();
         for _ in 0..3 {
-            tasks.push(until_admitted(&lines, &1, &gcras, &clock, 1, check));
+            tasks.push(until_admitted(&lines, &1, burst, &clock, 1, check));
         }
         let mut tasks: Vec<_> = tasks.into_iter().map(Box::pin).collect();
         let waker = Waker::from(Arc::new(CountWake::default()));
@@ -321,12 +382,12 @@ mod tests {
         assert_eq!(lines.keys(), 0);
         // Admitted at once: the line is gone too.
         let admit = || std::future::ready(Decision::degraded(&gcras, true, 0));
-        let _ = until_admitted(&lines, &2, &gcras, &clock, 1, admit)
+        let _ = until_admitted(&lines, &2, burst, &clock, 1, admit)
             .await
             .unwrap();
         assert_eq!(lines.keys(), 0);
         // A cost above the burst never joins.
-        let err = until_admitted(&lines, &3, &gcras, &clock, 2, admit)
+        let err = until_admitted(&lines, &3, burst, &clock, 2, admit)
             .await
             .unwrap_err();
         assert_eq!(err, InsufficientCapacity { cost: 2, burst: 1 });

@@ -1,0 +1,374 @@
+//! The mechanism under [`RateLimiter`](super::RateLimiter): the quotas in force and every key's
+//! state, in this process.
+//!
+//! # Implementation details
+//! A policy's quotas are read in one of three shapes: one GCRA quota (a key's whole state is
+//! one word, updated by compare-and-swap), several GCRA quotas, or quotas of any kinds. A key
+//! type with a single value (`()` above all) keeps its one slot without a table, lock or map.
+//! [`State`] is one of the three shapes, each [`Slots`] in a table or direct; its methods are
+//! the only place that picks among them.
+
+use std::hash::Hash;
+use std::sync::Arc;
+
+use crate::algo::Rule;
+use crate::clock::Clock;
+use crate::algo::gcra::Gcra;
+use crate::decision::{Decision, Reservation};
+use crate::keyed::{Bound, Entry, Table};
+use crate::quota::Quota;
+use crate::store::memory::{Many, MemoryStore, Mixed, One, Slot};
+use crate::store::OnFull;
+
+/// A set of quotas and the numbers the algorithms take from them, swapped as one.
+pub(super) struct Limits {
+    pub(super) quotas: Arc<[Quota]>,
+    /// The quotas as GCRA when every quota is one (else empty).
+    gcras: Box<[Gcra]>,
+    pub(super) rules: Box<[Rule]>,
+}
+
+impl Limits {
+    pub(super) fn new(quotas: Vec<Quota>) -> Self {
+        let rules: Box<[Rule]> = quotas.iter().map(Quota::rule).collect();
+        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
+        Limits {
+            quotas: quotas.into(),
+            gcras,
+            rules,
+        }
+    }
+}
+
+/// The keys' state of one shape: in a bounded table, or one slot for the single key.
+enum Slots<K, V> {
+    Keyed(MemoryStore<K, V>),
+    Direct(V),
+}
+
+impl<K: Hash + Eq + Clone, V: Slot + Entry> Slots<K, V> {
+    #[inline]
+    fn decide(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) -> Decision {
+        match self {
+            Slots::Keyed(s) => s.decide(key, rules, clock, now, cost),
+            Slots::Direct(slot) => slot.decide(rules, now, cost),
+        }
+    }
+
+    fn reserve(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) -> Decision {
+        match self {
+            Slots::Keyed(s) => s.reserve(key, rules, clock, now, cost),
+            // The single key always has its place.
+            Slots::Direct(slot) => slot.decide(rules, now, cost),
+        }
+    }
+
+    fn refund(&self, key: &K, rules: &V::Rules, now: u64, taken: &Reservation, units: u32) {
+        match self {
+            Slots::Keyed(s) => s.refund(key, rules, now, taken, units),
+            Slots::Direct(slot) => slot.refund(rules, now, taken, units),
+        }
+    }
+
+    fn charge(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) {
+        match self {
+            Slots::Keyed(s) => s.charge(key, rules, clock, now, cost),
+            Slots::Direct(slot) => slot.charge(rules, now, cost),
+        }
+    }
+
+    fn len(&self, now: u64) -> usize {
+        match self {
+            Slots::Keyed(s) => s.len(),
+            Slots::Direct(slot) => usize::from(slot.horizon() > now),
+        }
+    }
+
+    fn evict_idle(&self, now: u64) -> usize {
+        match self {
+            Slots::Keyed(s) => s.evict_idle(now),
+            Slots::Direct(slot) => usize::from(slot.horizon() > now),
+        }
+    }
+
+    /// The table and the time it sweeps at when the clock says `now`; none for the single key.
+    fn table(&self, now: u64) -> Option<(&Table<K, V>, u64)> {
+        match self {
+            Slots::Keyed(s) => Some((s.table(), s.sweep_time(now))),
+            Slots::Direct(_) => None,
+        }
+    }
+}
+
+/// Every key's state, in the shape of the policy's quotas.
+pub(super) struct State<K>(Shape<K>);
+
+enum Shape<K> {
+    One(Slots<K, One>),
+    Many(Slots<K, Many>),
+    /// Quotas of other kinds than GCRA among them.
+    Mixed(Slots<K, Mixed>),
+}
+
+/// Runs `$body` on the [`Slots`] of `$state` bound to `$slots`, and with `$limits`, with
+/// `$rules` bound to its quotas as that shape reads them.
+macro_rules! with_slots {
+    ($state:expr, |$slots:ident| $body:expr) => {
+        match $state {
+            Shape::One($slots) => $body,
+            Shape::Many($slots) => $body,
+            Shape::Mixed($slots) => $body,
+        }
+    };
+    ($state:expr, $limits:expr, |$slots:ident, $rules:ident| $body:expr) => {
+        match $state {
+            Shape::One($slots) => {
+                let $rules = &$limits.gcras[0];
+                $body
+            }
+            Shape::Many($slots) => {
+                let $rules = &*$limits.gcras;
+                $body
+            }
+            Shape::Mixed($slots) => {
+                let $rules = &*$limits.rules;
+                $body
+            }
+        }
+    };
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
+    /// The state for `limits`, a table of at most `max_keys` keys, or one slot when `K` has a
+    /// single value.
+    pub(super) fn new(limits: &Limits, max_keys: usize, on_full: OnFull) -> Self {
+        let direct = std::mem::size_of::<K>() == 0;
+        macro_rules! slots {
+            ($idle:expr) => {
+                if direct {
+                    Slots::Direct($idle)
+                } else {
+                    Slots::Keyed(MemoryStore::new(max_keys, on_full))
+                }
+            };
+        }
+        State(if limits.gcras.len() < limits.rules.len() {
+            Shape::Mixed(slots!(Mixed::idle()))
+        } else if limits.gcras.len() == 1 {
+            Shape::One(slots!(One::idle()))
+        } else {
+            Shape::Many(slots!(Many::idle()))
+        })
+    }
+
+    /// Decides a request of `cost` for `key` at `now` (read from `clock`).
+    #[inline]
+    pub(super) fn decide(
+        &self,
+        limits: &Limits,
+        key: &K,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        with_slots!(&self.0, limits, |s, rules| s
+            .decide(key, rules, clock, now, cost))
+    }
+
+    /// As [`decide`](Self::decide), but a cost of 0 needs a place for the key like any other
+    /// cost (see `MemoryStore::reserve`).
+    pub(super) fn reserve(
+        &self,
+        limits: &Limits,
+        key: &K,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        with_slots!(&self.0, limits, |s, rules| s
+            .reserve(key, rules, clock, now, cost))
+    }
+
+    /// Gives back `units` of what `taken` took for `key`.
+    pub(super) fn refund(
+        &self,
+        limits: &Limits,
+        key: &K,
+        now: u64,
+        taken: &Reservation,
+        units: u32,
+    ) {
+        with_slots!(&self.0, limits, |s, rules| s
+            .refund(key, rules, now, taken, units))
+    }
+
+    /// Takes `cost` from `key` whatever its state.
+    pub(super) fn charge(&self, limits: &Limits, key: &K, clock: &Clock, now: u64, cost: u32) {
+        with_slots!(&self.0, limits, |s, rules| s
+            .charge(key, rules, clock, now, cost))
+    }
+
+    /// The number of tracked keys at `now`.
+    pub(super) fn len(&self, now: u64) -> usize {
+        with_slots!(&self.0, |s| s.len(now))
+    }
+
+    /// Forgets every idle key at `now`; how many are still tracked.
+    pub(super) fn evict_idle(&self, now: u64) -> usize {
+        with_slots!(&self.0, |s| s.evict_idle(now))
+    }
+
+    /// Tells the table that the rules `new` replace `old` at `now`: a key may stay idle
+    /// later than it stored (a window was widened: see `MemoryStore::widen`).
+    pub(super) fn replacing(&self, old: &[Rule], new: &[Rule], now: u64) {
+        if let Shape::Mixed(Slots::Keyed(s)) = &self.0 {
+            let (lag, until) = crate::algo::widening(old, new, now);
+            s.widen(now, lag, until);
+        }
+    }
+
+    /// Counts the keys in `bound`; whether there is a table to count.
+    pub(super) fn share(&self, bound: &Arc<Bound>) -> bool {
+        with_slots!(&self.0, |s| s.table(0).map(|(t, _)| t.share(bound.clone()))).is_some()
+    }
+
+    /// The single key's slot of a single GCRA quota, decided inline.
+    #[inline]
+    pub(super) fn direct_one(&self) -> Option<&One> {
+        match &self.0 {
+            Shape::One(Slots::Direct(slot)) => Some(slot),
+            _ => None,
+        }
+    }
+}
+
+/// The keys' room in a bound shared with other tables (see `keyed::Room`).
+impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
+    pub(super) fn drop_idle(&self, now: u64) -> bool {
+        with_slots!(&self.0, |s| s
+            .table(now)
+            .is_some_and(|(t, at)| t.drop_idle(at)))
+    }
+
+    pub(super) fn evict(&self, now: u64, rank: u8, spare: Option<u64>) -> bool {
+        with_slots!(&self.0, |s| s
+            .table(now)
+            .is_some_and(|(t, at)| t.evict_for_other(at, rank, spare)))
+    }
+
+    pub(super) fn idle_in(&self, now: u64) -> u64 {
+        with_slots!(&self.0, |s| s
+            .table(now)
+            .map_or(u64::MAX, |(t, at)| t.idle_in(at)))
+    }
+}
+
+/// Decides the single GCRA quota of `limits` on `slot` (a single key's).
+#[inline]
+pub(super) fn decide_one(slot: &One, limits: &Limits, now: u64, cost: u32) -> Decision {
+    slot.decide(&limits.gcras[0], now, cost)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use crate::decision::Reservation;
+    use crate::{Clock, Decision, Quota, RateLimiter};
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Check(u32),
+        Wait(u64),
+        /// Gives back up to this many units of the last admission not yet given back.
+        Refund(u32),
+        /// Settles the last admission at this actual cost.
+        Settle(u32),
+        Evict,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0u32..4).prop_map(Op::Check),
+            2 => (0u64..700).prop_map(Op::Wait),
+            1 => (1u32..4).prop_map(Op::Refund),
+            1 => (0u32..7).prop_map(Op::Settle),
+            1 => Just(Op::Evict),
+        ]
+    }
+
+    /// A policy of each shape: one GCRA quota, several, and kinds other than GCRA among them.
+    fn shapes() -> [Vec<Quota>; 3] {
+        [
+            vec![Quota::per_second(5)],
+            vec![Quota::per_second(5), Quota::per_minute(20)],
+            vec![
+                Quota::per_second(5),
+                Quota::sliding_window(8, Duration::from_secs(2)),
+                Quota::fixed_window(6, Duration::from_secs(1)),
+                Quota::sliding_log(7, Duration::from_millis(1500)),
+            ],
+        ]
+    }
+
+    fn limiter<K>(quotas: &[Quota], clock: &Clock) -> RateLimiter<K>
+    where
+        K: std::hash::Hash + Eq + Clone + Send + Sync,
+    {
+        quotas[1..]
+            .iter()
+            .fold(RateLimiter::builder(quotas[0].clone()), |b, q| {
+                b.quota(q.clone())
+            })
+            .clock(clock.clone())
+            .build()
+    }
+
+    proptest! {
+        /// The single key of a zero-sized key type keeps one slot, without a table: in every
+        /// shape of policy it decides, refunds, settles and is forgotten exactly as one key of
+        /// a table, over any sequence of requests and waits.
+        #[test]
+        fn the_single_slot_decides_as_a_key_of_a_table_in_every_shape(
+            ops in prop::collection::vec(op(), 1..60)
+        ) {
+            for quotas in shapes() {
+                let (clock, time) = Clock::manual();
+                time.advance(Duration::from_secs(10));
+                let direct = limiter::<()>(&quotas, &clock);
+                let keyed = limiter::<u8>(&quotas, &clock);
+                let mut last: Option<(Decision, Decision, u32)> = None;
+                for op in &ops {
+                    match *op {
+                        Op::Check(cost) => {
+                            let (a, b) = (direct.check_n(&(), cost), keyed.check_n(&7, cost));
+                            prop_assert_eq!(a, b);
+                            if a.is_allowed() && cost > 0 {
+                                last = Some((a, b, cost));
+                            }
+                        }
+                        Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
+                        Op::Refund(units) => {
+                            if let Some((a, b, cost)) = last.take() {
+                                let units = units.min(cost);
+                                direct.refund(&(), &Reservation::of(&a, cost), units);
+                                keyed.refund(&7, &Reservation::of(&b, cost), units);
+                            }
+                        }
+                        Op::Settle(actual) => {
+                            if let Some((a, b, cost)) = last.take() {
+                                let x = direct.settle(&(), &Reservation::of(&a, cost), actual);
+                                let y = keyed.settle(&7, &Reservation::of(&b, cost), actual);
+                                prop_assert_eq!(x, y);
+                            }
+                        }
+                        Op::Evict => prop_assert_eq!(direct.evict_idle(), keyed.evict_idle()),
+                    }
+                    prop_assert_eq!(direct.peek(&()), keyed.peek(&7));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The script protocol: the Lua scripts beside this file, the arguments a call sends them and
+//! the replies read back into a [`Decision`].
+//!
+//! * **Scripts.** `prelude.lua` with `gcra.lua` decides any quotas ([`SCRIPT`]), with
+//!   `gcra_only.lua` quotas that are all GCRA ([`GCRA_ONLY`], same arguments and replies);
+//!   `ban.lua` wraps either in the penalty box ([`DECIDE`], [`STRIKE`], [`PEEK`]).
+//! * **Units.** Times and windows travel in whole microseconds ([`MICRO`] ns), numbers below
+//!   2^53 (Lua doubles): [`micros`] rounds a quota to what the script can hold, or says why
+//!   it cannot.
+//! * **Arguments.** [`decision_args`] after the quota key; [`with_penalty_args`] after them
+//!   for the penalty box.
+//! * **Replies.** `{outcome, retry, remaining and reset per quota[, spots per quota]}`, or
+//!   `{3, retry[, ban]}` for a ban: [`decision_of`] reads one back, checking that it fits.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use ::redis::Script;
+
+use crate::algo::{Rule, Window};
+use crate::error::ConfigError;
+use crate::algo::gcra::Gcra;
+use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
+use crate::penalty::{banned_decision, PenaltyBox};
+use crate::quota::Quota;
+use crate::algo::warmup::{Curve, WarmGcra};
+
+/// The decision script, loaded once per server and called by its SHA1 (`EVALSHA`); reloaded
+/// by the `redis` crate when a server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+pub(super) static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("prelude.lua"),
+        include_str!("gcra.lua")
+    ))
+});
+
+/// The decision script of a policy whose quotas are all GCRA: the same arguments, storage,
+/// reply and decisions as [`SCRIPT`], at a fraction of the server's time per call.
+pub(super) static GCRA_ONLY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("prelude.lua"),
+        include_str!("gcra_only.lua")
+    ))
+});
+
+/// The decision script for quotas that are all GCRA (`all_gcra`) or not.
+pub(super) fn decision_script(all_gcra: bool) -> &'static Script {
+    if all_gcra {
+        &GCRA_ONLY
+    } else {
+        &SCRIPT
+    }
+}
+
+/// The quota script wrapped by the penalty box, for decisions.
+pub(super) static DECIDE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("ban.lua"),
+        "\nlocal function decide()\n",
+        include_str!("prelude.lua"),
+        include_str!("gcra.lua"),
+        "\nend\nreturn penalize(decide)\n"
+    ))
+});
+
+/// The penalty box alone, recording one strike (as if the quotas had rejected the request).
+pub(super) static STRIKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("ban.lua"),
+        "\nreturn penalize(function() return {1, 0} end)\n"
+    ))
+});
+
+/// The penalty box alone, reading whether the key is banned (`{3, ban left}`) or not
+/// (`{0, 0}`).
+pub(super) static PEEK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("ban.lua"),
+        "\nreturn penalize(function() return {0, 0} end, true)\n"
+    ))
+});
+
+/// Forgets a key's penalty state.
+pub(super) static PARDON: LazyLock<Script> =
+    LazyLock::new(|| Script::new("redis.call('DEL', KEYS[1])\nreturn {0, 0}\n"));
+
+/// The largest time sent to the script, in microseconds (about 35 years): sums of two stay
+/// exact in Lua's doubles.
+pub(super) const MAX_MICROS: u64 = 1 << 50;
+
+/// One argument of the script.
+#[derive(Clone, Copy)]
+pub(super) enum Arg<'a> {
+    Int(u64),
+    Bytes(&'a [u8]),
+}
+
+/// The time argument of a call: the limiter's clock's `now` when it sends its own time (a
+/// test clock), else empty (the script reads the server's `TIME`).
+pub(super) fn time_arg<'a>(local_time: bool, now: u64) -> Arg<'a> {
+    if local_time {
+        Arg::Int(now / MICRO)
+    } else {
+        Arg::Bytes(b"")
+    }
+}
+
+pub(super) const MICRO: u64 = 1_000;
+
+/// The largest integer the script's numbers (Lua doubles) hold exactly.
+const EXACT: u128 = 1 << 53;
+
+/// A quota in whole microseconds (an interval or a window rounded up), in nanoseconds.
+pub(super) fn micros(q: &Quota) -> Result<Rule, ConfigError> {
+    let window = |w: &Window, counter: bool| -> Result<Window, ConfigError> {
+        let width = w.width.div_ceil(MICRO);
+        // The counter multiplies counts (up to twice the limit) by widths in the script.
+        if counter && u128::from(w.limit) * u128::from(width) * 2 >= EXACT {
+            return Err(ConfigError::WindowTooLongForStore {
+                count: q.count(),
+                window: q.period(),
+            });
+        }
+        Ok(Window::new(w.limit, width * MICRO))
+    };
+    match q.rule() {
+        Rule::Gcra(_) => gcra_micros(q).map(Rule::Gcra),
+        Rule::FixedWindow(w) => window(&w, false).map(Rule::FixedWindow),
+        Rule::SlidingLog(w) => window(&w, false).map(Rule::SlidingLog),
+        Rule::SlidingWindow(w) => window(&w, true).map(Rule::SlidingWindow),
+        Rule::WarmUp(_) => {
+            let g = gcra_micros(q)?;
+            // The script computes the curve in whole microseconds: the period is rounded down
+            // to one (at least 1 µs).
+            let w = q.warm_up_settings().ok_or(ConfigError::WarmUpOnWindow)?;
+            let period = (w.period().as_nanos() / u128::from(MICRO)).max(1) as u64;
+            let curve = Curve::new(g.interval, period * MICRO, w.cold_factor(), MICRO);
+            Ok(Rule::WarmUp(WarmGcra::new(curve, g.tolerance)))
+        }
+    }
+}
+
+/// A GCRA quota in whole microseconds (interval rounded up), expressed in nanoseconds.
+fn gcra_micros(q: &Quota) -> Result<Gcra, ConfigError> {
+    let g = q.gcra();
+    let too_fine = ConfigError::RateTooHighForStore {
+        count: q.count(),
+        period: q.period(),
+        resolution: Duration::from_micros(1),
+    };
+    let period = q.period().as_nanos();
+    if period < u128::from(q.count()) * u128::from(MICRO) {
+        return Err(too_fine);
+    }
+    let interval = g.interval.div_ceil(MICRO) * MICRO;
+    let tolerance = interval
+        .checked_mul(u64::from(q.burst_size()))
+        .filter(|t| *t <= u64::MAX / 4)
+        .ok_or(ConfigError::ToleranceTooLong)?;
+    Ok(Gcra::new(interval, tolerance))
+}
+
+/// A quota's kind and two numbers, as the script takes them (GCRA: interval and tolerance in
+/// microseconds; a window: its count and width in microseconds; warm-up: as GCRA).
+pub(super) fn rule_args(r: &Rule) -> (u64, u64, u64) {
+    match r {
+        Rule::Gcra(g) => (0, g.interval / MICRO, g.tolerance / MICRO),
+        Rule::FixedWindow(w) => (1, w.limit, w.width / MICRO),
+        Rule::SlidingLog(w) => (2, w.limit, w.width / MICRO),
+        Rule::SlidingWindow(w) => (3, w.limit, w.width / MICRO),
+        Rule::WarmUp(g) => (4, g.curve.interval / MICRO, g.tolerance / MICRO),
+    }
+}
+
+/// The decision script's arguments after the key: the cost (negative for a refund), the
+/// time sent ([`time_arg`]), then each quota's kind and two numbers (GCRA: interval and
+/// tolerance in microseconds; a window: its count and width in microseconds; warm-up: as
+/// GCRA), then the cost of the reservation `taken` that a refund gives back from (0:
+/// none), then for each warm-up quota in order its period in microseconds and its cold
+/// factor, then for each quota what had left its windows at changes of quotas (see
+/// `Window::replacing`), then `taken`'s spots. Returns them with how many are used.
+pub(super) fn decision_args<'a>(
+    rules: &[Rule],
+    cost: Arg<'a>,
+    time: Arg<'a>,
+    taken: Option<&Reservation>,
+) -> ([Arg<'a>; 4 + 9 * MAX_QUOTAS], usize) {
+    let mut args = [Arg::Int(0); 4 + 9 * MAX_QUOTAS];
+    args[0] = cost;
+    args[1] = time;
+    args[2] = Arg::Int(rules.len() as u64);
+    for (i, r) in rules.iter().enumerate() {
+        let (kind, a, b) = rule_args(r);
+        args[3 + 3 * i] = Arg::Int(kind);
+        args[4 + 3 * i] = Arg::Int(a);
+        args[5 + 3 * i] = Arg::Int(b);
+    }
+    args[3 + 3 * rules.len()] = Arg::Int(taken.map_or(0, |t| u64::from(t.cost)));
+    let mut used = 4 + 3 * rules.len();
+    for r in rules {
+        if let Rule::WarmUp(g) = r {
+            args[used] = Arg::Int(g.curve.period);
+            args[used + 1] = Arg::Int(g.curve.cold_factor);
+            used += 2;
+        }
+    }
+    for r in rules {
+        let (gone, gone_cur) = match r {
+            Rule::SlidingLog(w) | Rule::SlidingWindow(w) => (w.gone, w.gone_cur),
+            _ => (0, 0),
+        };
+        args[used] = Arg::Int(gone / MICRO);
+        args[used + 1] = Arg::Int(gone_cur / MICRO);
+        used += 2;
+    }
+    if let Some(t) = taken.filter(|t| t.cost > 0) {
+        for spot in &t.spots[..rules.len()] {
+            args[used] = Arg::Int(spot[0]);
+            args[used + 1] = Arg::Int(spot[1]);
+            used += 2;
+        }
+    }
+    (args, used)
+}
+
+/// The script arguments of a penalty box's rules, in microseconds (at most [`MAX_MICROS`]).
+pub(super) fn penalty_rules(p: &PenaltyBox) -> [u64; 5] {
+    let r = p.rules();
+    let us = |ns: u64| (ns.div_ceil(MICRO)).clamp(1, MAX_MICROS);
+    [
+        u64::from(r.strikes),
+        us(r.within),
+        us(r.ban),
+        us(r.max_ban),
+        us(r.forget_after).max(1),
+    ]
+}
+
+/// `args` followed by the penalty box's: the time ([`time_arg`]), then its `rules` (see
+/// [`penalty_rules`]).
+pub(super) fn with_penalty_args<'a>(
+    rules: &[u64; 5],
+    args: &[Arg<'a>],
+    time: Arg<'a>,
+) -> Vec<Arg<'a>> {
+    let mut all = Vec::with_capacity(args.len() + 6);
+    all.extend_from_slice(args);
+    all.push(time);
+    all.extend(rules.iter().map(|&r| Arg::Int(r)));
+    all
+}
+
+/// The time until the ban of a banned reply (`{3, wait, ban}`) ends, in ns.
+pub(super) fn ban_left(r: &[i64]) -> Option<u64> {
+    match r {
+        [3, _, ban] => u64::try_from(*ban).ok()?.checked_mul(MICRO),
+        _ => None,
+    }
+}
+
+/// Maps the script's reply onto a decision under `rules`; `None` when it does not fit.
+pub(super) fn decision_of(rules: &[Rule], r: &[i64], cost: u32) -> Option<Decision> {
+    if let [3, left] | [3, left, _] = r {
+        let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
+        return Some(banned_decision(rules, left));
+    }
+    let n = rules.len();
+    // An admission of a cost adds what it took: each quota's spot.
+    let mut taken = Reservation::none();
+    if r.len() == 2 + 4 * n && r[0] == 0 && cost > 0 {
+        taken.cost = cost;
+        for (i, spot) in taken.spots[..n].iter_mut().enumerate() {
+            *spot = [
+                u64::try_from(r[2 + 2 * n + 2 * i]).ok()?,
+                u64::try_from(r[3 + 2 * n + 2 * i]).ok()?,
+            ];
+        }
+    } else if r.len() != 2 + 2 * n {
+        return None;
+    }
+    let outcome = match r[0] {
+        0 => Outcome::Allowed,
+        1 => Outcome::Limited,
+        2 => Outcome::Exceeds,
+        _ => return None,
+    };
+    let ns = |v: i64| u64::try_from(v).ok()?.checked_mul(MICRO);
+    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+    for (i, rule) in rules.iter().enumerate() {
+        let remaining = u64::try_from(r[2 + 2 * i]).ok()?;
+        let reset = ns(r[3 + 2 * i])?;
+        quotas[i] = match rule {
+            Rule::Gcra(g) => {
+                // The script's `remaining` follows from the time ahead; keep its
+                // consistency check.
+                let state = QuotaState::ahead_by(g, reset);
+                if state.remaining() != remaining {
+                    return None;
+                }
+                state
+            }
+            Rule::FixedWindow(w) | Rule::SlidingLog(w) | Rule::SlidingWindow(w) => {
+                if remaining > w.limit {
+                    return None;
+                }
+                QuotaState::counted(w.limit, remaining, reset)
+            }
+            Rule::WarmUp(g) => {
+                if remaining > g.burst() {
+                    return None;
+                }
+                QuotaState::counted(g.burst(), remaining, reset)
+            }
+        };
+    }
+    let d = Decision::from_store(outcome, ns(r[1])?, &quotas[..rules.len().min(MAX_QUOTAS)]);
+    Some(d.with_taken(taken))
+}
