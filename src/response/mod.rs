@@ -10,7 +10,7 @@
 //!
 //! A gRPC call (`content-type: application/grpc…`) is answered the gRPC way instead: HTTP 200
 //! with an empty body and the status in `grpc-status`, `grpc-message` and
-//! `grpc-retry-pushback-ms` (a trailers-only response); see [`crate::grpc`]. The protocol is
+//! `grpc-retry-pushback-ms` (a trailers-only response); see [`grpc`]. The protocol is
 //! read from the request head ([`Protocol::of`]) and can be forced with
 //! [`OnReject::grpc`].
 
@@ -23,10 +23,12 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
+pub mod grpc;
+
 use crate::gcra::Decision;
-use crate::grpc::GrpcMode;
 use crate::headers;
 use crate::key::RequestHead;
+use grpc::GrpcMode;
 
 /// How a rejection is answered: a plain HTTP response or a gRPC status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,7 +59,7 @@ impl Protocol {
     #[inline]
     pub fn of(head: &RequestHead<'_>) -> Protocol {
         match head.headers.get(CONTENT_TYPE) {
-            Some(ct) if crate::grpc::is_grpc_content_type(ct.as_bytes()) => Protocol::Grpc,
+            Some(ct) if grpc::is_grpc_content_type(ct.as_bytes()) => Protocol::Grpc,
             _ => Protocol::Http,
         }
     }
@@ -157,9 +159,9 @@ impl<'a> Rejection<'a> {
 
     /// The gRPC status code the default gRPC response carries: `RESOURCE_EXHAUSTED` (8) for
     /// rate limits, queues and limits per key, `UNAVAILABLE` (14) for a full global
-    /// concurrency limit or an unreachable store; see [`crate::grpc`].
+    /// concurrency limit or an unreachable store; see [`grpc`].
     pub fn grpc_code(&self) -> i32 {
-        crate::grpc::code(self)
+        grpc::code(self)
     }
 
     /// The default response in the request's protocol: for HTTP the status, a one-line text
@@ -175,7 +177,7 @@ impl<'a> Rejection<'a> {
     /// `grpc-status`, `grpc-message`, `grpc-retry-pushback-ms` and `Retry-After` when
     /// retrying helps, and an empty body.
     pub fn grpc_response(&self) -> Response<Bytes> {
-        crate::grpc::response(self)
+        grpc::response(self)
     }
 
     /// A short machine-readable code for [`kind`](Self::kind), stable across releases:
@@ -355,7 +357,7 @@ impl OnReject {
     /// [`GrpcMode::Never`] always as plain HTTP.
     ///
     /// ```
-    /// use tollgate::grpc::GrpcMode;
+    /// use tollgate::response::grpc::GrpcMode;
     /// use tollgate::response::OnReject;
     /// use tollgate::{Quota, RateLimitLayer};
     ///
