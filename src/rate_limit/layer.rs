@@ -5,11 +5,12 @@ use std::sync::Arc;
 use http::Method;
 use tower_layer::Layer;
 
+use super::answers::{Answers, Tier};
 use super::handle::RateLimitHandle;
 use super::policy::Policy;
 use super::service::RateLimit;
 use super::settle::{AmountFn, CountFn, SettleRule};
-use super::shared::{Answers, CostFn, SelectFn, Shared, SkipFn, Tier, OUTCOMES};
+use super::shared::{CostFn, SelectFn, Shared, SkipFn, OUTCOMES};
 use super::store::{Backend, Memory};
 use crate::clock::Clock;
 use crate::error::ConfigError;

@@ -47,9 +47,11 @@ where
                 crate::gcra::record_unlimited(req.extensions_mut());
                 return ResponseFuture::inner(self.inner.call(req), None, None);
             }
-            Prepared::Reject(resp) => return ResponseFuture::ready(resp),
-            Prepared::Shadow(rejection) => {
-                rejection.record(req.extensions_mut());
+            Prepared::Missing { tier, status } => {
+                if let Some(resp) = shared.missing(tier, status, &mut req) {
+                    return ResponseFuture::ready(resp);
+                }
+                // A dry run lets it through, recorded.
                 crate::gcra::record_unlimited(req.extensions_mut());
                 return ResponseFuture::inner(self.inner.call(req), None, None);
             }

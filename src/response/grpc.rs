@@ -391,6 +391,8 @@ mod tests {
             decision: None,
             policy: None,
             protocol: crate::response::Protocol::Grpc,
+            quota: None,
+            outer: false,
         }
     }
 
