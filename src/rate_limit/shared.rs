@@ -40,8 +40,9 @@ pub(crate) const OUTCOMES: &[Verdict] = &[
     Verdict::LocalLimited,
 ];
 
-/// Everything a layer's services share; `L` is the limiter type of the layer's store.
-pub(crate) struct Shared<E: KeyExtractor, L> {
+/// What a layer builds the state its services share from ([`Shared::new`]); `L` is the
+/// limiter type of the layer's store.
+pub(crate) struct Parts<E: KeyExtractor, L> {
     pub(crate) core: Core<E>,
     /// One limiter per tier, in the order of `answers.tiers`.
     pub(crate) limiters: Box<[L]>,
@@ -51,10 +52,25 @@ pub(crate) struct Shared<E: KeyExtractor, L> {
     pub(crate) skip: Option<Arc<SkipFn>>,
     pub(crate) skip_methods: Box<[Method]>,
     pub(crate) skip_paths: Box<[String]>,
-    /// Whether an unknown tier name from the selector has been logged.
-    pub(crate) unknown_tier_logged: AtomicBool,
     /// The penalty box, when the layer keeps it in memory (see `Backend::LOCAL_PENALTIES`).
     pub(crate) penalty: Option<Penalties<E::Key>>,
+}
+
+/// Everything a layer's services share; `L` is the limiter type of the layer's store.
+pub(crate) struct Shared<E: KeyExtractor, L> {
+    core: Core<E>,
+    /// One limiter per tier, in the order of `answers.tiers`.
+    limiters: Box<[L]>,
+    answers: Arc<Answers>,
+    select: Option<Arc<SelectFn>>,
+    cost: Option<Arc<CostFn>>,
+    skip: Option<Arc<SkipFn>>,
+    skip_methods: Box<[Method]>,
+    skip_paths: Box<[String]>,
+    /// Whether an unknown tier name from the selector has been logged.
+    unknown_tier_logged: AtomicBool,
+    /// The penalty box, when the layer keeps it in memory (see `Backend::LOCAL_PENALTIES`).
+    penalty: Option<Penalties<E::Key>>,
 }
 
 /// What a request needs before the store is asked.
@@ -68,6 +84,62 @@ pub(crate) enum Prepared<K> {
 }
 
 impl<E: KeyExtractor, L> Shared<E, L> {
+    /// The shared state of a layer's services, built from `parts`.
+    pub(crate) fn new(parts: Parts<E, L>) -> Self {
+        let Parts {
+            core,
+            limiters,
+            answers,
+            select,
+            cost,
+            skip,
+            skip_methods,
+            skip_paths,
+            penalty,
+        } = parts;
+        Shared {
+            core,
+            limiters,
+            answers,
+            select,
+            cost,
+            skip,
+            skip_methods,
+            skip_paths,
+            unknown_tier_logged: AtomicBool::new(false),
+            penalty,
+        }
+    }
+
+    /// What turns a decision into a response, shared with the futures of later decisions.
+    #[inline]
+    pub(crate) fn answers(&self) -> &Arc<Answers> {
+        &self.answers
+    }
+
+    /// One limiter per tier, in the order of the tiers.
+    #[inline]
+    pub(crate) fn limiters(&self) -> &[L] {
+        &self.limiters
+    }
+
+    /// The penalty box, when the layer keeps it in memory.
+    pub(crate) fn penalties(&self) -> Option<&Penalties<E::Key>> {
+        self.penalty.as_ref()
+    }
+
+    /// Whether an admission of `cost` is settled from its response ([`Answers::settle`]).
+    #[inline]
+    pub(crate) fn settles(&self) -> bool {
+        self.answers.settle.is_some()
+    }
+
+    /// The key as rejection events show it: only when the layer traces keys.
+    #[inline]
+    pub(crate) fn traced<'k>(&self, key: &'k E::Key) -> Option<&'k dyn std::fmt::Debug> {
+        self.core.traced(key)
+    }
+
     fn skips(&self, head: &RequestHead<'_>) -> bool {
         self.skip_methods.contains(head.method)
             || self.skip_paths.iter().any(|p| p == head.uri.path())
