@@ -187,7 +187,6 @@ pub mod error;
 pub mod gcra {
     pub use crate::decision::{Decision, Decisions, Outcome, QuotaState, MAX_QUOTAS};
 }
-pub mod grpc;
 pub mod headers;
 pub mod key;
 mod keyed;
@@ -201,6 +200,8 @@ pub mod rate_limit;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 pub mod response;
+// The gRPC rendering of rejections lives under `response`; this path is kept meanwhile.
+pub use response::grpc;
 pub mod settings;
 pub mod shape;
 pub mod store;

@@ -15,7 +15,8 @@ use super::permit::Permit;
 use crate::headers::append_fields;
 
 /// Waiting in the queue: a permit, or the rejection to send when the wait is over.
-pub(crate) type Wait = Pin<Box<dyn Future<Output = Result<Permit, Response<Bytes>>> + Send>>;
+pub(crate) type Wait =
+    Pin<Box<dyn Future<Output = Result<Option<Permit>, Response<Bytes>>> + Send>>;
 
 pin_project! {
     /// The response future of [`ConcurrencyLimit`](super::ConcurrencyLimit).
@@ -58,7 +59,7 @@ pin_project! {
 }
 
 /// The inner service's future and the permit its request waited for.
-type Turn<F> = (F, Permit);
+type Turn<F> = (F, Option<Permit>);
 
 /// A request waiting for a permit, with the service that will answer it.
 struct Queued<S, ReqBody> {
@@ -154,10 +155,7 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Waiting { queued } => match ready!(queued.poll_turn(cx)) {
-                    Ok((future, permit)) => this.state.set(State::Called {
-                        future,
-                        permit: Some(permit),
-                    }),
+                    Ok((future, permit)) => this.state.set(State::Called { future, permit }),
                     Err(rejection) => {
                         this.state.set(State::Done { response: None });
                         return Poll::Ready(Ok(rejection.map(ResponseBody::from)));

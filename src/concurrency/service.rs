@@ -3,7 +3,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{Extensions, HeaderValue, Request, Response, StatusCode};
 use tower_service::Service;
 
 use super::body::ResponseBody;
@@ -15,8 +15,8 @@ use crate::headers::append_fields;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::{service_shell, Core};
-use crate::observe::{self, ConcurrencyMeter, DecisionMeter, DryRunRejection, Names, Verdict};
-use crate::response::{Recipient, RejectionKind};
+use crate::observe::{ConcurrencyMeter, DecisionMeter, Names, Verdict};
+use crate::response::{Recipient, Rejection, RejectionKind};
 
 /// The outcomes a concurrency layer can count.
 pub(crate) const OUTCOMES: &[Verdict] = &[
@@ -90,22 +90,32 @@ impl<E: KeyExtractor> Shared<E> {
         permit.held(self.gauges.hold());
     }
 
-    /// Counts and traces a rejection (or in dry-run mode a would-be rejection) of `kind`.
-    fn record(&self, kind: RejectionKind, key: Option<&E::Key>) -> (StatusCode, Option<Duration>) {
+    /// Turns a request away with `kind`, to `to`, through the one rejection path (with
+    /// `key` for events that show it): the response, with the layer's policy field; in dry-run
+    /// mode `None`, the would-be rejection recorded in `ext`.
+    fn refuse(
+        &self,
+        kind: RejectionKind,
+        key: Option<&E::Key>,
+        to: Recipient,
+        ext: &mut Extensions,
+    ) -> Option<Response<Bytes>> {
+        if let Limit::Keyed(keyed) = &self.limit {
+            self.meter.keys(true, || Some(keyed.len()));
+        }
         let (status, wait) = match kind {
             RejectionKind::MissingKey => (self.core.missing_status(), None),
             _ => (self.status, Some(self.retry_after)),
         };
-        let verdict = Verdict::of_rejection(kind);
-        self.meter.count(verdict, None);
-        if let Limit::Keyed(keyed) = &self.limit {
-            self.meter.keys(true, || Some(keyed.len()));
-        }
-        let key = key.filter(|_| self.core.observe.trace_keys);
+        let r = Rejection::new(kind, status, wait, self.policy_name.as_deref(), to);
         let key = key.map(|k| k as &dyn std::fmt::Debug);
-        let dry_run = self.core.observe.dry_run;
-        observe::rejected(&self.names, None, verdict, status, wait, dry_run, key);
-        (status, wait)
+        let refuser = self.core.refuser(&self.names, &self.meter);
+        let mut resp = refuser.refuse(&r, key, ext)?;
+        if let Some(policy) = &self.live.policy {
+            let policy = HeaderValue::clone(&policy.load());
+            append_fields(resp.headers_mut(), policy, None);
+        }
+        Some(resp)
     }
 
     /// The request's class; every request may use the whole limit without a classifier.
@@ -114,26 +124,6 @@ impl<E: KeyExtractor> Shared<E> {
         self.classify
             .as_ref()
             .map_or(Priority::Critical, |f| f(head))
-    }
-
-    /// The response for a request turned away.
-    fn reject(&self, kind: RejectionKind, to: Recipient) -> Response<Bytes> {
-        let policy = self.policy_name.as_deref();
-        let mut resp: Response<Bytes> = match kind {
-            RejectionKind::MissingKey => {
-                let status = self.core.missing_status();
-                self.core.reject_missing(status, policy, to)
-            }
-            _ => {
-                let wait = Some(self.retry_after);
-                self.core.reject(kind, self.status, wait, policy, to)
-            }
-        };
-        if let Some(policy) = &self.live.policy {
-            let policy = HeaderValue::clone(&policy.load());
-            append_fields(resp.headers_mut(), policy, None);
-        }
-        resp
     }
 }
 
@@ -216,16 +206,15 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
         S: Service<Request<ReqBody>>,
     {
         let shared = &*self.shared;
-        let (status, wait) = shared.record(kind, key.as_ref());
-        if shared.core.observe.dry_run {
-            let r = DryRunRejection::new(&shared.names, None, kind, status, wait);
-            r.record(req.extensions_mut());
-            let policy = shared.live.policy();
-            let future = self.inner.call(req);
-            return ResponseFuture::called(future, None, policy, false, None);
-        }
         let to = Recipient::of(&RequestHead::new(&req));
-        ResponseFuture::rejected(shared.reject(kind, to))
+        match shared.refuse(kind, key.as_ref(), to, req.extensions_mut()) {
+            Some(resp) => ResponseFuture::rejected(resp),
+            None => {
+                let policy = shared.live.policy();
+                let future = self.inner.call(req);
+                ResponseFuture::called(future, None, policy, false, None)
+            }
+        }
     }
 
     /// Waits in the queue for a permit, then calls the inner service; or rejects.
@@ -253,11 +242,16 @@ impl<S, E: KeyExtractor> ConcurrencyLimit<S, E> {
             match permit {
                 Some(mut permit) => {
                     shared.acquired(&mut permit, Verdict::Waited);
-                    Ok(permit)
+                    Ok(Some(permit))
                 }
+                // A dry run queues nothing, so this is a real rejection; were it a dry run,
+                // the request would go on without a permit.
                 None => {
-                    shared.record(RejectionKind::Concurrency, key.as_ref());
-                    Err(shared.reject(RejectionKind::Concurrency, to))
+                    let kind = RejectionKind::Concurrency;
+                    match shared.refuse(kind, key.as_ref(), to, &mut Extensions::new()) {
+                        Some(resp) => Err(resp),
+                        None => Ok(None),
+                    }
                 }
             }
         });

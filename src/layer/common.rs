@@ -11,17 +11,16 @@
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::StatusCode;
 
 use super::allow::AllowList;
 use crate::error::ConfigError;
 use crate::key::missing::Resolved;
 use crate::key::{KeyError, KeyExtractor, MissingKey, RequestHead};
-use crate::observe::Observe;
-use crate::response::{self, OnReject, Recipient, RejectionKind};
+use crate::observe::{DecisionMeter, Names, Observe};
+use crate::response::refuse::Refuser;
+use crate::response::OnReject;
 
 /// The builder settings every layer has: who a request counts against, what happens to a
 /// request without a key, and how rejections are answered.
@@ -318,30 +317,15 @@ impl<E: KeyExtractor> Core<E> {
         }
     }
 
-    /// The response to a request turned away without a rate-limit decision (no key, a full
-    /// queue, a concurrency limit): the hook's, or the default one, in the request's
-    /// `to` (read once from its head with [`Recipient::of`]).
-    pub(crate) fn reject<B: From<Bytes>>(
-        &self,
-        kind: RejectionKind,
-        status: StatusCode,
-        retry_after: Option<Duration>,
-        policy: Option<&str>,
-        to: Recipient,
-    ) -> Response<B> {
-        let hook = self.on_reject.as_ref();
-        response::respond(hook, kind, status, retry_after, None, policy, to)
-    }
-
-    /// The response to a request without a key, when the policy rejects it: no
-    /// `Retry-After`, since waiting does not give it one.
-    pub(crate) fn reject_missing<B: From<Bytes>>(
-        &self,
-        status: StatusCode,
-        policy: Option<&str>,
-        to: Recipient,
-    ) -> Response<B> {
-        self.reject(RejectionKind::MissingKey, status, None, policy, to)
+    /// The rejection path of this layer ([`Refuser`]), counting under `names` in `meter`.
+    #[inline]
+    pub(crate) fn refuser<'a>(&'a self, names: &'a Names, meter: &'a DecisionMeter) -> Refuser<'a> {
+        Refuser {
+            names,
+            meter,
+            observe: self.observe,
+            hook: self.on_reject.as_ref(),
+        }
     }
 }
 

@@ -1,71 +1,21 @@
+//! The response future of a rate limit: a state machine whose every transition is a named
+//! step. What a decision adds to its response (its header fields, what it took from the key)
+//! is built in [`answers`](super::answers).
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::shared::Answers;
+use super::answers::{Answers, RateHeaders, Settle, Taken};
 use super::store::{Answer, Backend, Refunding, Settling};
-use crate::decision::{Decision, Reservation};
+use crate::decision::Decision;
 use crate::response;
-
-use crate::headers::{append_fields, Legacy};
-
-/// The header fields a decision adds to its response.
-#[derive(Debug)]
-pub(crate) struct RateHeaders {
-    /// `RateLimit-Policy` and `RateLimit`.
-    pub(crate) ietf: Option<(HeaderValue, HeaderValue)>,
-    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
-    pub(crate) legacy: Option<Legacy>,
-}
-
-impl RateHeaders {
-    pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        if let Some((policy, ratelimit)) = self.ietf {
-            append_fields(headers, policy, Some(ratelimit));
-        }
-        if let Some(legacy) = self.legacy {
-            legacy.apply(headers);
-        }
-    }
-}
-
-/// What an admitted request took from its key: given back if a layer inside rejects it.
-pub(crate) struct Taken<B: Backend<K>, K> {
-    pub(crate) limiter: B::Limiter,
-    pub(crate) key: K,
-    pub(crate) cost: u32,
-    /// What the admission took, and where (filled in when the decision comes later).
-    pub(crate) reserved: Reservation,
-    /// Taken from the store's local fallback (Redis unreachable), not from the store.
-    pub(crate) local: bool,
-    /// When the layer settles the cost from the response: what it needs then. Boxed, so
-    /// that layers that do not settle carry one word.
-    pub(crate) settle: Option<Box<Settle>>,
-}
-
-/// What settling needs: the tier's rule and header fields, and the admission's decision,
-/// whose fields are rendered only when the cost does not change (or the store does not
-/// answer), so that a settled response renders its fields once.
-pub(crate) struct Settle {
-    pub(crate) answers: Arc<Answers>,
-    pub(crate) tier: usize,
-    /// The admission's decision; filled in when it comes later (Redis).
-    pub(crate) admitted: Option<Decision>,
-}
-
-impl Settle {
-    /// The header fields of the admission.
-    fn admitted_headers(&self) -> Option<RateHeaders> {
-        let d = self.admitted.as_ref()?;
-        self.answers.settled_headers(self.tier, d)
-    }
-}
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): the inner service's response
@@ -132,6 +82,12 @@ pin_project! {
         key: Option<K>,
         cost: u32,
     }
+}
+
+/// Where a step of the future leads: the response, or the next state.
+enum Step<R, K> {
+    Done(R),
+    Next(K),
 }
 
 impl<S, ReqBody, B, K> ResponseFuture<S, ReqBody, B, K>
@@ -207,105 +163,18 @@ where
         loop {
             let next = match kind.as_mut().project() {
                 KindProj::Deciding { deciding } => {
-                    let d = deciding.as_mut().project();
-                    let decision = ready!(d.later.poll(cx));
-                    let (Some(mut request), Some(mut service)) =
-                        (d.request.take(), d.service.take())
-                    else {
-                        // Only reachable if polled again after a panic in `call`.
-                        panic!("ResponseFuture polled after completion");
-                    };
-                    // A degraded decision (Redis down, failing open) took nothing, nor did a
-                    // rejection that a dry run lets through: nothing to give back or settle.
-                    // One of the local fallback took from the fallback's state.
-                    let took =
-                        decision.is_allowed() && (!decision.is_degraded() || decision.is_local());
-                    let mut taken = if took { d.taken.take() } else { None };
-                    if let Some(t) = taken.as_mut() {
-                        t.local = decision.is_local();
-                        t.reserved = Reservation::of(&decision, t.cost);
-                    }
-                    if let Some(settle) = taken.as_mut().and_then(|t| t.settle.as_mut()) {
-                        settle.admitted = Some(decision);
-                    }
-                    let key = d.key.as_ref().map(|k| k as &dyn std::fmt::Debug);
-                    match d
-                        .answers
-                        .finish(*d.tier, &decision, *d.cost, key, &mut request)
-                    {
-                        Ok(headers) => Kind::Inner {
-                            future: service.call(request),
-                            headers,
-                            taken,
-                        },
-                        Err(response) => Kind::Ready {
-                            response: Some(response),
-                        },
-                    }
+                    let decision = ready!(deciding.as_mut().project().later.poll(cx));
+                    decided(deciding.as_mut(), decision)
                 }
                 KindProj::Inner {
                     future,
                     headers,
                     taken,
                 } => {
-                    let mut response = ready!(future.poll(cx))?;
-                    match taken.take() {
-                        Some(t) if response::is_rejection(&response) => {
-                            if let Some(h) = headers.take() {
-                                h.apply(response.headers_mut());
-                            }
-                            match B::refund(&t.limiter, t.key, t.reserved, t.local) {
-                                Some(refunding) => Kind::Refunding {
-                                    refunding,
-                                    response: Some(response),
-                                },
-                                None => return Poll::Ready(Ok(response)),
-                            }
-                        }
-                        Some(Taken {
-                            limiter,
-                            key,
-                            cost,
-                            reserved,
-                            local,
-                            settle: Some(settle),
-                        }) => {
-                            // Settled from the response head; see `settle` for the rules.
-                            let (parts, body) = response.into_parts();
-                            let actual = settle
-                                .answers
-                                .settle
-                                .as_ref()
-                                .map_or(cost, |rule| rule.actual(&parts, cost));
-                            let mut response = Response::from_parts(parts, body);
-                            let fields = if actual == cost {
-                                settle.admitted_headers()
-                            } else {
-                                match B::settle(&limiter, key, reserved, actual, local) {
-                                    Answer::Now(d) => {
-                                        settle.answers.settled_headers(settle.tier, &d)
-                                    }
-                                    Answer::Later(settling) => {
-                                        kind.set(Kind::Settling {
-                                            settling,
-                                            response: Some(response),
-                                            settle: Some(settle),
-                                        });
-                                        continue;
-                                    }
-                                }
-                            };
-                            if let Some(h) = fields {
-                                h.apply(response.headers_mut());
-                            }
-                            return Poll::Ready(Ok(response));
-                        }
-                        _ => {
-                            if let Some(h) = headers.take() {
-                                h.apply(response.headers_mut());
-                            }
-                            return Poll::Ready(Ok(response));
-                        }
+                    let response = ready!(future.poll(cx))?;
+                    match answered(response, headers.take(), taken.take()) {
+                        Step::Done(response) => return Poll::Ready(Ok(response)),
+                        Step::Next(next) => next,
                     }
                 }
                 KindProj::Settling {
@@ -314,19 +183,10 @@ where
                     settle,
                 } => {
                     let settled = ready!(settling.as_mut().poll(cx));
-                    let (Some(mut response), Some(settle)) = (response.take(), settle.take())
-                    else {
+                    let (Some(response), Some(settle)) = (response.take(), settle.take()) else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    // Redis did not answer: the reservation stands, and so do its fields.
-                    let fields = match settled {
-                        Some(d) => settle.answers.settled_headers(settle.tier, &d),
-                        None => settle.admitted_headers(),
-                    };
-                    if let Some(h) = fields {
-                        h.apply(response.headers_mut());
-                    }
-                    return Poll::Ready(Ok(response));
+                    return Poll::Ready(Ok(with_settled(response, &settle, settled)));
                 }
                 KindProj::Refunding {
                     refunding,
@@ -348,4 +208,106 @@ where
             kind.set(next);
         }
     }
+}
+
+/// The decision that waited has come: the request goes to the service made ready for it
+/// with what it took, or is answered with its rejection.
+fn decided<S, ReqBody, ResBody, B, K>(
+    deciding: Pin<&mut Deciding<S, ReqBody, B, K>>,
+    decision: Decision,
+) -> Kind<S, ReqBody, B, K>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: From<Bytes>,
+    B: Backend<K>,
+    K: std::fmt::Debug,
+{
+    let d = deciding.project();
+    let (Some(mut request), Some(mut service)) = (d.request.take(), d.service.take()) else {
+        // Only reachable if polled again after a panic in `call`.
+        panic!("ResponseFuture polled after completion");
+    };
+    let taken = d.taken.take().and_then(|t| t.decided(&decision));
+    let key = d.key.as_ref().map(|k| k as &dyn std::fmt::Debug);
+    match d
+        .answers
+        .finish(*d.tier, &decision, *d.cost, key, &mut request)
+    {
+        Ok(headers) => Kind::Inner {
+            future: service.call(request),
+            headers,
+            taken,
+        },
+        Err(response) => Kind::Ready {
+            response: Some(response),
+        },
+    }
+}
+
+/// The inner service has answered: what was taken is given back if a layer inside rejected
+/// the request, or settled from the response; the response gets the decision's fields.
+#[inline]
+fn answered<S, ReqBody, ResBody, B, K>(
+    mut response: Response<ResBody>,
+    headers: Option<RateHeaders>,
+    taken: Option<Taken<B, K>>,
+) -> Step<Response<ResBody>, Kind<S, ReqBody, B, K>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    B: Backend<K>,
+{
+    match taken {
+        Some(t) if response::is_rejection(&response) => {
+            RateHeaders::apply_to(headers, &mut response);
+            match B::refund(&t.limiter, t.key, t.reserved, t.local) {
+                Some(refunding) => Step::Next(Kind::Refunding {
+                    refunding,
+                    response: Some(response),
+                }),
+                None => Step::Done(response),
+            }
+        }
+        Some(Taken {
+            limiter,
+            key,
+            cost,
+            reserved,
+            local,
+            settle: Some(settle),
+        }) => {
+            // Settled from the response head; see `settle` for the rules.
+            let (mut response, actual) = settle.actual(response, cost);
+            if actual == cost {
+                RateHeaders::apply_to(settle.admitted_headers(), &mut response);
+                return Step::Done(response);
+            }
+            match B::settle(&limiter, key, reserved, actual, local) {
+                Answer::Now(d) => Step::Done(with_settled(response, &settle, Some(d))),
+                Answer::Later(settling) => Step::Next(Kind::Settling {
+                    settling,
+                    response: Some(response),
+                    settle: Some(settle),
+                }),
+            }
+        }
+        _ => {
+            RateHeaders::apply_to(headers, &mut response);
+            Step::Done(response)
+        }
+    }
+}
+
+/// The response of a settled request, with the fields of the settlement (`settled`), or of
+/// the admission when the store did not answer: the reservation stands, and so do its fields.
+fn with_settled<ResBody>(
+    mut response: Response<ResBody>,
+    settle: &Settle,
+    settled: Option<Decision>,
+) -> Response<ResBody> {
+    let fields = match settled {
+        Some(d) => settle.answers.settled_headers(settle.tier, &d),
+        None => settle.admitted_headers(),
+    };
+    RateHeaders::apply_to(fields, &mut response);
+    response
 }

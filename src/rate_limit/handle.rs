@@ -4,8 +4,8 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use super::answers::Answers;
 use super::policy::Policy;
-use super::shared::Answers;
 use crate::error::ConfigError;
 use crate::quota::Quota;
 

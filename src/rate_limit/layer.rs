@@ -1,15 +1,15 @@
 use std::fmt;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use http::Method;
 use tower_layer::Layer;
 
+use super::answers::{Answers, Tier};
 use super::handle::RateLimitHandle;
 use super::policy::Policy;
 use super::service::RateLimit;
 use super::settle::{AmountFn, CountFn, SettleRule};
-use super::shared::{Answers, CostFn, SelectFn, Shared, SkipFn, Tier, OUTCOMES};
+use super::shared::{CostFn, Parts, SelectFn, Shared, SkipFn, OUTCOMES};
 use super::store::{Backend, Memory};
 use crate::clock::Clock;
 use crate::error::ConfigError;
@@ -470,7 +470,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     where
         E: Clone,
     {
-        Ok(self.shared()?.penalty.clone())
+        Ok(self.shared()?.penalties().cloned())
     }
 
     /// Dry-run (shadow) mode: every request is decided, counted and traced as if the limit
@@ -525,8 +525,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         E: Clone,
     {
         let shared = self.shared()?;
-        let found = shared.answers.tiers.iter().position(|t| &*t.name == name);
-        Ok(found.map(|i| shared.limiters[i].clone()))
+        let found = shared.answers().tiers.iter().position(|t| &*t.name == name);
+        Ok(found.map(|i| shared.limiters()[i].clone()))
     }
 
     /// A handle that replaces the quotas of this layer's policies while it serves, for every
@@ -548,9 +548,9 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         E: Clone,
     {
         let shared = self.shared()?;
-        let limiters = shared.limiters.clone();
+        let limiters = shared.limiters().to_vec();
         Ok(RateLimitHandle::new(
-            shared.answers.clone(),
+            shared.answers().clone(),
             Arc::new(move |tier: usize, quotas: &[crate::Quota]| {
                 B::set_quotas(&limiters[tier], quotas)
             }),
@@ -606,7 +606,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         // One bound for every key the layer tracks: its tiers' quotas and its penalty box.
         let max_keys = self.settings.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
         let penalty = B::share_bound(&limiters, max_keys, penalty);
-        Ok(Shared {
+        Ok(Shared::new(Parts {
             core,
             limiters: limiters.into_boxed_slice(),
             answers: Arc::new(Answers {
@@ -627,9 +627,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             skip: self.settings.skip.clone(),
             skip_methods: self.settings.skip_methods.clone().into_boxed_slice(),
             skip_paths: self.settings.skip_paths.clone().into_boxed_slice(),
-            unknown_tier_logged: AtomicBool::new(false),
             penalty,
-        })
+        }))
     }
 }
 

@@ -89,6 +89,7 @@
 //! `Router::route_layer` the routes added before it (unknown paths stay `404`),
 //! `Router::layer` every request, unknown paths too.
 
+mod answers;
 mod future;
 mod handle;
 mod layer;

@@ -47,9 +47,11 @@ where
                 crate::decision::record_unlimited(req.extensions_mut());
                 return ResponseFuture::inner(self.inner.call(req), None, None);
             }
-            Prepared::Reject(resp) => return ResponseFuture::ready(resp),
-            Prepared::Shadow(rejection) => {
-                rejection.record(req.extensions_mut());
+            Prepared::Missing { tier, status } => {
+                if let Some(resp) = shared.missing(tier, status, &mut req) {
+                    return ResponseFuture::ready(resp);
+                }
+                // A dry run lets it through, recorded.
                 crate::decision::record_unlimited(req.extensions_mut());
                 return ResponseFuture::inner(self.inner.call(req), None, None);
             }
@@ -57,15 +59,18 @@ where
         };
         if let Some(banned) = shared.banned(tier, &key) {
             // Neither the handler nor the quotas see a banned key's requests.
-            let traced = shared.core.traced(&key);
-            return match shared.answers.finish(tier, &banned, cost, traced, &mut req) {
+            let traced = shared.traced(&key);
+            return match shared
+                .answers()
+                .finish(tier, &banned, cost, traced, &mut req)
+            {
                 Err(resp) => ResponseFuture::ready(resp),
                 // A banned decision is never admitted; were it, the request would pass.
                 Ok(headers) => ResponseFuture::inner(self.inner.call(req), headers, None),
             };
         }
-        let limiter = &shared.limiters[tier];
-        let answer = if shared.answers.settle.is_some() {
+        let limiter = &shared.limiters()[tier];
+        let answer = if shared.settles() {
             B::reserve(limiter, &key, cost)
         } else {
             B::decide(limiter, &key, cost)
@@ -80,11 +85,11 @@ where
                 let allowed = decision.is_allowed();
                 let blind = decision.is_degraded() && !decision.is_local();
                 let took = shared.reserves(cost) && allowed && !blind;
-                let meter = &shared.answers.tiers[tier].meter;
+                let meter = &shared.answers().tiers[tier].meter;
                 meter.keys(!allowed, || B::tracked_keys(limiter));
-                let traced = shared.core.traced(&key);
+                let traced = shared.traced(&key);
                 match shared
-                    .answers
+                    .answers()
                     .finish(tier, &decision, cost, traced, &mut req)
                 {
                     Ok(headers) => {
@@ -116,8 +121,8 @@ impl<S, E: KeyExtractor, B: Backend<E::Key>> RateLimit<S, E, B> {
         B: Handover<E::Key, S>,
     {
         let (service, later) = B::hand_over(&mut self.inner, later);
-        let answers = self.shared.answers.clone();
-        let traced = self.shared.core.observe.trace_keys.then(|| key.clone());
+        let answers = self.shared.answers().clone();
+        let traced = self.shared.traced(&key).is_some().then(|| key.clone());
         let taken = self
             .shared
             .reserves(cost)

@@ -1,25 +1,21 @@
-//! What every service of one [`RateLimitLayer`](super::RateLimitLayer) shares: its tiers, the
-//! closures that pick tier, cost and skips, and everything done before and after a decision.
+//! What every service of one [`RateLimitLayer`](super::RateLimitLayer) shares: its limiters,
+//! the closures that pick tier, cost and skips, and everything done before a decision. What is
+//! done after it is in [`answers`](super::answers).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 
-use super::future::{RateHeaders, Settle, Taken};
-use super::policy::Policy;
-use super::settle::SettleRule;
-use crate::algo::Rule;
-use crate::decision::{Decision, Outcome, Reservation};
-use crate::headers::PolicyHeaders;
+use super::answers::{Answers, Settle, Taken};
+use crate::decision::{Decision, Reservation};
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::Core;
-use crate::observe::{self, DecisionMeter, DryRunRejection, Names, Observe, Verdict};
+use crate::observe::Verdict;
 use crate::penalty::{self, banned_decision, Penalties};
-use crate::response::{self, OnReject, Recipient, RejectionKind};
+use crate::response::{Recipient, Rejection, RejectionKind};
 
 /// Chooses a request's tier: given the request and a lookup of tier names, the tier's index.
 pub(crate) type SelectFn =
@@ -28,85 +24,6 @@ pub(crate) type SelectFn =
 pub(crate) type CostFn = dyn Fn(&RequestHead<'_>) -> u32 + Send + Sync;
 /// Whether a request goes through uncounted.
 pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
-
-/// How one policy of a layer answers: its name and, replaced with its quotas while serving,
-/// the policy in force and its header fields.
-pub(crate) struct Tier {
-    pub(crate) name: Box<str>,
-    pub(crate) live: ArcSwap<LiveTier>,
-    /// The id of the live policy's header fields ([`PolicyHeaders::id`]), set after `live`:
-    /// the fields a repeated decision gets come from each thread's cache of them without
-    /// loading `live`.
-    pub(crate) live_id: AtomicU64,
-    /// The names its metrics and events carry.
-    pub(crate) names: Names,
-    pub(crate) meter: DecisionMeter,
-    /// The share of each quota the store's local fallback enforces, if it has one.
-    pub(crate) local_share: Option<f64>,
-}
-
-/// The policy of a tier as it is now, and the header fields that describe it.
-pub(crate) struct LiveTier {
-    pub(crate) policy: Policy,
-    pub(crate) headers: PolicyHeaders,
-    /// The fields of the policy at the local fallback's share, for its decisions.
-    pub(crate) local_headers: Option<PolicyHeaders>,
-    /// The policy's quotas, for the fields of a banned key's answer.
-    pub(crate) rules: Box<[Rule]>,
-}
-
-impl Tier {
-    /// A tier named `name` answering with `policy` until it is replaced ([`Tier::replace`]);
-    /// `local_share`: the share of each quota the store's local fallback enforces, if any.
-    pub(crate) fn new(
-        name: Box<str>,
-        policy: Policy,
-        names: Names,
-        meter: DecisionMeter,
-        local_share: Option<f64>,
-    ) -> Self {
-        let live = LiveTier::new(policy, local_share);
-        Tier {
-            name,
-            live_id: AtomicU64::new(live.headers.id()),
-            live: ArcSwap::from_pointee(live),
-            names,
-            meter,
-            local_share,
-        }
-    }
-
-    /// Replaces the policy in force, and then the id its fields are found by.
-    pub(crate) fn replace(&self, policy: Policy) {
-        let live = Arc::new(LiveTier::new(policy, self.local_share));
-        let id = live.headers.id();
-        self.live.store(live);
-        self.live_id.store(id, Ordering::Release);
-    }
-}
-
-/// The header fields of a tier's live policy, loaded.
-struct LiveHeaders(arc_swap::Guard<Arc<LiveTier>>);
-
-impl std::ops::Deref for LiveHeaders {
-    type Target = PolicyHeaders;
-    fn deref(&self) -> &PolicyHeaders {
-        &self.0.headers
-    }
-}
-
-impl LiveTier {
-    /// `policy`, with the fields of its scaled quotas when the store has a local fallback
-    /// at `local_share`.
-    pub(crate) fn new(policy: Policy, local_share: Option<f64>) -> Self {
-        LiveTier {
-            headers: policy.headers(),
-            local_headers: local_share.and_then(|s| policy.scaled_headers(s)),
-            rules: policy.quotas.iter().map(crate::Quota::rule).collect(),
-            policy,
-        }
-    }
-}
 
 /// The outcomes a rate-limit policy can count.
 pub(crate) const OUTCOMES: &[Verdict] = &[
@@ -123,8 +40,9 @@ pub(crate) const OUTCOMES: &[Verdict] = &[
     Verdict::LocalLimited,
 ];
 
-/// Everything a layer's services share; `L` is the limiter type of the layer's store.
-pub(crate) struct Shared<E: KeyExtractor, L> {
+/// What a layer builds the state its services share from ([`Shared::new`]); `L` is the
+/// limiter type of the layer's store.
+pub(crate) struct Parts<E: KeyExtractor, L> {
     pub(crate) core: Core<E>,
     /// One limiter per tier, in the order of `answers.tiers`.
     pub(crate) limiters: Box<[L]>,
@@ -134,42 +52,94 @@ pub(crate) struct Shared<E: KeyExtractor, L> {
     pub(crate) skip: Option<Arc<SkipFn>>,
     pub(crate) skip_methods: Box<[Method]>,
     pub(crate) skip_paths: Box<[String]>,
-    /// Whether an unknown tier name from the selector has been logged.
-    pub(crate) unknown_tier_logged: AtomicBool,
     /// The penalty box, when the layer keeps it in memory (see `Backend::LOCAL_PENALTIES`).
     pub(crate) penalty: Option<Penalties<E::Key>>,
 }
 
-/// What turns a decision into a response, whatever the store and the key: shared with the
-/// futures of decisions that come later.
-pub(crate) struct Answers {
-    pub(crate) tiers: Box<[Tier]>,
-    pub(crate) on_reject: Option<OnReject>,
-    pub(crate) headers: bool,
-    pub(crate) legacy_headers: bool,
-    /// The status of a banned key's answer.
-    pub(crate) ban_status: StatusCode,
-    /// Dry-run mode and key tracing.
-    pub(crate) observe: Observe,
-    /// Whether a dry-run layer sends its header fields.
-    pub(crate) dry_run_headers: bool,
-    /// How a reservation is settled from the response, when the layer learns from responses.
-    pub(crate) settle: Option<SettleRule>,
+/// Everything a layer's services share; `L` is the limiter type of the layer's store.
+pub(crate) struct Shared<E: KeyExtractor, L> {
+    core: Core<E>,
+    /// One limiter per tier, in the order of `answers.tiers`.
+    limiters: Box<[L]>,
+    answers: Arc<Answers>,
+    select: Option<Arc<SelectFn>>,
+    cost: Option<Arc<CostFn>>,
+    skip: Option<Arc<SkipFn>>,
+    skip_methods: Box<[Method]>,
+    skip_paths: Box<[String]>,
+    /// Whether an unknown tier name from the selector has been logged.
+    unknown_tier_logged: AtomicBool,
+    /// The penalty box, when the layer keeps it in memory (see `Backend::LOCAL_PENALTIES`).
+    penalty: Option<Penalties<E::Key>>,
 }
 
 /// What a request needs before the store is asked.
-pub(crate) enum Prepared<K, B> {
+pub(crate) enum Prepared<K> {
     /// Not limited: call the inner service as it is.
     Pass,
-    /// Answered without a decision (no key, and the layer rejects such requests).
-    Reject(Response<B>),
-    /// Would have been answered without a decision, but the layer runs dry.
-    Shadow(DryRunRejection),
+    /// No key, and the layer rejects such requests with `status` (see [`Shared::missing`]).
+    Missing { tier: usize, status: StatusCode },
     /// Decide `cost` for `key` on the tier at index `tier`.
     Decide { tier: usize, key: K, cost: u32 },
 }
 
 impl<E: KeyExtractor, L> Shared<E, L> {
+    /// The shared state of a layer's services, built from `parts`.
+    pub(crate) fn new(parts: Parts<E, L>) -> Self {
+        let Parts {
+            core,
+            limiters,
+            answers,
+            select,
+            cost,
+            skip,
+            skip_methods,
+            skip_paths,
+            penalty,
+        } = parts;
+        Shared {
+            core,
+            limiters,
+            answers,
+            select,
+            cost,
+            skip,
+            skip_methods,
+            skip_paths,
+            unknown_tier_logged: AtomicBool::new(false),
+            penalty,
+        }
+    }
+
+    /// What turns a decision into a response, shared with the futures of later decisions.
+    #[inline]
+    pub(crate) fn answers(&self) -> &Arc<Answers> {
+        &self.answers
+    }
+
+    /// One limiter per tier, in the order of the tiers.
+    #[inline]
+    pub(crate) fn limiters(&self) -> &[L] {
+        &self.limiters
+    }
+
+    /// The penalty box, when the layer keeps it in memory.
+    pub(crate) fn penalties(&self) -> Option<&Penalties<E::Key>> {
+        self.penalty.as_ref()
+    }
+
+    /// Whether an admission of `cost` is settled from its response ([`Answers::settle`]).
+    #[inline]
+    pub(crate) fn settles(&self) -> bool {
+        self.answers.settle.is_some()
+    }
+
+    /// The key as rejection events show it: only when the layer traces keys.
+    #[inline]
+    pub(crate) fn traced<'k>(&self, key: &'k E::Key) -> Option<&'k dyn std::fmt::Debug> {
+        self.core.traced(key)
+    }
+
     fn skips(&self, head: &RequestHead<'_>) -> bool {
         self.skip_methods.contains(head.method)
             || self.skip_paths.iter().any(|p| p == head.uri.path())
@@ -207,7 +177,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
 
     /// Skip rules, tier, key and cost of a request: everything before the decision.
     #[inline]
-    pub(crate) fn prepare<B: From<Bytes>>(&self, head: &RequestHead<'_>) -> Prepared<E::Key, B> {
+    pub(crate) fn prepare(&self, head: &RequestHead<'_>) -> Prepared<E::Key> {
         if self.skips(head) {
             return Prepared::Pass;
         }
@@ -215,32 +185,27 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         let key = match self.core.resolve(head) {
             Resolved::Key(key) => key,
             Resolved::Pass => return Prepared::Pass,
-            Resolved::Reject(status) => {
-                let t = &self.answers.tiers[tier];
-                let dry_run = self.core.observe.dry_run;
-                t.meter.count(Verdict::MissingKey, None);
-                observe::rejected(
-                    &t.names,
-                    None,
-                    Verdict::MissingKey,
-                    status,
-                    None,
-                    dry_run,
-                    None,
-                );
-                if dry_run {
-                    let kind = RejectionKind::MissingKey;
-                    return Prepared::Shadow(DryRunRejection::new(
-                        &t.names, None, kind, status, None,
-                    ));
-                }
-                let policy = Some(&*t.name);
-                let to = Recipient::of(head);
-                return Prepared::Reject(self.core.reject_missing(status, policy, to));
-            }
+            Resolved::Reject(status) => return Prepared::Missing { tier, status },
         };
         let cost = self.cost.as_ref().map_or(1, |f| f(head));
         Prepared::Decide { tier, key, cost }
+    }
+
+    /// The rejection of a request without a key on tier `tier`, with `status`; in dry-run
+    /// mode its record, and the request goes on (`None`).
+    #[cold]
+    pub(crate) fn missing<ReqBody, B: From<Bytes>>(
+        &self,
+        tier: usize,
+        status: StatusCode,
+        req: &mut Request<ReqBody>,
+    ) -> Option<Response<B>> {
+        let t = &self.answers.tiers[tier];
+        let to = Recipient::of(&RequestHead::new(req));
+        let r = Rejection::new(RejectionKind::MissingKey, status, None, Some(&t.name), to);
+        self.core
+            .refuser(&t.names, &t.meter)
+            .refuse(&r, None, req.extensions_mut())
     }
 
     /// The decision for `key` if the penalty box bans it now, before the quotas are asked.
@@ -314,148 +279,6 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
                     admitted: admitted.copied(),
                 })
             }),
-        }
-    }
-}
-
-impl Answers {
-    /// Everything after the decision of `cost` (for `key`, when the layer traces keys): an
-    /// admitted request gets the decision in its extensions and the header fields for its
-    /// response (`Ok`); a rejected one gets its response (`Err`), or in dry-run mode the
-    /// would-be rejection in its extensions and `Ok`.
-    #[inline]
-    pub(crate) fn finish<ReqBody, B: From<Bytes>>(
-        &self,
-        tier: usize,
-        decision: &Decision,
-        cost: u32,
-        key: Option<&dyn std::fmt::Debug>,
-        req: &mut Request<ReqBody>,
-    ) -> Result<Option<RateHeaders>, Response<B>> {
-        let tier = &self.tiers[tier];
-        let dry_run = self.observe.dry_run;
-        // A decision of the failure policy knows nothing of the quotas: no fields that would
-        // say otherwise. One of the local fallback is a real decision on the scaled quotas:
-        // its fields say what it decided. An admission that will be settled renders its
-        // fields when it is (see `Settle`); a blind one took nothing and is not settled.
-        let blind = decision.is_degraded() && !decision.is_local();
-        let settles = self.settle.is_some() && decision.is_allowed() && !blind;
-        let headers = if blind || settles || (dry_run && !self.dry_run_headers) {
-            None
-        } else {
-            self.rate_headers(tier, decision)
-        };
-        if decision.is_allowed() {
-            let verdict = if decision.is_local() {
-                Verdict::LocalAllowed
-            } else if decision.is_degraded() {
-                Verdict::FailOpen
-            } else {
-                Verdict::Allowed
-            };
-            tier.meter.count(verdict, None);
-            crate::decision::record_admitted(req.extensions_mut(), decision);
-            return Ok(headers);
-        }
-        self.rejected(tier, decision, cost, key, req, headers)
-    }
-
-    /// The rejection of a request, or in dry-run mode its record.
-    #[inline(never)]
-    fn rejected<ReqBody, B: From<Bytes>>(
-        &self,
-        tier: &Tier,
-        decision: &Decision,
-        cost: u32,
-        key: Option<&dyn std::fmt::Debug>,
-        req: &mut Request<ReqBody>,
-        headers: Option<RateHeaders>,
-    ) -> Result<Option<RateHeaders>, Response<B>> {
-        let blind = decision.is_degraded() && !decision.is_local();
-        let (kind, status) = match decision.outcome() {
-            _ if blind => (
-                RejectionKind::StoreUnavailable,
-                StatusCode::SERVICE_UNAVAILABLE,
-            ),
-            Outcome::Exceeds => (
-                RejectionKind::CostExceedsBurst,
-                StatusCode::TOO_MANY_REQUESTS,
-            ),
-            Outcome::Banned => (RejectionKind::Banned, self.ban_status),
-            _ => (RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS),
-        };
-        let quota = if blind {
-            None
-        } else {
-            observe::fired(decision, cost)
-        };
-        let verdict = match decision.outcome() {
-            Outcome::Limited if decision.is_local() => Verdict::LocalLimited,
-            _ => Verdict::of_rejection(kind),
-        };
-        let retry_after = decision.retry_after();
-        let dry_run = self.observe.dry_run;
-        tier.meter.count(verdict, quota);
-        observe::rejected(
-            &tier.names,
-            quota,
-            verdict,
-            status,
-            retry_after,
-            dry_run,
-            key,
-        );
-        if dry_run {
-            let r = DryRunRejection::new(&tier.names, quota, kind, status, retry_after);
-            r.record(req.extensions_mut());
-            crate::decision::record_admitted(req.extensions_mut(), decision);
-            return Ok(headers);
-        }
-        let mut resp = response::respond(
-            self.on_reject.as_ref(),
-            kind,
-            status,
-            decision.retry_after(),
-            Some(decision),
-            Some(&tier.name),
-            Recipient::of(&RequestHead::new(req)),
-        );
-        if let Some(h) = headers {
-            h.apply(resp.headers_mut());
-        }
-        Err(resp)
-    }
-
-    /// The header fields of tier `tier` reporting `d`: the state after a settlement (none in
-    /// dry-run mode unless the layer sends them there too).
-    pub(crate) fn settled_headers(&self, tier: usize, d: &Decision) -> Option<RateHeaders> {
-        if self.observe.dry_run && !self.dry_run_headers {
-            return None;
-        }
-        self.rate_headers(&self.tiers[tier], d)
-    }
-
-    fn rate_headers(&self, tier: &Tier, d: &Decision) -> Option<RateHeaders> {
-        (self.headers || self.legacy_headers).then(|| RateHeaders::new(self, tier, d))
-    }
-}
-
-impl RateHeaders {
-    fn new(shared: &Answers, tier: &Tier, d: &Decision) -> Self {
-        RateHeaders {
-            ietf: shared.headers.then(|| {
-                let items = d.states().iter().map(|s| (s.remaining(), s.reset_after()));
-                if d.is_local() {
-                    // A decision of the local fallback reports the scaled quotas it decided on.
-                    let live = tier.live.load();
-                    if let Some(local) = &live.local_headers {
-                        return (local.policy(), local.ratelimit_items(items));
-                    }
-                }
-                let id = tier.live_id.load(Ordering::Acquire);
-                crate::headers::fields(id, items, || LiveHeaders(tier.live.load()))
-            }),
-            legacy: shared.legacy_headers.then(|| crate::headers::Legacy::of(d)),
         }
     }
 }

@@ -13,8 +13,8 @@ use crate::headers::PolicyHeaders;
 use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::{service_shell, Core};
-use crate::observe::{self, DecisionMeter, DryRunRejection, Names, ShapeMeter, Verdict};
-use crate::response::{Recipient, RejectionKind};
+use crate::observe::{DecisionMeter, Names, ShapeMeter, Verdict};
+use crate::response::{Recipient, Rejection, RejectionKind};
 
 /// The outcomes a shaping layer can count.
 pub(crate) const OUTCOMES: &[Verdict] = &[
@@ -63,36 +63,30 @@ impl Fields {
 }
 
 impl<E: KeyExtractor> Shared<E> {
-    /// Counts and traces a rejection (or a would-be one), and in dry-run mode records it in
-    /// the request's extensions: `true` when the request is to be turned away.
+    /// Turns a request away with `kind` and `status` through the one rejection path (with
+    /// `key` for events that show it), adding the fields of the key's queue (`room`) when it
+    /// has one: the response, or in dry-run mode `None`, the would-be rejection recorded in
+    /// the request's extensions.
     #[inline(never)]
-    fn rejects<ReqBody>(
+    fn refuse<ReqBody, B: From<Bytes>>(
         &self,
         kind: RejectionKind,
         status: StatusCode,
         retry_after: Option<Duration>,
         key: Option<&E::Key>,
+        room: Option<&Room>,
         req: &mut Request<ReqBody>,
-    ) -> bool {
-        let verdict = Verdict::of_rejection(kind);
-        self.meter.count(verdict, None);
+    ) -> Option<Response<B>> {
         self.meter.keys(true, || Some(self.shaper.len()));
-        let key = key.and_then(|k| self.core.traced(k));
-        let dry_run = self.core.observe.dry_run;
-        observe::rejected(
-            &self.names,
-            None,
-            verdict,
-            status,
-            retry_after,
-            dry_run,
-            key,
-        );
-        if dry_run {
-            let r = DryRunRejection::new(&self.names, None, kind, status, retry_after);
-            r.record(req.extensions_mut());
+        let to = Recipient::of(&RequestHead::new(req));
+        let r = Rejection::new(kind, status, retry_after, Some(&self.name), to);
+        let key = key.map(|k| k as &dyn std::fmt::Debug);
+        let refuser = self.core.refuser(&self.names, &self.meter);
+        let mut resp = refuser.refuse(&r, key, req.extensions_mut())?;
+        if let Some(h) = room.and_then(|room| self.headers(room)) {
+            h.apply(resp.headers_mut());
         }
-        !dry_run
+        Some(resp)
     }
 
     /// The header fields for a response, from the state of the key's queue.
@@ -142,12 +136,11 @@ where
                 return ResponseFuture::new(State::calling(self.inner.call(req)), None)
             }
             Resolved::Reject(status) => {
-                if !shared.rejects(RejectionKind::MissingKey, status, None, None, &mut req) {
-                    return ResponseFuture::new(State::calling(self.inner.call(req)), None);
-                }
-                let to = Recipient::of(&RequestHead::new(&req));
-                let resp = shared.core.reject_missing(status, Some(&shared.name), to);
-                return ResponseFuture::new(State::ready(resp), None);
+                let kind = RejectionKind::MissingKey;
+                return match shared.refuse(kind, status, None, None, None, &mut req) {
+                    Some(resp) => ResponseFuture::new(State::ready(resp), None),
+                    None => ResponseFuture::new(State::calling(self.inner.call(req)), None),
+                };
             }
         };
         match shared.shaper.admit(&key) {
@@ -184,19 +177,11 @@ where
             Admission::Full(full, room) => {
                 let (kind, status) = (RejectionKind::QueueFull, StatusCode::TOO_MANY_REQUESTS);
                 let wait = Some(full.retry_after());
-                if !shared.rejects(kind, status, wait, Some(&key), &mut req) {
+                let Some(resp) =
+                    shared.refuse(kind, status, wait, Some(&key), Some(&room), &mut req)
+                else {
                     return ResponseFuture::new(State::calling(self.inner.call(req)), None);
-                }
-                let mut resp = shared.core.reject(
-                    RejectionKind::QueueFull,
-                    StatusCode::TOO_MANY_REQUESTS,
-                    Some(full.retry_after()),
-                    Some(&shared.name),
-                    Recipient::of(&RequestHead::new(&req)),
-                );
-                if let Some(h) = shared.headers(&room) {
-                    h.apply(resp.headers_mut());
-                }
+                };
                 ResponseFuture::new(State::ready(resp), None)
             }
         }

@@ -10,7 +10,7 @@
 //!
 //! A gRPC call (`content-type: application/grpc…`) is answered the gRPC way instead: HTTP 200
 //! with an empty body and the status in `grpc-status`, `grpc-message` and
-//! `grpc-retry-pushback-ms` (a trailers-only response); see [`crate::grpc`]. The protocol is
+//! `grpc-retry-pushback-ms` (a trailers-only response); see [`grpc`]. The protocol is
 //! read from the request head ([`Protocol::of`]) and can be forced with
 //! [`OnReject::grpc`].
 
@@ -23,10 +23,13 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
+pub mod grpc;
+pub(crate) mod refuse;
+
 use crate::decision::Decision;
-use crate::grpc::GrpcMode;
 use crate::headers;
 use crate::key::RequestHead;
+use grpc::GrpcMode;
 
 /// How a rejection is answered: a plain HTTP response or a gRPC status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,7 +60,7 @@ impl Protocol {
     #[inline]
     pub fn of(head: &RequestHead<'_>) -> Protocol {
         match head.headers.get(CONTENT_TYPE) {
-            Some(ct) if crate::grpc::is_grpc_content_type(ct.as_bytes()) => Protocol::Grpc,
+            Some(ct) if grpc::is_grpc_content_type(ct.as_bytes()) => Protocol::Grpc,
             _ => Protocol::Http,
         }
     }
@@ -121,9 +124,47 @@ pub struct Rejection<'a> {
     pub(crate) decision: Option<&'a Decision>,
     pub(crate) policy: Option<&'a str>,
     pub(crate) protocol: Protocol,
+    /// The quota that fired, for a rate limit's counts and events.
+    pub(crate) quota: Option<usize>,
+    /// Whether a layer outside decided the request: then the response is marked
+    /// ([`Rejected`]).
+    pub(crate) outer: bool,
 }
 
 impl<'a> Rejection<'a> {
+    /// The rejection of `kind` with `status`, telling the client to wait `retry_after`, by the
+    /// policy (tier or layer) named `policy`, to `to`. The one place a [`Rejection`] is
+    /// assembled; a rate limit adds its decision with [`decided`](Self::decided).
+    #[inline]
+    pub(crate) fn new(
+        kind: RejectionKind,
+        status: StatusCode,
+        retry_after: Option<Duration>,
+        policy: Option<&'a str>,
+        to: Recipient,
+    ) -> Self {
+        Rejection {
+            kind,
+            status,
+            retry_after,
+            decision: None,
+            policy,
+            protocol: to.protocol,
+            quota: None,
+            outer: to.outer,
+        }
+    }
+
+    /// This rejection, made by the rate-limit `decision`, whose quota `quota` fired.
+    #[inline]
+    pub(crate) fn decided(self, decision: &'a Decision, quota: Option<usize>) -> Self {
+        Rejection {
+            decision: Some(decision),
+            quota,
+            ..self
+        }
+    }
+
     /// Why the request was turned away.
     pub fn kind(&self) -> RejectionKind {
         self.kind
@@ -157,9 +198,9 @@ impl<'a> Rejection<'a> {
 
     /// The gRPC status code the default gRPC response carries: `RESOURCE_EXHAUSTED` (8) for
     /// rate limits, queues and limits per key, `UNAVAILABLE` (14) for a full global
-    /// concurrency limit or an unreachable store; see [`crate::grpc`].
+    /// concurrency limit or an unreachable store; see [`grpc`].
     pub fn grpc_code(&self) -> i32 {
-        crate::grpc::code(self)
+        grpc::code(self)
     }
 
     /// The default response in the request's protocol: for HTTP the status, a one-line text
@@ -175,7 +216,7 @@ impl<'a> Rejection<'a> {
     /// `grpc-status`, `grpc-message`, `grpc-retry-pushback-ms` and `Retry-After` when
     /// retrying helps, and an empty body.
     pub fn grpc_response(&self) -> Response<Bytes> {
-        crate::grpc::response(self)
+        grpc::response(self)
     }
 
     /// A short machine-readable code for [`kind`](Self::kind), stable across releases:
@@ -355,7 +396,7 @@ impl OnReject {
     /// [`GrpcMode::Never`] always as plain HTTP.
     ///
     /// ```
-    /// use tollgate::grpc::GrpcMode;
+    /// use tollgate::response::grpc::GrpcMode;
     /// use tollgate::response::OnReject;
     /// use tollgate::{Quota, RateLimitLayer};
     ///
@@ -405,28 +446,6 @@ impl Recipient {
     }
 }
 
-/// The response to a request turned away: `hook`'s, or the default one. The one place a
-/// [`Rejection`] is assembled.
-pub(crate) fn respond<B: From<Bytes>>(
-    hook: Option<&OnReject>,
-    kind: RejectionKind,
-    status: StatusCode,
-    retry_after: Option<Duration>,
-    decision: Option<&Decision>,
-    policy: Option<&str>,
-    to: Recipient,
-) -> Response<B> {
-    let r = Rejection {
-        kind,
-        status,
-        retry_after,
-        decision,
-        policy,
-        protocol: to.protocol,
-    };
-    reject(hook, &r, to.outer)
-}
-
 /// The mark a rejection the crate builds (or its hook) carries in its response extensions when
 /// a layer outside decided the request: an outer [`RateLimitLayer`](crate::RateLimitLayer) that
 /// admitted the request gives back what it took when it sees it. Private, so a handler's own
@@ -442,7 +461,11 @@ pub(crate) fn is_rejection<B>(resp: &Response<B>) -> bool {
 
 /// Builds the response for `r`: the hook's or the default, with `Retry-After` ensured, in the
 /// service's body type, marked as a rejection when `mark` (a layer outside decided it).
-fn reject<B: From<Bytes>>(hook: Option<&OnReject>, r: &Rejection<'_>, mark: bool) -> Response<B> {
+pub(crate) fn reject<B: From<Bytes>>(
+    hook: Option<&OnReject>,
+    r: &Rejection<'_>,
+    mark: bool,
+) -> Response<B> {
     let resp = match hook {
         Some(h) => {
             let mut resp = h.call(r);
@@ -485,6 +508,8 @@ mod tests {
             decision: None,
             policy: None,
             protocol: Protocol::Http,
+            quota: None,
+            outer: false,
         }
     }
 
@@ -638,29 +663,27 @@ mod tests {
             let mut req = http::Request::new(());
             let to = Recipient::of(&RequestHead::new(&req));
             assert!(!to.outer);
-            let resp: Response<Bytes> = respond(
-                hook,
+            let r = Rejection::new(
                 RejectionKind::RateLimited,
                 StatusCode::TOO_MANY_REQUESTS,
                 None,
                 None,
-                None,
                 to,
             );
+            let resp: Response<Bytes> = reject(hook, &r, r.outer);
             assert!(!is_rejection(&resp));
             // What an outer layer records when it admits (or lets through) the request.
             crate::decision::record_unlimited(req.extensions_mut());
             let to = Recipient::of(&RequestHead::new(&req));
             assert!(to.outer);
-            let resp: Response<Bytes> = respond(
-                hook,
+            let r = Rejection::new(
                 RejectionKind::Concurrency,
                 StatusCode::SERVICE_UNAVAILABLE,
                 Some(Duration::from_secs(1)),
                 None,
-                None,
                 to,
             );
+            let resp: Response<Bytes> = reject(hook, &r, r.outer);
             assert!(is_rejection(&resp));
             assert_eq!(resp.headers()[RETRY_AFTER], "1");
         }

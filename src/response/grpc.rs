@@ -36,7 +36,8 @@
 //! fits `tonic::transport::Server::layer`:
 //!
 //! ```
-//! use tollgate::{grpc, key, Quota, RateLimitLayer};
+//! use tollgate::response::grpc;
+//! use tollgate::{key, Quota, RateLimitLayer};
 //!
 //! let limit = grpc::layer(
 //!     RateLimitLayer::new(Quota::per_second(100))
@@ -60,8 +61,8 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::{Rejection, RejectionKind};
 use crate::headers;
-use crate::response::{Rejection, RejectionKind};
 
 /// When rejections are answered as gRPC statuses. See
 /// [`OnReject::grpc`](crate::response::OnReject::grpc).
@@ -390,6 +391,8 @@ mod tests {
             decision: None,
             policy: None,
             protocol: crate::response::Protocol::Grpc,
+            quota: None,
+            outer: false,
         }
     }
 
