@@ -4,7 +4,7 @@
 //! compiled the hot path yet) cannot take its full rate at once. With [`WarmUp`], a quota
 //! admits `rate / cold_factor` right after idleness and climbs to `rate` over the warm-up
 //! period, the way Guava's `SmoothWarmingUp` rate limiter (and Sentinel's warm-up control)
-//! define it. The same curve spaces out the departures of a [`Shaper`](crate::shape::Shaper)
+//! define it. The same curve spaces out the departures of a [`Shaper`](crate::Shaper)
 //! queue (Sentinel's "warm-up with queue").
 //!
 //! # The model

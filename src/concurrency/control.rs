@@ -167,6 +167,16 @@ impl Shares {
 /// Classifies a request.
 pub(crate) type Classifier = Arc<dyn Fn(&RequestHead<'_>) -> Priority + Send + Sync>;
 
+/// A concurrency limit must be at least 1 and fit a semaphore: the rule for the limit a layer
+/// is built with and the one a handle sets.
+pub(crate) fn check_max(max: usize) -> Result<(), ConfigError> {
+    if (1..=Semaphore::MAX_PERMITS).contains(&max) {
+        Ok(())
+    } else {
+        Err(ConfigError::InvalidConcurrency(max))
+    }
+}
+
 /// The layer's limit and what it measured.
 pub(crate) struct Control {
     limit: AtomicUsize,

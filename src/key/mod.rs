@@ -33,7 +33,8 @@ pub use bounded::{bounded_bytes, bounded_str, MAX_KEY_BYTES};
 pub use grpc::{GrpcMethod, Metadata};
 pub(crate) use ip::{peer_addr, Cidr};
 pub use ip::{ClientIp, ForwardedHeader, IpKey, PeerIp};
-pub use missing::MissingKey;
+// At the crate root for users; here for the crate's own paths.
+pub(crate) use missing::MissingKey;
 
 /// The parts of a request that extractors, cost functions and tier selectors look at.
 ///

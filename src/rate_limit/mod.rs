@@ -90,19 +90,20 @@
 //! `Router::layer` every request, unknown paths too.
 
 mod future;
-mod handle;
-mod layer;
+pub(crate) mod handle;
+pub(crate) mod layer;
 pub(crate) mod policy;
 mod service;
 pub mod settle;
 mod shared;
 pub(crate) mod store;
 
-pub use crate::key::MissingKey;
 pub use future::ResponseFuture;
-pub use handle::RateLimitHandle;
-pub use layer::RateLimitLayer;
-pub use policy::Policy;
 pub use service::RateLimit;
-pub use settle::ActualCost;
-pub use store::{Answer, Backend, Handover, Memory, Never, Refunding, Settling};
+pub use store::{Backend, Memory};
+// Public at the crate root; named here by this module's docs.
+#[allow(unused_imports)]
+pub(crate) use crate::{MissingKey, Policy, RateLimitHandle, RateLimitLayer};
+// How a store answers the layer: the crate's plumbing, not a path of the public API.
+#[cfg(feature = "redis")]
+pub(crate) use store::{Answer, Handover, Refunding, Settling};

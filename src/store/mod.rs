@@ -4,7 +4,7 @@
 //! [`rate_limit::Backend`](crate::rate_limit::Backend)).
 //!
 //! The memory store is the default; it needs no server: for one key it reads the stored times,
-//! decides with [`crate::gcra`] and replaces them atomically. With the `redis` feature,
+//! decides ([`Decision`](crate::Decision)) and replaces them atomically. With the `redis` feature,
 //! `redis::RedisStore` keeps them in Redis, shared by every instance of a service; there the
 //! same rule runs as a Lua script on the server, on the server's clock, and the result is
 //! read back into the same [`Decision`](crate::Decision).
