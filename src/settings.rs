@@ -47,9 +47,9 @@
 use std::time::Duration;
 
 use crate::quota::Quota;
-use crate::{ConcurrencyLimitLayer, ShapeLayer};
 
-/// The settings of a [`ConcurrencyLimitLayer`] that may change while serving.
+/// The settings of a [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) that may change
+/// while serving.
 ///
 /// In a configuration file: `max = 100` and, optionally,
 /// `queue = { max_waiting = 50, max_wait = "1s" }`.
@@ -79,19 +79,7 @@ pub struct QueueSettings {
     pub max_wait: Duration,
 }
 
-impl ConcurrencySettings {
-    /// A layer with these settings (global; `.key(..)` and the other builder calls apply as
-    /// usual).
-    pub fn layer(&self) -> ConcurrencyLimitLayer {
-        let layer = ConcurrencyLimitLayer::new(self.max);
-        match self.queue {
-            Some(q) => layer.queue(q.max_waiting, q.max_wait),
-            None => layer,
-        }
-    }
-}
-
-/// The settings of a [`ShapeLayer`] that may change while serving.
+/// The settings of a [`ShapeLayer`](crate::ShapeLayer) that may change while serving.
 ///
 /// In a configuration file: `rate = { count = 10, per = "1s" }` and, optionally,
 /// `max_waiting = 20` and `max_wait = "2s"` (the names of a concurrency limit's queue; the
@@ -119,21 +107,6 @@ pub struct ShapeSettings {
         )
     )]
     pub max_wait: Option<Duration>,
-}
-
-impl ShapeSettings {
-    /// A layer with these settings (global; `.key(..)` and the other builder calls apply as
-    /// usual).
-    pub fn layer(&self) -> ShapeLayer {
-        let mut layer = ShapeLayer::new(self.rate.clone());
-        if let Some(n) = self.max_waiting {
-            layer = layer.max_waiting(n);
-        }
-        if let Some(d) = self.max_wait {
-            layer = layer.max_wait(d);
-        }
-        layer
-    }
 }
 
 /// Durations as strings: `"500ms"`, `"1s"`, `"1h30m"` (see the [module docs](self)).

@@ -19,6 +19,7 @@ use crate::key::{Global, KeyExtractor, RequestHead};
 use crate::layer::common::{Common, Lazy};
 use crate::observe::{self, AdaptiveMeter, ConcurrencyMeter, DecisionMeter, LayerKind, Names};
 use crate::response::OnReject;
+use crate::settings::ConcurrencySettings;
 
 /// The `Retry-After` hint of a rejection unless [`retry_after`](ConcurrencyLimitLayer::retry_after)
 /// says otherwise.
@@ -519,6 +520,18 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
 /// single value, so the limit is one for everything, as everywhere in the crate.
 fn is_keyed<K>() -> bool {
     std::mem::size_of::<K>() != 0
+}
+
+impl ConcurrencySettings {
+    /// A layer with these settings (global; `.key(..)` and the other builder calls apply as
+    /// usual).
+    pub fn layer(&self) -> ConcurrencyLimitLayer {
+        let layer = ConcurrencyLimitLayer::new(self.max);
+        match self.queue {
+            Some(q) => layer.queue(q.max_waiting, q.max_wait),
+            None => layer,
+        }
+    }
 }
 
 impl<S, E: KeyExtractor + Clone> Layer<S> for ConcurrencyLimitLayer<E> {

@@ -292,22 +292,6 @@ pub enum Either<A, B> {
     Second(B),
 }
 
-#[cfg(feature = "redis")]
-impl<A: crate::redis::RedisKey, B: crate::redis::RedisKey> crate::redis::RedisKey for Either<A, B> {
-    fn write_key(&self, out: &mut Vec<u8>) {
-        match self {
-            Either::First(k) => {
-                out.extend_from_slice(b"1:");
-                k.write_key(out);
-            }
-            Either::Second(k) => {
-                out.extend_from_slice(b"2:");
-                k.write_key(out);
-            }
-        }
-    }
-}
-
 /// An extractor whose client address comes from another. See
 /// [`KeyExtractorExt::with_client_ip`].
 #[derive(Debug, Clone)]

@@ -21,6 +21,7 @@ use crate::observe::{self, DecisionMeter, LayerKind, Names, ShapeMeter};
 use crate::quota::Quota;
 use crate::rate_limit::policy::rate_name;
 use crate::response::OnReject;
+use crate::settings::ShapeSettings;
 
 /// Shapes HTTP traffic: requests wait in a bounded first-in-first-out queue per key and are
 /// forwarded at the quota's rate. See the [module docs](crate::shape).
@@ -367,6 +368,21 @@ fn check_max_keys(n: usize) -> Result<(), ConfigError> {
         Err(ConfigError::ZeroMaxKeys)
     } else {
         Ok(())
+    }
+}
+
+impl ShapeSettings {
+    /// A layer with these settings (global; `.key(..)` and the other builder calls apply as
+    /// usual).
+    pub fn layer(&self) -> ShapeLayer {
+        let mut layer = ShapeLayer::new(self.rate.clone());
+        if let Some(n) = self.max_waiting {
+            layer = layer.max_waiting(n);
+        }
+        if let Some(d) = self.max_wait {
+            layer = layer.max_wait(d);
+        }
+        layer
     }
 }
 
