@@ -333,9 +333,8 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
     ///         "/suggest" => Priority::Sheddable,
     ///         _ => Priority::Normal,
     ///     })
-    ///     .shares(Shares::new(0.25, 0.6)?);
+    ///     .shares(Shares::new(0.25, 0.6));
     /// # let _ = limit;
-    /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn shares(mut self, shares: Shares) -> Self {
         self.shares = shares;
