@@ -184,7 +184,8 @@
 //! [`ConfigError`], [`Clock`]); everything else is in the module of its concept: [`key`]
 //! (extractors), [`rate_limit`] (its service, stores and [`settle`](rate_limit::settle)),
 //! [`concurrency`] (adaptive limits, priorities), [`shape`], [`penalty`], [`response`],
-//! [`headers`], [`observe`], [`settings`], [`store`], [`warmup`], [`grpc`], and with their
+//! [`headers`], [`observe`], [`settings`], [`store`] (memory or Redis: where a limit's state
+//! lives), [`warmup`], [`grpc`], and with their
 //! features `redis` and `stream`. The same setting has the same name on every layer:
 //! `.key`, `.name`, `.on_missing_key`, `.allow_ip`, `.allow_key`, `.on_reject`, `.dry_run`,
 //! `.trace_keys`, `.validate`, `.handle`, and for a queue `.queue(max_waiting, max_wait)`.

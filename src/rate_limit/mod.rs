@@ -100,7 +100,9 @@ pub(crate) mod store;
 
 pub use future::ResponseFuture;
 pub use service::RateLimit;
-pub use store::{Backend, Memory};
+// Public in `crate::store`, with the other stores; here for the crate's own paths and docs.
+#[allow(unused_imports)]
+pub(crate) use store::{Backend, Memory};
 // Public at the crate root; named here by this module's docs.
 #[allow(unused_imports)]
 pub(crate) use crate::{MissingKey, Policy, RateLimitHandle, RateLimitLayer};

@@ -1,7 +1,7 @@
-//! Where theoretical arrival times live in memory, and what to do when the memory store is
-//! full ([`OnFull`]). The store a layer uses is chosen with
-//! [`RateLimitLayer::store`](crate::RateLimitLayer::store) (see
-//! [`rate_limit::Backend`](crate::rate_limit::Backend)).
+//! Where a rate limit's state lives: [`Memory`] (the default) or, with the `redis` feature,
+//! `redis::RedisStore`, both a [`Backend`]; and what to do when the memory store is full
+//! ([`OnFull`]). The store a layer uses is chosen with
+//! [`RateLimitLayer::store`](crate::RateLimitLayer::store).
 //!
 //! The memory store is the default; it needs no server: for one key it reads the stored times,
 //! decides ([`Decision`](crate::Decision)) and replaces them atomically. With the `redis` feature,
@@ -11,4 +11,5 @@
 
 pub(crate) mod memory;
 
+pub use crate::rate_limit::store::{Backend, Memory};
 pub use memory::OnFull;
