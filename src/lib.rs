@@ -162,15 +162,17 @@
 //! # Bad settings
 //!
 //! A setting that cannot work is a [`ConfigError`] that names it, found before any request is
-//! served, never a log line and never a value quietly clamped. One rule says where it comes
-//! out:
+//! served, never a value quietly changed. (A valid setting that never matches, such as a
+//! misspelt header name, can only show while serving: that is the one `ERROR` log of
+//! [missing keys](#missing-keys).) One rule says where the error comes out:
 //!
 //! * **Values written in code** use the plain forms: [`Quota::per_second(0)`](Quota::per_second),
 //!   [`MissingKey::reject`], [`key::Header::new`], a builder's `build()`. They panic with the
 //!   error at *your* line (`#[track_caller]`).
 //! * **Values read at run time** use the `try_` forms ([`Quota::try_new`],
 //!   [`MissingKey::try_reject`], [`key::Header::try_new`], `try_build()`), which return it.
-//! * **A layer's builder methods never panic.** A bad value is recorded with the caller's
+//! * **Builder methods never panic**: a layer's, and those of a value built in steps and
+//!   given to a layer ([`penalty::PenaltyBox`]). A bad value is recorded with the caller's
 //!   line; the layer's `validate()` returns the first as a `Result`, and applying a layer that
 //!   was not validated panics with it, naming that line. A setting that belongs to another
 //!   store does not compile ([`RateLimitLayer::max_keys`] exists only on the memory store).
@@ -182,11 +184,10 @@
 //! Each public type has one path. The crate root holds the layers, their handles and the
 //! values a newcomer writes ([`Quota`], [`Policy`], [`MissingKey`], [`Decision`],
 //! [`ConfigError`], [`Clock`]); everything else is in the module of its concept: [`key`]
-//! (extractors), [`rate_limit`] (its service, stores and [`settle`](rate_limit::settle)),
+//! (extractors), [`rate_limit`] (its service and [`settle`](rate_limit::settle)),
 //! [`concurrency`] (adaptive limits, priorities), [`shape`], [`penalty`], [`response`],
 //! [`headers`], [`observe`], [`settings`], [`store`] (memory or Redis: where a limit's state
-//! lives), [`warmup`], [`grpc`], and with their
-//! features `redis` and `stream`. The same setting has the same name on every layer:
+//! lives), [`warmup`], [`grpc`], and with their features `redis` and `stream`. The same setting has the same name on every layer:
 //! `.key`, `.name`, `.on_missing_key`, `.allow_ip`, `.allow_key`, `.on_reject`, `.dry_run`,
 //! `.trace_keys`, `.validate`, `.handle`, and for a queue `.queue(max_waiting, max_wait)`.
 //!
