@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .layer(grpc::layer(
             ShapeLayer::new(Quota::per_second(100))
                 .key(GrpcMethod)
-                .max_queue(20),
+                .max_waiting(20),
         ));
 
     let server = Server::builder()

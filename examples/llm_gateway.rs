@@ -43,7 +43,7 @@
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::{routing::post, Router};
-use tollgate::rate_limit::ActualCost;
+use tollgate::rate_limit::settle::ActualCost;
 use tollgate::{key, Clock, MissingKey, Policy, Quota, RateLimitLayer};
 
 /// `max_tokens` from the query, 256 when absent or not a number.

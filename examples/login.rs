@@ -44,7 +44,8 @@ use axum::routing::post;
 use axum::Router;
 use tollgate::key::{ClientIp, Header, KeyExtractorExt};
 use tollgate::penalty::Penalties;
-use tollgate::{Clock, MissingKey, PenaltyBox, Policy, Quota, RateLimitLayer};
+use tollgate::penalty::PenaltyBox;
+use tollgate::{Clock, MissingKey, Policy, Quota, RateLimitLayer};
 
 const MINUTE: Duration = Duration::from_secs(60);
 

@@ -39,7 +39,7 @@ pub fn app(metrics: PrometheusHandle, clock: Clock) -> Router {
         .dry_run(true);
     let reports = ConcurrencyLimitLayer::new(2)
         .queue(4, Duration::from_secs(2))
-        .policy_header("reports");
+        .name("reports");
     let upstream = ShapeLayer::new(Quota::per_second(5)).name("upstream");
 
     Router::new()

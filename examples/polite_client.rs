@@ -15,8 +15,8 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tollgate::shape::{PoliteLayer, Shaper};
 use tollgate::Quota;
+use tollgate::{PoliteLayer, Shaper};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
 /// The demo: 25 outbound calls from 5 tasks through one polite client, then 3 jobs of a queue

@@ -36,15 +36,15 @@ pub fn app() -> Router {
 
     // Everyone together: 2 per second, up to 4 waiting (the last about 2 s), the rest get 429.
     let shared = ShapeLayer::new(Quota::per_second(2))
-        .max_queue(4)
+        .max_waiting(4)
         .name("shared");
 
     // Per client IP: 5 per second; 3 at once after idle, then spaced out; at most 6 waiting
     // and never longer than 1.5 s.
     let per_ip = ShapeLayer::new(Quota::per_second(5))
         .no_delay_burst(2)
-        .max_queue(6)
-        .max_delay(Duration::from_millis(1500))
+        .max_waiting(6)
+        .max_wait(Duration::from_millis(1500))
         .key(key::PeerIp)
         .name("per-ip");
 

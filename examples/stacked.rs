@@ -58,7 +58,7 @@ pub fn app(clock: Clock) -> Router {
     // One global limit for the expensive route, with a small queue.
     let report_workers = ConcurrencyLimitLayer::new(2)
         .queue(4, Duration::from_secs(3))
-        .policy_header("report-workers");
+        .name("report-workers");
 
     // One limit per route: `key::Route` keys requests by their matched route, so each route
     // below gets its own 3 places.

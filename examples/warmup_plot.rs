@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tollgate::shape::Shaper;
+use tollgate::Shaper;
 use tollgate::{Clock, Quota, RateLimiter};
 
 /// Requests per second when warm.

@@ -32,7 +32,7 @@ pub enum Outcome {
 ///
 /// Holds the quota's numbers and how far the key is ahead of now; the figures are computed
 /// when asked, so a caller that only wants [`Decision::is_allowed`] pays for no division.
-/// A window quota ([`QuotaKind`](crate::quota::QuotaKind)) holds its figures as they are.
+/// A window quota ([`QuotaKind`](crate::QuotaKind)) holds its figures as they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QuotaState {
     /// GCRA: the emission interval. Zero for a window quota, whose `tolerance` then holds

@@ -64,6 +64,9 @@ pub enum ConfigError {
     },
     /// A header name given to a key extractor is not a valid header name.
     InvalidHeaderName(String),
+    /// A gRPC metadata name given to [`key::Metadata`](crate::key::Metadata) is not an ASCII
+    /// metadata name: not a valid header name, or a binary (`-bin`) one.
+    InvalidMetadataName(String),
     /// A status code given for a rejection is not a client or server error.
     InvalidStatus(u16),
     /// A trusted-proxy entry could not be parsed as an address or CIDR range.
@@ -186,6 +189,9 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::InvalidHeaderName(name) => {
                 write!(f, "{name:?} is not a valid header name")
+            }
+            ConfigError::InvalidMetadataName(name) => {
+                write!(f, "{name:?} is not an ASCII gRPC metadata name")
             }
             ConfigError::InvalidStatus(code) => {
                 write!(f, "rejection status {code} is not a 4xx or 5xx status")

@@ -35,7 +35,7 @@
 //! rate form so that `q / w` stays the rate.
 //!
 //! A concurrency limit sends nothing unless named with
-//! [`ConcurrencyLimitLayer::policy_header`](crate::ConcurrencyLimitLayer::policy_header); then
+//! [`ConcurrencyLimitLayer::name`](crate::ConcurrencyLimitLayer::name); then
 //! it is one `RateLimit-Policy` item with `q` = the most requests in flight,
 //! `qu="concurrent-requests"` and no window.
 //!
@@ -249,7 +249,7 @@ fn warn_duplicate(name: &[u8]) {
             name = %name,
             "tollgate: RateLimit-Policy lists two items named {name:?} on one response, which \
              a client cannot tell apart: give the layers on one route different names \
-             (`Policy::new(name, ..)`, `Quota::named`, `.policy_header(name)`) (logged once)"
+             (`Policy::new(name, ..)`, `Quota::named`, `.name(name)`) (logged once)"
         );
     }
 }

@@ -159,6 +159,38 @@
 //! assert_eq!(admitted, 5);
 //! ```
 //!
+//! # Bad settings
+//!
+//! A setting that cannot work is a [`ConfigError`] that names it, found before any request is
+//! served, never a value quietly changed. (A valid setting that never matches, such as a
+//! misspelt header name, can only show while serving: that is the one `ERROR` log of
+//! [missing keys](#missing-keys).) One rule says where the error comes out:
+//!
+//! * **Values written in code** use the plain forms: [`Quota::per_second(0)`](Quota::per_second),
+//!   [`MissingKey::reject`], [`key::Header::new`], a builder's `build()`. They panic with the
+//!   error at *your* line (`#[track_caller]`).
+//! * **Values read at run time** use the `try_` forms ([`Quota::try_new`],
+//!   [`MissingKey::try_reject`], [`key::Header::try_new`], `try_build()`), which return it.
+//! * **Builder methods never panic**: a layer's, and those of a value built in steps and
+//!   given to a layer ([`penalty::PenaltyBox`]). A bad value is recorded with the caller's
+//!   line; the layer's `validate()` returns the first as a `Result`, and applying a layer that
+//!   was not validated panics with it, naming that line. A setting that belongs to another
+//!   store does not compile ([`RateLimitLayer::max_keys`] exists only on the memory store).
+//! * **Changes while serving** (the handles, [`RateLimiter::set_quotas`]) return a `Result`
+//!   and change nothing on error.
+//!
+//! # Where things are
+//!
+//! Each public type has one path. The crate root holds the layers, their handles and the
+//! values a newcomer writes ([`Quota`], [`Policy`], [`MissingKey`], [`Decision`],
+//! [`ConfigError`], [`Clock`]); everything else is in the module of its concept: [`key`]
+//! (extractors), [`rate_limit`] (its service and [`settle`](rate_limit::settle)),
+//! [`concurrency`] (adaptive limits, priorities), [`shape`], [`penalty`], [`response`],
+//! [`headers`], [`observe`], [`settings`], [`store`] (memory or Redis: where a limit's state
+//! lives), [`warmup`], [`grpc`], and with their features `redis` and `stream`. The same setting has the same name on every layer:
+//! `.key`, `.name`, `.on_missing_key`, `.allow_ip`, `.allow_key`, `.on_reject`, `.dry_run`,
+//! `.trace_keys`, `.validate`, `.handle`, and for a queue `.queue(max_waiting, max_wait)`.
+//!
 //! # Features
 //!
 //! * `axum` (default): `ConnectInfo` peer addresses, `MatchedPath` route keys, and
@@ -176,25 +208,18 @@
 #![forbid(unsafe_code)]
 
 mod algo;
-pub mod clock;
+mod clock;
 pub mod concurrency;
 mod decision;
-pub mod error;
-/// Former home of the decision types, kept while their paths move: use the crate root
-/// ([`Decision`], [`Decisions`], [`Outcome`], [`QuotaState`]) and
-/// [`quota::MAX_QUOTAS`].
-#[doc(hidden)]
-pub mod gcra {
-    pub use crate::decision::{Decision, Decisions, Outcome, QuotaState, MAX_QUOTAS};
-}
+mod error;
 pub mod headers;
 pub mod key;
 mod keyed;
 mod layer;
-pub mod limiter;
+mod limiter;
 pub mod observe;
 pub mod penalty;
-pub mod quota;
+mod quota;
 pub mod rate_limit;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -209,7 +234,7 @@ pub mod store;
 pub mod stream;
 
 /// Former home of the warm-up settings, kept while their paths move: use
-/// [`quota::WarmUp`] and [`quota::MAX_WARM_UP_PERIOD`].
+/// [`WarmUp`] and [`MAX_WARM_UP_PERIOD`] at the crate root.
 #[doc(hidden)]
 pub mod warmup {
     pub use crate::quota::{WarmUp, MAX_WARM_UP_PERIOD};
@@ -218,15 +243,22 @@ pub mod warmup {
 #[cfg(feature = "axum")]
 mod axum_support;
 
+// One public path per type: the types named most are here, the rest in their module.
 pub use clock::{Clock, ManualClock};
-pub use concurrency::{ConcurrencyHandle, ConcurrencyLimitLayer};
+pub use concurrency::handle::ConcurrencyHandle;
+pub use concurrency::layer::ConcurrencyLimitLayer;
 pub use decision::{Decision, Decisions, Outcome, QuotaState};
 pub use error::ConfigError;
+pub use key::missing::MissingKey;
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
-pub use penalty::PenaltyBox;
-pub use quota::{Quota, QuotaKind};
-pub use rate_limit::{MissingKey, Policy, RateLimitHandle, RateLimitLayer};
-pub use shape::{PoliteLayer, ShapeHandle, ShapeLayer, Shaper};
+pub use quota::{Quota, QuotaKind, WarmUp, MAX_QUOTAS, MAX_WARM_UP_PERIOD};
+pub use rate_limit::handle::RateLimitHandle;
+pub use rate_limit::layer::RateLimitLayer;
+pub use rate_limit::policy::Policy;
+pub use shape::handle::ShapeHandle;
+pub use shape::layer::ShapeLayer;
+pub use shape::polite::PoliteLayer;
+pub use shape::shaper::Shaper;
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -4,7 +4,8 @@
 //! [`Policy`](crate::Policy) for rate limits, [`ConcurrencySettings`] and [`ShapeSettings`]
 //! for the other two layers. Each builds a layer ([`ConcurrencySettings::layer`],
 //! [`ShapeSettings::layer`]) and is applied to a running one through its handle
-//! ([`ConcurrencyHandle::apply`], [`ShapeHandle::apply`],
+//! ([`ConcurrencyHandle::apply`](crate::ConcurrencyHandle::apply),
+//! [`ShapeHandle::apply`](crate::ShapeHandle::apply),
 //! [`RateLimitHandle::set_policy`](crate::RateLimitHandle::set_policy)).
 //!
 //! # Configuration files
@@ -37,21 +38,18 @@
 //! assert!(err.unwrap_err().to_string().contains("invalid duration \"1 fortnight\""));
 //!
 //! let shape: ShapeSettings =
-//!     serde_json::from_str(r#"{ "rate": { "count": 5, "per": "1s" }, "max_delay": "2s" }"#)
+//!     serde_json::from_str(r#"{ "rate": { "count": 5, "per": "1s" }, "max_wait": "2s" }"#)
 //!         .unwrap();
-//! assert_eq!(shape.max_delay, Some(std::time::Duration::from_secs(2)));
+//! assert_eq!(shape.max_wait, Some(std::time::Duration::from_secs(2)));
 //! # }
 //! ```
 
 use std::time::Duration;
 
-use crate::concurrency::ConcurrencyHandle;
-use crate::error::ConfigError;
 use crate::quota::Quota;
-use crate::shape::ShapeHandle;
-use crate::{ConcurrencyLimitLayer, ShapeLayer};
 
-/// The settings of a [`ConcurrencyLimitLayer`] that may change while serving.
+/// The settings of a [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) that may change
+/// while serving.
 ///
 /// In a configuration file: `max = 100` and, optionally,
 /// `queue = { max_waiting = 50, max_wait = "1s" }`.
@@ -81,41 +79,11 @@ pub struct QueueSettings {
     pub max_wait: Duration,
 }
 
-impl ConcurrencySettings {
-    /// A layer with these settings (global; `.key(..)` and the other builder calls apply as
-    /// usual).
-    pub fn layer(&self) -> ConcurrencyLimitLayer {
-        let layer = ConcurrencyLimitLayer::new(self.max);
-        match self.queue {
-            Some(q) => layer.queue(q.max_waiting, q.max_wait),
-            None => layer,
-        }
-    }
-}
-
-impl ConcurrencyHandle {
-    /// Applies `settings`: the maximum, then the queue bounds. A layer built without a queue
-    /// cannot be given one ([`ConfigError::NotChangeable`]); an invalid maximum changes
-    /// nothing.
-    pub fn apply(&self, settings: &ConcurrencySettings) -> Result<(), ConfigError> {
-        // Everything that can fail is checked before anything changes.
-        if settings.queue.is_some() && !self.has_queue() {
-            return Err(ConfigError::NotChangeable(
-                "the queue of a concurrency limit built without one",
-            ));
-        }
-        self.set_max(settings.max)?;
-        if let Some(q) = settings.queue {
-            self.set_queue(q.max_waiting, q.max_wait)?;
-        }
-        Ok(())
-    }
-}
-
-/// The settings of a [`ShapeLayer`] that may change while serving.
+/// The settings of a [`ShapeLayer`](crate::ShapeLayer) that may change while serving.
 ///
 /// In a configuration file: `rate = { count = 10, per = "1s" }` and, optionally,
-/// `max_queue = 20` and `max_delay = "2s"`.
+/// `max_waiting = 20` and `max_wait = "2s"` (the names of a concurrency limit's queue; the
+/// former `max_queue` and `max_delay` are still read).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
@@ -125,46 +93,20 @@ pub struct ShapeSettings {
     /// The most requests waiting per key.
     #[cfg_attr(
         feature = "serde",
-        serde(default, skip_serializing_if = "Option::is_none")
+        serde(default, skip_serializing_if = "Option::is_none", alias = "max_queue")
     )]
-    pub max_queue: Option<usize>,
+    pub max_waiting: Option<usize>,
     /// The longest a request may be made to wait.
     #[cfg_attr(
         feature = "serde",
         serde(
             default,
             skip_serializing_if = "Option::is_none",
-            with = "duration::option"
+            with = "duration::option",
+            alias = "max_delay"
         )
     )]
-    pub max_delay: Option<Duration>,
-}
-
-impl ShapeSettings {
-    /// A layer with these settings (global; `.key(..)` and the other builder calls apply as
-    /// usual).
-    pub fn layer(&self) -> ShapeLayer {
-        let mut layer = ShapeLayer::new(self.rate.clone());
-        if let Some(n) = self.max_queue {
-            layer = layer.max_queue(n);
-        }
-        if let Some(d) = self.max_delay {
-            layer = layer.max_delay(d);
-        }
-        layer
-    }
-}
-
-impl ShapeHandle {
-    /// Applies `settings`: the rate, then the bounds. With neither `max_queue` nor
-    /// `max_delay`, the bounds are left as they are.
-    pub fn apply(&self, settings: &ShapeSettings) -> Result<(), ConfigError> {
-        self.set_quota(settings.rate.clone())?;
-        if settings.max_queue.is_some() || settings.max_delay.is_some() {
-            self.set_bounds(settings.max_queue, settings.max_delay)?;
-        }
-        Ok(())
-    }
+    pub max_wait: Option<Duration>,
 }
 
 /// Durations as strings: `"500ms"`, `"1s"`, `"1h30m"` (see the [module docs](self)).

@@ -15,7 +15,7 @@ use common::account::{Account, Kind};
 use http::StatusCode;
 use proptest::prelude::*;
 use tollgate::key::Header;
-use tollgate::rate_limit::ActualCost;
+use tollgate::rate_limit::settle::ActualCost;
 use tollgate::{Clock, Outcome, Policy, Quota, RateLimitLayer, RateLimiter};
 use tower::Layer;
 

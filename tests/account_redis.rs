@@ -14,7 +14,7 @@ use http::StatusCode;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tollgate::key::Header;
-use tollgate::rate_limit::ActualCost;
+use tollgate::rate_limit::settle::ActualCost;
 use tollgate::redis::{RedisRateLimiter, RedisStore};
 use tollgate::{Clock, Outcome, Policy, Quota, RateLimitLayer, RateLimiter};
 use tower::Layer;

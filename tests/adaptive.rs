@@ -311,7 +311,7 @@ async fn critical_requests_keep_a_configured_share_under_a_flood_of_the_others()
     // Under 20: sheddable ≤ 5, sheddable and normal ≤ 12, so 8 places are critical's alone.
     let layer = ConcurrencyLimitLayer::new(20)
         .priority(classify)
-        .shares(Shares::new(0.25, 0.6).unwrap());
+        .shares(Shares::new(0.25, 0.6));
     let svc = layer.layer(backend.service());
     let until = Instant::now() + Duration::from_secs(5);
     let sheddable = clients(svc.clone(), "sheddable", 100, until);
@@ -386,7 +386,7 @@ fn holding() -> impl Service<
 async fn configured_shares_are_exact_for_requests_that_arrive_together() {
     let layer = ConcurrencyLimitLayer::new(20)
         .priority(classify)
-        .shares(Shares::new(0.25, 0.6).unwrap());
+        .shares(Shares::new(0.25, 0.6));
     let svc = layer.layer(holding());
     let classes = ["sheddable"; 30]
         .into_iter()
@@ -423,7 +423,7 @@ async fn a_limit_of_one_is_critical_only_by_default_and_shared_at_full_shares() 
     // All of it to every class: the first request takes it, whatever its class.
     let layer = ConcurrencyLimitLayer::new(1)
         .priority(classify)
-        .shares(Shares::new(1.0, 1.0).unwrap());
+        .shares(Shares::new(1.0, 1.0));
     let svc = layer.layer(holding());
     let (held, statuses) = admit_in_order(&svc, classes());
     assert_eq!(held.len(), 1);
@@ -432,9 +432,9 @@ async fn a_limit_of_one_is_critical_only_by_default_and_shared_at_full_shares() 
         ["normal", "critical", "critical"]
     );
     // A share over the normal share, not a number, or zero is an error before any layer.
-    assert!(Shares::new(1.0, 0.5).is_err());
-    assert!(Shares::new(f64::NAN, 1.0).is_err());
-    assert!(Shares::new(0.0, 0.0).is_err());
+    assert!(Shares::try_new(1.0, 0.5).is_err());
+    assert!(Shares::try_new(f64::NAN, 1.0).is_err());
+    assert!(Shares::try_new(0.0, 0.0).is_err());
 }
 
 #[tokio::test(start_paused = true)]
@@ -586,7 +586,7 @@ async fn a_response_dropped_before_its_end_teaches_nothing() {
 
 #[test]
 fn every_builder_order_keeps_the_adaptive_limit_and_the_classifier() {
-    let shares = Shares::new(0.2, 0.7).unwrap();
+    let shares = Shares::new(0.2, 0.7);
     let a = ConcurrencyLimitLayer::new(50)
         .adaptive(Gradient2::new(7, 1, 100))
         .shares(shares)

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use tollgate::key::PeerIp;
-use tollgate::rate_limit::ActualCost;
+use tollgate::rate_limit::settle::ActualCost;
 use tollgate::store::OnFull;
 use tollgate::{Clock, ManualClock, Quota, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
@@ -153,7 +153,7 @@ fn guarded(clock: &Clock, max_keys: usize, on_full: OnFull) -> RateLimitLayer<Pe
         .clock(clock.clone())
         .max_keys(max_keys)
         .on_full(on_full)
-        .penalty_box(tollgate::PenaltyBox::new(3, 600 * SEC, 60 * SEC))
+        .penalty_box(tollgate::penalty::PenaltyBox::new(3, 600 * SEC, 60 * SEC))
 }
 
 #[tokio::test]
@@ -247,7 +247,7 @@ async fn an_idle_penalty_record_makes_room_for_a_new_key() {
         .clock(clock.clone())
         .max_keys(3)
         .on_full(OnFull::RejectNewKeys)
-        .penalty_box(tollgate::PenaltyBox::new(3, 2 * SEC, 60 * SEC));
+        .penalty_box(tollgate::penalty::PenaltyBox::new(3, 2 * SEC, 60 * SEC));
     let penalties = layer.penalties().unwrap().unwrap();
     let svc = layer.layer(handler.clone());
     // Client 1: quota state and a strike; client 2: quota state. Three places taken.
@@ -307,7 +307,7 @@ async fn bans_never_take_every_place_from_new_clients() {
         .key(PeerIp)
         .clock(clock)
         .max_keys(4)
-        .penalty_box(tollgate::PenaltyBox::new(1, 60 * SEC, 3600 * SEC));
+        .penalty_box(tollgate::penalty::PenaltyBox::new(1, 60 * SEC, 3600 * SEC));
     let penalties = layer.penalties().unwrap().unwrap();
     let svc = layer.layer(handler.clone());
     // Twenty attackers get themselves banned: records take at most half the places.

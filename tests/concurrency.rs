@@ -291,7 +291,7 @@ fn a_limit_of_zero_is_a_configuration_error() {
     assert_eq!(err, tollgate::ConfigError::InvalidConcurrency(0));
     assert!(ConcurrencyLimitLayer::new(1).validate().is_ok());
     assert!(ConcurrencyLimitLayer::new(1)
-        .policy_header("bad\"name")
+        .name("bad\"name")
         .validate()
         .is_err());
 }
@@ -759,9 +759,7 @@ async fn the_policy_item_is_off_by_default_and_names_concurrent_requests() {
         .get("ratelimit-policy")
         .is_none());
 
-    let svc = ConcurrencyLimitLayer::new(1)
-        .policy_header("workers")
-        .layer(echo());
+    let svc = ConcurrencyLimitLayer::new(1).name("workers").layer(echo());
     let admitted = send(&svc, request(None)).await;
     let policy = r#""workers";q=1;qu="concurrent-requests""#;
     assert_eq!(admitted.headers()["ratelimit-policy"], policy);
@@ -776,7 +774,7 @@ fn rate_limit() -> RateLimitLayer {
 
 #[tokio::test(start_paused = true)]
 async fn with_the_rate_limit_outside_requests_rejected_inside_give_back_their_cost() {
-    let concurrency = ConcurrencyLimitLayer::new(1).policy_header("workers");
+    let concurrency = ConcurrencyLimitLayer::new(1).name("workers");
     let svc = ServiceBuilder::new()
         .layer(rate_limit())
         .layer(concurrency.clone())

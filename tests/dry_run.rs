@@ -187,7 +187,7 @@ async fn a_request_without_a_key_is_marked_and_let_through_by_every_layer() {
         .dry_run(true);
     let conc = ConcurrencyLimitLayer::new(1)
         .key(Header::new("x-client"))
-        .policy_header("c")
+        .name("c")
         .dry_run(true);
     let shape = ShapeLayer::new(Quota::per_second(1))
         .name("s")
@@ -238,7 +238,7 @@ async fn a_dry_run_concurrency_limit_neither_rejects_nor_queues_and_holds_no_ext
     let _serial = serial();
     let layer = ConcurrencyLimitLayer::new(1)
         .queue(4, Duration::from_secs(10))
-        .policy_header("db")
+        .name("db")
         .dry_run(true);
     let gate = Arc::new(tokio::sync::Notify::new());
     let g = gate.clone();
@@ -277,7 +277,7 @@ async fn a_dry_run_shaper_delays_nothing_and_refuses_nothing_but_keeps_the_sched
     let _serial = serial();
     let layer = ShapeLayer::new(Quota::per_second(1))
         .name("up")
-        .max_queue(2)
+        .max_waiting(2)
         .dry_run(true);
     let mut svc = ServiceBuilder::new().layer(layer).service_fn(echo);
     let start = tokio::time::Instant::now();
@@ -380,7 +380,7 @@ async fn trace_keys_puts_the_key_in_the_event() {
     let (out, _guard) = capture(tracing::Level::DEBUG);
     let layer = ShapeLayer::new(Quota::per_second(1))
         .name("s")
-        .max_queue(1)
+        .max_waiting(1)
         .key(Header::new("x-client"))
         .trace_keys(true);
     let mut svc = ServiceBuilder::new().layer(layer).service_fn(echo);

@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
-use tollgate::shape::Shaper;
 use tollgate::store::OnFull;
+use tollgate::Shaper;
 use tollgate::{Clock, ManualClock, Quota, RateLimiter};
 
 fn limiter(quota: Quota, max_keys: usize, on_full: OnFull) -> (RateLimiter<u64>, ManualClock) {

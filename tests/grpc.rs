@@ -354,7 +354,7 @@ async fn full_concurrency_limit_per_key_is_resource_exhausted() {
 
 #[tokio::test(start_paused = true)]
 async fn full_shaping_queue_is_resource_exhausted() {
-    let layer = ShapeLayer::new(Quota::per_hour(1)).max_queue(0);
+    let layer = ShapeLayer::new(Quota::per_hour(1)).max_waiting(0);
     let server = serve(grpc::layer(layer)).await;
     let ch = channel(server.addr).await;
     say(&ch, "hi", None).await.unwrap();

@@ -344,7 +344,7 @@ async fn legacy_fields_of_several_quotas_come_from_one_quota() {
 async fn header_integers_never_exceed_fifteen_digits() {
     // A shaping queue of usize::MAX: q is no longer the capacity, but the rate stays exact.
     let svc = ServiceBuilder::new()
-        .layer(ShapeLayer::new(Quota::per_second(10)).max_queue(usize::MAX))
+        .layer(ShapeLayer::new(Quota::per_second(10)).max_waiting(usize::MAX))
         .service_fn(ok);
     let resp = svc.oneshot(Request::new(Body::empty())).await.unwrap();
     assert_sf_integers(&resp);
@@ -355,7 +355,7 @@ async fn header_integers_never_exceed_fifteen_digits() {
 
     // A concurrency limit of 2^60: q is clamped.
     let svc = ServiceBuilder::new()
-        .layer(ConcurrencyLimitLayer::new(1 << 60).policy_header("c"))
+        .layer(ConcurrencyLimitLayer::new(1 << 60).name("c"))
         .service_fn(ok);
     let resp = svc.oneshot(Request::new(Body::empty())).await.unwrap();
     assert_sf_integers(&resp);
@@ -465,7 +465,7 @@ async fn concurrency_queue_wait_at_zero_and_max() {
 #[tokio::test(start_paused = true)]
 async fn shaping_max_delay_at_zero_and_max() {
     for (max_delay, second_ok) in [(Duration::MAX, true), (Duration::ZERO, false)] {
-        let layer = ShapeLayer::new(Quota::per_second(1)).max_delay(max_delay);
+        let layer = ShapeLayer::new(Quota::per_second(1)).max_wait(max_delay);
         let svc = ServiceBuilder::new().layer(layer).service_fn(ok);
         let a = svc
             .clone()
@@ -538,7 +538,7 @@ fn names_from_configuration_are_checked_without_panics() {
     let tier = RateLimitLayer::new(Quota::per_second(1))
         .tier(Policy::new(long.clone(), Quota::per_second(2)));
     assert_eq!(tier.validate().err(), Some(too_long.clone()));
-    let conc = ConcurrencyLimitLayer::new(1).policy_header(long.clone());
+    let conc = ConcurrencyLimitLayer::new(1).name(long.clone());
     assert_eq!(conc.validate().err(), Some(too_long.clone()));
     let shape = ShapeLayer::new(Quota::per_second(1)).name(long);
     assert_eq!(shape.validate().err(), Some(too_long));

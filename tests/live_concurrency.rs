@@ -179,7 +179,7 @@ async fn a_handle_cannot_be_taken_from_a_layer_applied_without_one() {
 
 #[tokio::test(start_paused = true)]
 async fn the_policy_field_follows_the_new_max() {
-    let layer = ConcurrencyLimitLayer::new(2).policy_header("conc");
+    let layer = ConcurrencyLimitLayer::new(2).name("conc");
     let handle = layer.handle().unwrap();
     let svc = layer.layer(handler());
     let r = send(&svc, "-").await;
@@ -250,11 +250,11 @@ mod shaping {
     #[tokio::test(start_paused = true)]
     async fn a_shorter_queue_bound_keeps_the_waiters_and_refuses_newcomers() {
         let shaper = Shaper::<u64>::builder(Quota::per_second(10))
-            .max_queue(5)
+            .max_waiting(5)
             .build();
         let start = Instant::now();
         let slots: Vec<_> = (0..5).map(|_| shaper.reserve(&1).unwrap()).collect();
-        shaper.set_bounds(Some(2), None).unwrap();
+        shaper.set_queue(Some(2), None).unwrap();
         let full = shaper.reserve(&1).unwrap_err();
         // Four wait (the first leaves at once), more than the new bound of two: refused, and
         // told to come back when the first waiter leaves, as for any full queue.
@@ -265,11 +265,11 @@ mod shaping {
 
     #[tokio::test(start_paused = true)]
     async fn the_layer_handle_changes_the_shaper_and_the_policy_field() {
-        let layer = ShapeLayer::new(Quota::per_second(10)).max_queue(4);
+        let layer = ShapeLayer::new(Quota::per_second(10)).max_waiting(4);
         let handle = layer.handle().unwrap();
         handle.set_quota(Quota::per_second(2)).unwrap();
         handle
-            .set_bounds(Some(1), Some(Duration::from_secs(1)))
+            .set_queue(Some(1), Some(Duration::from_secs(1)))
             .unwrap();
         let shaper = layer.shaper().unwrap();
         assert_eq!(shaper.quota(), Quota::per_second(2));

@@ -12,7 +12,7 @@ mod common;
 
 use common::account::rig::{Reply, Rig};
 use tollgate::key::Header;
-use tollgate::rate_limit::ActualCost;
+use tollgate::rate_limit::settle::ActualCost;
 use tollgate::{Clock, Policy, Quota, RateLimitLayer, RateLimiter};
 use tower::Layer;
 

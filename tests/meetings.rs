@@ -9,9 +9,10 @@ use std::time::Duration;
 use common::account::rig::{manual, Reply, Rig, FAILED, OK};
 use http::StatusCode;
 use tollgate::key::Header;
-use tollgate::rate_limit::ActualCost;
+use tollgate::penalty::PenaltyBox;
+use tollgate::rate_limit::settle::ActualCost;
 use tollgate::store::OnFull;
-use tollgate::{Clock, PenaltyBox, Policy, Quota, RateLimitLayer};
+use tollgate::{Clock, Policy, Quota, RateLimitLayer};
 use tower::Layer;
 
 const MS: Duration = Duration::from_millis(1);

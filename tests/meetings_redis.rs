@@ -12,7 +12,7 @@ use common::account::rig::{failures, manual, Reply, Rig, FAILED, OK};
 use common::redis_server::RedisServer;
 use http::StatusCode;
 use tollgate::key::Header;
-use tollgate::rate_limit::ActualCost;
+use tollgate::rate_limit::settle::ActualCost;
 use tollgate::redis::{Lease, RedisStore};
 use tollgate::{Clock, Policy, Quota, RateLimitLayer};
 use tower::Layer;
@@ -206,7 +206,7 @@ mod told {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
     use std::convert::Infallible;
-    use tollgate::PenaltyBox;
+    use tollgate::penalty::PenaltyBox;
     use tower::{Service, ServiceExt};
 
     fn req(cost: u32, actual: u32) -> Request<()> {
@@ -369,7 +369,7 @@ mod side_by_side {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
     use std::convert::Infallible;
-    use tollgate::PenaltyBox;
+    use tollgate::penalty::PenaltyBox;
     use tower::{Service, ServiceExt};
 
     fn req(cost: u32, actual: u32) -> Request<()> {
@@ -694,7 +694,7 @@ async fn a_debt_stands_through_a_burst_flip_on_redis() {
 #[tokio::test]
 async fn a_cached_ban_ends_with_the_ban_not_with_the_retry_it_told() {
     use http::Request;
-    use tollgate::PenaltyBox;
+    use tollgate::penalty::PenaltyBox;
     use tower::ServiceExt;
     let server = RedisServer::start();
     let store = store(&server).await;

@@ -257,7 +257,7 @@ async fn costs_30(_req: Request<Body>) -> Result<Response<Body>, Infallible> {
 fn settling(clock: Clock, dry_run: bool) -> RateLimitLayer<Header> {
     RateLimitLayer::new(Policy::new("tokens", Quota::per_second(1).burst(10)))
         .key(Header::new("x-client"))
-        .settle(tollgate::rate_limit::ActualCost::header("x-used"))
+        .settle(tollgate::rate_limit::settle::ActualCost::header("x-used"))
         .clock(clock)
         .dry_run(dry_run)
 }
@@ -324,7 +324,7 @@ async fn concurrency_counts_in_flight_waiting_and_wait_time() {
         || {
             ConcurrencyLimitLayer::new(1)
                 .queue(1, Duration::from_secs(5))
-                .policy_header("db")
+                .name("db")
         },
         |l| {
             let _ = l.clone().validate().unwrap();
@@ -376,7 +376,7 @@ async fn a_wait_that_times_out_is_counted_limited_with_its_wait() {
         || {
             ConcurrencyLimitLayer::new(1)
                 .queue(4, Duration::from_millis(300))
-                .policy_header("q")
+                .name("q")
         },
         |l| {
             let _ = l.clone().validate().unwrap();
@@ -414,7 +414,7 @@ async fn shaping_counts_delays_and_the_queue_it_holds() {
         || {
             ShapeLayer::new(Quota::per_second(1))
                 .name("up")
-                .max_queue(2)
+                .max_waiting(2)
         },
         |l| {
             let _ = l.clone().validate().unwrap();
@@ -450,7 +450,7 @@ async fn a_dry_run_shaper_reports_the_delays_it_would_have_given() {
         || {
             ShapeLayer::new(Quota::per_second(1))
                 .name("up")
-                .max_queue(1)
+                .max_waiting(1)
                 .dry_run(true)
         },
         |l| {
@@ -770,7 +770,7 @@ async fn an_adaptive_limit_reports_its_limit_latency_and_sheds() {
                         .initial(40)
                         .timeout(Duration::from_millis(50)),
                 )
-                .policy_header("backend")
+                .name("backend")
         },
         |l| {
             let _ = l.clone().validate().unwrap();
@@ -804,7 +804,7 @@ async fn an_adaptive_limit_reports_its_limit_latency_and_sheds() {
         || {
             ConcurrencyLimitLayer::new(2)
                 .priority(|_| Priority::Sheddable)
-                .policy_header("search")
+                .name("search")
         },
         |l| {
             let _ = l.clone().validate().unwrap();

@@ -15,7 +15,7 @@ use common::capture::Captured;
 use http::{Method, Request, Response, StatusCode};
 use tokio::sync::Semaphore;
 use tollgate::key::{Header, KeyExtractorExt, PeerIp};
-use tollgate::shape::ShapeLayer;
+use tollgate::ShapeLayer;
 use tollgate::{Clock, ConcurrencyLimitLayer, MissingKey, Policy, Quota, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 
@@ -201,7 +201,7 @@ async fn two_stacked_layers_of_one_name_are_one_warning_and_different_names_none
     // Different names, with a concurrency item between them: nothing to say.
     let apart = tower::ServiceBuilder::new()
         .layer(limit("api"))
-        .layer(ConcurrencyLimitLayer::new(4).policy_header("workers"))
+        .layer(ConcurrencyLimitLayer::new(4).name("workers"))
         .layer(limit("api-burst"))
         .service_fn(ok);
     let resp = apart.oneshot(with_api_key()).await.unwrap();

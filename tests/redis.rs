@@ -789,7 +789,7 @@ async fn rates_finer_than_a_microsecond_are_a_configuration_error() {
 }
 
 #[tokio::test]
-async fn memory_bounds_on_a_redis_layer_are_an_error_in_either_order() {
+async fn memory_bounds_set_before_a_redis_store_are_an_error() {
     use tollgate::{store::OnFull, ConfigError, RateLimitLayer};
     let store = RedisStore::open("redis://127.0.0.1:1").unwrap();
     let before = RateLimitLayer::new(Quota::per_second(1))
@@ -799,9 +799,11 @@ async fn memory_bounds_on_a_redis_layer_are_an_error_in_either_order() {
         before.validate().unwrap_err(),
         ConfigError::MemoryOnly("max_keys")
     );
+    // After `.store(..)` they are not methods at all: see the compile-fail example on
+    // `RateLimitLayer::max_keys`.
     let after = RateLimitLayer::new(Quota::per_second(1))
-        .store(store.clone())
-        .on_full(OnFull::default());
+        .on_full(OnFull::default())
+        .store(store.clone());
     assert_eq!(
         after.validate().unwrap_err(),
         ConfigError::MemoryOnly("on_full")

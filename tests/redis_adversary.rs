@@ -594,7 +594,7 @@ fn whatever_the_lease_state_and_failure_mode_a_decision_with_redis_stopped_waits
                     .name(format!("case-{}", case.get()))
                     .clock(clock);
                     if penalty {
-                        b = b.penalty_box(tollgate::PenaltyBox::new(
+                        b = b.penalty_box(tollgate::penalty::PenaltyBox::new(
                             3,
                             Duration::from_secs(60),
                             Duration::from_secs(60),

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use common::capture::Captured;
 use common::redis_server::RedisServer;
+use tollgate::penalty::PenaltyBox;
 use tollgate::redis::{FailMode, Lease, RedisRateLimiter, RedisStore};
-use tollgate::{Clock, PenaltyBox, Quota};
+use tollgate::{Clock, Quota};
 
 /// The tests of this file hit the same logging callsite: one at a time, so that the one that
 /// captures the log sees its interest settled.

@@ -228,7 +228,7 @@ async fn a_penalty_box_or_a_window_quota_is_not_leased() {
     )
     .name("banned")
     .clock(clock.clone())
-    .penalty_box(tollgate::PenaltyBox::new(
+    .penalty_box(tollgate::penalty::PenaltyBox::new(
         3,
         Duration::from_secs(1),
         Duration::from_secs(10),

@@ -684,7 +684,7 @@ mod layer {
     use axum::body::Body;
     use http::{Request, Response, StatusCode};
     use tollgate::key::Header;
-    use tollgate::rate_limit::ActualCost;
+    use tollgate::rate_limit::settle::ActualCost;
     use tollgate::{Policy, RateLimitLayer};
     use tower::{Layer, Service, ServiceExt};
 

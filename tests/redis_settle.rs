@@ -20,7 +20,7 @@ use futures_util::FutureExt;
 use http::{Request, Response, StatusCode};
 use tokio::sync::{Notify, Semaphore};
 use tollgate::key::Header;
-use tollgate::rate_limit::ActualCost;
+use tollgate::rate_limit::settle::ActualCost;
 use tollgate::redis::RedisStore;
 use tollgate::{Clock, ManualClock, Policy, Quota, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};

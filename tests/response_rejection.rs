@@ -83,7 +83,7 @@ fn concurrency(hook: OnReject, dry_run: bool) -> ConcurrencyLimitLayer<Header> {
     ConcurrencyLimitLayer::new(1)
         .key(Header::new("x-client"))
         .on_missing_key(MissingKey::reject(401))
-        .policy_header("in-flight")
+        .name("in-flight")
         .on_reject(hook)
         .dry_run(dry_run)
 }

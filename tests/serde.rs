@@ -136,18 +136,18 @@ fn layer_settings_round_trip() {
 
     let s = ShapeSettings {
         rate: Quota::per_second(2),
-        max_queue: Some(4),
-        max_delay: Some(Duration::from_secs(3)),
+        max_waiting: Some(4),
+        max_wait: Some(Duration::from_secs(3)),
     };
     let text = toml::to_string(&s).unwrap();
     assert_eq!(toml::from_str::<ShapeSettings>(&text).unwrap(), s);
     let bare: ShapeSettings = toml::from_str("rate = { count = 2, per = \"1s\" }").unwrap();
-    assert_eq!(bare.max_queue, None);
-    assert_eq!(bare.max_delay, None);
-    let e = toml::from_str::<ShapeSettings>("rate = { count = 2, per = \"1s\" }\nmax_delay = 3")
+    assert_eq!(bare.max_waiting, None);
+    assert_eq!(bare.max_wait, None);
+    let e = toml::from_str::<ShapeSettings>("rate = { count = 2, per = \"1s\" }\nmax_wait = 3")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("max_delay"), "{e}");
+    assert!(e.contains("max_wait"), "{e}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -178,8 +178,8 @@ async fn settings_applied_through_handles_change_the_running_layers() {
 
     let s = ShapeSettings {
         rate: Quota::per_second(2),
-        max_queue: None,
-        max_delay: None,
+        max_waiting: None,
+        max_wait: None,
     };
     let shape = s.layer();
     let sh = shape.handle().unwrap();

@@ -17,7 +17,7 @@ use futures_util::FutureExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tollgate::key::Header;
-use tollgate::rate_limit::ActualCost;
+use tollgate::rate_limit::settle::ActualCost;
 use tollgate::{Clock, Policy, Quota, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 

@@ -11,8 +11,8 @@ use axum::Router;
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
 use tollgate::key::Header;
-use tollgate::shape::{PoliteLayer, ShapeLayer, Shaper};
 use tollgate::{Clock, MissingKey, Quota, RateLimitLayer};
+use tollgate::{PoliteLayer, ShapeLayer, Shaper};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
 /// Departure log: when each request reached the inner service, and which one it was.
@@ -117,7 +117,7 @@ async fn a_burst_leaves_exactly_one_interval_apart() {
     let start = Instant::now();
     let log = Log::default();
     let svc = ServiceBuilder::new()
-        .layer(ShapeLayer::new(Quota::per_second(10)).max_queue(20))
+        .layer(ShapeLayer::new(Quota::per_second(10)).max_waiting(20))
         .service(recorder(&log, start));
     let handles = send_all(&svc, (0..10).map(req).collect()).await;
     assert_eq!(statuses(handles).await, [200; 10]);
@@ -132,7 +132,7 @@ async fn requests_leave_in_the_order_they_arrived() {
     let start = Instant::now();
     let log = Log::default();
     let svc = ServiceBuilder::new()
-        .layer(ShapeLayer::new(Quota::per_second(20)).max_queue(100))
+        .layer(ShapeLayer::new(Quota::per_second(20)).max_waiting(100))
         .service(recorder(&log, start));
     let mut handles = Vec::new();
     // Arrivals spread over time, faster than the rate, so a queue builds up and drains.
@@ -156,7 +156,7 @@ async fn a_full_queue_answers_429_with_the_time_until_a_place_frees() {
     let log = Log::default();
     // One every 10 s; one leaves, one may wait.
     let svc = ServiceBuilder::new()
-        .layer(ShapeLayer::new(Quota::per_minute(6)).max_queue(1))
+        .layer(ShapeLayer::new(Quota::per_minute(6)).max_waiting(1))
         .service(recorder(&log, start));
     let handles = send_all(&svc, vec![req(0), req(1)]).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -186,7 +186,7 @@ async fn max_delay_refuses_a_request_that_would_wait_too_long() {
     let start = Instant::now();
     let log = Log::default();
     let svc = ServiceBuilder::new()
-        .layer(ShapeLayer::new(Quota::per_second(10)).max_delay(Duration::from_millis(250)))
+        .layer(ShapeLayer::new(Quota::per_second(10)).max_wait(Duration::from_millis(250)))
         .service(recorder(&log, start));
     // Waits of 0, 100, 200 ms are accepted; 300 ms is not, and a place frees in 50 ms.
     let handles = send_all(&svc, (0..4).map(req).collect()).await;
@@ -197,7 +197,7 @@ async fn max_delay_refuses_a_request_that_would_wait_too_long() {
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_whole_seconds_rounded_up_and_never_zero() {
     let svc = ServiceBuilder::new()
-        .layer(ShapeLayer::new(Quota::per_second(10)).max_queue(0))
+        .layer(ShapeLayer::new(Quota::per_second(10)).max_waiting(0))
         .service(recorder(&Log::default(), Instant::now()));
     let handles = send_all(&svc, (0..2).map(req).collect()).await;
     let mut resps = Vec::new();
@@ -224,7 +224,7 @@ async fn a_cancelled_waiter_gives_its_slot_to_the_next() {
     let start = Instant::now();
     let log = Log::default();
     let svc = ServiceBuilder::new()
-        .layer(ShapeLayer::new(Quota::per_second(10)).max_queue(10))
+        .layer(ShapeLayer::new(Quota::per_second(10)).max_waiting(10))
         .service(recorder(&log, start));
     // Slots: 0 leaves at once; 1 at 100, 2 at 200, 3 at 300, 4 at 400, 5 at 500 ms.
     let mut handles = send_all(&svc, (0..6).map(req).collect()).await;
@@ -244,7 +244,7 @@ async fn a_client_that_times_out_does_not_burn_a_slot() {
     let start = Instant::now();
     let log = Log::default();
     let svc = ServiceBuilder::new()
-        .layer(ShapeLayer::new(Quota::per_second(10)).max_queue(10))
+        .layer(ShapeLayer::new(Quota::per_second(10)).max_waiting(10))
         .service(recorder(&log, start));
     let first = send_all(&svc, vec![req("a"), req("b")]).await;
     // c gives up after 150 ms, before its slot at 200 ms.
@@ -268,7 +268,7 @@ async fn each_key_has_its_own_queue_and_rate() {
     let svc = ServiceBuilder::new()
         .layer(
             ShapeLayer::new(Quota::per_second(10))
-                .max_queue(10)
+                .max_waiting(10)
                 .key(Header::new("x-key")),
         )
         .service(recorder(&log, start));
@@ -332,7 +332,7 @@ async fn no_delay_burst_forwards_that_many_ahead_of_the_rate_like_nginx_delay() 
         .layer(
             ShapeLayer::new(Quota::per_second(10))
                 .no_delay_burst(2)
-                .max_queue(3),
+                .max_waiting(3),
         )
         .service(recorder(&log, start));
     let handles = send_all(&svc, (0..7).map(req).collect()).await;
@@ -353,7 +353,7 @@ async fn a_high_rate_keeps_its_average_over_ten_seconds() {
         })
     };
     let svc = ServiceBuilder::new()
-        .layer(ShapeLayer::new(Quota::per_second(5_000)).max_queue(1_000))
+        .layer(ShapeLayer::new(Quota::per_second(5_000)).max_waiting(1_000))
         .service(inner);
     let end = start + Duration::from_secs(10);
     // Closed loop: 64 clients, each sending again as soon as answered; the queue never empties.
@@ -481,7 +481,7 @@ async fn until_slot_spaces_work_and_is_cancel_safe() {
 #[tokio::test(start_paused = true)]
 async fn reserve_applies_the_bounds_and_until_slot_does_not() {
     let shaper = Shaper::<()>::builder(Quota::per_second(10))
-        .max_queue(1)
+        .max_waiting(1)
         .build();
     let a = shaper.reserve(&()).unwrap();
     let b = shaper.reserve(&()).unwrap();
@@ -515,7 +515,7 @@ async fn idle_keys_are_forgotten_and_cost_nothing() {
 #[tokio::test(start_paused = true)]
 async fn when_every_tracked_key_is_busy_new_keys_are_refused() {
     let layer = ShapeLayer::new(Quota::per_second(1))
-        .max_queue(5)
+        .max_waiting(5)
         .max_keys(1)
         .key(Header::new("x-key"));
     let svc = ServiceBuilder::new()
@@ -544,7 +544,7 @@ async fn when_every_tracked_key_is_busy_new_keys_are_refused() {
 
 #[tokio::test(start_paused = true)]
 async fn infallible_is_preserved_under_axum_and_one_layer_is_one_state() {
-    let shared = ShapeLayer::new(Quota::per_second(10)).max_queue(10);
+    let shared = ShapeLayer::new(Quota::per_second(10)).max_waiting(10);
     let app: Router = Router::new()
         .route("/a", get(|| async { "a" }).layer(shared.clone()))
         .route("/b", get(|| async { "b" }).layer(shared))
@@ -574,7 +574,7 @@ async fn stacks_with_the_rate_limit_layer_in_a_service_builder() {
     let svc = ServiceBuilder::new()
         .layer(
             ShapeLayer::new(Quota::per_second(10))
-                .max_queue(3)
+                .max_waiting(3)
                 .name("smooth"),
         )
         .layer(

@@ -10,8 +10,8 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
-use tollgate::shape::{ShapeLayer, Shaper};
 use tollgate::{ConfigError, Quota};
+use tollgate::{ShapeLayer, Shaper};
 use tower::{service_fn, Layer, ServiceExt};
 
 fn guava() -> Shaper<u8> {
@@ -113,7 +113,7 @@ async fn a_key_idle_for_the_whole_period_is_cold_again() {
 async fn a_flood_then_quiet_cools_the_key_and_the_next_flood_starts_slow() {
     let shaper = Shaper::<u8>::builder(Quota::per_second(100))
         .warm_up(Duration::from_secs(1), 4)
-        .max_queue(1_000)
+        .max_waiting(1_000)
         .build();
     let start = Instant::now();
     // A flood of 300: the first second drains slowly, then 100/s.
@@ -201,7 +201,7 @@ async fn the_http_layer_forwards_slowly_after_idle_and_refuses_beyond_max_delay(
     });
     let layer = ShapeLayer::new(Quota::per_second(2))
         .warm_up(Duration::from_secs(3), 3)
-        .max_delay(Duration::from_millis(2_500));
+        .max_wait(Duration::from_millis(2_500));
     let svc = layer.layer(inner);
     let calls: Vec<_> = (0..4)
         .map(|_| {
@@ -262,7 +262,7 @@ async fn a_shaper_with_warm_up_refuses_another_rate_and_keeps_its_curve() {
     assert!(clone
         .set_quota(Quota::per_second(2).named("renamed"))
         .is_ok());
-    assert!(clone.set_bounds(Some(3), None).is_ok());
+    assert!(clone.set_queue(Some(3), None).is_ok());
     // The key goes on along the same curve, as if nothing had been asked.
     let more = departures(&shaper, 1, 5, start).await;
     assert_eq!(ms(&more), [2_334, 3_000, 3_500, 4_000, 4_500]);

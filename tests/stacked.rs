@@ -180,7 +180,7 @@ async fn a_missing_key_inside_gives_back_the_outer_quota() {
 #[tokio::test(start_paused = true)]
 async fn a_full_shaping_queue_inside_gives_back_the_outer_quota() {
     let outer = per_key(Policy::new("api", Quota::per_hour(3)));
-    let inner = ShapeLayer::new(Quota::per_hour(1)).max_delay(Duration::from_secs(1));
+    let inner = ShapeLayer::new(Quota::per_hour(1)).max_wait(Duration::from_secs(1));
     let mut svc = outer.clone().layer(inner.layer(tower::service_fn(ok)));
     assert_eq!(send(&mut svc, req("k", "a")).await, StatusCode::OK);
     let status = send(&mut svc, req("k", "a")).await;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
 use tokio::time::Instant;
-use tollgate::shape::Shaper;
 use tollgate::stream::LimitStreamExt;
+use tollgate::Shaper;
 use tollgate::{Clock, Quota, RateLimiter};
 
 fn ms(n: u64) -> Duration {

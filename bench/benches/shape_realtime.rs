@@ -64,7 +64,7 @@ async fn run() {
     // Up to one second of requests may wait; beyond that, 429.
     let app = Router::new()
         .route("/", get(handler))
-        .layer(ShapeLayer::new(Quota::per_second(RATE)).max_queue(RATE as usize));
+        .layer(ShapeLayer::new(Quota::per_second(RATE)).max_waiting(RATE as usize));
     let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
         Ok(l) => l,
         Err(e) => return eprintln!("shape_realtime: cannot bind 127.0.0.1: {e}"),

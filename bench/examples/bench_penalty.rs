@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use tollgate::{key, PenaltyBox, Quota, RateLimitLayer};
+use tollgate::penalty::PenaltyBox;
+use tollgate::{key, Quota, RateLimitLayer};
 use tower::{Layer, Service};
 
 const KEYS: usize = 10_000;

@@ -47,7 +47,7 @@ use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::{routing::get, Router};
 use axum_governor::nz;
-use tollgate::shape::ShapeLayer;
+use tollgate::ShapeLayer;
 use tollgate::{key, ConcurrencyLimitLayer, Quota, RateLimitLayer};
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::util::{MapRequestLayer, MapResponseLayer};
@@ -116,7 +116,7 @@ fn app(config: &str) -> Option<Router> {
     let shape = || {
         ShapeLayer::new(Quota::per_second(100_000_000))
             .key(key::PeerIp::new())
-            .max_queue(1024)
+            .max_waiting(1024)
     };
     Some(match config {
         "bare" => base,

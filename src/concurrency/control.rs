@@ -82,16 +82,16 @@ const PPM: u128 = 1_000_000;
 ///
 /// // Sheddable requests may hold a quarter of the limit, normal ones 60%: 40% is kept for
 /// // critical requests.
-/// let shares = Shares::new(0.25, 0.6)?;
+/// let shares = Shares::new(0.25, 0.6);
 /// assert_eq!(shares.share(Priority::Sheddable, 20), 5);
 /// assert_eq!(shares.share(Priority::Normal, 20), 12);
 /// assert_eq!(shares.share(Priority::Critical, 20), 20);
 ///
-/// // Out of order, zero, over 1 or not a number: an error, not a panic.
-/// assert!(Shares::new(0.9, 0.5).is_err());
-/// assert!(Shares::new(0.0, 0.5).is_err());
-/// assert!(Shares::new(0.5, 1.5).is_err());
-/// assert!(Shares::new(f64::NAN, 0.5).is_err());
+/// // Read at run time: out of order, zero, over 1 or not a number is an error.
+/// assert!(Shares::try_new(0.9, 0.5).is_err());
+/// assert!(Shares::try_new(0.0, 0.5).is_err());
+/// assert!(Shares::try_new(0.5, 1.5).is_err());
+/// assert!(Shares::try_new(f64::NAN, 0.5).is_err());
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,9 +121,22 @@ impl Default for Shares {
 }
 
 impl Shares {
+    /// Shares of `sheddable` and `normal` of the limit, `0 < sheddable ≤ normal ≤ 1`.
+    ///
+    /// # Panics
+    /// At the caller's line, with [`ConfigError::InvalidShares`], when they are not; see
+    /// [`try_new`](Self::try_new) for values read at run time.
+    #[track_caller]
+    pub fn new(sheddable: f64, normal: f64) -> Shares {
+        match Self::try_new(sheddable, normal) {
+            Ok(shares) => shares,
+            Err(e) => panic!("tollgate: {e}"),
+        }
+    }
+
     /// Shares of `sheddable` and `normal` of the limit: `0 < sheddable ≤ normal ≤ 1`, or
     /// [`ConfigError::InvalidShares`].
-    pub fn new(sheddable: f64, normal: f64) -> Result<Shares, ConfigError> {
+    pub fn try_new(sheddable: f64, normal: f64) -> Result<Shares, ConfigError> {
         let valid = sheddable > 0.0 && sheddable <= normal && normal <= 1.0;
         if !valid {
             return Err(ConfigError::InvalidShares(format!(
@@ -166,6 +179,16 @@ impl Shares {
 
 /// Classifies a request.
 pub(crate) type Classifier = Arc<dyn Fn(&RequestHead<'_>) -> Priority + Send + Sync>;
+
+/// A concurrency limit must be at least 1 and fit a semaphore: the rule for the limit a layer
+/// is built with and the one a handle sets.
+pub(crate) fn check_max(max: usize) -> Result<(), ConfigError> {
+    if (1..=Semaphore::MAX_PERMITS).contains(&max) {
+        Ok(())
+    } else {
+        Err(ConfigError::InvalidConcurrency(max))
+    }
+}
 
 /// The layer's limit and what it measured.
 pub(crate) struct Control {
@@ -477,22 +500,22 @@ mod tests {
             (f64::INFINITY, f64::INFINITY),
             (f64::NEG_INFINITY, 0.5),
         ] {
-            let err = Shares::new(s, n).unwrap_err();
+            let err = Shares::try_new(s, n).unwrap_err();
             assert!(matches!(err, ConfigError::InvalidShares(_)), "{s} {n}");
         }
         // All of the limit to every class: no place kept for critical requests.
-        let all = Shares::new(1.0, 1.0).unwrap();
+        let all = Shares::new(1.0, 1.0);
         for p in [Priority::Sheddable, Priority::Normal, Priority::Critical] {
             assert_eq!(all.share(p, 1), 1);
             assert_eq!(all.share(p, usize::MAX), usize::MAX);
         }
         // The smallest share: a millionth, nothing below a million.
-        let tiny = Shares::new(1e-12, 1e-12).unwrap();
+        let tiny = Shares::new(1e-12, 1e-12);
         assert_eq!(tiny.share(Priority::Sheddable, 999_999), 0);
         assert_eq!(tiny.share(Priority::Normal, 1_000_000), 1);
         assert_eq!(tiny.share(Priority::Critical, 1), 1);
         // Fractions are exact to the millionth: no float rounding below the whole request.
-        let s = Shares::new(0.3, 0.7).unwrap();
+        let s = Shares::new(0.3, 0.7);
         assert_eq!(s.share(Priority::Sheddable, 10), 3);
         assert_eq!(s.share(Priority::Normal, 10), 7);
         assert_eq!(s.share(Priority::Normal, 1), 0);

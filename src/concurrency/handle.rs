@@ -12,6 +12,7 @@ use http::HeaderValue;
 use super::control::Control;
 use crate::error::ConfigError;
 use crate::headers;
+use crate::settings::ConcurrencySettings;
 
 /// What a layer's services read on each request that a handle may change.
 pub(crate) struct Live {
@@ -126,7 +127,7 @@ impl ConcurrencyHandle {
     }
 
     /// Whether the layer was built with a queue, whose bounds may change.
-    pub(crate) fn has_queue(&self) -> bool {
+    fn has_queue(&self) -> bool {
         self.live.max_waiting.is_some()
     }
 
@@ -140,7 +141,7 @@ impl ConcurrencyHandle {
     /// `max` must be at least 1 and fit a semaphore; otherwise this returns
     /// [`ConfigError::InvalidConcurrency`] and the maximum in force stays.
     pub fn set_max(&self, max: usize) -> Result<(), ConfigError> {
-        super::layer::check_max(max)?;
+        super::control::check_max(max)?;
         let _one_at_a_time = self.changing.lock().unwrap_or_else(|e| e.into_inner());
         self.control.set_cap(max);
         (self.sync)();
@@ -163,6 +164,23 @@ impl ConcurrencyHandle {
         let _one_at_a_time = self.changing.lock().unwrap_or_else(|e| e.into_inner());
         n.store(max_waiting, Ordering::Relaxed);
         self.live.max_wait.store(nanos(max_wait), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Applies `settings`: the maximum, then the queue bounds. A layer built without a queue
+    /// cannot be given one ([`ConfigError::NotChangeable`]); an invalid maximum changes
+    /// nothing.
+    pub fn apply(&self, settings: &ConcurrencySettings) -> Result<(), ConfigError> {
+        // Everything that can fail is checked before anything changes.
+        if settings.queue.is_some() && !self.has_queue() {
+            return Err(ConfigError::NotChangeable(
+                "the queue of a concurrency limit built without one",
+            ));
+        }
+        self.set_max(settings.max)?;
+        if let Some(q) = settings.queue {
+            self.set_queue(q.max_waiting, q.max_wait)?;
+        }
         Ok(())
     }
 }

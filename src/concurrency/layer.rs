@@ -4,11 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
 use super::adaptive::LimitAlgorithm;
-use super::control::{Classifier, Control, Priority, Shares};
+use super::control::{check_max, Classifier, Control, Priority, Shares};
 use super::handle::{ConcurrencyHandle, Live};
 use super::permit::{GlobalLimit, KeyedLimit};
 use super::service::OUTCOMES;
@@ -20,6 +19,7 @@ use crate::key::{Global, KeyExtractor, RequestHead};
 use crate::layer::common::{Common, Lazy};
 use crate::observe::{self, AdaptiveMeter, ConcurrencyMeter, DecisionMeter, LayerKind, Names};
 use crate::response::OnReject;
+use crate::settings::ConcurrencySettings;
 
 /// The `Retry-After` hint of a rejection unless [`retry_after`](ConcurrencyLimitLayer::retry_after)
 /// says otherwise.
@@ -228,7 +228,7 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
     ///
     /// ```
     /// use tollgate::ConcurrencyLimitLayer;
-    /// let shadow = ConcurrencyLimitLayer::new(64).policy_header("db").dry_run(true);
+    /// let shadow = ConcurrencyLimitLayer::new(64).name("db").dry_run(true);
     /// # let _ = shadow;
     /// ```
     pub fn dry_run(mut self, on: bool) -> Self {
@@ -249,19 +249,26 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         self.changed()
     }
 
-    /// Adds an item to `RateLimit-Policy` on every response of the layer (off by default):
+    /// Names the layer, and with the name adds an item to `RateLimit-Policy` on every
+    /// response of the layer (without a name, a concurrency limit sends no header field):
     /// `"name";q=max;qu="concurrent-requests"` (draft-ietf-httpapi-ratelimit-headers-10).
     ///
     /// The item is appended, so the fields of a rate limit on the same route are kept. The
     /// name must be printable ASCII without `"` or `\`; an invalid name is reported by
     /// [`validate`](Self::validate), or else when the layer is applied, naming this line.
     #[track_caller]
-    pub fn policy_header(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         let name = name.into();
-        self.common
-            .note("policy_header", headers::check_name(&name));
+        self.common.note("name", headers::check_name(&name));
         self.policy_name = Some(name);
         self.changed()
+    }
+
+    /// The former name of [`name`](Self::name).
+    #[deprecated(note = "use `.name(..)`, the name every layer gives this setting")]
+    #[track_caller]
+    pub fn policy_header(self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name(name)
     }
 
     /// Moves the limit at run time with `algorithm` ([`Aimd`](super::Aimd),
@@ -326,9 +333,8 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
     ///         "/suggest" => Priority::Sheddable,
     ///         _ => Priority::Normal,
     ///     })
-    ///     .shares(Shares::new(0.25, 0.6)?);
+    ///     .shares(Shares::new(0.25, 0.6));
     /// # let _ = limit;
-    /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn shares(mut self, shares: Shares) -> Self {
         self.shares = shares;
@@ -515,12 +521,15 @@ fn is_keyed<K>() -> bool {
     std::mem::size_of::<K>() != 0
 }
 
-/// A concurrency limit must be at least 1 and fit a semaphore.
-pub(crate) fn check_max(max: usize) -> Result<(), ConfigError> {
-    if (1..=Semaphore::MAX_PERMITS).contains(&max) {
-        Ok(())
-    } else {
-        Err(ConfigError::InvalidConcurrency(max))
+impl ConcurrencySettings {
+    /// A layer with these settings (global; `.key(..)` and the other builder calls apply as
+    /// usual).
+    pub fn layer(&self) -> ConcurrencyLimitLayer {
+        let layer = ConcurrencyLimitLayer::new(self.max);
+        match self.queue {
+            Some(q) => layer.queue(q.max_waiting, q.max_wait),
+            None => layer,
+        }
     }
 }
 

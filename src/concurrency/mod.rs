@@ -211,7 +211,7 @@
 //! ```
 //!
 //! A concurrency limit sends no header field of its own unless it is given a name: with
-//! [`.policy_header(name)`](ConcurrencyLimitLayer::policy_header), every response of the layer
+//! [`.name(name)`](ConcurrencyLimitLayer::name), every response of the layer
 //! (rejections too) carries a `RateLimit-Policy` item `"name";q=max;qu="concurrent-requests"`
 //! (draft-ietf-httpapi-ratelimit-headers-10), appended to those of other layers. It has no
 //! `RateLimit` item: what is left depends on the requests in flight, not on the client.
@@ -219,7 +219,7 @@
 //! ```
 //! use tollgate::ConcurrencyLimitLayer;
 //! // Responses say `RateLimit-Policy: "reports";q=8;qu="concurrent-requests"`.
-//! let reports = ConcurrencyLimitLayer::new(8).policy_header("reports");
+//! let reports = ConcurrencyLimitLayer::new(8).name("reports");
 //! # let _ = reports;
 //! ```
 
@@ -227,8 +227,8 @@ mod adaptive;
 mod body;
 mod control;
 mod future;
-mod handle;
-mod layer;
+pub(crate) mod handle;
+pub(crate) mod layer;
 mod permit;
 mod service;
 
@@ -236,6 +236,9 @@ pub use adaptive::{Aimd, Gradient2, LimitAlgorithm, Sample, Vegas};
 pub use body::ResponseBody;
 pub use control::{Priority, Shares};
 pub use future::ResponseFuture;
-pub use handle::ConcurrencyHandle;
-pub use layer::{ConcurrencyLimitLayer, DEFAULT_RETRY_AFTER};
+pub use layer::DEFAULT_RETRY_AFTER;
+
+// Public at the crate root; named here by this module's docs.
+#[allow(unused_imports)]
+pub(crate) use crate::{ConcurrencyHandle, ConcurrencyLimitLayer};
 pub use service::ConcurrencyLimit;

@@ -66,24 +66,26 @@ impl Metadata {
     /// Keys calls by the ASCII metadata entry `name` (lower case, as gRPC sends it).
     ///
     /// # Panics
-    /// When `name` is not a valid metadata name or is a binary (`-bin`) one; see
-    /// [`try_new`](Self::try_new).
+    /// At the caller's line, when `name` is not a valid metadata name or is a binary (`-bin`)
+    /// one; see [`try_new`](Self::try_new).
     #[track_caller]
     pub fn new(name: &str) -> Self {
         match Self::try_new(name) {
-            Some(m) => m,
-            None => panic!("tollgate: {name:?} is not an ASCII gRPC metadata name"),
+            Ok(m) => m,
+            Err(e) => panic!("tollgate: {e}"),
         }
     }
 
-    /// Keys calls by the ASCII metadata entry `name`, or `None` when `name` is not a valid
-    /// metadata name or is a binary (`-bin`) one.
-    pub fn try_new(name: &str) -> Option<Self> {
-        let name = HeaderName::try_from(name).ok()?;
+    /// Keys calls by the ASCII metadata entry `name`, or
+    /// [`ConfigError::InvalidMetadataName`](crate::ConfigError::InvalidMetadataName) when `name`
+    /// is not a valid metadata name or is a binary (`-bin`) one.
+    pub fn try_new(name: &str) -> Result<Self, crate::ConfigError> {
+        let invalid = || crate::ConfigError::InvalidMetadataName(name.to_owned());
+        let name = HeaderName::try_from(name).map_err(|_| invalid())?;
         if name.as_str().ends_with("-bin") {
-            return None;
+            return Err(invalid());
         }
-        Some(Metadata { name })
+        Ok(Metadata { name })
     }
 }
 
@@ -146,8 +148,8 @@ mod tests {
 
     #[test]
     fn binary_and_invalid_metadata_names_are_refused() {
-        assert!(Metadata::try_new("x-key-bin").is_none());
-        assert!(Metadata::try_new("bad name").is_none());
-        assert!(Metadata::try_new("x-key").is_some());
+        assert!(Metadata::try_new("x-key-bin").is_err());
+        assert!(Metadata::try_new("bad name").is_err());
+        assert!(Metadata::try_new("x-key").is_ok());
     }
 }

@@ -66,11 +66,26 @@ impl<K> MissingKey<K> {
     #[track_caller]
     #[must_use]
     pub fn reject(code: u16) -> Self {
+        match Self::try_reject(code) {
+            Ok(policy) => policy,
+            Err(e) => panic!("tollgate: {e}"),
+        }
+    }
+
+    /// [`reject`](Self::reject) for a status read at run time:
+    /// [`ConfigError::InvalidStatus`] unless `code` is a client or server error (400–599).
+    ///
+    /// ```
+    /// use tollgate::{ConfigError, MissingKey};
+    /// assert!(MissingKey::<()>::try_reject(401).is_ok());
+    /// assert_eq!(MissingKey::<()>::try_reject(200), Err(ConfigError::InvalidStatus(200)));
+    /// ```
+    pub fn try_reject(code: u16) -> Result<Self, ConfigError> {
         match StatusCode::from_u16(code) {
             Ok(status) if status.is_client_error() || status.is_server_error() => {
-                MissingKey::Reject(status)
+                Ok(MissingKey::Reject(status))
             }
-            _ => panic!("tollgate: {}", ConfigError::InvalidStatus(code)),
+            _ => Err(ConfigError::InvalidStatus(code)),
         }
     }
 

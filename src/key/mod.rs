@@ -33,7 +33,8 @@ pub use bounded::{bounded_bytes, bounded_str, MAX_KEY_BYTES};
 pub use grpc::{GrpcMethod, Metadata};
 pub(crate) use ip::{peer_addr, Cidr};
 pub use ip::{ClientIp, ForwardedHeader, IpKey, PeerIp};
-pub use missing::MissingKey;
+// At the crate root for users; here for the crate's own paths.
+pub(crate) use missing::MissingKey;
 
 /// The parts of a request that extractors, cost functions and tier selectors look at.
 ///
@@ -289,22 +290,6 @@ pub enum Either<A, B> {
     First(A),
     /// Found by the second extractor, the first having found none.
     Second(B),
-}
-
-#[cfg(feature = "redis")]
-impl<A: crate::redis::RedisKey, B: crate::redis::RedisKey> crate::redis::RedisKey for Either<A, B> {
-    fn write_key(&self, out: &mut Vec<u8>) {
-        match self {
-            Either::First(k) => {
-                out.extend_from_slice(b"1:");
-                k.write_key(out);
-            }
-            Either::Second(k) => {
-                out.extend_from_slice(b"2:");
-                k.write_key(out);
-            }
-        }
-    }
 }
 
 /// An extractor whose client address comes from another. See

@@ -138,8 +138,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     /// which its `redis::FailMode` decides: a local fallback's decisions are answered like
     /// any other, with the fields of its scaled quotas). [`max_keys`](Self::max_keys) and
     /// [`on_full`](Self::on_full) are settings of the memory store: Redis expires idle keys
-    /// itself, so a layer on Redis that sets either (before or after `store`) is an error,
-    /// reported by [`validate`](Self::validate) and when the layer is applied.
+    /// itself, so they are not methods of a layer on Redis; set before `store`, either is an
+    /// error, reported by [`validate`](Self::validate) and when the layer is applied.
     pub fn store<B2: Backend<E::Key>>(self, store: B2) -> RateLimitLayer<E, B2> {
         RateLimitLayer {
             settings: self.settings,
@@ -273,7 +273,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
 
     /// Settles the cost of each request from its response: `f` reads the actual cost from
     /// the response head (a header field, an extension the handler set: see
-    /// [`ActualCost`](super::ActualCost)); `None` keeps the reservation.
+    /// [`ActualCost`](super::settle::ActualCost)); `None` keeps the reservation.
     ///
     /// The reservation, what [`cost`](Self::cost) says (1 by default), is taken before the
     /// handler as for any request, so it is the estimate: a key over its limit is rejected
@@ -285,7 +285,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     ///
     /// ```
     /// use axum::{response::IntoResponse, routing::post, Router};
-    /// use tollgate::{key, rate_limit::ActualCost, Policy, Quota, RateLimitLayer};
+    /// use tollgate::{key, rate_limit::settle::ActualCost, Policy, Quota, RateLimitLayer};
     ///
     /// async fn complete() -> impl IntoResponse {
     ///     let mut response = "…".into_response();
@@ -394,33 +394,6 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
-    /// Bounds the number of keys the layer tracks (default 1 000 000; `0` is invalid): one
-    /// bound for the quota state of all its tiers and its penalty box's records together, so
-    /// `max_keys(4)` is 4 entries in all. A key with quota state and a penalty record counts
-    /// twice, and a key tracked by two tiers once in each. See the README's "Memory and
-    /// hostile keys" for what a full table does.
-    ///
-    /// Memory store only: on Redis (see [`store`](Self::store)) the setting is an error.
-    #[track_caller]
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
-        let valid = if max_keys == 0 {
-            Err(ConfigError::ZeroMaxKeys)
-        } else {
-            Ok(())
-        };
-        self.common.note("max_keys", valid);
-        self.settings.max_keys = Some(max_keys);
-        self.changed()
-    }
-
-    /// What to do with a new key when `max_keys` active keys are tracked.
-    ///
-    /// Memory store only: on Redis (see [`store`](Self::store)) the setting is an error.
-    pub fn on_full(mut self, on_full: OnFull) -> Self {
-        self.settings.on_full = Some(on_full);
-        self.changed()
-    }
-
     /// Bans keys that keep getting rejected: after `penalty`'s number of rejections within its
     /// window, a key's requests are answered at once (429, or the box's status, with the
     /// `Retry-After` of the ban) without reaching the quotas or the handler, for a ban that
@@ -434,7 +407,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::{key, PenaltyBox, Quota, RateLimitLayer};
+    /// use tollgate::penalty::PenaltyBox;
+    /// use tollgate::{key, Quota, RateLimitLayer};
     ///
     /// // Three rejections within 10 minutes: banned 15 minutes, then 30, 60, … up to a day.
     /// let login = RateLimitLayer::new(Quota::per_minute(5))
@@ -457,7 +431,8 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::{key, PenaltyBox, Quota, RateLimitLayer};
+    /// use tollgate::penalty::PenaltyBox;
+    /// use tollgate::{key, Quota, RateLimitLayer};
     /// let layer = RateLimitLayer::new(Quota::per_minute(5))
     ///     .key(key::Header::new("x-user"))
     ///     .penalty_box(PenaltyBox::new(3, Duration::from_secs(600), Duration::from_secs(900)));
@@ -629,6 +604,54 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
             skip_paths: self.settings.skip_paths.clone().into_boxed_slice(),
             penalty,
         }))
+    }
+}
+
+/// The settings of the memory store, which a layer on another store does not have.
+impl<E: KeyExtractor> RateLimitLayer<E, Memory>
+where
+    Memory: Backend<E::Key>,
+{
+    /// Bounds the number of keys the layer tracks (default 1 000 000; `0` is invalid): one
+    /// bound for the quota state of all its tiers and its penalty box's records together, so
+    /// `max_keys(4)` is 4 entries in all. A key with quota state and a penalty record counts
+    /// twice, and a key tracked by two tiers once in each. See the README's "Memory and
+    /// hostile keys" for what a full table does.
+    ///
+    /// A setting of the memory store, so a method of a layer on it only: on a layer whose
+    /// limits live in Redis, which expires idle keys itself, it does not compile. Set before
+    /// [`store`](Self::store) moves the layer to Redis, it is reported as
+    /// [`ConfigError::MemoryOnly`] by [`validate`](Self::validate) and when the layer is
+    /// applied.
+    ///
+    #[cfg_attr(
+        feature = "redis",
+        doc = "```compile_fail,E0599
+use tollgate::{redis::RedisStore, Quota, RateLimitLayer};
+let store = RedisStore::open(\"redis://127.0.0.1:6379\").unwrap();
+// error[E0599]: no method named `max_keys` found for `RateLimitLayer<Global, RedisStore>`
+let layer = RateLimitLayer::new(Quota::per_second(1)).store(store).max_keys(10_000);
+```"
+    )]
+    #[track_caller]
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        let valid = if max_keys == 0 {
+            Err(ConfigError::ZeroMaxKeys)
+        } else {
+            Ok(())
+        };
+        self.common.note("max_keys", valid);
+        self.settings.max_keys = Some(max_keys);
+        self.changed()
+    }
+
+    /// What to do with a new key when `max_keys` active keys are tracked.
+    ///
+    /// A setting of the memory store, as [`max_keys`](Self::max_keys) is: it does not compile
+    /// on a layer whose limits live in Redis.
+    pub fn on_full(mut self, on_full: OnFull) -> Self {
+        self.settings.on_full = Some(on_full);
+        self.changed()
     }
 }
 

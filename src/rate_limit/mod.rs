@@ -91,21 +91,22 @@
 
 mod answers;
 mod future;
-mod handle;
-mod layer;
+pub(crate) mod handle;
+pub(crate) mod layer;
 pub(crate) mod policy;
 mod service;
 pub mod settle;
 mod shared;
 pub(crate) mod store;
 
-pub use crate::key::MissingKey;
 pub use future::ResponseFuture;
-pub use handle::RateLimitHandle;
-pub use layer::RateLimitLayer;
-pub use policy::Policy;
 pub use service::RateLimit;
-pub use settle::ActualCost;
+// Public in `crate::store`, with the other stores; here for the crate's own paths and docs.
+#[allow(unused_imports)]
+pub(crate) use store::{Backend, Memory};
+// Public at the crate root; named here by this module's docs.
+#[allow(unused_imports)]
+pub(crate) use crate::{MissingKey, Policy, RateLimitHandle, RateLimitLayer};
+// How a store answers the layer: the crate's plumbing, not a path of the public API.
 #[cfg(feature = "redis")]
 pub(crate) use store::{Answer, Handover, Refunding, Settling};
-pub use store::{Backend, Memory};

@@ -89,7 +89,7 @@ pub(crate) type AmountFn = dyn Fn(&Parts) -> Option<u32> + Send + Sync;
 ///
 /// ```
 /// use axum::response::IntoResponse;
-/// use tollgate::rate_limit::ActualCost;
+/// use tollgate::rate_limit::settle::ActualCost;
 ///
 /// async fn complete() -> impl IntoResponse {
 ///     let tokens_used = 1234; // known once the work is done
@@ -113,7 +113,7 @@ impl ActualCost {
     /// is not a number up to `u32::MAX`, keeps its reservation.
     ///
     /// ```
-    /// use tollgate::{rate_limit::ActualCost, Quota, RateLimitLayer};
+    /// use tollgate::{rate_limit::settle::ActualCost, Quota, RateLimitLayer};
     /// let layer = RateLimitLayer::new(Quota::per_minute(10_000))
     ///     .cost(|_| 500)
     ///     .settle(ActualCost::header("x-tokens-used"));

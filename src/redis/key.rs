@@ -126,6 +126,22 @@ macro_rules! display_key {
 display_key!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
 display_key!(IpAddr, Ipv4Addr, Ipv6Addr, crate::key::IpKey);
 
+/// `1:<first>` or `2:<second>`: the two sides of a fallback key never meet.
+impl<A: RedisKey, B: RedisKey> RedisKey for crate::key::Either<A, B> {
+    fn write_key(&self, out: &mut Vec<u8>) {
+        match self {
+            crate::key::Either::First(k) => {
+                out.extend_from_slice(b"1:");
+                k.write_key(out);
+            }
+            crate::key::Either::Second(k) => {
+                out.extend_from_slice(b"2:");
+                k.write_key(out);
+            }
+        }
+    }
+}
+
 /// How the bytes of a limiter key are kept from forming a Redis Cluster hash tag, decided once
 /// from the fixed part of the name (`<prefix><policy length>:<policy>:`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

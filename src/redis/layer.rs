@@ -94,7 +94,7 @@ where
         clock: Option<&crate::Clock>,
         max_keys: Option<usize>,
         on_full: Option<crate::store::OnFull>,
-        penalty: Option<&crate::PenaltyBox>,
+        penalty: Option<&crate::penalty::PenaltyBox>,
     ) -> Result<Self::Limiter, crate::ConfigError> {
         // Redis expires idle keys itself: a bound meant for memory must not pass unnoticed.
         if max_keys.is_some() {

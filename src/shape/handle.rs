@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 use crate::quota::Quota;
+use crate::settings::ShapeSettings;
 
 /// One change to a shaping layer.
 pub(crate) enum Change {
@@ -26,7 +27,7 @@ pub(crate) type ChangeFn = dyn Fn(Change) -> Result<(), ConfigError> + Send + Sy
 /// * **A new rate** ([`set_quota`](Self::set_quota)): requests already waiting keep their
 ///   place in line; the one at the head of each queue keeps its departure time and those
 ///   behind it leave one new interval apart (see [`Shaper::set_quota`](super::Shaper::set_quota)).
-/// * **New bounds** ([`set_bounds`](Self::set_bounds)): a queue longer than the new bound
+/// * **New bounds** ([`set_queue`](Self::set_queue)): a queue longer than the new bound
 ///   keeps its waiters (none is turned away); newcomers are refused until it is below the
 ///   bound. Bounds stay as they are when only the rate changes.
 ///
@@ -54,13 +55,33 @@ impl ShapeHandle {
         (self.change)(Change::Quota(quota))
     }
 
-    /// Sets the queue bounds of every key: at most `max_queue` waiting, a wait of at most
-    /// `max_delay` (`None`: no bound of that kind).
+    /// Sets the queue bounds of every key: at most `max_waiting` waiting, a wait of at most
+    /// `max_wait` (`None`: no bound of that kind).
+    pub fn set_queue(
+        &self,
+        max_waiting: Option<usize>,
+        max_wait: Option<Duration>,
+    ) -> Result<(), ConfigError> {
+        (self.change)(Change::Bounds(max_waiting, max_wait))
+    }
+
+    /// The former name of [`set_queue`](Self::set_queue).
+    #[deprecated(note = "use `set_queue`, the name the concurrency handle gives it too")]
     pub fn set_bounds(
         &self,
         max_queue: Option<usize>,
         max_delay: Option<Duration>,
     ) -> Result<(), ConfigError> {
-        (self.change)(Change::Bounds(max_queue, max_delay))
+        self.set_queue(max_queue, max_delay)
+    }
+
+    /// Applies `settings`: the rate, then the queue bounds. With neither `max_waiting` nor
+    /// `max_wait`, the bounds are left as they are.
+    pub fn apply(&self, settings: &ShapeSettings) -> Result<(), ConfigError> {
+        self.set_quota(settings.rate.clone())?;
+        if settings.max_waiting.is_some() || settings.max_wait.is_some() {
+            self.set_queue(settings.max_waiting, settings.max_wait)?;
+        }
+        Ok(())
     }
 }

@@ -21,6 +21,7 @@ use crate::observe::{self, DecisionMeter, LayerKind, Names, ShapeMeter};
 use crate::quota::Quota;
 use crate::rate_limit::policy::rate_name;
 use crate::response::OnReject;
+use crate::settings::ShapeSettings;
 
 /// Shapes HTTP traffic: requests wait in a bounded first-in-first-out queue per key and are
 /// forwarded at the quota's rate. See the [module docs](crate::shape).
@@ -59,8 +60,8 @@ impl ShapeLayer<Global> {
     /// all in one queue until [`key`](Self::key) says otherwise.
     ///
     /// The quota's burst is not used: requests are spaced out (see
-    /// [`no_delay_burst`](Self::no_delay_burst)). Unless [`max_queue`](Self::max_queue) or
-    /// [`max_delay`](Self::max_delay) is set, a key's queue takes one period's worth of
+    /// [`no_delay_burst`](Self::no_delay_burst)). Unless [`max_waiting`](Self::max_waiting) or
+    /// [`max_wait`](Self::max_wait) is set, a key's queue takes one period's worth of
     /// requests: an idle key may send `count` at once (the first leaves, `count - 1` wait,
     /// the last one about a period; at least one may wait), and more are refused with 429.
     pub fn new(quota: Quota) -> Self {
@@ -112,8 +113,8 @@ impl<E: KeyExtractor> ShapeLayer<E> {
     /// With `n`, an idle key's first `n + 1` requests are forwarded at once (the first is on
     /// schedule anyway) and the rest are spaced one interval apart; the allowance comes back at
     /// one request per interval. This is nginx's `delay=n`: `limit_req burst=B delay=D` is
-    /// `.no_delay_burst(D).max_queue(B - D)`, and `limit_req burst=B` (no `delay`, no
-    /// `nodelay`) is `.max_queue(B)`.
+    /// `.no_delay_burst(D).max_waiting(B - D)`, and `limit_req burst=B` (no `delay`, no
+    /// `nodelay`) is `.max_waiting(B)`.
     pub fn no_delay_burst(mut self, n: u32) -> Self {
         self.no_delay_burst = n;
         self.changed()
@@ -126,7 +127,7 @@ impl<E: KeyExtractor> ShapeLayer<E> {
     /// [`WarmUp`](crate::quota::WarmUp) for the formula, and [`ShaperBuilder::warm_up`](super::ShaperBuilder::warm_up).
     ///
     /// The queue bounds count the same: a cold key's waiters wait longer, so
-    /// [`max_delay`](Self::max_delay) admits fewer of them. Invalid values are reported by
+    /// [`max_wait`](Self::max_wait) admits fewer of them. Invalid values are reported by
     /// [`validate`](Self::validate), or when the layer is applied.
     pub fn warm_up(mut self, period: Duration, cold_factor: u32) -> Self {
         self.warm_up = Some((period, cold_factor));
@@ -135,16 +136,46 @@ impl<E: KeyExtractor> ShapeLayer<E> {
 
     /// Refuses (429) a request that would make more than `n` requests of its key wait.
     /// Requests whose slot has come are not counted; `0` forwards at the rate and refuses
-    /// whatever comes faster.
-    pub fn max_queue(mut self, n: usize) -> Self {
+    /// whatever comes faster. The same setting, of the same name, as the first bound of
+    /// [`ConcurrencyLimitLayer::queue`](crate::ConcurrencyLimitLayer::queue).
+    pub fn max_waiting(mut self, n: usize) -> Self {
         self.max_queue = Some(n);
         self.changed()
     }
 
-    /// Refuses (429) a request that would have to wait longer than `d`.
-    pub fn max_delay(mut self, d: Duration) -> Self {
+    /// Refuses (429) a request that would have to wait longer than `d`: it is refused at
+    /// once, when its place in the schedule is known, rather than after waiting `d`.
+    pub fn max_wait(mut self, d: Duration) -> Self {
         self.max_delay = Some(d);
         self.changed()
+    }
+
+    /// Both bounds of the queue at once, as for a concurrency limit:
+    /// `.queue(n, d)` is `.max_waiting(n).max_wait(d)`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{ConcurrencyLimitLayer, Quota, ShapeLayer};
+    ///
+    /// // The same words on both layers: 20 may wait, none longer than 2 s.
+    /// let shape = ShapeLayer::new(Quota::per_second(10)).queue(20, Duration::from_secs(2));
+    /// let limit = ConcurrencyLimitLayer::new(8).queue(20, Duration::from_secs(2));
+    /// # let _ = (shape, limit);
+    /// ```
+    pub fn queue(self, max_waiting: usize, max_wait: Duration) -> Self {
+        self.max_waiting(max_waiting).max_wait(max_wait)
+    }
+
+    /// The former name of [`max_waiting`](Self::max_waiting).
+    #[deprecated(note = "use `.max_waiting(n)`, the name a concurrency limit's queue uses too")]
+    pub fn max_queue(self, n: usize) -> Self {
+        self.max_waiting(n)
+    }
+
+    /// The former name of [`max_wait`](Self::max_wait).
+    #[deprecated(note = "use `.max_wait(d)`, the name a concurrency limit's queue uses too")]
+    pub fn max_delay(self, d: Duration) -> Self {
+        self.max_wait(d)
     }
 
     /// Bounds the number of keys tracked (default 1 000 000). Idle keys are forgotten first,
@@ -257,10 +288,10 @@ impl<E: KeyExtractor> ShapeLayer<E> {
     /// use std::time::Duration;
     /// use tollgate::{Quota, ShapeLayer};
     ///
-    /// let layer = ShapeLayer::new(Quota::per_second(10)).max_queue(20);
+    /// let layer = ShapeLayer::new(Quota::per_second(10)).max_waiting(20);
     /// let handle = layer.handle().unwrap();
     /// handle.set_quota(Quota::per_second(2)).unwrap();
-    /// handle.set_bounds(Some(5), Some(Duration::from_secs(3))).unwrap();
+    /// handle.set_queue(Some(5), Some(Duration::from_secs(3))).unwrap();
     /// assert_eq!(layer.shaper().unwrap().quota(), Quota::per_second(2));
     /// ```
     pub fn handle(&self) -> Result<ShapeHandle, ConfigError>
@@ -273,7 +304,7 @@ impl<E: KeyExtractor> ShapeLayer<E> {
             let shaper = &shared.shaper;
             match change {
                 Change::Quota(q) => shaper.set_quota(q)?,
-                Change::Bounds(n, d) => shaper.set_bounds(n, d)?,
+                Change::Bounds(n, d) => shaper.set_queue(n, d)?,
             }
             let fields = Fields::of(shaper, &shared.name, on);
             shared.fields.store(Arc::new(fields));
@@ -307,13 +338,13 @@ impl<E: KeyExtractor> ShapeLayer<E> {
         }
         if self.max_queue.is_none() && self.max_delay.is_none() {
             let one_period = self.quota.count().saturating_sub(1).max(1);
-            builder = builder.max_queue(one_period as usize);
+            builder = builder.max_waiting(one_period as usize);
         }
         if let Some(n) = self.max_queue {
-            builder = builder.max_queue(n);
+            builder = builder.max_waiting(n);
         }
         if let Some(d) = self.max_delay {
-            builder = builder.max_delay(d);
+            builder = builder.max_wait(d);
         }
         let shaper = builder.try_build()?;
         let fields = Fields::of(&shaper, &name, self.headers);
@@ -337,6 +368,21 @@ fn check_max_keys(n: usize) -> Result<(), ConfigError> {
         Err(ConfigError::ZeroMaxKeys)
     } else {
         Ok(())
+    }
+}
+
+impl ShapeSettings {
+    /// A layer with these settings (global; `.key(..)` and the other builder calls apply as
+    /// usual).
+    pub fn layer(&self) -> ShapeLayer {
+        let mut layer = ShapeLayer::new(self.rate.clone());
+        if let Some(n) = self.max_waiting {
+            layer = layer.max_waiting(n);
+        }
+        if let Some(d) = self.max_wait {
+            layer = layer.max_wait(d);
+        }
+        layer
     }
 }
 

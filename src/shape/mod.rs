@@ -16,7 +16,7 @@
 //! use std::time::Duration;
 //! use axum::{body::Body, routing::get, Router};
 //! use http::{Request, StatusCode};
-//! use tollgate::{shape::ShapeLayer, Quota};
+//! use tollgate::{Quota, ShapeLayer};
 //! use tower::ServiceExt;
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -24,7 +24,7 @@
 //! // Forward 10 requests per second to the handler; up to 3 wait, the rest get 429.
 //! let app = Router::new()
 //!     .route("/", get(|| async { "hello" }))
-//!     .layer(ShapeLayer::new(Quota::per_second(10)).max_queue(3));
+//!     .layer(ShapeLayer::new(Quota::per_second(10)).max_waiting(3));
 //!
 //! let start = tokio::time::Instant::now();
 //! let calls: Vec<_> = (0..5)
@@ -63,7 +63,7 @@
 //! * **Order.** First in, first out, per key: the order in which `call` was invoked.
 //! * **No-delay burst** (default 0). With [`ShapeLayer::no_delay_burst`]`(n)`, an idle key's
 //!   first `n + 1` requests go at once and the rest are spaced out, like nginx `delay=n`.
-//! * **Bounds.** [`ShapeLayer::max_queue`] (requests waiting) and [`ShapeLayer::max_delay`]
+//! * **Bounds.** [`ShapeLayer::max_waiting`] (requests waiting) and [`ShapeLayer::max_wait`]
 //!   (the longest wait a request may be given). Default: one period's worth, i.e. an idle key
 //!   may send `count` requests at once. A request that would break a bound is refused with
 //!   `429`, `Retry-After` (seconds until a place frees up, rounded up, at least 1) and the
@@ -78,8 +78,8 @@
 //!
 //! | nginx `limit_req` (`rate=r`) | tollgate |
 //! |---|---|
-//! | `burst=B` | `ShapeLayer::new(r).max_queue(B)` |
-//! | `burst=B delay=D` | `ShapeLayer::new(r).no_delay_burst(D).max_queue(B - D)` |
+//! | `burst=B` | `ShapeLayer::new(r).max_waiting(B)` |
+//! | `burst=B delay=D` | `ShapeLayer::new(r).no_delay_burst(D).max_waiting(B - D)` |
 //! | `burst=B nodelay` | not shaping: [`RateLimitLayer`](crate::RateLimitLayer) with burst `B + 1` |
 //!
 //! # Guarantees
@@ -123,16 +123,18 @@
 //! under `#[tokio::test(start_paused = true)]` run in no real time.
 
 mod future;
-mod handle;
-mod layer;
-mod polite;
+pub(crate) mod handle;
+pub(crate) mod layer;
+pub(crate) mod polite;
 mod queue;
 mod service;
-mod shaper;
+pub(crate) mod shaper;
 
 pub use future::{PoliteFuture, ResponseFuture};
-pub use handle::ShapeHandle;
-pub use layer::ShapeLayer;
-pub use polite::{CallKey, Polite, PoliteLayer};
+pub use polite::{CallKey, Polite};
 pub use service::Shape;
-pub use shaper::{QueueFull, Shaper, ShaperBuilder, Slot};
+pub use shaper::{QueueFull, ShaperBuilder, Slot};
+
+// Public at the crate root; here for the crate's own paths and this module's docs.
+#[allow(unused_imports)]
+pub(crate) use crate::{PoliteLayer, ShapeHandle, ShapeLayer, Shaper};

@@ -53,7 +53,7 @@ where
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::{shape::PoliteLayer, Quota};
+/// use tollgate::{PoliteLayer, Quota};
 /// use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -123,7 +123,7 @@ impl<K, F> PoliteLayer<K, F> {
     ///
     /// ```
     /// use http::Request;
-    /// use tollgate::{shape::{PoliteLayer, Shaper}, Quota};
+    /// use tollgate::{PoliteLayer, Quota, Shaper};
     ///
     /// let per_host = PoliteLayer::keyed(
     ///     Shaper::<Option<String>>::new(Quota::per_second(10)),

@@ -35,7 +35,7 @@ const CATCH_UP: Duration = Duration::from_millis(20);
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::{shape::Shaper, Quota};
+/// use tollgate::{Quota, Shaper};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -90,7 +90,7 @@ struct Inner<K> {
 
 /// What every waiter of a shaper needs, whatever its key.
 struct Core {
-    /// Replaced whole by [`Shaper::set_quota`] and [`Shaper::set_bounds`].
+    /// Replaced whole by [`Shaper::set_quota`] and [`Shaper::set_queue`].
     settings: ArcSwap<Settings>,
     clock: Clock,
 }
@@ -186,7 +186,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::{shape::Shaper, Quota};
+    /// use tollgate::{Quota, Shaper};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -213,19 +213,31 @@ impl<K: Hash + Eq + Clone + Send + Sync> ShaperBuilder<K> {
     }
 
     /// Refuses a request that would make more than `n` requests of its key wait (requests
-    /// whose slot has come do not count). Without it, or [`max_delay`](Self::max_delay), the
+    /// whose slot has come do not count). Without it, or [`max_wait`](Self::max_wait), the
     /// queue is unbounded. Bounds apply to [`Shaper::reserve`]; [`Shaper::until_slot`] waits
     /// regardless.
-    pub fn max_queue(mut self, n: usize) -> Self {
+    pub fn max_waiting(mut self, n: usize) -> Self {
         self.bounds.max_queue = Some(n as u64);
         self
     }
 
     /// Refuses a request that would have to wait longer than `d`. Applies, like
-    /// [`max_queue`](Self::max_queue), to [`Shaper::reserve`].
-    pub fn max_delay(mut self, d: Duration) -> Self {
+    /// [`max_waiting`](Self::max_waiting), to [`Shaper::reserve`].
+    pub fn max_wait(mut self, d: Duration) -> Self {
         self.bounds.max_delay = Some(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         self
+    }
+
+    /// The former name of [`max_waiting`](Self::max_waiting).
+    #[deprecated(note = "use `.max_waiting(n)`, the name every queue of the crate uses")]
+    pub fn max_queue(self, n: usize) -> Self {
+        self.max_waiting(n)
+    }
+
+    /// The former name of [`max_wait`](Self::max_wait).
+    #[deprecated(note = "use `.max_wait(d)`, the name every queue of the crate uses")]
+    pub fn max_delay(self, d: Duration) -> Self {
+        self.max_wait(d)
     }
 
     /// Bounds the number of keys tracked (default 1 000 000), over the whole shaper. Keys with
@@ -514,21 +526,31 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
     }
 
     /// Changes the bounds of every key's queue, for this shaper and every clone of it:
-    /// `max_queue` requests waiting at most, a wait of `max_delay` at most (`None`: no bound).
+    /// `max_waiting` requests waiting at most, a wait of `max_wait` at most (`None`: no bound).
     ///
     /// The new bounds apply to requests that come after the change: a queue longer than the
     /// new bound keeps its waiters (none is turned away), and newcomers are refused until it is
     /// below the bound.
+    pub fn set_queue(
+        &self,
+        max_waiting: Option<usize>,
+        max_wait: Option<Duration>,
+    ) -> Result<(), ConfigError> {
+        let bounds = Bounds {
+            max_queue: max_waiting.map(|n| n as u64),
+            max_delay: max_wait.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        };
+        self.change(|s| Settings::new(s.quota.clone(), s.no_delay_burst, s.warm_up, bounds))
+    }
+
+    /// The former name of [`set_queue`](Self::set_queue).
+    #[deprecated(note = "use `set_queue`, the name the handles use too")]
     pub fn set_bounds(
         &self,
         max_queue: Option<usize>,
         max_delay: Option<Duration>,
     ) -> Result<(), ConfigError> {
-        let bounds = Bounds {
-            max_queue: max_queue.map(|n| n as u64),
-            max_delay: max_delay.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-        };
-        self.change(|s| Settings::new(s.quota.clone(), s.no_delay_burst, s.warm_up, bounds))
+        self.set_queue(max_queue, max_delay)
     }
 
     fn change(

@@ -13,4 +13,5 @@
 
 pub(crate) mod memory;
 
+pub use crate::rate_limit::store::{Backend, Memory};
 pub use memory::OnFull;

@@ -400,7 +400,7 @@ pub mod rig {
     use http::{Request, Response, StatusCode};
     use http_body_util::Full;
     use tokio::sync::oneshot;
-    use tollgate::rate_limit::ActualCost;
+    use tollgate::rate_limit::settle::ActualCost;
     use tower::{Service, ServiceExt};
 
     /// How the handler answers: a status, and the actual cost it reports, if any.
