@@ -16,9 +16,10 @@
 //!   keeps a lower bound of its entries' idle times, so a shard without idle entries is skipped
 //!   without being looked at, and the search costs one atomic load per shard.
 //! * **Shrinking without a background task.** A shard is also swept when it has doubled since
-//!   its last sweep (so inserts stay amortized O(1)), and when any operation on it finds that
-//!   its next sweep is due: a sweep remembers when about half of the entries it kept will be
-//!   idle. After a flood ends, ordinary traffic therefore sweeps every shard it touches, and a
+//!   its last sweep (so inserts stay amortized O(1)) and that sweep is a second old, or it is
+//!   large, and when any operation on it finds that its next sweep is due: a sweep remembers
+//!   when about half of the entries it kept will be idle. Keys that go idle between requests
+//!   therefore stay tracked for a second and are looked up, not inserted again each time. After a flood ends, ordinary traffic therefore sweeps every shard it touches, and a
 //!   shard that is mostly empty gives its memory back to the allocator.
 
 mod bound;
@@ -34,8 +35,8 @@ use hashbrown::HashTable;
 pub use bound::OnFull;
 pub(crate) use bound::{Bound, Full, Room};
 use bound::{
-    EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SCAN, EVICTION_SHARDS, MIN_SWEEP, SWEEP_GAP,
-    SWEEP_SAMPLE,
+    EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SCAN, EVICTION_SHARDS, GROWTH_SWEEP, MIN_SWEEP,
+    SWEEP_GAP, SWEEP_SAMPLE,
 };
 pub(crate) use entry::Entry;
 
@@ -71,6 +72,8 @@ struct Map<K, V> {
     entries: HashTable<(K, V)>,
     /// Sweep when `len` reaches this.
     sweep_at: usize,
+    /// The time of the last sweep (0: none yet).
+    swept_at: u64,
 }
 
 /// The result of [`Table::upsert`] for a key that had no entry.
@@ -95,6 +98,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 map: RwLock::new(Map {
                     entries: HashTable::new(),
                     sweep_at: MIN_SWEEP,
+                    swept_at: 0,
                 }),
                 min_idle: AtomicU64::new(u64::MAX),
                 next_sweep: AtomicU64::new(u64::MAX),
@@ -227,6 +231,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 };
                 if map.entries.len() >= map.sweep_at
                     && shard.min_idle.load(Ordering::Relaxed) <= now
+                    && growth_sweep_due(&map, now)
                 {
                     self.sweep(shard, &mut map, now);
                 }
@@ -456,6 +461,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             self.release(dropped);
         }
         map.sweep_at = (len * 2).max(MIN_SWEEP);
+        map.swept_at = now;
         shard.min_idle.store(min_idle, Ordering::Relaxed);
         // Due again when about half of what was kept will be idle (entries are in hash order,
         // so the first ones are a fair sample), and never before the first one is.
@@ -665,6 +671,17 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             }
         }
     }
+}
+
+/// Whether a shard that has doubled since its last sweep is swept now: once its last sweep is
+/// [`SWEEP_GAP`] old, or at once when it holds [`GROWTH_SWEEP`] entries or more. Keys that go
+/// idle within moments of each request (clients slower than their quota) then stay tracked and
+/// take the lookup path for a second, instead of being swept and inserted again every few
+/// dozen inserts; the idle entries a flood leaves are dropped at the next due sweep, or as soon
+/// as they are many.
+#[inline]
+fn growth_sweep_due<K, V>(map: &Map<K, V>, now: u64) -> bool {
+    map.entries.len() >= GROWTH_SWEEP || now >= map.swept_at.saturating_add(SWEEP_GAP)
 }
 
 // A poisoned lock means a panic elsewhere while the lock was held; the tables' values are plain
