@@ -48,6 +48,10 @@ pub(crate) const EVICTION_PROBES: usize = 64;
 pub(crate) const EVICTION_SHARDS: usize = 4;
 /// A shard is swept when it has doubled since its last sweep, once it holds this many.
 pub(crate) const MIN_SWEEP: usize = 64;
+/// A shard that has doubled since its last sweep and holds at least this many entries is swept
+/// at once, however recent that sweep; a smaller one waits until its last sweep is
+/// [`SWEEP_GAP`] old.
+pub(crate) const GROWTH_SWEEP: usize = 4096;
 /// How many survivors' idle times are kept by a sweep to choose when the next one is due.
 pub(crate) const SWEEP_SAMPLE: usize = 16;
 /// The least time between two sweeps of a shard that are not forced by a full table or by

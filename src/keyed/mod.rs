@@ -16,9 +16,10 @@
 //!   keeps a lower bound of its entries' idle times, so a shard without idle entries is skipped
 //!   without being looked at, and the search costs one atomic load per shard.
 //! * **Shrinking without a background task.** A shard is also swept when it has doubled since
-//!   its last sweep (so inserts stay amortized O(1)), and when any operation on it finds that
-//!   its next sweep is due: a sweep remembers when about half of the entries it kept will be
-//!   idle. After a flood ends, ordinary traffic therefore sweeps every shard it touches, and a
+//!   its last sweep (so inserts stay amortized O(1)) and that sweep is a second old, or it is
+//!   large, and when any operation on it finds that its next sweep is due: a sweep remembers
+//!   when about half of the entries it kept will be idle. Keys that go idle between requests
+//!   therefore stay tracked for a second and are looked up, not inserted again each time. After a flood ends, ordinary traffic therefore sweeps every shard it touches, and a
 //!   shard that is mostly empty gives its memory back to the allocator.
 
 mod bound;
@@ -26,16 +27,15 @@ mod entry;
 
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use arc_swap::ArcSwap;
 use hashbrown::HashTable;
 
 pub use bound::OnFull;
 pub(crate) use bound::{Bound, Full, Room};
 use bound::{
-    EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SCAN, EVICTION_SHARDS, MIN_SWEEP, SWEEP_GAP,
-    SWEEP_SAMPLE,
+    EVICTION_PROBES, EVICTION_SAMPLE, EVICTION_SCAN, EVICTION_SHARDS, GROWTH_SWEEP, MIN_SWEEP,
+    SWEEP_GAP, SWEEP_SAMPLE,
 };
 pub(crate) use entry::Entry;
 
@@ -45,8 +45,12 @@ pub(crate) struct Table<K, V> {
     hasher: foldhash::fast::RandomState,
     shard_mask: u64,
     /// The places of this table's entries (reserved before an insert, released after a
-    /// removal), counted with those of the tables it shares its bound with.
-    bound: ArcSwap<Bound>,
+    /// removal) while it shares no bound.
+    own: Bound,
+    /// The bound this table counts its entries in with other tables, once it shares one (set
+    /// once, when the owner is built: reading it costs one load on every insert and removal,
+    /// where an `ArcSwap` claims and releases a slot).
+    shared: OnceLock<Arc<Bound>>,
     /// Entries in all shards of this table.
     len: AtomicUsize,
     /// The most entries this table takes of a bound it shares (its `max_keys`; reserves taken
@@ -71,6 +75,8 @@ struct Map<K, V> {
     entries: HashTable<(K, V)>,
     /// Sweep when `len` reaches this.
     sweep_at: usize,
+    /// The time of the last sweep (0: none yet).
+    swept_at: u64,
 }
 
 /// The result of [`Table::upsert`] for a key that had no entry.
@@ -95,6 +101,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 map: RwLock::new(Map {
                     entries: HashTable::new(),
                     sweep_at: MIN_SWEEP,
+                    swept_at: 0,
                 }),
                 min_idle: AtomicU64::new(u64::MAX),
                 next_sweep: AtomicU64::new(u64::MAX),
@@ -107,7 +114,8 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             shards,
             hasher,
             shard_mask: (n - 1) as u64,
-            bound: ArcSwap::from_pointee(Bound::new(max_keys)),
+            own: Bound::new(max_keys),
+            shared: OnceLock::new(),
             len: AtomicUsize::new(0),
             cap: max_keys,
             on_full,
@@ -212,14 +220,14 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 }
                 if let Some((_, v)) = map.entries.find_mut(hash, |(k, _)| k == key) {
                     if reserved {
-                        self.bound.load().give_back(1);
+                        self.bound().give_back(1);
                     }
                     return Ok(present(v, now));
                 }
                 let (result, value) = match absent(now) {
                     Absent::Done(r) => {
                         if reserved {
-                            self.bound.load().give_back(1);
+                            self.bound().give_back(1);
                         }
                         return Ok(r);
                     }
@@ -227,6 +235,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 };
                 if map.entries.len() >= map.sweep_at
                     && shard.min_idle.load(Ordering::Relaxed) <= now
+                    && growth_sweep_due(&map, now)
                 {
                     self.sweep(shard, &mut map, now);
                 }
@@ -234,7 +243,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                     reserved = self.reserve();
                 }
                 if !reserved && over_bound && searched {
-                    self.bound.load().len.fetch_add(1, Ordering::AcqRel);
+                    self.bound().len.fetch_add(1, Ordering::AcqRel);
                     reserved = true;
                 }
                 if !reserved && shard.min_idle.load(Ordering::Relaxed) <= now {
@@ -248,7 +257,11 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                     map.entries
                         .insert_unique(hash, (key.clone(), value), |(k, _)| hasher.hash_one(k));
                     self.len.fetch_add(1, Ordering::AcqRel);
-                    shard.min_idle.fetch_min(idle_at, Ordering::Relaxed);
+                    // Read first: the write lock keeps every other writer of the hint out, and
+                    // an insert that leaves it where it was writes no shared line.
+                    if idle_at < shard.min_idle.load(Ordering::Relaxed) {
+                        shard.min_idle.store(idle_at, Ordering::Relaxed);
+                    }
                     return Ok(result);
                 }
             }
@@ -256,7 +269,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             // this one shares its bound with (once).
             if !searched {
                 searched = true;
-                if self.sweep_idle_shards(index, now) || self.bound.load().drop_idle() {
+                if self.sweep_idle_shards(index, now) || self.bound().drop_idle() {
                     continue;
                 }
             }
@@ -268,7 +281,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 OnFull::EvictNearestIdle => {
                     // A table at its own cap makes room among its own entries only.
                     let capped = self.len() >= self.cap;
-                    let bound = self.bound.load();
+                    let bound = self.bound();
                     let spare = Some(bound.spare(key));
                     if evictions < EVICTION_SHARDS
                         && (self.evict_one(now, rank, spare)
@@ -281,7 +294,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                     }
                 }
             }
-            let elsewhere = now.saturating_add(self.bound.load().idle_in());
+            let elsewhere = now.saturating_add(self.bound().idle_in());
             return Err(Full {
                 retry_at: self.retry_at(now).min(elsewhere),
             });
@@ -292,7 +305,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     /// (dropped here), or under [`OnFull::EvictNearestIdle`] an entry to evict. For a key that
     /// takes nothing now but may need its entry later; nothing is inserted or evicted.
     pub(crate) fn room(&self, now: u64) -> Result<(), Full> {
-        if self.bound.load().has_room() {
+        if self.bound().has_room() {
             return Ok(());
         }
         let first = &self.shards[0];
@@ -302,13 +315,13 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 return Ok(());
             }
         }
-        if self.sweep_idle_shards(0, now) || self.bound.load().drop_idle() {
+        if self.sweep_idle_shards(0, now) || self.bound().drop_idle() {
             return Ok(());
         }
         match self.on_full {
             OnFull::EvictNearestIdle => Ok(()),
             OnFull::RejectNewKeys => {
-                let elsewhere = now.saturating_add(self.bound.load().idle_in());
+                let elsewhere = now.saturating_add(self.bound().idle_in());
                 Err(Full {
                     retry_at: self.retry_at(now).min(elsewhere),
                 })
@@ -343,16 +356,27 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     /// Takes a place in the bound if there is one.
     #[inline]
     fn reserve(&self) -> bool {
-        self.len.load(Ordering::Acquire) < self.cap && self.bound.load().reserve()
+        self.len.load(Ordering::Acquire) < self.cap && self.bound().reserve()
     }
 
     /// Counts this table's entries in `bound` from now on, with those of the other tables that
     /// share it (see [`Bound::join`]).
+    ///
+    /// A table shares one bound at most: a later call changes nothing.
     pub(crate) fn share(&self, bound: Arc<Bound>) {
-        bound
-            .len
-            .fetch_add(self.len.load(Ordering::Acquire), Ordering::AcqRel);
-        self.bound.store(bound);
+        let len = self.len.load(Ordering::Acquire);
+        if self.shared.set(bound.clone()).is_ok() {
+            bound.len.fetch_add(len, Ordering::AcqRel);
+        }
+    }
+
+    /// The bound this table counts its entries in.
+    #[inline]
+    fn bound(&self) -> &Bound {
+        match self.shared.get() {
+            Some(shared) => shared,
+            None => &self.own,
+        }
     }
 
     /// Drops the idle entries of the shards that may hold one; whether any was dropped.
@@ -414,7 +438,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     /// `n` entries of this table are gone, and their places in the bound are free.
     fn release(&self, n: usize) {
         self.len.fetch_sub(n, Ordering::AcqRel);
-        self.bound.load().give_back(n);
+        self.bound().give_back(n);
     }
 
     /// Sweeps one shard if its next sweep is due and nobody else holds it.
@@ -456,6 +480,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             self.release(dropped);
         }
         map.sweep_at = (len * 2).max(MIN_SWEEP);
+        map.swept_at = now;
         shard.min_idle.store(min_idle, Ordering::Relaxed);
         // Due again when about half of what was kept will be idle (entries are in hash order,
         // so the first ones are a fair sample), and never before the first one is.
@@ -549,7 +574,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         if map.entries.is_empty() || buckets == 0 {
             return None;
         }
-        let bound = spare.map(|_| self.bound.load_full());
+        let bound = spare.map(|_| self.bound());
         let spared = |k: &K| match (&bound, spare) {
             (Some(b), Some(h)) => b.spare(k) == h,
             _ => false,
@@ -665,6 +690,17 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             }
         }
     }
+}
+
+/// Whether a shard that has doubled since its last sweep is swept now: once its last sweep is
+/// [`SWEEP_GAP`] old, or at once when it holds [`GROWTH_SWEEP`] entries or more. Keys that go
+/// idle within moments of each request (clients slower than their quota) then stay tracked and
+/// take the lookup path for a second, instead of being swept and inserted again every few
+/// dozen inserts; the idle entries a flood leaves are dropped at the next due sweep, or as soon
+/// as they are many.
+#[inline]
+fn growth_sweep_due<K, V>(map: &Map<K, V>, now: u64) -> bool {
+    map.entries.len() >= GROWTH_SWEEP || now >= map.swept_at.saturating_add(SWEEP_GAP)
 }
 
 // A poisoned lock means a panic elsewhere while the lock was held; the tables' values are plain

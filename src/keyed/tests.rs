@@ -266,3 +266,63 @@ proptest! {
         }
     }
 }
+
+/// Inserts `keys` into a table one nanosecond apart from `start` on, each idle 1 ns after its
+/// insertion; returns how many of them are still tracked afterwards, and the time then.
+fn touch_idle(table: &Table<u64, Until>, keys: std::ops::Range<u64>, start: u64) -> (usize, u64) {
+    let mut now = start;
+    for k in keys.clone() {
+        now += 1;
+        let hash = table.hash(&k);
+        let _ = table.upsert(
+            hash,
+            &k,
+            false,
+            || now,
+            |_, _| (),
+            |_| Absent::Insert((), Until(now + 1)),
+        );
+    }
+    let tracked = keys
+        .filter(|k| table.get(table.hash(k), k, now, |_| ()).is_some())
+        .count();
+    (tracked, now)
+}
+
+#[test]
+fn keys_going_idle_between_requests_stay_tracked_within_a_second_of_the_last_sweep() {
+    let table = Table::<u64, Until>::new(1 << 20, OnFull::EvictNearestIdle);
+    // About twice `MIN_SWEEP` keys in each shard, all idle 1 ns after insertion.
+    let n = (2 * MIN_SWEEP * table.shards.len()) as u64;
+    let start = 10 * SWEEP_GAP;
+    assert_eq!(table.evict_idle(start), 0);
+    // Within a second of the last sweep a shard that doubles is not swept: the keys are
+    // looked up again, not inserted again.
+    assert_eq!(touch_idle(&table, 0..n, start).0, n as usize);
+    assert_eq!(table.len(), n as usize);
+    // Two seconds later, a shard that had doubled is swept at its first insertion: the first
+    // keys go, the new ones stay for the next second.
+    let (tracked, end) = touch_idle(&table, n..2 * n, start + 2 * SWEEP_GAP);
+    assert_eq!(tracked, n as usize);
+    assert!(table.len() < 2 * n as usize, "{} keys tracked", table.len());
+    assert_eq!(table.evict_idle(end + 2), 0);
+    assert!(table.hints_hold());
+}
+
+#[test]
+fn a_large_shard_that_doubles_is_swept_at_once() {
+    let table = Table::<u64, Until>::new(1 << 22, OnFull::EvictNearestIdle);
+    let shards = table.shards.len();
+    let start = 10 * SWEEP_GAP;
+    assert_eq!(table.evict_idle(start), 0);
+    // Well within a second of the last sweep, but every shard passes `GROWTH_SWEEP` entries
+    // three times over: each is swept as it doubles, and keeps fewer than twice that.
+    let n = (3 * GROWTH_SWEEP * shards) as u64;
+    let _ = touch_idle(&table, 0..n, start);
+    assert!(
+        table.len() <= 2 * GROWTH_SWEEP * shards,
+        "{} idle keys tracked in {shards} shards",
+        table.len()
+    );
+    assert!(table.hints_hold());
+}

@@ -167,14 +167,24 @@ local function member(t, total, c)
 end
 
 local raw
+-- The newest log entry (time, running total, cost), read once and then kept in step with the
+-- script's own writes: `newest_known` is false until it is read, and again after a write that
+-- may change it other than by adding the newest entry.
+local newest_t, newest_total, newest_c
+local newest_known = false
 if log_width then
   -- What no window can see any more goes first: entries with t + width <= now.
   redis.call('ZREMRANGEBYSCORE', key, '(-inf', now - log_width)
   -- A log written by an earlier version (one member per unit, without costs) is forgotten.
   local top = redis.call('ZRANGE', key, -1, -1)
-  if top[1] and string.byte(top[1]) ~= 119 and not string.match(top[1], '^%d+:%d+:%d+$') then
-    redis.call('DEL', key)
+  if top[1] and string.byte(top[1]) ~= 119 then
+    if string.match(top[1], '^%d+:%d+:%d+$') then
+      newest_t, newest_total, newest_c = entry(top[1])
+    else
+      redis.call('DEL', key)
+    end
   end
+  newest_known = true
   local w = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf')
   if w[1] then raw = string.sub(w[1], 2) end
 else
@@ -195,22 +205,37 @@ end
 
 -- The newest log entry: time, running total, cost (nil when the log is empty).
 local function log_newest()
-  local top = redis.call('ZRANGE', key, -1, -1)
-  if top[1] and string.byte(top[1]) ~= 119 then return entry(top[1]) end
-  return nil
+  if not newest_known then
+    local top = redis.call('ZRANGE', key, -1, -1)
+    newest_t, newest_total, newest_c = nil, nil, nil
+    if top[1] and string.byte(top[1]) ~= 119 then
+      newest_t, newest_total, newest_c = entry(top[1])
+    end
+    newest_known = true
+  end
+  return newest_t, newest_total, newest_c
 end
 
 -- The first entry of quota q's window (after `gone`): its member and rank, and the cost the
 -- window holds.
+-- The first entry of each log quota's window (member, and the running total before it), read
+-- once: an entry added at the newest end leaves a window's first entry where it was, unless
+-- the window was empty (`window_first[q]` false); a refund forgets them all.
+local window_first, window_before = {}, {}
 local function log_window(q, width)
   if not log_width then return nil, nil, 0 end
-  local cut = now - width
-  if gone[q] > 0 and gone[q] > cut then cut = gone[q] end
-  local first = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cut), '+inf', 'LIMIT', 0, 1)
-  if not first[1] then return nil, nil, 0 end
-  local _, total, c = entry(first[1])
+  local first, before = window_first[q], window_before[q]
+  if not first then
+    local cut = now - width
+    if gone[q] > 0 and gone[q] > cut then cut = gone[q] end
+    local found = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cut), '+inf', 'LIMIT', 0, 1)
+    if not found[1] then return nil, nil, 0 end
+    local _, total, c = entry(found[1])
+    first, before = found[1], total - c
+    window_first[q], window_before[q] = first, before
+  end
   local _, newest = log_newest()
-  return first[1], total - c, newest - (total - c)
+  return first, before, newest - before
 end
 
 -- ---- the kinds ----
@@ -409,8 +434,12 @@ local function save()
   local ttl = math.ceil((horizon - now) / 1000)
   if ttl < 1 then ttl = 1 end
   if log_width then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', '-inf')
-    redis.call('ZADD', key, '-inf', 'w' .. table.concat(words, ' '))
+    local text = table.concat(words, ' ')
+    if text ~= raw then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', '-inf')
+      redis.call('ZADD', key, '-inf', 'w' .. text)
+      raw = text
+    end
     redis.call('PEXPIRE', key, ttl)
   else
     redis.call('SET', key, table.concat(words, ' '), 'PX', ttl)
@@ -420,6 +449,8 @@ end
 -- Gives back u units of the log entries at time t (the newest entries when t is nil), newest
 -- first; the running totals of the entries after them follow.
 local function log_give_back(t, u)
+  newest_known = false
+  window_first, window_before = {}, {}
   local list
   if t then
     list = redis.call('ZRANGEBYSCORE', key, t, '+inf')
@@ -553,7 +584,10 @@ if took then
     local logged = cost
     if force and logged > log_limit then logged = log_limit end
     local _, total = log_newest()
-    redis.call('ZADD', key, log_at, member(log_at, (total or 0) + logged, logged))
+    total = (total or 0) + logged
+    redis.call('ZADD', key, log_at, member(log_at, total, logged))
+    -- Members of one time sort by their running total: the new entry is the newest.
+    newest_t, newest_total, newest_c = log_at, total, logged
   end
   save()
 elseif cost > 0 then
