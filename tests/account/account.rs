@@ -1,70 +1,48 @@
-//! A key's account, in memory: refunds and settlements give back what their own request took
-//! and only what still counts; quota changes judge the stored state and never rewrite it.
-//! Every case on the manual clock, through the HTTP layer (whose responses refund and
-//! settle) and the limiter; the reference model in `common/account.rs` is the spec, and a
-//! property test runs random sequences of everything against it.
+//! A key's account (docs/design.md section 3, "An account per key" and "A live quota
+//! change"): refunds and settlements give back what their own request took and only what
+//! still counts; quota changes judge the stored state and never rewrite it.
 //!
-//! Pins docs/design.md section 3 ("An account per key", "A live quota change").
-
-use crate::common;
+//! The first cases and the property test run over both stores (`stores.rs`): the same body
+//! through the HTTP layer (whose responses refund and settle) on memory and on a real
+//! redis-server, against the reference model in `tests/common/account.rs`. The cases after
+//! them drive the memory limiter directly; `account_redis.rs` has what only Redis has. Every
+//! case on the manual clock.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::account::rig::{failures, manual, settles, Rig, FAILED, OK};
-use common::account::{Account, Kind};
-use http::StatusCode;
+use crate::common::account::rig::{failures, manual, settles, Rig, FAILED, OK};
+use crate::common::account::{Account, Kind, Taken};
+use crate::stores::{Memory, Store};
 use proptest::prelude::*;
-use tollgate::key::Header;
-use tollgate::rate_limit::ActualCost;
-use tollgate::{Clock, Outcome, Policy, Quota, RateLimitLayer, RateLimiter};
+use tollgate::{Clock, Outcome, Policy, Quota, RateLimiter};
 use tower::Layer;
 
 const MS: Duration = Duration::from_millis(1);
 const S: Duration = Duration::from_secs(1);
 
-/// One policy of `quotas`, keyed by `x-key`, costing `x-cost`; a `200` does not count, and a
-/// response that counts settles the cost it reports.
-fn layer(quotas: &[Quota], clock: &Clock) -> RateLimitLayer<Header> {
-    let policy = quotas[1..]
-        .iter()
-        .fold(Policy::new("p", quotas[0].clone()), |p, q| {
-            p.quota(q.clone())
-        });
-    RateLimitLayer::new(policy)
-        .key(Header::new("x-key"))
-        .clock(clock.clone())
-        .cost(|h| {
-            h.headers
-                .get("x-cost")
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(1)
-        })
-        .count_if(|res| res.status != StatusCode::OK)
-        .settle(ActualCost::of)
-}
-
-fn limiter(l: &RateLimitLayer<Header>) -> RateLimiter<Box<[u8]>> {
-    l.limiter("p").unwrap().unwrap()
-}
-
-fn key(k: &str) -> Box<[u8]> {
-    k.as_bytes().into()
-}
+crate::over_both_stores!(
+    late_refunds_of_a_passed_window_never_double_a_limit_of_any_kind,
+    a_log_refund_removes_its_own_entry_not_the_newest,
+    a_refund_gives_back_what_it_took_not_todays_interval,
+    a_settled_debt_stands_when_the_burst_is_lowered,
+);
 
 // ---- 1. late refunds ----
 
-#[tokio::test]
-async fn late_refunds_of_a_passed_window_never_double_a_limit_of_any_kind() {
-    for quota in [
+async fn late_refunds_of_a_passed_window_never_double_a_limit_of_any_kind(s: &impl Store) {
+    for (i, quota) in [
         Quota::fixed_window(3, 10 * S),
         Quota::sliding_log(3, 10 * S),
         Quota::sliding_window(3, 10 * S),
         Quota::new(3, 10 * S),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let (clock, time) = manual();
-        let l = layer(std::slice::from_ref(&quota), &clock);
+        let l = s.layer(std::slice::from_ref(&quota), &format!("late{i}"), &clock);
         let mut rig = Rig::new(|h| l.layer(h));
         // Three slow successful logins at 0 s, held while failures come.
         let mut slow = Vec::new();
@@ -87,10 +65,9 @@ async fn late_refunds_of_a_passed_window_never_double_a_limit_of_any_kind() {
 
 // ---- 2. a log refund removes its own entry ----
 
-#[tokio::test]
-async fn a_log_refund_removes_its_own_entry_not_the_newest() {
+async fn a_log_refund_removes_its_own_entry_not_the_newest(s: &impl Store) {
     let (clock, time) = manual();
-    let l = layer(&[Quota::sliding_log(2, 10 * S)], &clock);
+    let l = s.layer(&[Quota::sliding_log(2, 10 * S)], "own", &clock);
     let mut rig = Rig::new(|h| l.layer(h));
     let slow = rig.send("login", 1).await.unwrap();
     time.advance(5 * S);
@@ -101,51 +78,43 @@ async fn a_log_refund_removes_its_own_entry_not_the_newest() {
     // The failures of 5 s and 6 s fill the window until 15 s.
     time.advance(4 * S);
     assert_eq!(failures(&mut rig, "login", 1).await, 0);
-    let d = limiter(&l).peek(&key("login"));
+    let d = s.peek(&s.limiter(&l, "own"), "login").await;
     assert_eq!(d.reset_after(), 6 * S);
 }
 
 // ---- 3. a refund is sized by the quota of its admission ----
 
-#[tokio::test]
-async fn a_refund_gives_back_what_it_took_not_todays_interval() {
+async fn a_refund_gives_back_what_it_took_not_todays_interval(s: &impl Store) {
     let (clock, _time) = manual();
-    let l = layer(&[Quota::per_minute(60)], &clock);
+    let l = s.layer(&[Quota::per_minute(60)], "sized", &clock);
     let mut rig = Rig::new(|h| l.layer(h));
     assert_eq!(failures(&mut rig, "login", 50).await, 50);
     let mut in_flight = Vec::new();
     for _ in 0..10 {
         in_flight.push(rig.send("login", 1).await.unwrap());
     }
-    l.handle()
-        .unwrap()
-        .set_policy(Policy::new("p", Quota::per_minute(5)))
-        .unwrap();
+    s.set_policy(&l, Policy::new("sized", Quota::per_minute(5)));
     for id in in_flight {
         rig.answer(id, OK).await;
     }
     // Each success gave back its own second: the 50 failures stand, 50 s ahead, and the
     // next fits the new tolerance (60 s) 2 s from now.
     assert_eq!(failures(&mut rig, "login", 5).await, 0);
-    let d = limiter(&l).check(&key("login"));
+    let d = s.check(&s.limiter(&l, "sized"), "login").await;
     assert_eq!(d.retry_after(), Some(2 * S));
 }
 
 // ---- 4. a debt stands through a change ----
 
-#[tokio::test]
-async fn a_settled_debt_stands_when_the_burst_is_lowered() {
+async fn a_settled_debt_stands_when_the_burst_is_lowered(s: &impl Store) {
     let (clock, _time) = manual();
-    let l = layer(&[Quota::per_minute(100)], &clock);
+    let l = s.layer(&[Quota::per_minute(100)], "debt", &clock);
     let mut rig = Rig::new(|h| l.layer(h));
     let id = rig.send("api", 1).await.unwrap();
     rig.answer(id, settles(250)).await;
     // 250 tokens at 600 ms: 150 s ahead.
-    l.handle()
-        .unwrap()
-        .set_policy(Policy::new("p", Quota::per_minute(100).burst(50)))
-        .unwrap();
-    let d = limiter(&l).check(&key("api"));
+    s.set_policy(&l, Policy::new("debt", Quota::per_minute(100).burst(50)));
+    let d = s.check(&s.limiter(&l, "debt"), "api").await;
     assert_eq!(d.reset_after(), 150 * S);
     // The next one fits the new tolerance (30 s) once 150.6 s - 30 s have passed.
     assert_eq!(d.retry_after(), Some(120_600 * MS));
@@ -352,7 +321,7 @@ fn a_fixed_window_at_the_clocks_last_nanosecond_admits_nothing_as_gcra() {
     }
 }
 
-// ---- the model, against the limiter and the HTTP layer ----
+// ---- the model, against the HTTP layer on both stores ----
 
 /// Positions: GCRA, fixed window, sliding log, sliding counter; two settings each.
 fn kinds(variant: [bool; 4]) -> Vec<Kind> {
@@ -406,7 +375,7 @@ fn kinds(variant: [bool; 4]) -> Vec<Kind> {
 }
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(crate) enum Op {
     /// A request of this cost (held in flight when admitted).
     Send(u32),
     /// The `i`-th request in flight answers: refunded (200), kept (401) or settled at a cost.
@@ -418,7 +387,7 @@ enum Op {
     Peek,
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(crate) fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (0u32..4).prop_map(Op::Send),
         4 => (0usize..8, prop::option::of(prop::option::of(0u32..9)))
@@ -434,79 +403,113 @@ fn remaining(d: &tollgate::Decision) -> Vec<u64> {
     d.states().iter().map(|s| s.remaining()).collect()
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+/// Admissions, late refunds, settlements above and below the cost, live changes and
+/// eviction, in the order of `ops`, on the HTTP layer of `s`: it decides as the model, and
+/// reports the same remaining per quota, at every step.
+pub(crate) async fn the_layer_keeps_the_account_of_the_model(
+    s: &impl Store,
+    name: &str,
+    start: [bool; 4],
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let (clock, time) = manual();
+    let quotas: Vec<Quota> = kinds(start).iter().map(Kind::quota).collect();
+    let l = s.layer(&quotas, name, &clock);
+    let lim = s.limiter(&l, name);
+    let mut rig = Rig::new(|h| l.layer(h));
+    let mut model = Account::new(kinds(start));
+    // The model's time is the clock's (1 000 s and 1 ns at the start): as everywhere in the
+    // crate, 0 is "never", never a time a request is seen at.
+    let mut now = 1_000_000_000_001u64;
+    let mut taken = Vec::new();
+    for op in ops {
+        match op {
+            Op::Send(cost) => {
+                let (said, t) = model.admit(now, cost);
+                let got = rig.send("k", cost).await;
+                prop_assert_eq!(got.is_some(), said.allowed, "send {}", cost);
+                if let Some(id) = got {
+                    taken.push((id, t.unwrap_or(Taken::nothing())));
+                }
+            }
+            Op::Answer(i, reply) => {
+                if taken.is_empty() {
+                    continue;
+                }
+                let (id, t) = taken.remove(i % taken.len());
+                let reply = match reply {
+                    None => OK,
+                    Some(None) => FAILED,
+                    Some(Some(n)) => settles(n),
+                };
+                let actual = match (reply.status, reply.actual) {
+                    (200, _) => 0,
+                    (_, Some(n)) => n,
+                    (_, None) => t.cost,
+                };
+                model.settle(now, &t, actual);
+                rig.answer(id, reply).await;
+            }
+            Op::Wait(ms) => {
+                time.advance(Duration::from_millis(ms));
+                now += ms * 1_000_000;
+            }
+            Op::Change(v) => {
+                let new: Vec<Quota> = kinds(v).iter().map(Kind::quota).collect();
+                s.set_quotas(&lim, new);
+                model.set_quotas(now, kinds(v));
+            }
+            Op::Evict => s.evict_idle(&lim),
+            Op::Peek => {}
+        }
+        s.keep(&lim, "k").await;
+        let d = s.peek(&lim, "k").await;
+        let said = model.peek(now);
+        prop_assert_eq!(remaining(&d), said.remaining);
+        prop_assert_eq!(d.is_allowed(), said.allowed);
+    }
+    Ok(())
+}
 
-    /// Admissions, late refunds, settlements above and below the cost, live changes and
-    /// eviction, in any order: the HTTP layer on the memory store decides as the model, and
-    /// reports the same remaining per quota, at every step.
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(Memory::CASES))]
+
+    /// The model's property on the memory store.
     #[test]
     fn the_memory_layer_keeps_the_account_of_the_model(
         start in any::<[bool; 4]>(),
         ops in prop::collection::vec(op(), 1..80),
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        rt.block_on(async {
-            let (clock, time) = manual();
-            let quotas: Vec<Quota> = kinds(start).iter().map(Kind::quota).collect();
-            let l = layer(&quotas, &clock);
-            let lim = limiter(&l);
-            let mut rig = Rig::new(|h| l.layer(h));
-            let mut model = Account::new(kinds(start));
-            // The model's time is the clock's (1 000 s and 1 ns at the start): as everywhere in the
-            // crate, 0 is "never", never a time a request is seen at.
-            let mut now = 1_000_000_000_001u64;
-            let mut taken = Vec::new();
-            for op in ops {
-                match op {
-                    Op::Send(cost) => {
-                        let (said, t) = model.admit(now, cost);
-                        let got = rig.send("k", cost).await;
-                        prop_assert_eq!(got.is_some(), said.allowed, "send {}", cost);
-                        if let Some(id) = got {
-                            taken.push((id, t.unwrap_or(common::account::Taken::nothing())));
-                        }
-                    }
-                    Op::Answer(i, reply) => {
-                        if taken.is_empty() {
-                            continue;
-                        }
-                        let (id, t) = taken.remove(i % taken.len());
-                        let reply = match reply {
-                            None => OK,
-                            Some(None) => FAILED,
-                            Some(Some(n)) => settles(n),
-                        };
-                        let actual = match (reply.status, reply.actual) {
-                            (200, _) => 0,
-                            (_, Some(n)) => n,
-                            (_, None) => t.cost,
-                        };
-                        model.settle(now, &t, actual);
-                        rig.answer(id, reply).await;
-                    }
-                    Op::Wait(ms) => {
-                        time.advance(Duration::from_millis(ms));
-                        now += ms * 1_000_000;
-                    }
-                    Op::Change(v) => {
-                        let new: Vec<Quota> = kinds(v).iter().map(Kind::quota).collect();
-                        lim.set_quotas(new).unwrap();
-                        model.set_quotas(now, kinds(v));
-                    }
-                    Op::Evict => {
-                        lim.evict_idle();
-                    }
-                    Op::Peek => {}
-                }
-                let d = lim.peek(&key("k"));
-                let said = model.peek(now);
-                prop_assert_eq!(remaining(&d), said.remaining);
-                prop_assert_eq!(d.is_allowed(), said.allowed);
-            }
-            Ok(())
-        })?;
+        rt.block_on(the_layer_keeps_the_account_of_the_model(&Memory, "p", start, ops))?;
     }
+}
+
+/// The model's property on a real redis-server: one server for every case, a policy name
+/// of its own per case.
+#[cfg(feature = "redis")]
+#[test]
+fn the_redis_layer_keeps_the_account_of_the_model() {
+    use crate::stores::OnRedis;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = rt.block_on(OnRedis::start());
+    let mut runner = TestRunner::new(Config::with_cases(OnRedis::CASES));
+    let case = std::cell::Cell::new(0u32);
+    let strategy = (any::<[bool; 4]>(), prop::collection::vec(op(), 1..60));
+    runner
+        .run(&strategy, |(start, ops)| {
+            case.set(case.get() + 1);
+            let name = format!("model{}", case.get());
+            rt.block_on(the_layer_keeps_the_account_of_the_model(
+                &redis, &name, start, ops,
+            ))
+        })
+        .unwrap();
 }
 
 #[test]

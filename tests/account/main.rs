@@ -1,10 +1,12 @@
 //! A key's account (docs/design.md section 3, "An account per key", "A live quota change",
 //! "Stacked layers are all or nothing"): what a request took is what it gives back, through
 //! refunds, settlements and stacked layers, and where that meets the bounded table, the
-//! penalty box and leases, on the memory store and a real redis-server.
+//! penalty box and leases. Shared suites run over the memory store and a real redis-server
+//! (`stores.rs`).
 
 #[path = "../common/mod.rs"]
 mod common;
+mod stores;
 
 mod account;
 mod account_redis;

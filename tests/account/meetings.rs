@@ -1,6 +1,7 @@
 //! Where the account of a key, the bound on tracked keys and the penalty box meet, in memory:
 //! refunds and settlements after live quota changes, on a full table and under a ban. Each
-//! case on the manual clock, with exact numbers.
+//! case on the manual clock, with exact numbers. A debt through a burst flip runs over both
+//! stores (`stores.rs`); `meetings_redis.rs` has where leases and the Redis key's life meet.
 //!
 //! Pins docs/design.md section 3 ("An account per key", "A live quota change", "One bound per
 //! layer", "The penalty box punishes the client's own traffic").
@@ -9,7 +10,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::account::rig::{manual, Reply, Rig, FAILED, OK};
+use crate::stores::Store;
+use common::account::rig::{manual, settles, Reply, Rig, FAILED, OK};
 use http::StatusCode;
 use tollgate::key::Header;
 use tollgate::rate_limit::ActualCost;
@@ -689,30 +691,20 @@ async fn a_strike_never_evicts_its_own_keys_quota_state() {
 /// Tokens per minute 100: a response settles 250 (150 s ahead); the burst goes down to 50
 /// and back up to 100: the debt stands through both, and the next request fits the burst in
 /// force (60 s) once 150.6 s - 60 s have passed.
-#[tokio::test]
-async fn a_debt_stands_through_a_burst_flip() {
+async fn a_debt_stands_through_a_burst_flip(s: &impl Store) {
     let (clock, _time) = manual();
-    let l = layer(Quota::per_minute(100), &clock);
-    let mut rig = rig!(l);
+    let l = s.layer(&[Quota::per_minute(100)], "flip", &clock);
+    let mut rig = Rig::new(|h| l.layer(h));
     let id = rig.send("api", 1).await.unwrap();
-    rig.answer(
-        id,
-        Reply {
-            status: 401,
-            actual: Some(250),
-        },
-    )
-    .await;
-    let h = l.handle().unwrap();
-    h.set_policy(Policy::new("p", Quota::per_minute(100).burst(50)))
-        .unwrap();
-    h.set_policy(Policy::new("p", Quota::per_minute(100)))
-        .unwrap();
-    let lim = l.limiter("p").unwrap().unwrap();
-    let d = lim.check(&b"api".as_slice().into());
+    rig.answer(id, settles(250)).await;
+    s.set_policy(&l, Policy::new("flip", Quota::per_minute(100).burst(50)));
+    s.set_policy(&l, Policy::new("flip", Quota::per_minute(100)));
+    let d = s.check(&s.limiter(&l, "flip"), "api").await;
     assert_eq!(d.reset_after(), 150 * S);
     assert_eq!(d.retry_after(), Some(90_600 * MS));
 }
+
+crate::over_both_stores!(a_debt_stands_through_a_burst_flip);
 
 /// Two layers, each counting failures only: GCRA 60 per minute outside, a fixed window of 5
 /// per minute inside. Five slow successes are held while both change (5 per minute; a 1 s

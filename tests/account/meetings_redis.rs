@@ -659,36 +659,6 @@ async fn a_debt_settled_on_a_leased_key_stops_the_lease() {
     assert_eq!(lim.peek(&key).await.states()[0].reset_after(), 3 * S);
 }
 
-/// As in memory: a settled debt (250 tokens at 600 ms, 150 s ahead) stands through a burst
-/// flip (100, 50, 100), and the next request fits 90.6 s later.
-#[tokio::test]
-async fn a_debt_stands_through_a_burst_flip_on_redis() {
-    let server = RedisServer::start();
-    let store = store(&server).await;
-    let (clock, _time) = manual();
-    let l = layer(&store, "flip", &[Quota::per_minute(100)], &clock);
-    let mut rig = Rig::new(|h| l.layer(h));
-    let id = rig.send("api", 1).await.unwrap();
-    rig.answer(
-        id,
-        Reply {
-            status: 401,
-            actual: Some(250),
-        },
-    )
-    .await;
-    let h = l.handle().unwrap();
-    h.set_policy(Policy::new("flip", Quota::per_minute(100).burst(50)))
-        .unwrap();
-    h.set_policy(Policy::new("flip", Quota::per_minute(100)))
-        .unwrap();
-    let lim = l.limiter("flip").unwrap().unwrap();
-    let key: Box<[u8]> = b"api".as_slice().into();
-    let d = lim.check_n(&key, 1).await;
-    assert_eq!(d.reset_after(), 150 * S);
-    assert_eq!(d.retry_after(), Some(Duration::from_millis(90_600)));
-}
-
 /// GCRA 3 per 4 s with a penalty box (2 strikes in 6 s ban 2 s, doubling): a charge of 7
 /// (9.33 s ahead), then refusals: a first ban at 0 s (2 s, told 5.33 s), a second at 2 s
 /// (4 s, until 6 s, told 6.67 s for its cost of 1). At 6 s the ban is over and a peek (cost
