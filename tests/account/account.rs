@@ -2,11 +2,11 @@
 //! change"): refunds and settlements give back what their own request took and only what
 //! still counts; quota changes judge the stored state and never rewrite it.
 //!
-//! The first cases and the property test run over both stores (`stores.rs`): the same body
-//! through the HTTP layer (whose responses refund and settle) on memory and on a real
-//! redis-server, against the reference model in `tests/common/account.rs`. The cases after
-//! them drive the memory limiter directly; `account_redis.rs` has what only Redis has. Every
-//! case on the manual clock.
+//! The first cases and the property test run over both stores (`tests/common/stores.rs`): the
+//! same body through the HTTP layer (whose responses refund and settle) on memory and on a
+//! real redis-server, against the reference model in `tests/common/account.rs`. The cases
+//! after them drive the memory limiter directly; `account_redis.rs` has what only Redis has.
+//! Every case on the manual clock.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::common::account::rig::{failures, manual, settles, Rig, FAILED, OK};
 use crate::common::account::{Account, Kind, Taken};
-use crate::stores::{Memory, Store};
+use crate::common::stores::{Memory, Store};
 use proptest::prelude::*;
 use tollgate::{Clock, Outcome, Policy, Quota, RateLimiter};
 use tower::Layer;
@@ -490,7 +490,7 @@ proptest! {
 #[cfg(feature = "redis")]
 #[test]
 fn the_redis_layer_keeps_the_account_of_the_model() {
-    use crate::stores::OnRedis;
+    use crate::common::stores::OnRedis;
     use proptest::test_runner::{Config, TestRunner};
 
     let rt = tokio::runtime::Builder::new_current_thread()

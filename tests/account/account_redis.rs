@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::account::{op, Op};
 use crate::common::account::rig::{manual, settles, Rig, FAILED, OK};
 use crate::common::redis_server::RedisServer;
-use crate::stores::{self, key};
+use crate::common::stores::{self, key};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tollgate::key::Header;

@@ -2,11 +2,10 @@
 //! "Stacked layers are all or nothing"): what a request took is what it gives back, through
 //! refunds, settlements and stacked layers, and where that meets the bounded table, the
 //! penalty box and leases. Shared suites run over the memory store and a real redis-server
-//! (`stores.rs`).
+//! (`tests/common/stores.rs`).
 
 #[path = "../common/mod.rs"]
 mod common;
-mod stores;
 
 mod account;
 mod account_redis;

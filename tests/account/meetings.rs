@@ -1,7 +1,7 @@
 //! Where the account of a key, the bound on tracked keys and the penalty box meet, in memory:
 //! refunds and settlements after live quota changes, on a full table and under a ban. Each
 //! case on the manual clock, with exact numbers. A debt through a burst flip runs over both
-//! stores (`stores.rs`); `meetings_redis.rs` has where leases and the Redis key's life meet.
+//! stores (`tests/common/stores.rs`); `meetings_redis.rs` has where leases and the Redis key's life meet.
 //!
 //! Pins docs/design.md section 3 ("An account per key", "A live quota change", "One bound per
 //! layer", "The penalty box punishes the client's own traffic").
@@ -10,7 +10,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use crate::stores::Store;
+use crate::common::stores::Store;
 use common::account::rig::{manual, settles, Reply, Rig, FAILED, OK};
 use http::StatusCode;
 use tollgate::key::Header;

@@ -1,5 +1,6 @@
-//! Properties of docs/design.md section 1 on random inputs: the memory store agrees decision for
-//! decision with a small reference model, exact eviction changes nothing, and no interval
+//! Properties of docs/design.md section 1 on random inputs: each store agrees decision for
+//! decision with a small reference model (one body, run on memory and on a real
+//! redis-server, `tests/common/stores.rs`), exact eviction changes nothing, and no interval
 //! admits more than `burst + D/T`.
 
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use crate::common;
 
 use common::model::{Answer, Model};
+use common::stores::{Memory, Store};
 use proptest::prelude::*;
 use tollgate::{Clock, Quota, RateLimiter};
 
@@ -33,6 +35,41 @@ fn limiter(quotas: &[Quota]) -> (RateLimiter<u8>, tollgate::ManualClock) {
     (b.build(), time)
 }
 
+/// Requests `reqs` of [`requests`] on a limiter of `quotas` on `s`: every decision is the
+/// model's, read at the store's resolution, and none is degraded.
+pub(crate) async fn agrees_with_the_reference_model<S: Store>(
+    s: &S,
+    name: &str,
+    quotas: &[Quota],
+    reqs: &[(u64, u8, u32, bool)],
+) -> Result<(), TestCaseError> {
+    let (clock, time) = Clock::manual();
+    let limiter = s.build(quotas, name, &clock);
+    let mut model = Model::new(quotas);
+    for (i, &(gap_us, key, cost, evict)) in reqs.iter().enumerate() {
+        time.advance(Duration::from_micros(gap_us));
+        if evict {
+            s.evict_idle(&limiter);
+        }
+        let now = time.now().as_nanos() / S::TICK_NS * S::TICK_NS;
+        let d = s.check_n(&limiter, &key.to_string(), cost).await;
+        prop_assert!(!d.is_degraded(), "the store failed at request {}", i);
+        let want = model.decide(key, now, cost);
+        let got = Answer {
+            outcome: d.outcome(),
+            retry_after: d.retry_after().map(|r| r.as_nanos()),
+            remaining: d
+                .states()
+                .iter()
+                .map(|s| u128::from(s.remaining()))
+                .collect(),
+            reset_after: d.reset_after().as_nanos(),
+        };
+        prop_assert_eq!(got, want, "request {}", i);
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -41,24 +78,8 @@ proptest! {
         quotas in prop::collection::vec(quota(), 1..=4),
         reqs in requests(),
     ) {
-        let (limiter, time) = limiter(&quotas);
-        let mut model = Model::new(&quotas);
-        for (i, &(gap_us, key, cost, evict)) in reqs.iter().enumerate() {
-            time.advance(Duration::from_micros(gap_us));
-            if evict {
-                limiter.evict_idle();
-            }
-            let now = time.now().as_nanos();
-            let d = limiter.check_n(&key, cost);
-            let want = model.decide(key, now, cost);
-            let got = Answer {
-                outcome: d.outcome(),
-                retry_after: d.retry_after().map(|r| r.as_nanos()),
-                remaining: d.states().iter().map(|s| u128::from(s.remaining())).collect(),
-                reset_after: d.reset_after().as_nanos(),
-            };
-            prop_assert_eq!(got, want, "request {}", i);
-        }
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(agrees_with_the_reference_model(&Memory, "p", &quotas, &reqs))?;
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The Redis store against the reference model on random inputs, and a Redis clock that steps
-//! backwards.
+//! The Redis store against the reference model on random inputs (the body `properties.rs`
+//! runs on memory too, here with quotas and requests the scripts' microseconds decide
+//! exactly), and a Redis clock that steps backwards.
 //!
 //! Pins docs/design.md section 1 ("GCRA decision", "Other kinds") and section 3 ("Redis").
 #![cfg(feature = "redis")]
@@ -8,8 +9,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::model::{Answer, Model};
+use super::properties::agrees_with_the_reference_model;
 use common::redis_server::RedisServer;
+use common::stores::{OnRedis, Store};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tollgate::redis::{RedisRateLimiter, RedisStore};
@@ -27,59 +29,34 @@ fn quota() -> impl Strategy<Value = Quota> {
     })
 }
 
-/// (gap before the request in µs, key, cost)
-fn requests() -> impl Strategy<Value = Vec<(u64, u8, u32)>> {
-    prop::collection::vec((0u64..300_000, 0u8..3, 0u32..6), 1..60)
+/// (gap before the request in µs, key, cost, evict idle keys first: nothing on Redis)
+fn requests() -> impl Strategy<Value = Vec<(u64, u8, u32, bool)>> {
+    prop::collection::vec(
+        (0u64..300_000, 0u8..3, 0u32..6, prop::bool::weighted(0.05)),
+        1..60,
+    )
 }
 
 #[test]
 fn redis_store_agrees_with_the_reference_model() {
-    let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let store = rt
-        .block_on(RedisStore::connect(&server.url()))
-        .expect("connect to the test server")
-        // A timeout no loaded machine reaches: a degraded decision fails the comparison.
-        .timeout(std::time::Duration::from_secs(5));
-    let mut runner = TestRunner::new(Config::with_cases(64));
+    let redis = rt.block_on(OnRedis::start());
+    let mut runner = TestRunner::new(Config::with_cases(OnRedis::CASES));
     let case_no = std::cell::Cell::new(0u32);
     runner
         .run(
             &(prop::collection::vec(quota(), 1..=4), requests()),
             |(quotas, reqs)| {
                 case_no.set(case_no.get() + 1);
-                let (clock, time) = Clock::manual();
-                let mut b = RedisRateLimiter::<u8>::builder(store.clone(), quotas[0].clone())
-                    .name(format!("prop-{}", case_no.get()))
-                    .clock(clock);
-                for q in &quotas[1..] {
-                    b = b.quota(q.clone());
-                }
-                let limiter = b.build();
-                let mut model = Model::new(&quotas);
-                for (i, &(gap_us, key, cost)) in reqs.iter().enumerate() {
-                    time.advance(Duration::from_micros(gap_us));
-                    // The script works in whole microseconds.
-                    let now = time.now().as_nanos() / 1000 * 1000;
-                    let d = rt.block_on(limiter.check_n(&key, cost));
-                    prop_assert!(!d.is_degraded(), "Redis failed at request {}", i);
-                    let want = model.decide(key, now, cost);
-                    let got = Answer {
-                        outcome: d.outcome(),
-                        retry_after: d.retry_after().map(|r| r.as_nanos()),
-                        remaining: d
-                            .states()
-                            .iter()
-                            .map(|s| u128::from(s.remaining()))
-                            .collect(),
-                        reset_after: d.reset_after().as_nanos(),
-                    };
-                    prop_assert_eq!(got, want, "request {}", i);
-                }
-                Ok(())
+                rt.block_on(agrees_with_the_reference_model(
+                    &redis,
+                    &format!("prop-{}", case_no.get()),
+                    &quotas,
+                    &reqs,
+                ))
             },
         )
         .unwrap();
