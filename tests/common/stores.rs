@@ -15,7 +15,7 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 use tollgate::key::Header;
 use tollgate::rate_limit::ActualCost;
-use tollgate::{Clock, Decision, Policy, Quota, RateLimitLayer, RateLimiter};
+use tollgate::{Clock, ConfigError, Decision, Policy, Quota, RateLimitLayer, RateLimiter};
 use tower::{Layer, Service};
 
 use super::account::rig::Handler;
@@ -72,7 +72,11 @@ pub trait Store {
     /// Replaces the layer's policy.
     fn set_policy(&self, l: &Self::Layer, p: Policy);
     /// Replaces the quotas of a limiter.
-    fn set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>);
+    fn set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) {
+        self.try_set_quotas(l, quotas).unwrap();
+    }
+    /// Replaces the quotas of a limiter, or says why not.
+    fn try_set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) -> Result<(), ConfigError>;
     /// Decides a request of cost 1 for `k`.
     async fn check(&self, l: &Self::Limiter, k: &str) -> Decision {
         self.check_n(l, k, 1).await
@@ -115,8 +119,8 @@ impl Store for Memory {
     fn set_policy(&self, l: &Self::Layer, p: Policy) {
         l.handle().unwrap().set_policy(p).unwrap();
     }
-    fn set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) {
-        l.set_quotas(quotas).unwrap();
+    fn try_set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) -> Result<(), ConfigError> {
+        l.set_quotas(quotas)
     }
     async fn check_n(&self, l: &Self::Limiter, k: &str, cost: u32) -> Decision {
         l.check_n(&key(k), cost)
@@ -197,8 +201,8 @@ mod on_redis {
         fn set_policy(&self, l: &Self::Layer, p: Policy) {
             l.handle().unwrap().set_policy(p).unwrap();
         }
-        fn set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) {
-            l.set_quotas(quotas).unwrap();
+        fn try_set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) -> Result<(), ConfigError> {
+            l.set_quotas(quotas)
         }
         async fn check_n(&self, l: &Self::Limiter, k: &str, cost: u32) -> Decision {
             l.check_n(&key(k), cost).await

@@ -1,13 +1,37 @@
-//! Limits changed while serving, in memory: a key's time carries over, no free burst, no debt
-//! beyond the new tolerance, every clone sees the change, invalid changes leave the old limits.
+//! Limits changed while serving: a key's time carries over, no free burst, no debt beyond the
+//! new tolerance, every clone sees the change, invalid changes leave the old limits. The
+//! first cases run over both stores (`tests/common/stores.rs`), the rest on the memory
+//! limiter; `live_redis.rs` has what only Redis has (instances, the deny cache).
 //!
 //! Pins docs/design.md section 3 ("A live quota change").
 
 use std::time::Duration;
 
+use crate::common::account::rig::manual;
+use crate::common::stores::Store;
 use tollgate::{Clock, ConfigError, Quota, RateLimiter};
 
 const MS: Duration = Duration::from_millis(1);
+
+crate::over_both_stores!(
+    raising_the_rate_mid_burst_keyed_and_with_several_quotas,
+    lowering_the_tolerance_keeps_the_time_a_key_spent_and_judges_it_by_the_new_quota,
+    a_window_quota_keeps_its_count_and_a_lower_count_holds_the_key_until_the_window_ends,
+);
+
+/// How many requests of `k` are admitted in a row right now, none of them degraded.
+async fn admitted_on<S: Store>(s: &S, l: &S::Limiter, k: &str) -> u32 {
+    let mut n = 0;
+    while n < 1_000 {
+        let d = s.check(l, k).await;
+        assert!(!d.is_degraded());
+        if !d.is_allowed() {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
 
 /// How many requests of `key` are admitted in a row right now.
 fn admitted<K: std::hash::Hash + Eq + Clone + Send + Sync>(l: &RateLimiter<K>, key: &K) -> u32 {
@@ -35,28 +59,25 @@ fn raising_the_rate_mid_burst_gives_no_free_burst() {
     assert_eq!(admitted(&global, &()), 5);
 }
 
-#[test]
-fn raising_the_rate_mid_burst_keyed_and_with_several_quotas() {
-    let (clock, time) = Clock::manual();
-    let keyed = RateLimiter::<&str>::builder(Quota::per_second(1))
-        .clock(clock.clone())
-        .build();
-    let many = RateLimiter::<&str>::builder(Quota::per_second(1))
-        .quota(Quota::per_minute(100))
-        .clock(clock.clone())
-        .build();
-    assert_eq!(admitted(&keyed, &"k"), 1);
-    assert_eq!(admitted(&many, &"k"), 1);
-    keyed.set_quotas([Quota::per_second(10)]).unwrap();
-    many.set_quotas([Quota::per_second(10), Quota::per_minute(100)])
-        .unwrap();
-    assert_eq!(admitted(&keyed, &"k"), 0);
-    assert_eq!(admitted(&many, &"k"), 0);
+async fn raising_the_rate_mid_burst_keyed_and_with_several_quotas(s: &impl Store) {
+    let (clock, time) = manual();
+    let keyed = s.build(&[Quota::per_second(1)], "keyed", &clock);
+    let many = s.build(
+        &[Quota::per_second(1), Quota::per_minute(100)],
+        "many",
+        &clock,
+    );
+    assert_eq!(admitted_on(s, &keyed, "k").await, 1);
+    assert_eq!(admitted_on(s, &many, "k").await, 1);
+    s.set_quotas(&keyed, vec![Quota::per_second(10)]);
+    s.set_quotas(&many, vec![Quota::per_second(10), Quota::per_minute(100)]);
+    assert_eq!(admitted_on(s, &keyed, "k").await, 0);
+    assert_eq!(admitted_on(s, &many, "k").await, 0);
     // A key never seen before gets the new quota's whole burst.
-    assert_eq!(admitted(&keyed, &"fresh"), 10);
+    assert_eq!(admitted_on(s, &keyed, "fresh").await, 10);
     time.advance(300 * MS);
-    assert_eq!(admitted(&keyed, &"k"), 3);
-    assert_eq!(admitted(&many, &"k"), 3);
+    assert_eq!(admitted_on(s, &keyed, "k").await, 3);
+    assert_eq!(admitted_on(s, &many, "k").await, 3);
 }
 
 #[test]
@@ -87,27 +108,30 @@ fn lowering_the_limit_mid_burst_counts_what_was_spent_in_time() {
     assert_eq!(admitted(&l, &1), 1);
 }
 
-#[test]
-fn lowering_the_tolerance_keeps_the_time_a_key_spent_and_judges_it_by_the_new_quota() {
-    let (clock, time) = Clock::manual();
-    let l = RateLimiter::<u64>::builder(Quota::per_second(100))
-        .clock(clock)
-        .build();
-    assert_eq!(admitted(&l, &1), 100);
-    // The key is 1 s ahead; the new quota tolerates 200 ms (10/s, burst 2).
-    l.set_quotas([Quota::per_second(10).burst(2)]).unwrap();
-    let d = l.check(&1);
-    assert!(!d.is_allowed());
-    // The second it spent stands: the next request fits once it is 200 ms ahead with it.
-    assert_eq!(d.retry_after(), Some(900 * MS));
-    assert_eq!(d.reset_after(), 1_000 * MS);
-    assert_eq!(d.remaining(), 0);
-    time.advance(899 * MS);
-    assert_eq!(admitted(&l, &1), 0);
-    time.advance(MS);
-    assert_eq!(admitted(&l, &1), 1);
-    time.advance(200 * MS);
-    assert_eq!(admitted(&l, &1), 2);
+async fn lowering_the_tolerance_keeps_the_time_a_key_spent_and_judges_it_by_the_new_quota(
+    s: &impl Store,
+) {
+    for n in [100, 10] {
+        let (clock, time) = manual();
+        let l = s.build(&[Quota::per_second(n)], &format!("lower{n}"), &clock);
+        assert_eq!(admitted_on(s, &l, "k").await, n);
+        // The key is 1 s ahead; the new quota tolerates 200 ms (10/s, burst 2).
+        s.set_quotas(&l, vec![Quota::per_second(10).burst(2)]);
+        let d = s.check(&l, "k").await;
+        assert!(!d.is_allowed());
+        // The second it spent stands: the next request fits once it is 200 ms ahead with it.
+        assert_eq!(d.retry_after(), Some(900 * MS), "{n}/s");
+        assert_eq!(d.reset_after(), 1_000 * MS);
+        assert_eq!(d.remaining(), 0);
+        // A peek agrees: the key is 800 ms beyond the new tolerance.
+        assert_eq!(s.peek(&l, "k").await.retry_after(), Some(800 * MS));
+        time.advance(899 * MS);
+        assert_eq!(admitted_on(s, &l, "k").await, 0);
+        time.advance(MS);
+        assert_eq!(admitted_on(s, &l, "k").await, 1);
+        time.advance(200 * MS);
+        assert_eq!(admitted_on(s, &l, "k").await, 2);
+    }
 }
 
 #[test]
@@ -263,30 +287,33 @@ async fn a_waiter_decides_under_the_new_quota_when_its_turn_comes() {
     assert_eq!(waiter.await.unwrap(), 1200 * MS);
 }
 
-#[test]
-fn a_window_quota_keeps_its_count_and_a_lower_count_holds_the_key_until_the_window_ends() {
-    let (clock, time) = Clock::manual();
-    let l = RateLimiter::<u64>::builder(Quota::fixed_window(5, Duration::from_secs(60)))
-        .quota(Quota::per_second(100))
-        .clock(clock)
-        .build();
-    assert_eq!(admitted(&l, &1), 5);
-    l.set_quotas([
-        Quota::fixed_window(3, Duration::from_secs(60)),
-        Quota::per_second(100),
-    ])
-    .unwrap();
-    let d = l.check(&1);
-    assert_eq!(d.remaining(), 0);
-    assert_eq!(d.retry_after(), Some(Duration::from_secs(60)));
-    l.set_quotas([
-        Quota::fixed_window(8, Duration::from_secs(60)),
-        Quota::per_second(100),
-    ])
-    .unwrap();
-    assert_eq!(admitted(&l, &1), 3);
-    time.advance(Duration::from_secs(60));
-    assert_eq!(admitted(&l, &1), 8);
+async fn a_window_quota_keeps_its_count_and_a_lower_count_holds_the_key_until_the_window_ends(
+    s: &impl Store,
+) {
+    let minute = Duration::from_secs(60);
+    // Alone, and beside a GCRA quota.
+    for (i, with) in [vec![], vec![Quota::per_second(100)]]
+        .into_iter()
+        .enumerate()
+    {
+        let quotas = |count| [vec![Quota::fixed_window(count, minute)], with.clone()].concat();
+        let (clock, time) = manual();
+        let l = s.build(&quotas(5), &format!("window{i}"), &clock);
+        assert_eq!(admitted_on(s, &l, "k").await, 5);
+        s.set_quotas(&l, quotas(3));
+        let d = s.check(&l, "k").await;
+        assert!(!d.is_degraded());
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(d.retry_after(), Some(minute));
+        s.set_quotas(&l, quotas(8));
+        assert_eq!(admitted_on(s, &l, "k").await, 3);
+        assert!(matches!(
+            s.try_set_quotas(&l, vec![Quota::per_second(8); with.len() + 1]),
+            Err(ConfigError::NotChangeable(_))
+        ));
+        time.advance(minute);
+        assert_eq!(admitted_on(s, &l, "k").await, 8);
+    }
 }
 
 #[test]
