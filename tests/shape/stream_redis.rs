@@ -26,6 +26,10 @@ async fn store(server: &RedisServer) -> RedisStore {
 
 /// Advances `time` by `step` every few milliseconds until `done` reaches `total`, checking
 /// before each step that no more than `bound(now)` units were yielded; a bounded loop.
+///
+/// The adapters wait out a decision's `retry_after` on tokio's clock, so each step is at
+/// least the time that really passed since the last one: on a loaded machine, where the
+/// loop's own sleep overruns, the manual clock never falls behind what the adapters waited.
 async fn drive(
     time: &ManualClock,
     step: Duration,
@@ -34,6 +38,7 @@ async fn drive(
     bound: impl Fn(Duration) -> u64,
 ) {
     let mut now = Duration::ZERO;
+    let mut last = tokio::time::Instant::now();
     for _ in 0..20_000 {
         let seen = done.load(Ordering::SeqCst);
         assert!(
@@ -45,6 +50,8 @@ async fn drive(
             return;
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
+        let step = step.max(last.elapsed());
+        last = tokio::time::Instant::now();
         time.advance(step);
         now += step;
     }
