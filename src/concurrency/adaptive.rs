@@ -570,11 +570,11 @@ impl LimitAlgorithm for Gradient2 {
 /// before the measurement (never above where it was), and moves from there by the rule
 /// above.
 ///
-/// Against the simulated backend of `tests/adaptive.rs` (20 requests at once in 10 ms, driven
-/// by 200 clients, on a paused clock), the limit comes down from 500 to between 20 and 30
-/// within 1.5 s (most of it the warm-up before the first measurement); it grows from 4 to a
-/// capacity of 50 within 0.5 s; it follows a step of the capacity up (20 → 80) within 0.5 s,
-/// and down (80 → 10) within 4 s: down is `log` per round trip, slower than
+/// Against the simulated backend of `tests/concurrency/adaptive.rs` (20 requests at once in
+/// 10 ms, driven by 200 clients, on a paused clock), the limit comes down from 500 to between
+/// 20 and 30 within 1.5 s (most of it the warm-up before the first measurement); it grows from
+/// 4 to a capacity of 50 within 0.5 s; it follows a step of the capacity up (20 → 80) within
+/// 0.5 s, and down (80 → 10) within 4 s: down is `log` per round trip, slower than
 /// [`Gradient2`]'s.
 ///
 /// Defaults: limit 20, between 4 and 1000, smoothing 1.

@@ -146,8 +146,8 @@
 //! its capacity, [`Gradient2`] settles between 20 and 40 within 3 s from a start at 500 and
 //! follows a change of capacity within 2 s; [`Vegas`] settles between 20 and 30 within 1.5 s,
 //! follows a rise of capacity within 0.5 s and a fall from 80 to 10 within 4 s
-//! (`tests/adaptive.rs`, on a paused clock); BENCHMARKS.md has the same over HTTP in real
-//! time.
+//! (`tests/concurrency/adaptive.rs`, on a paused clock); BENCHMARKS.md has the same over HTTP in
+//! real time.
 //!
 //! ```
 //! use tollgate::concurrency::Gradient2;

@@ -4,4 +4,5 @@ pub mod capture;
 pub mod model;
 pub mod redis_server;
 pub mod spec;
+pub mod stores;
 pub mod twins;

@@ -1,0 +1,18 @@
+//! A key's account (docs/design.md section 3, "An account per key", "A live quota change",
+//! "Stacked layers are all or nothing"): what a request took is what it gives back, through
+//! refunds, settlements and stacked layers, and where that meets the bounded table, the
+//! penalty box and leases. Shared suites run over the memory store and a real redis-server
+//! (`tests/common/stores.rs`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod account;
+mod account_redis;
+mod kinds_stacked;
+mod meetings;
+mod meetings_redis;
+mod settle;
+mod settle_redis;
+mod stacked;
+mod stacked_redis;

@@ -1,0 +1,250 @@
+//! The two stores a shared suite runs over: the same test body, written once against
+//! [`Store`], decides on the memory store and on a real redis-server.
+//!
+//! [`over_both_stores!`](crate::over_both_stores) instantiates each listed body as a test on
+//! each store (`<module>::memory::<name>` and `<module>::redis::<name>`); the Redis one starts
+//! its own server (`tests/common/redis_server.rs`). What differs between the stores (reading a
+//! key without spending, evicting idle keys, the Redis key's time to live) is a method here,
+//! so the bodies hold only the behaviour docs/design.md sections 1 and 3 promise on both.
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use tollgate::key::Header;
+use tollgate::rate_limit::settle::ActualCost;
+use tollgate::{Clock, ConfigError, Decision, Policy, Quota, RateLimitLayer, RateLimiter};
+use tower::{Layer, Service};
+
+use super::account::rig::Handler;
+
+/// The layer every suite of this group uses: keyed by `x-key`, costing `x-cost`; a `200` does
+/// not count, and a response that counts settles the cost it reports.
+pub fn layer(quotas: &[Quota], name: &str, clock: &Clock) -> RateLimitLayer<Header> {
+    let policy = quotas[1..]
+        .iter()
+        .fold(Policy::new(name.to_owned(), quotas[0].clone()), |p, q| {
+            p.quota(q.clone())
+        });
+    RateLimitLayer::new(policy)
+        .key(Header::new("x-key"))
+        .clock(clock.clone())
+        .cost(|h| {
+            h.headers
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        })
+        .count_if(|res| res.status != StatusCode::OK)
+        .settle(ActualCost::of)
+}
+
+/// The key `k` as the layer keys it.
+pub fn key(k: &str) -> Box<[u8]> {
+    k.as_bytes().into()
+}
+
+/// A store a shared suite runs on.
+#[allow(async_fn_in_trait)]
+pub trait Store {
+    /// The layer of [`layer`], on this store.
+    type Layer: Layer<Handler, Service = Self::Service> + Clone;
+    /// The layer's service around the rig's handler.
+    type Service: Service<http::Request<()>, Response = Response<Full<Bytes>>, Error = Infallible>;
+    /// The layer's limiter of one policy.
+    type Limiter;
+
+    /// Cases of a property test on this store (a Redis case is a few hundred round trips).
+    const CASES: u32;
+    /// The store decides in whole units of this many nanoseconds (the scripts work in
+    /// microseconds).
+    const TICK_NS: u128;
+
+    /// [`layer`] on this store, its policy named `name` (names are distinct within a test, as
+    /// two limits meet in Redis under one name).
+    fn layer(&self, quotas: &[Quota], name: &str, clock: &Clock) -> Self::Layer;
+    /// The limiter of the policy named `name`.
+    fn limiter(&self, l: &Self::Layer, name: &str) -> Self::Limiter;
+    /// A limiter of `quotas` on this store, without a layer, named `name`.
+    fn build(&self, quotas: &[Quota], name: &str, clock: &Clock) -> Self::Limiter;
+    /// Replaces the layer's policy.
+    fn set_policy(&self, l: &Self::Layer, p: Policy);
+    /// Replaces the quotas of a limiter.
+    fn set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) {
+        self.try_set_quotas(l, quotas).unwrap();
+    }
+    /// Replaces the quotas of a limiter, or says why not.
+    fn try_set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) -> Result<(), ConfigError>;
+    /// Decides a request of cost 1 for `k`.
+    async fn check(&self, l: &Self::Limiter, k: &str) -> Decision {
+        self.check_n(l, k, 1).await
+    }
+    /// Decides a request of `cost` for `k`.
+    async fn check_n(&self, l: &Self::Limiter, k: &str, cost: u32) -> Decision;
+    /// Reads `k`'s decision without spending (a peek in memory, a cost of 0 on Redis).
+    async fn peek(&self, l: &Self::Limiter, k: &str) -> Decision;
+    /// Drops idle keys where the store keeps a table (memory); Redis expires them itself.
+    fn evict_idle(&self, l: &Self::Limiter);
+    /// Keeps `k`'s state for as long as the test reads it: a Redis key's time to live runs
+    /// on the server's clock, not the test's manual one. Nothing in memory.
+    async fn keep(&self, l: &Self::Limiter, k: &str);
+}
+
+/// The memory store.
+pub struct Memory;
+
+impl Store for Memory {
+    type Layer = RateLimitLayer<Header>;
+    type Service = <RateLimitLayer<Header> as Layer<Handler>>::Service;
+    type Limiter = RateLimiter<Box<[u8]>>;
+
+    const CASES: u32 = 200;
+    const TICK_NS: u128 = 1;
+
+    fn layer(&self, quotas: &[Quota], name: &str, clock: &Clock) -> Self::Layer {
+        layer(quotas, name, clock)
+    }
+    fn limiter(&self, l: &Self::Layer, name: &str) -> Self::Limiter {
+        l.limiter(name).unwrap().unwrap()
+    }
+    fn build(&self, quotas: &[Quota], _: &str, clock: &Clock) -> Self::Limiter {
+        let b = RateLimiter::builder(quotas[0].clone()).clock(clock.clone());
+        quotas[1..]
+            .iter()
+            .fold(b, |b, q| b.quota(q.clone()))
+            .build()
+    }
+    fn set_policy(&self, l: &Self::Layer, p: Policy) {
+        l.handle().unwrap().set_policy(p).unwrap();
+    }
+    fn try_set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) -> Result<(), ConfigError> {
+        l.set_quotas(quotas)
+    }
+    async fn check_n(&self, l: &Self::Limiter, k: &str, cost: u32) -> Decision {
+        l.check_n(&key(k), cost)
+    }
+    async fn peek(&self, l: &Self::Limiter, k: &str) -> Decision {
+        l.peek(&key(k))
+    }
+    fn evict_idle(&self, l: &Self::Limiter) {
+        l.evict_idle();
+    }
+    async fn keep(&self, _: &Self::Limiter, _: &str) {}
+}
+
+#[cfg(feature = "redis")]
+#[allow(unused_imports)] // Not every group runs a suite on Redis.
+pub use on_redis::OnRedis;
+
+#[cfg(feature = "redis")]
+mod on_redis {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::common::redis_server::RedisServer;
+    use tollgate::redis::{RedisRateLimiter, RedisStore};
+
+    /// A `RedisStore` on a redis-server of its own.
+    pub struct OnRedis {
+        /// The server, stopped when this is dropped.
+        _server: RedisServer,
+        pub store: RedisStore,
+        conn: redis::aio::MultiplexedConnection,
+    }
+
+    impl OnRedis {
+        /// Starts a server and connects to it.
+        pub async fn start() -> Self {
+            let server = RedisServer::start();
+            let store = RedisStore::connect(&server.url())
+                .await
+                .unwrap()
+                .timeout(Duration::from_secs(5));
+            let conn = redis::Client::open(server.url())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            OnRedis {
+                _server: server,
+                store,
+                conn,
+            }
+        }
+    }
+
+    impl Store for OnRedis {
+        type Layer = RateLimitLayer<Header, RedisStore>;
+        type Service = <RateLimitLayer<Header, RedisStore> as Layer<Handler>>::Service;
+        type Limiter = RedisRateLimiter<Box<[u8]>>;
+
+        const CASES: u32 = 64;
+        const TICK_NS: u128 = 1_000;
+
+        fn layer(&self, quotas: &[Quota], name: &str, clock: &Clock) -> Self::Layer {
+            layer(quotas, name, clock).store(self.store.clone())
+        }
+        fn limiter(&self, l: &Self::Layer, name: &str) -> Self::Limiter {
+            l.limiter(name).unwrap().unwrap()
+        }
+        fn build(&self, quotas: &[Quota], name: &str, clock: &Clock) -> Self::Limiter {
+            let b = RedisRateLimiter::builder(self.store.clone(), quotas[0].clone())
+                .name(name.to_owned())
+                .clock(clock.clone());
+            quotas[1..]
+                .iter()
+                .fold(b, |b, q| b.quota(q.clone()))
+                .build()
+        }
+        fn set_policy(&self, l: &Self::Layer, p: Policy) {
+            l.handle().unwrap().set_policy(p).unwrap();
+        }
+        fn try_set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) -> Result<(), ConfigError> {
+            l.set_quotas(quotas)
+        }
+        async fn check_n(&self, l: &Self::Limiter, k: &str, cost: u32) -> Decision {
+            l.check_n(&key(k), cost).await
+        }
+        async fn peek(&self, l: &Self::Limiter, k: &str) -> Decision {
+            l.check_n(&key(k), 0).await
+        }
+        fn evict_idle(&self, _: &Self::Limiter) {}
+        async fn keep(&self, l: &Self::Limiter, k: &str) {
+            let _: i64 = redis::cmd("PERSIST")
+                .arg(l.redis_key(&key(k)))
+                .query_async(&mut self.conn.clone())
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// Instantiates each listed test body, an `async fn(&impl Store)` of the module that calls
+/// this, as a test on the memory store (module `memory`) and on Redis (module `redis`).
+#[macro_export]
+macro_rules! over_both_stores {
+    ($($name:ident),* $(,)?) => {
+        /// The shared suite on the memory store.
+        mod memory {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(&$crate::common::stores::Memory).await;
+                }
+            )*
+        }
+
+        /// The shared suite on a real redis-server.
+        #[cfg(feature = "redis")]
+        mod redis {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(&$crate::common::stores::OnRedis::start().await).await;
+                }
+            )*
+        }
+    };
+}

@@ -1,0 +1,10 @@
+//! Limits changed while serving (docs/design.md section 3, "A live quota change"): rate limits
+//! in memory and on Redis, concurrency limits and shaping; every clone and instance follows,
+//! and an invalid change leaves the old limits.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod live;
+mod live_concurrency;
+mod live_redis;

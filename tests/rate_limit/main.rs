@@ -1,0 +1,18 @@
+//! The rate-limit decision, on the limiter and both stores (docs/design.md section 1): the
+//! semantics case by case, quota kinds and warm-up, the reference model on random inputs,
+//! waiting for admission, threads on one key, and what a sliding log costs in memory.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod adversarial;
+mod kinds;
+mod kinds_redis;
+mod limiter;
+mod log_bytes;
+mod properties;
+mod properties_redis;
+mod spec_memory;
+mod waiting;
+mod warmup;
+mod warmup_redis;
