@@ -171,8 +171,18 @@ where
                     headers,
                     taken,
                 } => {
-                    let response = ready!(future.poll(cx))?;
-                    match answered(response, headers.take(), taken.take()) {
+                    let mut response = ready!(future.poll(cx))?;
+                    let taken = taken.take();
+                    // Nothing to give back or settle: the response gets its fields, here.
+                    let plain = match &taken {
+                        None => true,
+                        Some(t) => t.settle.is_none() && !response::is_rejection(&response),
+                    };
+                    if plain {
+                        RateHeaders::apply_to(headers.take(), &mut response);
+                        return Poll::Ready(Ok(response));
+                    }
+                    match answered(response, headers.take(), taken) {
                         Step::Done(response) => return Poll::Ready(Ok(response)),
                         Step::Next(next) => next,
                     }

@@ -1,7 +1,9 @@
 #![cfg(feature = "axum")]
-//! Limits that learn from the response, in memory: the cost is reserved before the handler
-//! and settled from the response head (given back, or charged even over the limit) before the
-//! response is returned; a response that never comes leaves the reservation charged.
+//! Limits that learn from the response: the cost is reserved before the handler and settled
+//! from the response head (given back, or charged even over the limit) before the response is
+//! returned; a response that never comes leaves the reservation charged. The cases at the end
+//! run over both stores (`tests/common/stores.rs`), the others in memory; `settle_redis.rs`
+//! has what only Redis has.
 //!
 //! Pins docs/design.md section 3 ("An account per key").
 
@@ -14,6 +16,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::common::account::rig::manual;
+use crate::common::stores::Store;
 use axum::body::Body;
 use futures_util::FutureExt;
 use http::{Request, Response, StatusCode};
@@ -215,38 +219,6 @@ async fn parallel_successes_hold_the_limit_while_in_flight_and_give_it_all_back(
     assert_eq!(count(&statuses, 429), 95);
     // Once they are answered, all five came back.
     assert_eq!(left(&limit, "failures", "k"), [5]);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_larger_actual_cost_puts_the_key_in_debt_with_a_true_retry_after() {
-    let limit = tokens(10);
-    let mut svc = limit.clone().layer(Handler::new(Duration::ZERO));
-    // Reserved 10, used 250: 150 s of tokens, 90 s beyond the 60 s burst.
-    let resp = call(&mut svc, req("k", 200, Some("250"))).await;
-    assert_eq!(resp.status(), 200);
-    assert_eq!(field(&resp, "ratelimit"), Some(r#""tokens";r=0;t=150"#));
-    // The next request (reserving 10 = 6 s) waits until 156 - 60 = 96 s.
-    let resp = call(&mut svc, req("k", 200, Some("10"))).await;
-    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(field(&resp, "retry-after"), Some("96"));
-    tokio::time::advance(Duration::from_millis(95_999)).await;
-    let resp = call(&mut svc, req("k", 200, Some("10"))).await;
-    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(field(&resp, "retry-after"), Some("1"));
-    tokio::time::advance(Duration::from_millis(1)).await;
-    assert_eq!(
-        call(&mut svc, req("k", 200, Some("10"))).await.status(),
-        200
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_smaller_actual_cost_gives_the_difference_back() {
-    let limit = tokens(50);
-    let mut svc = limit.clone().layer(Handler::new(Duration::ZERO));
-    let resp = call(&mut svc, req("k", 200, Some("5"))).await;
-    assert_eq!(field(&resp, "ratelimit"), Some(r#""tokens";r=95;t=3"#));
-    assert_eq!(left(&limit, "tokens", "k"), [95]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -515,28 +487,6 @@ async fn a_key_in_debt_rejects_even_a_request_that_reserves_nothing() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_charge_goes_beyond_the_limit_of_every_quota_kind() {
-    let minute = Duration::from_secs(60);
-    for (quota, retry) in [
-        (Quota::fixed_window(10, minute), "60"),
-        (Quota::sliding_log(10, minute), "60"),
-        // 25 counted in the first minute weigh 25 × (60 − e) / 60 in the second: one more
-        // fits once that is at most 9, at e = 38.4 s.
-        (Quota::sliding_window(10, minute), "99"),
-    ] {
-        let limit = layer(Policy::new("tokens", quota.clone()))
-            .cost(|_| 1)
-            .settle(ActualCost::of);
-        let mut svc = limit.clone().layer(Handler::new(Duration::ZERO));
-        let resp = call(&mut svc, req("k", 200, Some("25"))).await;
-        assert_eq!(resp.status(), 200);
-        let resp = call(&mut svc, req("k", 200, Some("1"))).await;
-        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "{quota:?}");
-        assert_eq!(field(&resp, "retry-after"), Some(retry), "{quota:?}");
-    }
-}
-
-#[tokio::test(start_paused = true)]
 async fn a_debt_charged_from_the_response_outlives_a_change_of_quota() {
     let limit = tokens(10);
     let handle = limit.handle().unwrap();
@@ -559,4 +509,97 @@ async fn a_debt_charged_from_the_response_outlives_a_change_of_quota() {
         call(&mut svc, req("k", 200, Some("10"))).await.status(),
         200
     );
+}
+
+// ---- on both stores ----
+
+crate::over_both_stores!(
+    a_larger_actual_cost_puts_the_key_in_debt_with_a_true_retry_after,
+    a_smaller_actual_cost_gives_the_difference_back,
+    a_charge_goes_beyond_the_limit_of_every_quota_kind,
+);
+
+/// The layer of [`tokens`] on `s` and a manual clock, its policy `name` of `quota`.
+fn tokens_on<S: Store>(
+    s: &S,
+    name: &str,
+    quota: Quota,
+    estimate: u32,
+) -> (S::Layer, tollgate::ManualClock) {
+    let (clock, time) = manual();
+    let l = RateLimitLayer::new(Policy::new(name.to_owned(), quota))
+        .key(Header::new("x-api-key"))
+        .clock(clock)
+        .cost(move |_| estimate)
+        .settle(ActualCost::of);
+    (s.on(l), time)
+}
+
+/// The layer's service around [`Handler`]: what the shared bodies call.
+trait Served: Store {
+    type Svc: Service<Request<Body>, Response = Response<Body>, Error = Infallible>;
+    fn serve(&self, l: &Self::Layer) -> Self::Svc;
+}
+
+impl<S: Store> Served for S
+where
+    S::Layer: Layer<Handler>,
+    <S::Layer as Layer<Handler>>::Service:
+        Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    type Svc = <S::Layer as Layer<Handler>>::Service;
+    fn serve(&self, l: &Self::Layer) -> Self::Svc {
+        <S::Layer as Layer<Handler>>::layer(l, Handler::new(Duration::ZERO))
+    }
+}
+
+async fn a_larger_actual_cost_puts_the_key_in_debt_with_a_true_retry_after(s: &impl Served) {
+    let (limit, time) = tokens_on(s, "tokens", Quota::per_minute(100), 10);
+    let mut svc = s.serve(&limit);
+    // Reserved 10, used 250: 150 s of tokens, 90 s beyond the 60 s burst.
+    let resp = call(&mut svc, req("k", 200, Some("250"))).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(field(&resp, "ratelimit"), Some(r#""tokens";r=0;t=150"#));
+    // The next request (reserving 10 = 6 s) waits until 156 - 60 = 96 s.
+    let resp = call(&mut svc, req("k", 200, Some("10"))).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(&resp, "retry-after"), Some("96"));
+    time.advance(Duration::from_millis(95_999));
+    let resp = call(&mut svc, req("k", 200, Some("10"))).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(&resp, "retry-after"), Some("1"));
+    time.advance(Duration::from_millis(1));
+    assert_eq!(
+        call(&mut svc, req("k", 200, Some("10"))).await.status(),
+        200
+    );
+}
+
+async fn a_smaller_actual_cost_gives_the_difference_back(s: &impl Served) {
+    let (limit, _time) = tokens_on(s, "tokens", Quota::per_minute(100), 50);
+    let mut svc = s.serve(&limit);
+    let resp = call(&mut svc, req("k", 200, Some("5"))).await;
+    assert_eq!(field(&resp, "ratelimit"), Some(r#""tokens";r=95;t=3"#));
+    let d = s.peek(&s.limiter(&limit, "tokens"), "k").await;
+    let left: Vec<u64> = d.states().iter().map(|s| s.remaining()).collect();
+    assert_eq!(left, [95]);
+}
+
+async fn a_charge_goes_beyond_the_limit_of_every_quota_kind(s: &impl Served) {
+    let minute = Duration::from_secs(60);
+    for (name, quota, retry) in [
+        ("fixed", Quota::fixed_window(10, minute), "60"),
+        ("log", Quota::sliding_log(10, minute), "60"),
+        // 25 counted in the first minute weigh 25 × (60 − e) / 60 in the second: one more
+        // fits once that is at most 9, at e = 38.4 s.
+        ("counter", Quota::sliding_window(10, minute), "99"),
+    ] {
+        let (limit, _time) = tokens_on(s, name, quota, 1);
+        let mut svc = s.serve(&limit);
+        let resp = call(&mut svc, req("k", 200, Some("25"))).await;
+        assert_eq!(resp.status(), 200);
+        let resp = call(&mut svc, req("k", 200, Some("1"))).await;
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "{name}");
+        assert_eq!(field(&resp, "retry-after"), Some(retry), "{name}");
+    }
 }

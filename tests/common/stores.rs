@@ -64,7 +64,11 @@ pub trait Store {
 
     /// [`layer`] on this store, its policy named `name` (names are distinct within a test, as
     /// two limits meet in Redis under one name).
-    fn layer(&self, quotas: &[Quota], name: &str, clock: &Clock) -> Self::Layer;
+    fn layer(&self, quotas: &[Quota], name: &str, clock: &Clock) -> Self::Layer {
+        self.on(layer(quotas, name, clock))
+    }
+    /// Any layer keyed by a header, on this store.
+    fn on(&self, l: RateLimitLayer<Header>) -> Self::Layer;
     /// The limiter of the policy named `name`.
     fn limiter(&self, l: &Self::Layer, name: &str) -> Self::Limiter;
     /// A limiter of `quotas` on this store, without a layer, named `name`.
@@ -103,8 +107,8 @@ impl Store for Memory {
     const CASES: u32 = 200;
     const TICK_NS: u128 = 1;
 
-    fn layer(&self, quotas: &[Quota], name: &str, clock: &Clock) -> Self::Layer {
-        layer(quotas, name, clock)
+    fn on(&self, l: RateLimitLayer<Header>) -> Self::Layer {
+        l
     }
     fn limiter(&self, l: &Self::Layer, name: &str) -> Self::Limiter {
         l.limiter(name).unwrap().unwrap()
@@ -183,8 +187,8 @@ mod on_redis {
         const CASES: u32 = 64;
         const TICK_NS: u128 = 1_000;
 
-        fn layer(&self, quotas: &[Quota], name: &str, clock: &Clock) -> Self::Layer {
-            layer(quotas, name, clock).store(self.store.clone())
+        fn on(&self, l: RateLimitLayer<Header>) -> Self::Layer {
+            l.store(self.store.clone())
         }
         fn limiter(&self, l: &Self::Layer, name: &str) -> Self::Limiter {
             l.limiter(name).unwrap().unwrap()
