@@ -12,7 +12,8 @@
 use std::time::Duration;
 
 use tollgate::key::{GrpcMethod, PeerIp};
-use tollgate::{grpc, ConcurrencyLimitLayer, Quota, RateLimitLayer, ShapeLayer};
+use tollgate::response::grpc;
+use tollgate::{ConcurrencyLimitLayer, Quota, RateLimitLayer, ShapeLayer};
 use tonic::transport::{Endpoint, Server};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;

@@ -129,7 +129,7 @@ pub enum ConfigError {
     /// queue on a layer that rejects at once, say); the setting named cannot change.
     NotChangeable(&'static str),
     /// A warm-up period was zero or longer than
-    /// [`MAX_WARM_UP_PERIOD`](crate::quota::MAX_WARM_UP_PERIOD).
+    /// [`MAX_WARM_UP_PERIOD`](crate::warmup::MAX_WARM_UP_PERIOD).
     InvalidWarmUpPeriod(Duration),
     /// A warm-up cold factor was zero: a cold key runs at `rate / cold_factor`, at least 1.
     InvalidColdFactor(u32),

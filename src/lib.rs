@@ -187,7 +187,7 @@
 //! (extractors), [`rate_limit`] (its service and [`settle`](rate_limit::settle)),
 //! [`concurrency`] (adaptive limits, priorities), [`shape`], [`penalty`], [`response`],
 //! [`headers`], [`observe`], [`settings`], [`store`] (memory or Redis: where a limit's state
-//! lives), [`warmup`], [`grpc`], and with their features `redis` and `stream`. The same setting has the same name on every layer:
+//! lives), [`warmup`], [`response::grpc`], and with their features `redis` and `stream`. The same setting has the same name on every layer:
 //! `.key`, `.name`, `.on_missing_key`, `.allow_ip`, `.allow_key`, `.on_reject`, `.dry_run`,
 //! `.trace_keys`, `.validate`, `.handle`, and for a queue `.queue(max_waiting, max_wait)`.
 //!
@@ -198,7 +198,7 @@
 //!   `tokio`, and serves any Tower stack.
 //! * `redis`: limits shared by many instances, kept in Redis or Redis Cluster
 //!   (module `redis`): `RateLimitLayer::store(RedisStore)` and `RedisRateLimiter`.
-//! * `tonic`: [`key::PeerIp`](struct@key::PeerIp) reads tonic's `TcpConnectInfo`. gRPC rejections ([`grpc`])
+//! * `tonic`: [`key::PeerIp`](struct@key::PeerIp) reads tonic's `TcpConnectInfo`. gRPC rejections ([`response::grpc`])
 //!   need no feature.
 //! * `stream`: adapters that rate-limit or shape any `futures::Stream` (module `stream`).
 //! * `metrics`: every layer and limiter counts its decisions through the `metrics` facade
@@ -225,18 +225,17 @@ pub mod rate_limit;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 pub mod response;
-// The gRPC rendering of rejections lives under `response`; this path is kept meanwhile.
-pub use response::grpc;
 pub mod settings;
 pub mod shape;
 pub mod store;
 #[cfg(feature = "stream")]
 pub mod stream;
 
-/// Former home of the warm-up settings, kept while their paths move: use
-/// [`WarmUp`] and [`MAX_WARM_UP_PERIOD`] at the crate root.
-#[doc(hidden)]
 pub mod warmup {
+    //! Warm-up after idleness: a quota that admits `rate / cold_factor` right after a key has
+    //! been idle and climbs to its rate over the warm-up period. [`WarmUp`] holds the model
+    //! and its formulas; it is set with
+    //! [`Quota::warm_up`](crate::Quota::warm_up).
     pub use crate::quota::{WarmUp, MAX_WARM_UP_PERIOD};
 }
 
@@ -251,7 +250,7 @@ pub use decision::{Decision, Decisions, Outcome, QuotaState};
 pub use error::ConfigError;
 pub use key::missing::MissingKey;
 pub use limiter::{InsufficientCapacity, RateLimiter, RateLimiterBuilder};
-pub use quota::{Quota, QuotaKind, WarmUp, MAX_QUOTAS, MAX_WARM_UP_PERIOD};
+pub use quota::{Quota, QuotaKind, MAX_QUOTAS};
 pub use rate_limit::handle::RateLimitHandle;
 pub use rate_limit::layer::RateLimitLayer;
 pub use rate_limit::policy::Policy;

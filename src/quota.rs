@@ -648,7 +648,7 @@ pub const MAX_WARM_UP_PERIOD: Duration = Duration::from_nanos(1 << 60);
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::quota::WarmUp;
+/// use tollgate::warmup::WarmUp;
 ///
 /// let w = WarmUp::new(Duration::from_secs(3), 3);
 /// assert_eq!(w.cold_factor(), 3);

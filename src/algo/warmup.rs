@@ -1,4 +1,4 @@
-//! The warm-up curve of a [`WarmUp`](crate::quota::WarmUp) quota, in exact integers: the model
+//! The warm-up curve of a [`WarmUp`](crate::warmup::WarmUp) quota, in exact integers: the model
 //! as the user sees it is written out on `WarmUp`; here is how it is computed.
 //!
 //! # Exact integers

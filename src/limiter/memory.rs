@@ -11,9 +11,9 @@
 use std::hash::Hash;
 use std::sync::Arc;
 
+use crate::algo::gcra::Gcra;
 use crate::algo::Rule;
 use crate::clock::Clock;
-use crate::algo::gcra::Gcra;
 use crate::decision::{Decision, Reservation};
 use crate::keyed::{Bound, Entry, Table};
 use crate::quota::Quota;

@@ -7,8 +7,8 @@ use std::hash::Hash;
 use super::store::{FailMode, Failure, Share, RETRY_WHEN_UNAVAILABLE};
 use crate::algo::Rule;
 use crate::clock::Clock;
-use crate::error::ConfigError;
 use crate::decision::{Decision, Reservation};
+use crate::error::ConfigError;
 use crate::limiter::RateLimiter;
 use crate::quota::Quota;
 

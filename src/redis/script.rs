@@ -17,13 +17,13 @@ use std::time::Duration;
 
 use ::redis::Script;
 
-use crate::algo::{Rule, Window};
-use crate::error::ConfigError;
 use crate::algo::gcra::Gcra;
+use crate::algo::warmup::{Curve, WarmGcra};
+use crate::algo::{Rule, Window};
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
+use crate::error::ConfigError;
 use crate::penalty::{banned_decision, PenaltyBox};
 use crate::quota::Quota;
-use crate::algo::warmup::{Curve, WarmGcra};
 
 /// The decision script, loaded once per server and called by its SHA1 (`EVALSHA`); reloaded
 /// by the `redis` crate when a server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).

@@ -124,7 +124,7 @@ impl<E: KeyExtractor> ShapeLayer<E> {
     /// times wider than the quota's interval, narrowing to the interval over `period` of
     /// steady traffic (Sentinel's warm-up with queue). A key left idle cools down again over
     /// `period`. The spacing follows the same curve as a warm-up quota; see
-    /// [`WarmUp`](crate::quota::WarmUp) for the formula, and [`ShaperBuilder::warm_up`](super::ShaperBuilder::warm_up).
+    /// [`WarmUp`](crate::warmup::WarmUp) for the formula, and [`ShaperBuilder::warm_up`](super::ShaperBuilder::warm_up).
     ///
     /// The queue bounds count the same: a cold key's waiters wait longer, so
     /// [`max_wait`](Self::max_wait) admits fewer of them. Invalid values are reported by

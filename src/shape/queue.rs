@@ -16,7 +16,7 @@
 //!   up one slot, and the slot the cancelled waiter held goes to the one behind it.
 //! * Only the head needs a timer. Whoever makes a new head (by leaving or cancelling) wakes it.
 //! * **Warm-up.** With a warm-up curve, each request's spacing is its price on the curve
-//!   (see [`WarmUp`](crate::quota::WarmUp)): each waiter keeps the price it was given when it joined, the
+//!   (see [`WarmUp`](crate::warmup::WarmUp)): each waiter keeps the price it was given when it joined, the
 //!   queue keeps their sum, and the virtual time of the waiter at position `i` is `next`
 //!   minus the prices from `i` on. A cancelled waiter takes its price off `next`; the warm-up
 //!   it brought is kept. Without warm-up every price is `T` and the arithmetic is the plain

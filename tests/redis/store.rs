@@ -468,8 +468,10 @@ async fn outage_follows(mode: FailMode) {
     server.kill();
     let during = traffic(&limiter, Duration::from_millis(300)).await;
     for (d, took) in &during {
+        // Cut by the timeout, not hanging: the margin is for a test binary that shares two
+        // cores with the rest of its group, not a speed claim.
         assert!(
-            *took < timeout + Duration::from_millis(50),
+            *took < timeout + Duration::from_millis(250),
             "a call took {took:?}"
         );
         assert!(d.is_degraded());
@@ -536,7 +538,7 @@ async fn a_hung_redis_costs_each_decision_at_most_the_timeout() {
         let (d, took) = call.await.unwrap();
         assert!(d.is_degraded() && !d.is_allowed());
         assert!(
-            took >= timeout && took < timeout + Duration::from_millis(50),
+            took >= timeout && took < timeout + Duration::from_millis(250),
             "{took:?}"
         );
     }

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes};
 use tokio::sync::Semaphore;
-use tollgate::grpc::{self, GrpcMode};
 use tollgate::key::{self, GrpcMethod, Metadata};
+use tollgate::response::grpc::{self, GrpcMode};
 use tollgate::response::OnReject;
 use tollgate::{Clock, ConcurrencyLimitLayer, Quota, RateLimitLayer, ShapeLayer};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
