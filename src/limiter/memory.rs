@@ -40,84 +40,113 @@ impl Limits {
     }
 }
 
-/// The keys' state of one shape: in a bounded table, or one slot for the single key.
-enum Slots<K, V> {
-    Keyed(MemoryStore<K, V>),
-    Direct(V),
+/// The keys' state of one shape, in a bounded table ([`MemoryStore`]) or in one slot for the
+/// single key of a zero-sized key type ([`Direct`]): what a limiter does with either.
+trait Keys<K, V: Slot> {
+    fn decide(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) -> Decision;
+    fn reserve(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) -> Decision;
+    fn refund(&self, key: &K, rules: &V::Rules, now: u64, taken: &Reservation, units: u32);
+    fn charge(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32);
+    fn len(&self, now: u64) -> usize;
+    fn evict_idle(&self, now: u64) -> usize;
+    /// The table and the time it sweeps at when the clock says `now`; none for one slot.
+    fn table(&self, now: u64) -> Option<(&Table<K, V>, u64)>;
 }
 
-impl<K: Hash + Eq + Clone, V: Slot + Entry> Slots<K, V> {
+impl<K: Hash + Eq + Clone, V: Slot + Entry> Keys<K, V> for MemoryStore<K, V> {
     #[inline]
     fn decide(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) -> Decision {
-        match self {
-            Slots::Keyed(s) => s.decide(key, rules, clock, now, cost),
-            Slots::Direct(slot) => slot.decide(rules, now, cost),
-        }
+        MemoryStore::decide(self, key, rules, clock, now, cost)
     }
 
     fn reserve(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) -> Decision {
-        match self {
-            Slots::Keyed(s) => s.reserve(key, rules, clock, now, cost),
-            // The single key always has its place.
-            Slots::Direct(slot) => slot.decide(rules, now, cost),
-        }
+        MemoryStore::reserve(self, key, rules, clock, now, cost)
     }
 
     fn refund(&self, key: &K, rules: &V::Rules, now: u64, taken: &Reservation, units: u32) {
-        match self {
-            Slots::Keyed(s) => s.refund(key, rules, now, taken, units),
-            Slots::Direct(slot) => slot.refund(rules, now, taken, units),
-        }
+        MemoryStore::refund(self, key, rules, now, taken, units)
     }
 
     fn charge(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) {
-        match self {
-            Slots::Keyed(s) => s.charge(key, rules, clock, now, cost),
-            Slots::Direct(slot) => slot.charge(rules, now, cost),
-        }
+        MemoryStore::charge(self, key, rules, clock, now, cost)
     }
 
-    fn len(&self, now: u64) -> usize {
-        match self {
-            Slots::Keyed(s) => s.len(),
-            Slots::Direct(slot) => usize::from(slot.horizon() > now),
-        }
+    fn len(&self, _now: u64) -> usize {
+        MemoryStore::len(self)
     }
 
     fn evict_idle(&self, now: u64) -> usize {
-        match self {
-            Slots::Keyed(s) => s.evict_idle(now),
-            Slots::Direct(slot) => usize::from(slot.horizon() > now),
-        }
+        MemoryStore::evict_idle(self, now)
     }
 
-    /// The table and the time it sweeps at when the clock says `now`; none for the single key.
     fn table(&self, now: u64) -> Option<(&Table<K, V>, u64)> {
-        match self {
-            Slots::Keyed(s) => Some((s.table(), s.sweep_time(now))),
-            Slots::Direct(_) => None,
-        }
+        Some((MemoryStore::table(self), self.sweep_time(now)))
+    }
+}
+
+/// The one slot of the single key of a zero-sized key type (`()` above all): no table, no
+/// lock, no map.
+struct Direct<V>(V);
+
+impl<K, V: Slot> Keys<K, V> for Direct<V> {
+    #[inline]
+    fn decide(&self, _: &K, rules: &V::Rules, _: &Clock, now: u64, cost: u32) -> Decision {
+        self.0.decide(rules, now, cost)
+    }
+
+    /// The single key always has its place.
+    fn reserve(&self, _: &K, rules: &V::Rules, _: &Clock, now: u64, cost: u32) -> Decision {
+        self.0.decide(rules, now, cost)
+    }
+
+    fn refund(&self, _: &K, rules: &V::Rules, now: u64, taken: &Reservation, units: u32) {
+        self.0.refund(rules, now, taken, units)
+    }
+
+    fn charge(&self, _: &K, rules: &V::Rules, _: &Clock, now: u64, cost: u32) {
+        self.0.charge(rules, now, cost)
+    }
+
+    fn len(&self, now: u64) -> usize {
+        usize::from(self.0.horizon() > now)
+    }
+
+    fn evict_idle(&self, now: u64) -> usize {
+        usize::from(self.0.horizon() > now)
+    }
+
+    fn table(&self, _: u64) -> Option<(&Table<K, V>, u64)> {
+        None
     }
 }
 
 /// Every key's state, in the shape of the policy's quotas.
 pub(super) struct State<K>(Shape<K>);
 
+/// One shape of three (one GCRA quota, several, any kinds), in a table or direct: one match
+/// picks among the six, as one tag.
 enum Shape<K> {
-    One(Slots<K, One>),
-    Many(Slots<K, Many>),
+    One(MemoryStore<K, One>),
+    Many(MemoryStore<K, Many>),
     /// Quotas of other kinds than GCRA among them.
-    Mixed(Slots<K, Mixed>),
+    Mixed(MemoryStore<K, Mixed>),
+    DirectOne(Direct<One>),
+    DirectMany(Direct<Many>),
+    DirectMixed(Direct<Mixed>),
 }
 
-/// Runs `$body` on the [`Slots`] of `$state` bound to `$slots`, and with `$limits`, with
-/// `$rules` bound to its quotas as that shape reads them.
+/// Runs `$body` on the [`Keys`] of `$state` bound to `$slots`, and with `$limits`, with
+/// `$rules` bound to its quotas as that shape reads them: the one place that picks among the
+/// six.
 macro_rules! with_slots {
     ($state:expr, |$slots:ident| $body:expr) => {
         match $state {
             Shape::One($slots) => $body,
             Shape::Many($slots) => $body,
             Shape::Mixed($slots) => $body,
+            Shape::DirectOne($slots) => $body,
+            Shape::DirectMany($slots) => $body,
+            Shape::DirectMixed($slots) => $body,
         }
     };
     ($state:expr, $limits:expr, |$slots:ident, $rules:ident| $body:expr) => {
@@ -134,6 +163,18 @@ macro_rules! with_slots {
                 let $rules = &*$limits.rules;
                 $body
             }
+            Shape::DirectOne($slots) => {
+                let $rules = &$limits.gcras[0];
+                $body
+            }
+            Shape::DirectMany($slots) => {
+                let $rules = &*$limits.gcras;
+                $body
+            }
+            Shape::DirectMixed($slots) => {
+                let $rules = &*$limits.rules;
+                $body
+            }
         }
     };
 }
@@ -143,21 +184,22 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
     /// single value.
     pub(super) fn new(limits: &Limits, max_keys: usize, on_full: OnFull) -> Self {
         let direct = std::mem::size_of::<K>() == 0;
-        macro_rules! slots {
-            ($idle:expr) => {
-                if direct {
-                    Slots::Direct($idle)
-                } else {
-                    Slots::Keyed(MemoryStore::new(max_keys, on_full))
-                }
-            };
-        }
         State(if limits.gcras.len() < limits.rules.len() {
-            Shape::Mixed(slots!(Mixed::idle()))
+            if direct {
+                Shape::DirectMixed(Direct(Mixed::idle()))
+            } else {
+                Shape::Mixed(MemoryStore::new(max_keys, on_full))
+            }
         } else if limits.gcras.len() == 1 {
-            Shape::One(slots!(One::idle()))
+            if direct {
+                Shape::DirectOne(Direct(One::idle()))
+            } else {
+                Shape::One(MemoryStore::new(max_keys, on_full))
+            }
+        } else if direct {
+            Shape::DirectMany(Direct(Many::idle()))
         } else {
-            Shape::Many(slots!(Many::idle()))
+            Shape::Many(MemoryStore::new(max_keys, on_full))
         })
     }
 
@@ -210,18 +252,18 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
 
     /// The number of tracked keys at `now`.
     pub(super) fn len(&self, now: u64) -> usize {
-        with_slots!(&self.0, |s| s.len(now))
+        with_slots!(&self.0, |s| Keys::<K, _>::len(s, now))
     }
 
     /// Forgets every idle key at `now`; how many are still tracked.
     pub(super) fn evict_idle(&self, now: u64) -> usize {
-        with_slots!(&self.0, |s| s.evict_idle(now))
+        with_slots!(&self.0, |s| Keys::<K, _>::evict_idle(s, now))
     }
 
     /// Tells the table that the rules `new` replace `old` at `now`: a key may stay idle
     /// later than it stored (a window was widened: see `MemoryStore::widen`).
     pub(super) fn replacing(&self, old: &[Rule], new: &[Rule], now: u64) {
-        if let Shape::Mixed(Slots::Keyed(s)) = &self.0 {
+        if let Shape::Mixed(s) = &self.0 {
             let (lag, until) = crate::algo::widening(old, new, now);
             s.widen(now, lag, until);
         }
@@ -229,14 +271,16 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
 
     /// Counts the keys in `bound`; whether there is a table to count.
     pub(super) fn share(&self, bound: &Arc<Bound>) -> bool {
-        with_slots!(&self.0, |s| s.table(0).map(|(t, _)| t.share(bound.clone()))).is_some()
+        with_slots!(&self.0, |s| Keys::<K, _>::table(s, 0)
+            .map(|(t, _)| t.share(bound.clone())))
+        .is_some()
     }
 
     /// The single key's slot of a single GCRA quota, decided inline.
     #[inline]
     pub(super) fn direct_one(&self) -> Option<&One> {
         match &self.0 {
-            Shape::One(Slots::Direct(slot)) => Some(slot),
+            Shape::DirectOne(Direct(slot)) => Some(slot),
             _ => None,
         }
     }
@@ -245,20 +289,17 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
 /// The keys' room in a bound shared with other tables (see `keyed::Room`).
 impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
     pub(super) fn drop_idle(&self, now: u64) -> bool {
-        with_slots!(&self.0, |s| s
-            .table(now)
+        with_slots!(&self.0, |s| Keys::<K, _>::table(s, now)
             .is_some_and(|(t, at)| t.drop_idle(at)))
     }
 
     pub(super) fn evict(&self, now: u64, rank: u8, spare: Option<u64>) -> bool {
-        with_slots!(&self.0, |s| s
-            .table(now)
+        with_slots!(&self.0, |s| Keys::<K, _>::table(s, now)
             .is_some_and(|(t, at)| t.evict_for_other(at, rank, spare)))
     }
 
     pub(super) fn idle_in(&self, now: u64) -> u64 {
-        with_slots!(&self.0, |s| s
-            .table(now)
+        with_slots!(&self.0, |s| Keys::<K, _>::table(s, now)
             .map_or(u64::MAX, |(t, at)| t.idle_in(at)))
     }
 }

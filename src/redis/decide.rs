@@ -30,6 +30,7 @@ use crate::limiter::wait::Lines;
 use crate::penalty::banned_decision;
 use crate::quota::Quota;
 
+/// A Redis limiter's settings, caches and calls, shared by its clones.
 pub(super) struct Inner<K> {
     pub(super) name: Box<str>,
     /// The quotas in force: read once per decision, replaced whole by
