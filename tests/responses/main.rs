@@ -9,5 +9,6 @@ mod dry_run;
 mod grpc;
 mod hostile_responses;
 mod http;
+mod meet_rejection;
 mod metrics;
 mod websocket;

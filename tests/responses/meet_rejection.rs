@@ -1,0 +1,407 @@
+#![cfg(feature = "metrics")]
+//! The one rejection path where it meets the rest: every layer, with and without a rejection
+//! hook, counts each rejection once under its outcome (not twice, not zero) and answers it
+//! with its status and fields; a penalty box's strike that bans is counted as the ban; a
+//! rejection of an inner rate limit carries the outer layer's fields and gives back what the
+//! outer layer took. Each case is read as one list of observations, so that a difference
+//! shows every number at once.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tollgate::key::Header;
+use tollgate::penalty::PenaltyBox;
+use tollgate::response::{OnReject, Rejection, RejectionKind};
+use tollgate::{
+    Clock, ConcurrencyLimitLayer, MissingKey, Policy, Quota, RateLimitLayer, ShapeLayer,
+};
+use tower::{Layer, Service, ServiceExt};
+
+/// The decisions counted so far, by `policy/outcome/dry_run`, every quota label summed.
+struct Counts {
+    snapshotter: Snapshotter,
+    seen: BTreeMap<String, u64>,
+}
+
+impl Counts {
+    fn read(&mut self) -> BTreeMap<String, u64> {
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            if key.name() != "tollgate_decisions_total" {
+                continue;
+            }
+            let label = |name: &str| {
+                key.labels()
+                    .find(|l| l.key() == name)
+                    .map(|l| l.value().to_owned())
+                    .unwrap_or_default()
+            };
+            let name = format!(
+                "{}/{}/{}",
+                label("policy"),
+                label("outcome"),
+                label("dry_run")
+            );
+            if let DebugValue::Counter(n) = value {
+                *self.seen.entry(name).or_default() += n;
+            }
+        }
+        self.seen.retain(|_, n| *n > 0);
+        self.seen.clone()
+    }
+}
+
+/// Builds `make`'s layer under a fresh recorder.
+fn recorded<L>(make: impl FnOnce() -> L) -> (L, Counts) {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let layer = metrics::with_local_recorder(&recorder, make);
+    let counts = Counts {
+        snapshotter,
+        seen: BTreeMap::new(),
+    };
+    (layer, counts)
+}
+
+/// A hook that notes the kind of every rejection it answers, and answers with the default.
+fn noting() -> (OnReject, Arc<Mutex<Vec<RejectionKind>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let hook = OnReject::new(move |r: &Rejection<'_>| {
+        log.lock().unwrap().push(r.kind());
+        r.default_response()
+    });
+    (hook, seen)
+}
+
+fn from(client: Option<&str>) -> Request<Bytes> {
+    let mut req = Request::get("/");
+    if let Some(c) = client {
+        req = req.header("x-client", c);
+    }
+    req.body(Bytes::new()).unwrap()
+}
+
+fn grpc_from(client: &str) -> Request<Bytes> {
+    Request::post("/svc/Method")
+        .header("x-client", client)
+        .header("content-type", "application/grpc")
+        .body(Bytes::new())
+        .unwrap()
+}
+
+/// One response as `status retry-after ratelimit-policy | ratelimit | grpc-status`.
+fn seen<B>(resp: &Response<B>) -> String {
+    let h = |name: &str| {
+        resp.headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "{} ra={} pol={} rl={} grpc={}",
+        resp.status().as_u16(),
+        h("retry-after"),
+        h("ratelimit-policy"),
+        h("ratelimit"),
+        h("grpc-status"),
+    )
+}
+
+async fn ok(_req: Request<Bytes>) -> Result<Response<Bytes>, Infallible> {
+    Ok(Response::new(Bytes::new()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rate_limit_counts_each_rejection_once_with_or_without_a_hook() {
+    for with_hook in [false, true] {
+        let (hook, log) = noting();
+        let (clock, _time) = Clock::manual();
+        let (layer, mut counts) = recorded(|| {
+            let layer = RateLimitLayer::new(Policy::new("rl", Quota::per_second(1)))
+                .key(Header::new("x-client"))
+                .cost(|head| if head.uri.path() == "/big" { 5 } else { 1 })
+                .on_missing_key(MissingKey::reject(401))
+                .clock(clock);
+            let layer = if with_hook {
+                layer.on_reject(hook)
+            } else {
+                layer
+            };
+            let _ = layer.clone().validate().unwrap();
+            layer
+        });
+        let mut svc = layer.layer(tower::service_fn(ok));
+        let mut got = Vec::new();
+        for req in [from(Some("a")), from(Some("a")), from(None)] {
+            got.push(seen(&svc.ready().await.unwrap().call(req).await.unwrap()));
+        }
+        let big = Request::get("/big")
+            .header("x-client", "b")
+            .body(Bytes::new())
+            .unwrap();
+        got.push(seen(&svc.ready().await.unwrap().call(big).await.unwrap()));
+        got.push(seen(
+            &svc.ready()
+                .await
+                .unwrap()
+                .call(grpc_from("a"))
+                .await
+                .unwrap(),
+        ));
+        let expected = [
+            r#"200 ra= pol="rl";q=1;w=1 rl="rl";r=0;t=1 grpc="#,
+            r#"429 ra=1 pol="rl";q=1;w=1 rl="rl";r=0;t=1 grpc="#,
+            "401 ra= pol= rl= grpc=",
+            r#"429 ra= pol="rl";q=1;w=1 rl="rl";r=1;t=0 grpc="#,
+            r#"200 ra=1 pol="rl";q=1;w=1 rl="rl";r=0;t=1 grpc=8"#,
+        ];
+        assert_eq!(got, expected, "hook: {with_hook}");
+        let counts = counts.read();
+        let expected: BTreeMap<String, u64> = [
+            ("rl/allowed/false", 1),
+            ("rl/limited/false", 2),
+            ("rl/missing_key/false", 1),
+            ("rl/never_fits/false", 1),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        assert_eq!(counts, expected, "hook: {with_hook}");
+        let hooked = log.lock().unwrap().len();
+        assert_eq!(hooked, if with_hook { 4 } else { 0 });
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_strike_that_bans_is_counted_once_as_the_ban_and_answered_with_the_box_status() {
+    for (status, grpc) in [(429, "8"), (403, "7")] {
+        let (hook, log) = noting();
+        let (clock, time) = Clock::manual();
+        let (layer, mut counts) = recorded(|| {
+            let boxed = PenaltyBox::new(2, Duration::from_secs(60), Duration::from_secs(30))
+                .status(StatusCode::from_u16(status).unwrap());
+            let layer = RateLimitLayer::new(Policy::new("pb", Quota::per_second(1)))
+                .key(Header::new("x-client"))
+                .clock(clock)
+                .penalty_box(boxed)
+                .on_reject(hook);
+            let _ = layer.clone().validate().unwrap();
+            layer
+        });
+        let mut svc = layer.layer(tower::service_fn(ok));
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let resp = svc
+                .ready()
+                .await
+                .unwrap()
+                .call(from(Some("a")))
+                .await
+                .unwrap();
+            got.push(seen(&resp));
+        }
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(grpc_from("a"))
+            .await
+            .unwrap();
+        got.push(seen(&resp));
+        // Another key is not touched by the ban.
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(from(Some("b")))
+            .await
+            .unwrap();
+        got.push(seen(&resp));
+        time.advance(Duration::from_secs(31));
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(from(Some("a")))
+            .await
+            .unwrap();
+        got.push(seen(&resp));
+        let ban = format!("{status} ra=30 pol=\"pb\";q=1;w=1 rl=\"pb\";r=0;t=30 grpc=");
+        let expected = [
+            r#"200 ra= pol="pb";q=1;w=1 rl="pb";r=0;t=1 grpc="#.to_owned(),
+            r#"429 ra=1 pol="pb";q=1;w=1 rl="pb";r=0;t=1 grpc="#.to_owned(),
+            ban.clone(),
+            ban.clone(),
+            format!("200 ra=30 pol=\"pb\";q=1;w=1 rl=\"pb\";r=0;t=30 grpc={grpc}"),
+            r#"200 ra= pol="pb";q=1;w=1 rl="pb";r=0;t=1 grpc="#.to_owned(),
+            r#"200 ra= pol="pb";q=1;w=1 rl="pb";r=0;t=1 grpc="#.to_owned(),
+        ];
+        assert_eq!(got, expected, "status {status}");
+        let counts = counts.read();
+        let expected: BTreeMap<String, u64> = [
+            ("pb/allowed/false", 3),
+            ("pb/banned/false", 3),
+            ("pb/limited/false", 1),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        assert_eq!(counts, expected, "status {status}");
+        use RejectionKind::*;
+        assert_eq!(*log.lock().unwrap(), [RateLimited, Banned, Banned, Banned]);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrency_and_shaping_count_each_rejection_once_with_or_without_a_hook() {
+    for with_hook in [false, true] {
+        let (hook, log) = noting();
+        let (layer, mut counts) = recorded(|| {
+            let layer = ConcurrencyLimitLayer::new(1)
+                .key(Header::new("x-client"))
+                .on_missing_key(MissingKey::reject(401))
+                .name("cc");
+            let layer = if with_hook {
+                layer.on_reject(hook.clone())
+            } else {
+                layer
+            };
+            let _ = layer.clone().validate().unwrap();
+            layer
+        });
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let g = gate.clone();
+        let svc = layer.layer(tower::service_fn(move |req: Request<Bytes>| {
+            let g = g.clone();
+            async move {
+                g.notified().await;
+                ok(req).await
+            }
+        }));
+        let first = tokio::spawn(svc.clone().oneshot(from(Some("a"))));
+        tokio::task::yield_now().await;
+        let mut got = Vec::new();
+        for req in [from(Some("a")), from(None), grpc_from("a")] {
+            got.push(seen(&svc.clone().oneshot(req).await.unwrap()));
+        }
+        gate.notify_one();
+        drop(first.await.unwrap().unwrap());
+        let expected = [
+            r#"429 ra=1 pol="cc";q=1;qu="concurrent-requests" rl= grpc="#,
+            r#"401 ra= pol="cc";q=1;qu="concurrent-requests" rl= grpc="#,
+            r#"200 ra=1 pol="cc";q=1;qu="concurrent-requests" rl= grpc=8"#,
+        ];
+        assert_eq!(got, expected, "hook: {with_hook}");
+        let expected: BTreeMap<String, u64> = [
+            ("cc/allowed/false", 1),
+            ("cc/limited/false", 2),
+            ("cc/missing_key/false", 1),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        assert_eq!(counts.read(), expected, "hook: {with_hook}");
+
+        let (layer, mut counts) = recorded(|| {
+            let layer = ShapeLayer::new(Quota::per_second(1))
+                .key(Header::new("x-client"))
+                .on_missing_key(MissingKey::reject(401))
+                .max_waiting(1)
+                .name("sh");
+            let layer = if with_hook {
+                layer.on_reject(hook)
+            } else {
+                layer
+            };
+            let _ = layer.clone().validate().unwrap();
+            layer
+        });
+        let svc = layer.layer(tower::service_fn(ok));
+        let mut waiting = Vec::new();
+        for _ in 0..2 {
+            waiting.push(tokio::spawn(svc.clone().oneshot(from(Some("a")))));
+        }
+        tokio::task::yield_now().await;
+        let mut got = Vec::new();
+        for req in [from(Some("a")), from(None), grpc_from("a")] {
+            got.push(seen(&svc.clone().oneshot(req).await.unwrap()));
+        }
+        for w in waiting {
+            assert_eq!(w.await.unwrap().unwrap().status(), StatusCode::OK);
+        }
+        let expected = [
+            r#"429 ra=1 pol="sh";q=2;w=2 rl="sh";r=0;t=2 grpc="#,
+            "401 ra= pol= rl= grpc=",
+            r#"200 ra=1 pol="sh";q=2;w=2 rl="sh";r=0;t=2 grpc=8"#,
+        ];
+        assert_eq!(got, expected, "hook: {with_hook}");
+        let expected: BTreeMap<String, u64> = [
+            ("sh/allowed/false", 1),
+            ("sh/delayed/false", 1),
+            ("sh/missing_key/false", 1),
+            ("sh/queue_full/false", 2),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        assert_eq!(counts.read(), expected, "hook: {with_hook}");
+        let hooked = log.lock().unwrap().len();
+        assert_eq!(hooked, if with_hook { 6 } else { 0 });
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_rejection_carries_the_outer_fields_is_counted_once_and_gives_back_the_outer_take()
+{
+    let (clock, _time) = Clock::manual();
+    let (outer, mut outer_counts) = recorded(|| {
+        let l = RateLimitLayer::new(Policy::new("outer", Quota::per_second(10).burst(5)))
+            .key(Header::new("x-client"))
+            .clock(clock.clone());
+        let _ = l.clone().validate().unwrap();
+        l
+    });
+    let (inner, mut inner_counts) = recorded(|| {
+        let l = RateLimitLayer::new(Policy::new("inner", Quota::per_second(1)))
+            .key(Header::new("x-client"))
+            .clock(clock.clone());
+        let _ = l.clone().validate().unwrap();
+        l
+    });
+    let mut svc = outer.layer(inner.layer(tower::service_fn(ok)));
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(from(Some("a")))
+            .await
+            .unwrap();
+        got.push(seen(&resp));
+    }
+    let expected = [
+        r#"200 ra= pol="inner";q=1;w=1, "outer";q=10;w=1 rl="inner";r=0;t=1, "outer";r=4;t=1 grpc="#,
+        r#"429 ra=1 pol="inner";q=1;w=1, "outer";q=10;w=1 rl="inner";r=0;t=1, "outer";r=3;t=1 grpc="#,
+        r#"429 ra=1 pol="inner";q=1;w=1, "outer";q=10;w=1 rl="inner";r=0;t=1, "outer";r=3;t=1 grpc="#,
+    ];
+    assert_eq!(got, expected);
+    let expected: BTreeMap<String, u64> = [("outer/allowed/false", 3)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    assert_eq!(outer_counts.read(), expected);
+    let expected: BTreeMap<String, u64> = [("inner/allowed/false", 1), ("inner/limited/false", 2)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    assert_eq!(inner_counts.read(), expected);
+}
