@@ -9,6 +9,7 @@ mod dry_run;
 mod grpc;
 mod hostile_responses;
 mod http;
+mod meet_names;
 mod meet_rejection;
 mod metrics;
 mod websocket;
