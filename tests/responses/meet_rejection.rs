@@ -405,3 +405,146 @@ async fn an_inner_rejection_carries_the_outer_fields_is_counted_once_and_gives_b
         .collect();
     assert_eq!(inner_counts.read(), expected);
 }
+
+/// The same history on Redis, where the strikes and the ban live in the script: the same
+/// answers, the same counts, the same hook calls as the memory store's.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_strike_that_bans_on_redis_is_counted_and_answered_as_on_memory() {
+    use crate::common::redis_server::RedisServer;
+    use tollgate::redis::RedisStore;
+    let server = RedisServer::start();
+    for (status, grpc) in [(429, "8"), (403, "7")] {
+        let store = RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .timeout(Duration::from_secs(5));
+        let (hook, log) = noting();
+        let (clock, time) = Clock::manual();
+        let name = format!("pb{status}");
+        let (layer, mut counts) = recorded(|| {
+            let boxed = PenaltyBox::new(2, Duration::from_secs(60), Duration::from_secs(30))
+                .status(StatusCode::from_u16(status).unwrap());
+            let layer = RateLimitLayer::new(Policy::new(name.clone(), Quota::per_second(1)))
+                .key(Header::new("x-client"))
+                .clock(clock)
+                .penalty_box(boxed)
+                .on_reject(hook)
+                .store(store);
+            let _ = layer.clone().validate().unwrap();
+            layer
+        });
+        let mut svc = layer.layer(tower::service_fn(ok));
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let resp = svc
+                .ready()
+                .await
+                .unwrap()
+                .call(from(Some("a")))
+                .await
+                .unwrap();
+            got.push(seen(&resp));
+        }
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(grpc_from("a"))
+            .await
+            .unwrap();
+        got.push(seen(&resp));
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(from(Some("b")))
+            .await
+            .unwrap();
+        got.push(seen(&resp));
+        time.advance(Duration::from_secs(31));
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(from(Some("a")))
+            .await
+            .unwrap();
+        got.push(seen(&resp));
+        let pol = format!("\"{name}\";q=1;w=1");
+        let ban = format!("{status} ra=30 pol={pol} rl=\"{name}\";r=0;t=30 grpc=");
+        let expected = [
+            format!("200 ra= pol={pol} rl=\"{name}\";r=0;t=1 grpc="),
+            format!("429 ra=1 pol={pol} rl=\"{name}\";r=0;t=1 grpc="),
+            ban.clone(),
+            ban.clone(),
+            format!("200 ra=30 pol={pol} rl=\"{name}\";r=0;t=30 grpc={grpc}"),
+            format!("200 ra= pol={pol} rl=\"{name}\";r=0;t=1 grpc="),
+            format!("200 ra= pol={pol} rl=\"{name}\";r=0;t=1 grpc="),
+        ];
+        assert_eq!(got, expected, "status {status}");
+        let expected: BTreeMap<String, u64> = [
+            (format!("{name}/allowed/false"), 3),
+            (format!("{name}/banned/false"), 3),
+            (format!("{name}/limited/false"), 1),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(counts.read(), expected, "status {status}");
+        use RejectionKind::*;
+        assert_eq!(*log.lock().unwrap(), [RateLimited, Banned, Banned, Banned]);
+    }
+}
+
+/// A store that cannot be reached, failing closed: each request is refused once as the store
+/// being unavailable (503; gRPC `UNAVAILABLE`), counted once as `fail_closed`, without rate
+/// fields that would claim to know the key's state; in dry-run mode counted the same and let
+/// through.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn an_unreachable_store_failing_closed_refuses_each_request_once_as_unavailable() {
+    use tollgate::redis::{FailMode, RedisStore};
+    let port = crate::common::redis_server::free_port();
+    for dry_run in [false, true] {
+        let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .timeout(Duration::from_millis(50))
+            .on_failure(FailMode::Closed);
+        let (hook, log) = noting();
+        let (layer, mut counts) = recorded(|| {
+            let layer = RateLimitLayer::new(Policy::new("down", Quota::per_second(1)))
+                .key(Header::new("x-client"))
+                .on_reject(hook)
+                .dry_run(dry_run)
+                .store(store);
+            let _ = layer.clone().validate().unwrap();
+            layer
+        });
+        let mut svc = layer.layer(tower::service_fn(ok));
+        let mut got = Vec::new();
+        for req in [from(Some("a")), from(Some("a")), grpc_from("a")] {
+            got.push(seen(&svc.ready().await.unwrap().call(req).await.unwrap()));
+        }
+        let expected: Vec<String> = if dry_run {
+            vec!["200 ra= pol= rl= grpc=".to_owned(); 3]
+        } else {
+            vec![
+                "503 ra=1 pol= rl= grpc=".to_owned(),
+                "503 ra=1 pol= rl= grpc=".to_owned(),
+                "200 ra=1 pol= rl= grpc=14".to_owned(),
+            ]
+        };
+        assert_eq!(got, expected, "dry run: {dry_run}");
+        let expected: BTreeMap<String, u64> = [(format!("down/fail_closed/{dry_run}"), 3)]
+            .into_iter()
+            .collect();
+        assert_eq!(counts.read(), expected, "dry run: {dry_run}");
+        let hooked = log.lock().unwrap().clone();
+        let expected = if dry_run {
+            vec![]
+        } else {
+            vec![RejectionKind::StoreUnavailable; 3]
+        };
+        assert_eq!(hooked, expected, "dry run: {dry_run}");
+    }
+}
