@@ -656,7 +656,11 @@ mod tests {
     #[test]
     fn a_key_of_any_kinds_takes_no_more_room_in_the_table_than_two_words_and_their_lock() {
         // Two words, their lock and the idle time (32 bytes), and which slot it is.
-        assert!(std::mem::size_of::<Mixed>() <= 40, "{}", std::mem::size_of::<Mixed>());
+        assert!(
+            std::mem::size_of::<Mixed>() <= 40,
+            "{}",
+            std::mem::size_of::<Mixed>()
+        );
     }
 
     fn one_quota_in_two_words() -> impl proptest::strategy::Strategy<Value = Rule> {
