@@ -25,6 +25,17 @@
 //!   warm-up of 60 s, whose keys stay in the warm zone);
 //! * `kinds_rejecting`: one key over its limit (1 per hour), as `rate_limit`'s `rejecting`;
 //! * `kinds_mixed`: GCRA plus one quota of each window kind on one key, 10 000 keys.
+//!
+//! Instructions per check, the figure that repeats on a loaded machine: with
+//! `KINDS_INSTRUCTIONS=<group>/<kind>` set (say `kinds_keyed_10k/fixed_window`, or
+//! `kinds_mixed/all`), the binary only makes the limiter of that row and checks it
+//! 100 000 times inside `measured`, for callgrind to count:
+//!
+//! ```text
+//! KINDS_INSTRUCTIONS=kinds_keyed_10k/fixed_window valgrind --tool=callgrind \
+//!     --collect-atstart=no --toggle-collect='*measured*' target/release/deps/kinds-<hash>
+//! ```
+//! (the `Collected` total over 100 000 is the instructions of one check).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -185,21 +196,45 @@ fn counter_error() {
     println!();
 }
 
+/// The limiter of a row of `kinds_keyed_10k`, every key seen once.
+fn keyed_limiter(name: &str, q: Quota, clock: Clock) -> RateLimiter<u64> {
+    let q = match name {
+        "gcra" => Quota::per_second(1).burst(u32::MAX),
+        // Every key cold (seen once): the dearest case, each check pays the surcharge.
+        "warm_up" => Quota::per_second(1)
+            .burst(u32::MAX)
+            .warm_up(Duration::from_secs(60), 3),
+        _ => q,
+    };
+    let limiter = RateLimiter::<u64>::builder(q).clock(clock).build();
+    for k in 0..KEYS {
+        assert!(limiter.check(&k).is_allowed());
+    }
+    limiter
+}
+
+/// The limiter of a row of `kinds_rejecting`, its one key over its limit.
+fn rejecting_limiter(q: Quota, clock: Clock) -> RateLimiter<u64> {
+    let limiter = RateLimiter::<u64>::builder(q).clock(clock).build();
+    assert!(limiter.check(&0).is_allowed());
+    limiter
+}
+
+/// The limiter of `kinds_mixed`.
+fn mixed_limiter(clock: Clock) -> RateLimiter<u64> {
+    let w = Duration::from_millis(100);
+    RateLimiter::<u64>::builder(Quota::per_second(1).burst(u32::MAX))
+        .quota(Quota::fixed_window(10_000, w))
+        .quota(Quota::sliding_log(10_000, w))
+        .quota(Quota::sliding_window(10_000, w))
+        .clock(clock)
+        .build()
+}
+
 fn keyed(c: &mut Criterion) {
     let mut group = c.benchmark_group("kinds_keyed_10k");
     for (name, q) in kinds(10_000, Duration::from_millis(100)) {
-        let q = match name {
-            "gcra" => Quota::per_second(1).burst(u32::MAX),
-            // Every key cold (seen once): the dearest case, each check pays the surcharge.
-            "warm_up" => Quota::per_second(1)
-                .burst(u32::MAX)
-                .warm_up(Duration::from_secs(60), 3),
-            _ => q,
-        };
-        let limiter = RateLimiter::<u64>::new(q);
-        for k in 0..KEYS {
-            assert!(limiter.check(&k).is_allowed());
-        }
+        let limiter = keyed_limiter(name, q, Clock::default());
         let mut i = 0;
         let mut rejected = 0u64;
         group.bench_function(name, |b| {
@@ -217,12 +252,11 @@ fn keyed(c: &mut Criterion) {
 fn rejecting(c: &mut Criterion) {
     let mut group = c.benchmark_group("kinds_rejecting");
     for (name, q) in kinds(1, Duration::from_secs(3600)) {
-        let limiter = RateLimiter::<()>::new(q);
-        assert!(limiter.check(&()).is_allowed());
+        let limiter = rejecting_limiter(q, Clock::default());
         let mut admitted = 0u64;
         group.bench_function(name, |b| {
             b.iter(|| {
-                let d = black_box(limiter.check(black_box(&())));
+                let d = black_box(limiter.check(black_box(&0)));
                 admitted += u64::from(d.is_allowed());
             })
         });
@@ -233,12 +267,7 @@ fn rejecting(c: &mut Criterion) {
 
 fn mixed(c: &mut Criterion) {
     let mut group = c.benchmark_group("kinds_mixed");
-    let w = Duration::from_millis(100);
-    let limiter = RateLimiter::<u64>::builder(Quota::per_second(1).burst(u32::MAX))
-        .quota(Quota::fixed_window(10_000, w))
-        .quota(Quota::sliding_log(10_000, w))
-        .quota(Quota::sliding_window(10_000, w))
-        .build();
+    let limiter = mixed_limiter(Clock::default());
     let mut i = 0;
     let mut rejected = 0u64;
     group.bench_function("gcra+fixed+log+counter", |b| {
@@ -254,7 +283,51 @@ fn mixed(c: &mut Criterion) {
 
 criterion_group!(benches, keyed, rejecting, mixed);
 
+/// Checks `limiter` `n` times over its keys round-robin (`keys` of them); how many were
+/// admitted. Not inlined, for callgrind to count it alone.
+#[inline(never)]
+fn measured(limiter: &RateLimiter<u64>, keys: u64, n: u64) -> u64 {
+    let mut admitted = 0;
+    for i in 0..n {
+        admitted += u64::from(black_box(limiter.check(black_box(&(i % keys)))).is_allowed());
+    }
+    admitted
+}
+
+/// The `KINDS_INSTRUCTIONS` mode (see the module docs): `row` is `<group>/<kind>`.
+fn instructions(row: &str) {
+    const N: u64 = 100_000;
+    // A clock that stands still: callgrind runs the checks some fifty times slower, and no
+    // window may pass in the middle of the count that would not pass in the benchmark.
+    let (clock, time) = Clock::manual();
+    time.set(Duration::from_secs(1_000));
+    let (limiter, keys) = match row.split_once('/') {
+        Some(("kinds_keyed_10k", kind)) => {
+            let (name, q) = kinds(10_000, Duration::from_millis(100))
+                .into_iter()
+                .find(|(name, _)| *name == kind)
+                .expect("a kind of the keyed rows");
+            (keyed_limiter(name, q, clock), KEYS)
+        }
+        Some(("kinds_rejecting", kind)) => {
+            let (_, q) = kinds(1, Duration::from_secs(3600))
+                .into_iter()
+                .find(|(name, _)| *name == kind)
+                .expect("a kind of the rejecting rows");
+            (rejecting_limiter(q, clock), 1)
+        }
+        Some(("kinds_mixed", _)) => (mixed_limiter(clock), KEYS),
+        _ => panic!("KINDS_INSTRUCTIONS names a row: <group>/<kind>"),
+    };
+    let admitted = measured(&limiter, keys, N);
+    println!("{row}: {admitted} of {N} admitted");
+}
+
 fn main() {
+    if let Ok(row) = std::env::var("KINDS_INSTRUCTIONS") {
+        instructions(&row);
+        return;
+    }
     bytes_per_key();
     counter_error();
     benches();

@@ -13,7 +13,6 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 
 use super::policy::Policy;
 use super::settle::SettleRule;
-use super::store::Backend;
 use crate::algo::Rule;
 use crate::decision::{Decision, Outcome, Reservation};
 use crate::headers::{append_fields, Legacy, PolicyHeaders};
@@ -21,6 +20,7 @@ use crate::key::RequestHead;
 use crate::observe::{self, DecisionMeter, Names, Observe, Verdict};
 use crate::response::refuse::Refuser;
 use crate::response::{OnReject, Recipient, Rejection, RejectionKind};
+use crate::store::backend::Backend;
 
 /// How one policy of a layer answers: its name and, replaced with its quotas while serving,
 /// the policy in force and its header fields.

@@ -13,9 +13,9 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::answers::{Answers, RateHeaders, Settle, Taken};
-use super::store::{Answer, Backend, Refunding, Settling};
 use crate::decision::Decision;
 use crate::response;
+use crate::store::backend::{Answer, Backend, Refunding, Settling};
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): the inner service's response

@@ -10,7 +10,6 @@ use super::policy::Policy;
 use super::service::RateLimit;
 use super::settle::{AmountFn, CountFn, SettleRule};
 use super::shared::{CostFn, Parts, SelectFn, Shared, SkipFn, OUTCOMES};
-use super::store::{Backend, Memory};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor, MissingKey, RequestHead};
@@ -19,6 +18,7 @@ use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::observe::{self, DecisionMeter, LayerKind, Names};
 use crate::penalty::{Penalties, PenaltyBox};
 use crate::response::OnReject;
+use crate::store::backend::{Backend, Memory};
 use crate::store::OnFull;
 
 /// Applies GCRA rate limiting to requests. See the [module docs](crate::rate_limit).

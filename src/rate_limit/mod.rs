@@ -97,16 +97,9 @@ pub(crate) mod policy;
 mod service;
 pub mod settle;
 mod shared;
-pub(crate) mod store;
 
 pub use future::ResponseFuture;
 pub use service::RateLimit;
-// Public in `crate::store`, with the other stores; here for the crate's own paths and docs.
-#[allow(unused_imports)]
-pub(crate) use store::{Backend, Memory};
 // Public at the crate root; named here by this module's docs.
 #[allow(unused_imports)]
 pub(crate) use crate::{MissingKey, Policy, RateLimitHandle, RateLimitLayer};
-// How a store answers the layer: the crate's plumbing, not a path of the public API.
-#[cfg(feature = "redis")]
-pub(crate) use store::{Answer, Handover, Refunding, Settling};

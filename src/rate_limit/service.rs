@@ -6,9 +6,9 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::shared::{Prepared, Shared};
-use super::store::{Answer, Backend, Handover, Memory};
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::service_shell;
+use crate::store::backend::{Answer, Backend, Handover, Memory};
 
 /// The service made by [`RateLimitLayer`](super::RateLimitLayer), on the store `B`.
 ///

@@ -258,7 +258,7 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
         admitted: Option<&Decision>,
     ) -> Taken<B, E::Key>
     where
-        B: super::store::Backend<E::Key, Limiter = L>,
+        B: crate::store::backend::Backend<E::Key, Limiter = L>,
     {
         Taken {
             limiter: self.limiters[tier].clone(),

@@ -9,12 +9,12 @@ use super::key::RedisKey;
 use super::limiter::RedisRateLimiter;
 use super::store::{FailMode, RedisStore};
 
-impl crate::rate_limit::store::sealed::Sealed for RedisStore {}
+impl crate::store::backend::sealed::Sealed for RedisStore {}
 
 /// A decision waiting for Redis.
 type Later = std::pin::Pin<Box<dyn std::future::Future<Output = crate::Decision> + Send>>;
 
-impl<K> crate::rate_limit::Backend<K> for RedisStore
+impl<K> crate::store::backend::Backend<K> for RedisStore
 where
     K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
@@ -24,16 +24,16 @@ where
 
     /// Now when the cache of known rejections already knows (no round trip, no clone of the
     /// inner service); later, after the round trip, otherwise.
-    fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> crate::rate_limit::Answer<Later> {
+    fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> crate::store::backend::Answer<Later> {
         let now = limiter.now();
         if let Some(decision) = limiter.local(key, cost, now) {
-            return crate::rate_limit::Answer::Now(decision);
+            return crate::store::backend::Answer::Now(decision);
         }
         let limiter = limiter.clone();
         let key = key.clone();
-        crate::rate_limit::Answer::Later(Box::pin(
-            async move { limiter.remote(&key, cost, now).await },
-        ))
+        crate::store::backend::Answer::Later(Box::pin(async move {
+            limiter.remote(&key, cost, now).await
+        }))
     }
 
     fn local_share(&self) -> Option<f64> {
@@ -58,7 +58,7 @@ where
         key: K,
         taken: crate::decision::Reservation,
         local: bool,
-    ) -> Option<crate::rate_limit::Refunding> {
+    ) -> Option<crate::store::backend::Refunding> {
         if local {
             limiter.refund_locally(&key, &taken);
             return None;
@@ -75,14 +75,14 @@ where
         taken: crate::decision::Reservation,
         actual: u32,
         local: bool,
-    ) -> crate::rate_limit::Answer<crate::rate_limit::Settling> {
+    ) -> crate::store::backend::Answer<crate::store::backend::Settling> {
         if local {
             if let Some(d) = limiter.settle_locally(&key, &taken, actual) {
-                return crate::rate_limit::Answer::Now(d);
+                return crate::store::backend::Answer::Now(d);
             }
         }
         let limiter = limiter.clone();
-        crate::rate_limit::Answer::Later(Box::pin(async move {
+        crate::store::backend::Answer::Later(Box::pin(async move {
             limiter.settle(&key, &taken, actual).await
         }))
     }
@@ -124,7 +124,7 @@ where
     }
 }
 
-impl<K, S> crate::rate_limit::Handover<K, S> for RedisStore
+impl<K, S> crate::store::backend::Handover<K, S> for RedisStore
 where
     K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     S: Clone,

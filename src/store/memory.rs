@@ -184,14 +184,15 @@ impl Slot for Many {
 /// Quotas of any kinds (see [`crate::algo`]), changed together under the key's own lock.
 ///
 /// A policy of one quota kept in two words (a fixed window, a sliding-window counter or a
-/// warm-up quota) keeps just those words, as GCRA keeps one: a quarter of the memory, and no
-/// loop over quotas nor log to read. Any other policy keeps two words per quota and the log
+/// warm-up quota) keeps just those words, as GCRA keeps one: a quarter of the memory of the
+/// general state, and no loop over quotas nor log to read. Any other policy keeps two words per quota and the log
 /// of admitted requests when a quota is a sliding log. The kinds of a policy never change
 /// while it serves, so a key's slot fits its policy for as long as it lives. The time the key
 /// becomes idle is kept beside the state, for the table to read without the quotas.
 pub(crate) enum Mixed {
     Two(Kept<Words>),
-    Any(Kept<KeyState>),
+    /// Boxed, so that the table's entries are the size of the small slot.
+    Any(Box<Kept<KeyState>>),
 }
 
 /// A key's state under its lock, and when it becomes idle.
@@ -227,7 +228,7 @@ impl<S> Kept<S> {
 
 impl Mixed {
     pub(crate) fn idle() -> Self {
-        Mixed::Any(Kept::new(KeyState::default(), 0))
+        Mixed::Any(Box::new(Kept::new(KeyState::default(), 0)))
     }
 
     /// The slot a key of policy `rules` keeps once `change` is made to a state never seen,
@@ -250,7 +251,7 @@ impl Mixed {
                 let (said, keep) = any(&mut state);
                 let slot = keep.then(|| {
                     let horizon = state.idle_at(rules);
-                    Mixed::Any(Kept::new(state, horizon))
+                    Mixed::Any(Box::new(Kept::new(state, horizon)))
                 });
                 (said, slot)
             }
@@ -650,6 +651,16 @@ mod tests {
                 proptest::prop_assert!(store.len() <= 3, "{} keys", store.len());
             }
         }
+    }
+
+    #[test]
+    fn a_key_of_any_kinds_takes_no_more_room_in_the_table_than_two_words_and_their_lock() {
+        // Two words, their lock and the idle time (32 bytes), and which slot it is.
+        assert!(
+            std::mem::size_of::<Mixed>() <= 40,
+            "{}",
+            std::mem::size_of::<Mixed>()
+        );
     }
 
     fn one_quota_in_two_words() -> impl proptest::strategy::Strategy<Value = Rule> {

@@ -6,12 +6,13 @@
 //! mechanism is private to the crate; what a user sets on it (`max_keys`, [`OnFull`]) is
 //! memory-only. A layer chooses its store with
 //! [`RateLimitLayer::store`](crate::RateLimitLayer::store) (see
-//! [`rate_limit::Backend`](crate::rate_limit::Backend)). With the `redis` feature,
+//! [`Backend`]). With the `redis` feature,
 //! `redis::RedisStore` keeps the state in Redis, shared by every instance of a service; there
 //! the same rules run as a Lua script on the server, on the server's clock, and the result is
 //! read back into the same [`Decision`](crate::Decision).
 
+pub(crate) mod backend;
 pub(crate) mod memory;
 
-pub use crate::rate_limit::store::{Backend, Memory};
+pub use backend::{Backend, Memory};
 pub use memory::OnFull;

@@ -1,4 +1,4 @@
-//! Where the state of a [`RateLimitLayer`](super::RateLimitLayer) lives, and how its one
+//! Where the state of a [`RateLimitLayer`](crate::RateLimitLayer) lives, and how its one
 //! service asks for a decision: a store answers [now](Answer::Now) (memory; Redis when its
 //! cache of known rejections already knows) or [later](Answer::Later) (after a Redis round
 //! trip).
@@ -8,13 +8,13 @@ use std::hash::Hash;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use super::memory::OnFull;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reservation};
 use crate::error::ConfigError;
 use crate::limiter::{RateLimiter, DEFAULT_MAX_KEYS};
 use crate::penalty::{Penalties, PenaltyBox};
 use crate::quota::Quota;
-use crate::store::OnFull;
 
 /// The store of a [`RateLimitLayer`](crate::RateLimitLayer) (its second type parameter):
 /// [`Memory`] by default, or a `redis::RedisStore` given to
