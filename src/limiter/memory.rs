@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Reservation};
 use crate::keyed::{Bound, Entry, Table};
 use crate::quota::Quota;
-use crate::store::memory::{Many, MemoryStore, Mixed, One, Slot};
+use crate::store::memory::{Lag, Many, MemoryStore, Mixed, One, Slot};
 use crate::store::OnFull;
 
 /// A set of quotas and the numbers the algorithms take from them, swapped as one.
@@ -85,34 +85,53 @@ impl<K: Hash + Eq + Clone, V: Slot + Entry> Keys<K, V> for MemoryStore<K, V> {
 }
 
 /// The one slot of the single key of a zero-sized key type (`()` above all): no table, no
-/// lock, no map.
-struct Direct<V>(V);
+/// lock, no map. It decides as the key of a table and is forgotten when a table's sweep would
+/// drop the key: once it is idle at the table's sweep time, which lags the clock for a while
+/// after a window is widened ([`Lag`]), so that a key whose state still counts is counted.
+struct Direct<V> {
+    slot: V,
+    lag: Lag,
+}
+
+impl<V: Slot> Direct<V> {
+    fn new(slot: V) -> Self {
+        Direct {
+            slot,
+            lag: Lag::default(),
+        }
+    }
+
+    /// Whether a table would keep the key after sweeping at `now`.
+    fn tracked(&self, now: u64) -> bool {
+        self.slot.horizon() > self.lag.sweep_time(now)
+    }
+}
 
 impl<K, V: Slot> Keys<K, V> for Direct<V> {
     #[inline]
     fn decide(&self, _: &K, rules: &V::Rules, _: &Clock, now: u64, cost: u32) -> Decision {
-        self.0.decide(rules, now, cost)
+        self.slot.decide(rules, now, cost)
     }
 
     /// The single key always has its place.
     fn reserve(&self, _: &K, rules: &V::Rules, _: &Clock, now: u64, cost: u32) -> Decision {
-        self.0.decide(rules, now, cost)
+        self.slot.decide(rules, now, cost)
     }
 
     fn refund(&self, _: &K, rules: &V::Rules, now: u64, taken: &Reservation, units: u32) {
-        self.0.refund(rules, now, taken, units)
+        self.slot.refund(rules, now, taken, units)
     }
 
     fn charge(&self, _: &K, rules: &V::Rules, _: &Clock, now: u64, cost: u32) {
-        self.0.charge(rules, now, cost)
+        self.slot.charge(rules, now, cost)
     }
 
     fn len(&self, now: u64) -> usize {
-        usize::from(self.0.horizon() > now)
+        usize::from(self.tracked(now))
     }
 
     fn evict_idle(&self, now: u64) -> usize {
-        usize::from(self.0.horizon() > now)
+        usize::from(self.tracked(now))
     }
 
     fn table(&self, _: u64) -> Option<(&Table<K, V>, u64)> {
@@ -186,18 +205,18 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         let direct = std::mem::size_of::<K>() == 0;
         State(if limits.gcras.len() < limits.rules.len() {
             if direct {
-                Shape::DirectMixed(Direct(Mixed::idle()))
+                Shape::DirectMixed(Direct::new(Mixed::idle()))
             } else {
                 Shape::Mixed(MemoryStore::new(max_keys, on_full))
             }
         } else if limits.gcras.len() == 1 {
             if direct {
-                Shape::DirectOne(Direct(One::idle()))
+                Shape::DirectOne(Direct::new(One::idle()))
             } else {
                 Shape::One(MemoryStore::new(max_keys, on_full))
             }
         } else if direct {
-            Shape::DirectMany(Direct(Many::idle()))
+            Shape::DirectMany(Direct::new(Many::idle()))
         } else {
             Shape::Many(MemoryStore::new(max_keys, on_full))
         })
@@ -263,9 +282,17 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
     /// Tells the table that the rules `new` replace `old` at `now`: a key may stay idle
     /// later than it stored (a window was widened: see `MemoryStore::widen`).
     pub(super) fn replacing(&self, old: &[Rule], new: &[Rule], now: u64) {
-        if let Shape::Mixed(s) = &self.0 {
-            let (lag, until) = crate::algo::widening(old, new, now);
-            s.widen(now, lag, until);
+        let widening = || crate::algo::widening(old, new, now);
+        match &self.0 {
+            Shape::Mixed(s) => {
+                let (lag, until) = widening();
+                s.widen(now, lag, until);
+            }
+            Shape::DirectMixed(d) => {
+                let (lag, until) = widening();
+                d.lag.widen(now, lag, until);
+            }
+            _ => {}
         }
     }
 
@@ -280,7 +307,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
     #[inline]
     pub(super) fn direct_one(&self) -> Option<&One> {
         match &self.0 {
-            Shape::DirectOne(Direct(slot)) => Some(slot),
+            Shape::DirectOne(d) => Some(&d.slot),
             _ => None,
         }
     }

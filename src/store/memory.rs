@@ -364,11 +364,50 @@ impl crate::keyed::Entry for Mixed {
 /// The keys' times, on the crate's keyed table.
 pub(crate) struct MemoryStore<K, V> {
     table: Table<K, V>,
-    /// Until when the table sweeps as if the clock were `lag` earlier (see [`widen`]).
+    /// How much earlier than the clock the table sweeps, for a while (see [`widen`]).
     ///
     /// [`widen`]: MemoryStore::widen
-    lag_until: AtomicU64,
-    lag: AtomicU64,
+    lag: Lag,
+}
+
+/// How much earlier than the clock a store of keys sweeps for a while after a change of
+/// rules that may make a key idle later than it stored (see [`MemoryStore::widen`]): a
+/// table's, and the single key's slot, which must forget its key when a table would.
+#[derive(Default)]
+pub(crate) struct Lag {
+    until: AtomicU64,
+    by: AtomicU64,
+}
+
+impl Lag {
+    /// From `now` until `until`, sweep as if the clock were `lag` earlier (the larger lag
+    /// and the later end of two that overlap).
+    pub(crate) fn widen(&self, now: u64, lag: u64, until: u64) {
+        if lag == 0 {
+            return;
+        }
+        let (was_lag, was_until) = (
+            self.by.load(Ordering::Acquire),
+            self.until.load(Ordering::Acquire),
+        );
+        let (lag, until) = if now < was_until {
+            (lag.max(was_lag), until.max(was_until))
+        } else {
+            (lag, until)
+        };
+        self.by.store(lag, Ordering::Release);
+        self.until.store(until, Ordering::Release);
+    }
+
+    /// The time to sweep at when the clock says `now`.
+    #[inline]
+    pub(crate) fn sweep_time(&self, now: u64) -> u64 {
+        if now < self.until.load(Ordering::Acquire) {
+            now.saturating_sub(self.by.load(Ordering::Acquire))
+        } else {
+            now
+        }
+    }
 }
 
 impl<K, V> MemoryStore<K, V>
@@ -379,8 +418,7 @@ where
     pub(crate) fn new(max_keys: usize, on_full: OnFull) -> Self {
         MemoryStore {
             table: Table::new(max_keys, on_full),
-            lag_until: AtomicU64::new(0),
-            lag: AtomicU64::new(0),
+            lag: Lag::default(),
         }
     }
 
@@ -390,30 +428,13 @@ where
     /// then, the table sweeps as if the clock were `lag` earlier, so that no sweep drops a
     /// key whose state still counts, and eviction changes no decision.
     pub(crate) fn widen(&self, now: u64, lag: u64, until: u64) {
-        if lag == 0 {
-            return;
-        }
-        let (was_lag, was_until) = (
-            self.lag.load(Ordering::Acquire),
-            self.lag_until.load(Ordering::Acquire),
-        );
-        let (lag, until) = if now < was_until {
-            (lag.max(was_lag), until.max(was_until))
-        } else {
-            (lag, until)
-        };
-        self.lag.store(lag, Ordering::Release);
-        self.lag_until.store(until, Ordering::Release);
+        self.lag.widen(now, lag, until);
     }
 
     /// The time the table sweeps at when the clock says `now` (see [`widen`](Self::widen)).
     #[inline]
     pub(crate) fn sweep_time(&self, now: u64) -> u64 {
-        if now < self.lag_until.load(Ordering::Acquire) {
-            now.saturating_sub(self.lag.load(Ordering::Acquire))
-        } else {
-            now
-        }
+        self.lag.sweep_time(now)
     }
 
     /// Decides a request of `cost` for `key` at `now`, read from `clock` before the call. A key

@@ -10,6 +10,7 @@ mod kinds;
 mod kinds_redis;
 mod limiter;
 mod log_bytes;
+mod meet_slot;
 mod properties;
 mod properties_redis;
 mod spec_memory;

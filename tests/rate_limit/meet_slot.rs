@@ -1,0 +1,364 @@
+//! The small slots where they meet the rest: a policy of one fixed window, sliding counter,
+//! sliding log, warm-up or GCRA quota (kept in a slot of one or two words), and the single
+//! slot of a limit without keys (`RateLimiter<()>`, a layer without `.key`), against a key of
+//! a table and the reference model (tests/common/account.rs): through live changes of count
+//! and window, refunds and settlements that arrive after a change, eviction, peeks, costs up
+//! to `u32::MAX`, and a clock near its start and near its end.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate::key::Header;
+use tollgate::rate_limit::settle::ActualCost;
+use tollgate::{Clock, Decision, Policy, Quota, RateLimitLayer, RateLimiter};
+use tower::Layer;
+
+use crate::common::account::rig::{manual, settles, Rig, FAILED, OK};
+use crate::common::account::{Account, Kind, Taken};
+
+const MS: u64 = 1_000_000;
+
+/// One quota of `kind` (0 GCRA, 1 fixed window, 2 sliding log, 3 sliding counter) in one of
+/// two settings.
+fn one(kind: u8, variant: bool) -> Kind {
+    match (kind, variant) {
+        (0, true) => Kind::Gcra {
+            interval: 200 * MS,
+            burst: 5,
+        },
+        (0, false) => Kind::Gcra {
+            interval: 500 * MS,
+            burst: 3,
+        },
+        (1, true) => Kind::Fixed {
+            limit: 6,
+            width: 2_000 * MS,
+        },
+        (1, false) => Kind::Fixed {
+            limit: 4,
+            width: 700 * MS,
+        },
+        (2, true) => Kind::Log {
+            limit: 5,
+            width: 1_500 * MS,
+        },
+        (2, false) => Kind::Log {
+            limit: 7,
+            width: 3_000 * MS,
+        },
+        (3, true) => Kind::Counter {
+            limit: 6,
+            width: 1_000 * MS,
+        },
+        _ => Kind::Counter {
+            limit: 4,
+            width: 2_500 * MS,
+        },
+    }
+}
+
+/// The policy of `kinds`, each in its setting of `variant`.
+fn kinds(kinds: &[u8], variant: &[bool; 2]) -> Vec<Kind> {
+    kinds
+        .iter()
+        .zip(variant)
+        .map(|(&k, &v)| one(k, v))
+        .collect()
+}
+
+fn cost_of(h: &tollgate::key::RequestHead<'_>) -> u32 {
+    h.headers
+        .get("x-cost")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+fn policy(quotas: &[Quota]) -> Policy {
+    quotas[1..]
+        .iter()
+        .fold(Policy::new("p", quotas[0].clone()), |p, q| {
+            p.quota(q.clone())
+        })
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A request of this cost (held in flight when admitted).
+    Send(u32),
+    /// The `i`-th request in flight answers: refunded (200), kept (401) or settled at a cost.
+    Answer(usize, Option<Option<u32>>),
+    Wait(u64),
+    /// New settings for the quotas (same kinds).
+    Change([bool; 2]),
+    Evict,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => prop_oneof![9 => 0u32..4, 1 => Just(u32::MAX)].prop_map(Op::Send),
+        4 => (0usize..8, prop::option::of(prop::option::of(0u32..9)))
+            .prop_map(|(i, r)| Op::Answer(i, r)),
+        3 => (0u64..1_200).prop_map(Op::Wait),
+        1 => any::<[bool; 2]>().prop_map(Op::Change),
+        1 => Just(Op::Evict),
+    ]
+}
+
+fn remaining(d: &Decision) -> Vec<u64> {
+    d.states().iter().map(|s| s.remaining()).collect()
+}
+
+/// The same history on a layer without keys (one slot), on a keyed layer (a key of a table)
+/// and on the model: the same admissions and the same remaining per quota at every step, and
+/// the two limiters track and forget the key alike.
+async fn the_single_slot_keeps_the_account_of_the_model(
+    shape: &[u8],
+    start: [bool; 2],
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let (clock, time) = manual();
+    let quotas: Vec<Quota> = kinds(shape, &start).iter().map(Kind::quota).collect();
+    let base = || {
+        RateLimitLayer::new(policy(&quotas))
+            .clock(clock.clone())
+            .cost(cost_of)
+            .count_if(|res| res.status != http::StatusCode::OK)
+            .settle(ActualCost::of)
+    };
+    let global = base();
+    let keyed = base().key(Header::new("x-key"));
+    let (one, table) = (
+        global.limiter("p").unwrap().unwrap(),
+        keyed.limiter("p").unwrap().unwrap(),
+    );
+    let mut a = Rig::new(|h| global.layer(h));
+    let mut b = Rig::new(|h| keyed.layer(h));
+    let mut model = Account::new(kinds(shape, &start));
+    let mut now = 1_000_000_000_001u64;
+    let mut taken = Vec::new();
+    let key: Box<[u8]> = b"k"[..].into();
+    for op in ops {
+        match op {
+            Op::Send(cost) => {
+                let (said, t) = model.admit(now, cost);
+                let (x, y) = (a.send("k", cost).await, b.send("k", cost).await);
+                prop_assert_eq!(x.is_some(), said.allowed, "send {}", cost);
+                prop_assert_eq!(y.is_some(), said.allowed, "send {}", cost);
+                if let (Some(x), Some(y)) = (x, y) {
+                    taken.push((x, y, t.unwrap_or(Taken::nothing())));
+                }
+            }
+            Op::Answer(i, reply) => {
+                if taken.is_empty() {
+                    continue;
+                }
+                let (x, y, t) = taken.remove(i % taken.len());
+                let reply = match reply {
+                    None => OK,
+                    Some(None) => FAILED,
+                    Some(Some(n)) => settles(n),
+                };
+                let actual = match (reply.status, reply.actual) {
+                    (200, _) => 0,
+                    (_, Some(n)) => n,
+                    (_, None) => t.cost,
+                };
+                model.settle(now, &t, actual);
+                a.answer(x, reply).await;
+                b.answer(y, reply).await;
+            }
+            Op::Wait(ms) => {
+                time.advance(Duration::from_millis(ms));
+                now += ms * 1_000_000;
+            }
+            Op::Change(v) => {
+                let new: Vec<Quota> = kinds(shape, &v).iter().map(Kind::quota).collect();
+                one.set_quotas(new.clone()).unwrap();
+                table.set_quotas(new).unwrap();
+                model.set_quotas(now, kinds(shape, &v));
+            }
+            Op::Evict => {
+                prop_assert_eq!(one.evict_idle(), table.evict_idle(), "evict_idle");
+                // Swept: both count what they still track.
+                prop_assert_eq!(one.len(), table.len(), "len");
+            }
+        }
+        let (d, e) = (one.peek(&()), table.peek(&key));
+        let said = model.peek(now);
+        prop_assert_eq!(remaining(&d), said.remaining.clone());
+        prop_assert_eq!(remaining(&e), said.remaining);
+        prop_assert_eq!(d.is_allowed(), said.allowed);
+        prop_assert_eq!(d, e);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Each kind alone (the slot of one or two words; the log's general state), and a fixed
+    /// window beside a counter (the general state).
+    #[test]
+    fn a_single_slot_of_each_small_shape_keeps_the_account_of_the_model(
+        shape in prop_oneof![
+            Just(vec![0u8]), Just(vec![1u8]), Just(vec![2u8]), Just(vec![3u8]),
+            Just(vec![1u8, 3u8]),
+        ],
+        start in any::<[bool; 2]>(),
+        ops in prop::collection::vec(op(), 1..50),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(the_single_slot_keeps_the_account_of_the_model(&shape, start, ops))?;
+    }
+}
+
+/// A quota of each kind that one or two words hold, in two settings.
+fn small(kind: u8, variant: bool) -> Quota {
+    let s = Duration::from_secs(1);
+    match (kind, variant) {
+        (0, v) => Quota::per_second(if v { 5 } else { 2 }).burst(if v { 3 } else { 4 }),
+        (1, v) => Quota::fixed_window(if v { 3 } else { 5 }, if v { s } else { 3 * s }),
+        (2, v) => Quota::sliding_window(if v { 3 } else { 5 }, if v { 2 * s } else { s }),
+        (3, v) => Quota::sliding_log(if v { 3 } else { 4 }, if v { s } else { 2 * s }),
+        (_, v) => Quota::per_second(if v { 4 } else { 2 })
+            .burst(if v { 4 } else { 2 })
+            .warm_up(if v { 3 * s } else { 5 * s }, if v { 3 } else { 2 }),
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Check(u32),
+    Wait(u64),
+    Change(bool),
+    Evict,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        5 => prop_oneof![9 => 0u32..4, 1 => Just(u32::MAX)].prop_map(Step::Check),
+        3 => (0u64..2_500).prop_map(Step::Wait),
+        1 => any::<bool>().prop_map(Step::Change),
+        1 => Just(Step::Evict),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// The single slot of `RateLimiter<()>` and a key of a table decide alike, warm-up
+    /// included, through live changes and eviction, with the clock at its first nanoseconds
+    /// or its last hours, and say alike how many keys they track.
+    #[test]
+    fn the_single_slot_and_a_key_of_a_table_agree_from_the_clocks_start_to_its_end(
+        kind in 0u8..5,
+        start in any::<bool>(),
+        late in any::<bool>(),
+        steps in prop::collection::vec(step(), 1..60),
+    ) {
+        let (clock, time) = Clock::manual();
+        if late {
+            time.set(Duration::from_nanos(u64::MAX - 3_600_000_000_000));
+        }
+        let direct = RateLimiter::<()>::builder(small(kind, start)).clock(clock.clone()).build();
+        let keyed = RateLimiter::<u8>::builder(small(kind, start)).clock(clock.clone()).build();
+        for s in &steps {
+            match *s {
+                Step::Check(cost) => {
+                    prop_assert_eq!(direct.check_n(&(), cost), keyed.check_n(&7, cost));
+                }
+                Step::Wait(ms) => time.advance(Duration::from_millis(ms)),
+                Step::Change(v) => {
+                    direct.set_quotas([small(kind, v)]).unwrap();
+                    keyed.set_quotas([small(kind, v)]).unwrap();
+                }
+                Step::Evict => {
+                    prop_assert_eq!(direct.evict_idle(), keyed.evict_idle());
+                    // Swept: both count what they still track (between sweeps a table
+                    // counts an idle key until its shard's sweep is due).
+                    prop_assert_eq!(direct.len(), keyed.len());
+                }
+            }
+            prop_assert_eq!(direct.peek(&()), keyed.peek(&7));
+        }
+    }
+}
+
+/// A change of kind, or of the number of quotas, would leave the slot's shape: refused on
+/// either path, and the slot decides on as before.
+#[test]
+fn a_change_of_kind_or_of_the_number_of_quotas_is_refused_and_the_slot_decides_on() {
+    let s = Duration::from_secs(1);
+    let (clock, _time) = Clock::manual();
+    let direct = RateLimiter::<()>::builder(Quota::fixed_window(2, s))
+        .clock(clock.clone())
+        .build();
+    let keyed = RateLimiter::<u8>::builder(Quota::fixed_window(2, s))
+        .clock(clock)
+        .build();
+    assert!(direct.check(&()).is_allowed());
+    assert!(keyed.check(&7).is_allowed());
+    for change in [
+        vec![Quota::sliding_window(2, s)],
+        vec![Quota::sliding_log(2, s)],
+        vec![Quota::per_second(2)],
+        vec![Quota::per_second(2).warm_up(3 * s, 2)],
+        vec![Quota::fixed_window(2, s), Quota::sliding_window(5, 2 * s)],
+    ] {
+        let (a, b) = (
+            direct.set_quotas(change.clone()).unwrap_err(),
+            keyed.set_quotas(change).unwrap_err(),
+        );
+        assert_eq!(a, b);
+    }
+    let (a, b) = (direct.check(&()), keyed.check(&7));
+    assert_eq!(a, b);
+    assert!(a.is_allowed());
+    let (a, b) = (direct.check(&()), keyed.check(&7));
+    assert_eq!(a, b);
+    assert!(!a.is_allowed());
+}
+
+/// A sliding window widened while the key's request is in it: the key's state counts under
+/// the new window after it left the old one, so the single slot, like a key of a table, is
+/// still tracked when idle keys are forgotten (it counted 0 before, the table 1).
+#[test]
+fn a_single_slot_whose_window_was_widened_is_tracked_until_the_new_window_passes() {
+    let s = Duration::from_secs(1);
+    for (narrow, wide) in [
+        (Quota::sliding_log(1, s), Quota::sliding_log(1, 10 * s)),
+        (
+            Quota::sliding_window(1, s),
+            Quota::sliding_window(1, 10 * s),
+        ),
+    ] {
+        let (clock, time) = Clock::manual();
+        let direct = RateLimiter::<()>::builder(narrow.clone())
+            .clock(clock.clone())
+            .build();
+        let keyed = RateLimiter::<u8>::builder(narrow.clone())
+            .clock(clock)
+            .build();
+        assert!(direct.check(&()).is_allowed());
+        assert!(keyed.check(&7).is_allowed());
+        direct.set_quotas([wide.clone()]).unwrap();
+        keyed.set_quotas([wide]).unwrap();
+        time.advance(2 * s);
+        assert_eq!(
+            (direct.evict_idle(), keyed.evict_idle()),
+            (1, 1),
+            "{narrow:?}"
+        );
+        assert_eq!((direct.len(), keyed.len()), (1, 1), "{narrow:?}");
+        let (a, b) = (direct.check(&()), keyed.check(&7));
+        assert_eq!(a, b);
+        assert!(!a.is_allowed());
+        // Once the widened window has passed, both forget the key.
+        time.advance(30 * s);
+        assert_eq!(
+            (direct.evict_idle(), keyed.evict_idle()),
+            (0, 0),
+            "{narrow:?}"
+        );
+    }
+}
