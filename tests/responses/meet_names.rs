@@ -151,9 +151,9 @@ async fn max_keys_set_before_a_redis_store_stops_every_use_of_the_layer_naming_t
         });
         layer.layer(inner)
     }));
-    let panic = applied
-        .err()
-        .expect("a layer with a memory bound on Redis must not serve");
+    let Err(panic) = applied else {
+        panic!("a layer with a memory bound on Redis must not serve");
+    };
     let message = panic
         .downcast_ref::<String>()
         .cloned()
@@ -167,6 +167,6 @@ async fn max_keys_set_before_a_redis_store_stops_every_use_of_the_layer_naming_t
     let back = RateLimitLayer::new(policy())
         .max_keys(10)
         .store(store)
-        .store(tollgate::store::Memory::default());
+        .store(tollgate::store::Memory);
     assert!(back.validate().is_ok());
 }
