@@ -4,16 +4,24 @@
 //! ones do; a memory bound set before a Redis store stops the layer with an error that says
 //! so, whichever way the layer is used.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
+#[cfg(any(feature = "serde", feature = "redis"))]
+use std::convert::Infallible;
+
+#[cfg(any(feature = "serde", feature = "redis"))]
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use tollgate::{Quota, ShapeLayer, Shaper};
-use tower::{service_fn, Layer, ServiceExt};
+#[cfg(any(feature = "serde", feature = "redis"))]
+use http::{Request, Response};
+#[cfg(any(feature = "serde", feature = "redis"))]
+use tower::{service_fn, Layer};
+
+use tollgate::{Quota, Shaper};
 
 /// Three requests at once at 1 per second through `layer`'s services.
-async fn three_at_once(layer: &ShapeLayer) -> Vec<StatusCode> {
+#[cfg(feature = "serde")]
+async fn three_at_once(layer: &tollgate::ShapeLayer) -> Vec<http::StatusCode> {
+    use tower::ServiceExt;
     let inner =
         service_fn(|_req: Request<()>| async { Ok::<_, Infallible>(Response::new(Bytes::new())) });
     let svc = layer.layer(inner);
@@ -28,7 +36,9 @@ async fn three_at_once(layer: &ShapeLayer) -> Vec<StatusCode> {
 #[cfg(feature = "serde")]
 #[tokio::test(start_paused = true)]
 async fn the_former_queue_names_bound_a_running_shaper_as_the_new_ones_do() {
+    use http::StatusCode;
     use tollgate::settings::ShapeSettings;
+    use tollgate::ShapeLayer;
     let bounded = [
         StatusCode::OK,
         StatusCode::OK,
