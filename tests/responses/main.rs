@@ -10,4 +10,5 @@ mod grpc;
 mod hostile_responses;
 mod http;
 mod metrics;
+mod rejection;
 mod websocket;
