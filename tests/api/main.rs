@@ -7,6 +7,7 @@ mod common;
 
 mod examples;
 mod layers;
+mod names;
 mod newcomer;
 mod redis_stream;
 mod serde;

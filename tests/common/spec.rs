@@ -388,7 +388,7 @@ fn warm(burst: u32) -> Quota {
         .warm_up(Duration::from_secs(4), 3)
 }
 
-/// The cases of GCRA with warm-up (src/warmup.rs).
+/// The cases of GCRA with warm-up (src/algo/warmup.rs).
 pub fn warm_up_cases() -> Vec<Case> {
     vec![
         Case {

@@ -12,4 +12,5 @@ mod http;
 mod meet_names;
 mod meet_rejection;
 mod metrics;
+mod rejection;
 mod websocket;
