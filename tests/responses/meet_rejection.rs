@@ -548,3 +548,60 @@ async fn an_unreachable_store_failing_closed_refuses_each_request_once_as_unavai
         assert_eq!(hooked, expected, "dry run: {dry_run}");
     }
 }
+
+/// A new key turned away because the table is full of active keys: refused once, counted once
+/// as limited, answered with the time until a place frees up, and no strike against it (the
+/// server's state, not the key's traffic), however often it comes back.
+#[tokio::test(start_paused = true)]
+async fn a_full_table_refuses_a_new_key_once_per_request_without_a_strike() {
+    use tollgate::store::OnFull;
+    let (hook, log) = noting();
+    let (clock, _time) = Clock::manual();
+    let (layer, mut counts) = recorded(|| {
+        let boxed = PenaltyBox::new(1, Duration::from_secs(60), Duration::from_secs(30));
+        let layer = RateLimitLayer::new(Policy::new("full", Quota::per_minute(1)))
+            .key(Header::new("x-client"))
+            .clock(clock)
+            .max_keys(1)
+            .on_full(OnFull::RejectNewKeys)
+            .penalty_box(boxed)
+            .on_reject(hook);
+        let _ = layer.clone().validate().unwrap();
+        layer
+    });
+    let mut svc = layer.layer(tower::service_fn(ok));
+    let mut got = Vec::new();
+    for client in ["a", "b", "b", "b"] {
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(from(Some(client)))
+            .await
+            .unwrap();
+        got.push(seen(&resp));
+    }
+    let resp = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(grpc_from("b"))
+        .await
+        .unwrap();
+    got.push(seen(&resp));
+    let full = r#"429 ra=60 pol="full";q=1;w=60 rl="full";r=0;t=60 grpc="#;
+    let expected = [
+        r#"200 ra= pol="full";q=1;w=60 rl="full";r=0;t=60 grpc="#,
+        full,
+        full,
+        full,
+        r#"200 ra=60 pol="full";q=1;w=60 rl="full";r=0;t=60 grpc=8"#,
+    ];
+    assert_eq!(got, expected);
+    let expected: BTreeMap<String, u64> = [("full/allowed/false", 1), ("full/limited/false", 4)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    assert_eq!(counts.read(), expected);
+    assert_eq!(*log.lock().unwrap(), [RejectionKind::RateLimited; 4]);
+}
