@@ -410,3 +410,77 @@ fn a_single_slot_whose_window_was_widened_is_tracked_until_the_new_window_passes
         );
     }
 }
+
+/// A warm-up quota alone (kept in two words) and the same quota beside a GCRA quota that never
+/// binds (the general state): the same admissions, waits and warm-up state through refunds,
+/// settlements above and below the cost, live changes of the curve and of the rate, and
+/// eviction.
+async fn warm_up_in_two_words_keeps_the_account_of_the_general_state(
+    start: [bool; 2],
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let (clock, time) = manual();
+    let warm = |v: [bool; 2]| small_quota(4, v[0]).burst(if v[1] { 3 } else { 5 });
+    let loose = Quota::per_second(1_000_000).burst(1_000_000);
+    let two = crate::common::stores::layer(&[warm(start)], "two", &clock);
+    let any = crate::common::stores::layer(&[warm(start), loose.clone()], "any", &clock);
+    let (l2, la) = (
+        two.limiter("two").unwrap().unwrap(),
+        any.limiter("any").unwrap().unwrap(),
+    );
+    let mut a = Rig::new(|h| two.layer(h));
+    let mut b = Rig::new(|h| any.layer(h));
+    let mut taken = Vec::new();
+    let key: Box<[u8]> = b"k"[..].into();
+    for op in ops {
+        match op {
+            Op::Send(cost) => {
+                let (x, y) = (a.send("k", cost).await, b.send("k", cost).await);
+                prop_assert_eq!(x.is_some(), y.is_some(), "send {}", cost);
+                if let (Some(x), Some(y)) = (x, y) {
+                    taken.push((x, y));
+                }
+            }
+            Op::Answer(i, reply) => {
+                if taken.is_empty() {
+                    continue;
+                }
+                let (x, y) = taken.remove(i % taken.len());
+                let reply = match reply {
+                    None => OK,
+                    Some(None) => FAILED,
+                    Some(Some(n)) => settles(n),
+                };
+                a.answer(x, reply).await;
+                b.answer(y, reply).await;
+            }
+            Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
+            Op::Change(v) => {
+                l2.set_quotas([warm(v)]).unwrap();
+                la.set_quotas([warm(v), loose.clone()]).unwrap();
+            }
+            Op::Evict => {
+                l2.evict_idle();
+                la.evict_idle();
+            }
+        }
+        let (d, e) = (l2.peek(&key), la.peek(&key));
+        prop_assert_eq!(d.is_allowed(), e.is_allowed());
+        prop_assert_eq!(d.retry_after(), e.retry_after());
+        prop_assert_eq!(d.states()[0], e.states()[0]);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn warm_up_in_two_words_decides_as_in_the_general_state_through_changes_and_refunds(
+        start in any::<[bool; 2]>(),
+        ops in prop::collection::vec(op(), 1..50),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(warm_up_in_two_words_keeps_the_account_of_the_general_state(start, ops))?;
+    }
+}
