@@ -405,3 +405,57 @@ macro_rules! service_shell {
 }
 
 pub(crate) use service_shell;
+
+/// The builder settings every layer has, written once over the layer's `common` field and
+/// its `changed()`: each layer gives the docs, in its own words, and the names to generate.
+macro_rules! common_setters {
+    ($($(#[$doc:meta])* fn $setter:ident;)+) => {
+        $(common_setters!(@one [$(#[$doc])*] $setter);)+
+    };
+    (@one [$(#[$doc:meta])*] on_missing_key) => {
+        $(#[$doc])*
+        #[track_caller]
+        pub fn on_missing_key(mut self, policy: $crate::key::MissingKey<E::Key>) -> Self {
+            self.common.set_on_missing(policy);
+            self.changed()
+        }
+    };
+    (@one [$(#[$doc:meta])*] allow_ip) => {
+        $(#[$doc])*
+        #[track_caller]
+        pub fn allow_ip(mut self, cidr: &str) -> Self {
+            self.common.allow_ip(cidr);
+            self.changed()
+        }
+    };
+    (@one [$(#[$doc:meta])*] allow_key) => {
+        $(#[$doc])*
+        pub fn allow_key(mut self, key: E::Key) -> Self {
+            self.common.allow_key(key);
+            self.changed()
+        }
+    };
+    (@one [$(#[$doc:meta])*] dry_run) => {
+        $(#[$doc])*
+        pub fn dry_run(mut self, on: bool) -> Self {
+            self.common.observe.dry_run = on;
+            self.changed()
+        }
+    };
+    (@one [$(#[$doc:meta])*] trace_keys) => {
+        $(#[$doc])*
+        pub fn trace_keys(mut self, on: bool) -> Self {
+            self.common.observe.trace_keys = on;
+            self.changed()
+        }
+    };
+    (@one [$(#[$doc:meta])*] on_reject) => {
+        $(#[$doc])*
+        pub fn on_reject(mut self, hook: $crate::response::OnReject) -> Self {
+            self.common.on_reject = Some(hook);
+            self.changed()
+        }
+    };
+}
+
+pub(crate) use common_setters;
