@@ -385,7 +385,19 @@ macro_rules! service_shell {
             pub(crate) fn from_shared(inner: S, shared: std::sync::Arc<$shared>) -> Self {
                 $name { inner, shared }
             }
+        }
 
+        $crate::layer::common::inner_access!($name<S $(, $p: $bound)*>);
+    };
+}
+
+pub(crate) use service_shell;
+
+/// tower's `get_ref` / `get_mut` / `into_inner` for a service whose wrapped service is its
+/// `inner` field.
+macro_rules! inner_access {
+    ($name:ident <S $(, $p:ident $(: $bound:path)?)*>) => {
+        impl<S $(, $p $(: $bound)?)*> $name<S $(, $p)*> {
             /// The wrapped service.
             pub fn get_ref(&self) -> &S {
                 &self.inner
@@ -404,7 +416,7 @@ macro_rules! service_shell {
     };
 }
 
-pub(crate) use service_shell;
+pub(crate) use inner_access;
 
 /// The builder settings every layer has, written once over the layer's `common` field and
 /// its `changed()`: each layer gives the docs, in its own words, and the names to generate.
