@@ -92,10 +92,8 @@ impl ConcurrencyLimitLayer<Global> {
 }
 
 impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
-    fn changed(mut self) -> Self {
-        // A setting changed before the layer was used: start from a fresh state.
-        self.state = Lazy::default();
-        self
+    common_setters! {
+        fn changed;
     }
 
     /// Applies the limit to each key separately, as `extractor` finds it (see [`crate::key`]):

@@ -418,11 +418,20 @@ macro_rules! inner_access {
 
 pub(crate) use inner_access;
 
-/// The builder settings every layer has, written once over the layer's `common` field and
-/// its `changed()`: each layer gives the docs, in its own words, and the names to generate.
+/// The builder settings every layer has, written once over the layer's `common` and `state`
+/// fields: each layer gives the docs, in its own words, and the names to generate
+/// (`changed`, private, starts the layer's state afresh after a setting changed).
 macro_rules! common_setters {
     ($($(#[$doc:meta])* fn $setter:ident;)+) => {
         $(common_setters!(@one [$(#[$doc])*] $setter);)+
+    };
+    (@one [$(#[$doc:meta])*] changed) => {
+        $(#[$doc])*
+        fn changed(mut self) -> Self {
+            // A setting changed before the layer was used: start from a fresh state.
+            self.state = $crate::layer::common::Lazy::default();
+            self
+        }
     };
     (@one [$(#[$doc:meta])*] on_missing_key) => {
         $(#[$doc])*

@@ -105,10 +105,8 @@ impl RateLimitLayer<Global> {
 }
 
 impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
-    fn changed(mut self) -> Self {
-        // A setting changed before the layer was used: start from a fresh state.
-        self.state = Lazy::default();
-        self
+    common_setters! {
+        fn changed;
     }
 
     /// Counts requests per key, as `extractor` finds it (see [`crate::key`]).

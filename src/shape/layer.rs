@@ -79,10 +79,8 @@ impl ShapeLayer<Global> {
 }
 
 impl<E: KeyExtractor> ShapeLayer<E> {
-    fn changed(mut self) -> Self {
-        // A setting changed before the layer was used: start from a fresh state.
-        self.state = Lazy::default();
-        self
+    common_setters! {
+        fn changed;
     }
 
     /// Gives each key (see [`crate::key`]) its own queue and its own rate.
