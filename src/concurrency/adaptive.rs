@@ -278,6 +278,33 @@ impl RoundTrips {
     }
 }
 
+/// The methods of an algorithm that measures the no-load latency in its `rounds` field
+/// ([`RoundTrips`]), written once: each algorithm gives the docs and the names.
+macro_rules! no_load_methods {
+    ($($(#[$doc:meta])* fn $method:ident;)+) => {
+        $(no_load_methods!(@one [$(#[$doc])*] $method);)+
+    };
+    (@one [$(#[$doc:meta])*] probe) => {
+        $(#[$doc])*
+        pub fn probe(mut self, every: Duration, samples: u32) -> Self {
+            self.rounds.probe = NoLoadProbe::new(every, samples);
+            self
+        }
+    };
+    (@one [$(#[$doc:meta])*] no_load_rtt) => {
+        $(#[$doc])*
+        pub fn no_load_rtt(&self) -> Duration {
+            self.rounds.no_load_rtt()
+        }
+    };
+    (@one [$(#[$doc:meta])*] probing) => {
+        $(#[$doc])*
+        pub fn probing(&self) -> bool {
+            self.rounds.probe.running()
+        }
+    };
+}
+
 // ---------------------------------------------------------------------------------------------
 // AIMD
 
@@ -506,11 +533,10 @@ impl Gradient2 {
         self
     }
 
-    /// How often the no-load latency is measured again, and from how many requests (defaults
-    /// 30 s and 20). `Duration::MAX` turns the probe off.
-    pub fn probe(mut self, every: Duration, samples: u32) -> Self {
-        self.rounds.probe = NoLoadProbe::new(every, samples);
-        self
+    no_load_methods! {
+        /// How often the no-load latency is measured again, and from how many requests (defaults
+        /// 30 s and 20). `Duration::MAX` turns the probe off.
+        fn probe;
     }
 
     /// The long-term latency average, the baseline a request's latency is compared with.
@@ -519,15 +545,13 @@ impl Gradient2 {
         Duration::from_secs_f64(self.long.max(0.0))
     }
 
-    /// The no-load latency: the lowest latency since the last probe. Zero before the first
-    /// request.
-    pub fn no_load_rtt(&self) -> Duration {
-        self.rounds.no_load_rtt()
-    }
+    no_load_methods! {
+        /// The no-load latency: the lowest latency since the last probe. Zero before the first
+        /// request.
+        fn no_load_rtt;
 
-    /// Whether the limit is held at its minimum to measure the no-load latency.
-    pub fn probing(&self) -> bool {
-        self.rounds.probe.running()
+        /// Whether the limit is held at its minimum to measure the no-load latency.
+        fn probing;
     }
 }
 
@@ -700,23 +724,18 @@ impl Vegas {
         self
     }
 
-    /// How often the no-load latency is measured again, and from how many requests (defaults
-    /// 30 s and 20). `Duration::MAX` turns the measurement off: the no-load latency is then
-    /// the lowest latency ever seen.
-    pub fn probe(mut self, every: Duration, samples: u32) -> Self {
-        self.rounds.probe = NoLoadProbe::new(every, samples);
-        self
-    }
+    no_load_methods! {
+        /// How often the no-load latency is measured again, and from how many requests (defaults
+        /// 30 s and 20). `Duration::MAX` turns the measurement off: the no-load latency is then
+        /// the lowest latency ever seen.
+        fn probe;
 
-    /// The no-load latency: the lowest latency since the last measurement. Zero before the
-    /// first request.
-    pub fn no_load_rtt(&self) -> Duration {
-        self.rounds.no_load_rtt()
-    }
+        /// The no-load latency: the lowest latency since the last measurement. Zero before the
+        /// first request.
+        fn no_load_rtt;
 
-    /// Whether the limit is held at its minimum to measure the no-load latency.
-    pub fn probing(&self) -> bool {
-        self.rounds.probe.running()
+        /// Whether the limit is held at its minimum to measure the no-load latency.
+        fn probing;
     }
 }
 
