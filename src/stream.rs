@@ -69,21 +69,17 @@ pub trait LimitStreamExt: Stream + Sized {
         K: Hash + Eq + Clone + Send + Sync,
         KF: FnMut(&Self::Item) -> K,
     {
-        let chunk = limiter
-            .quotas()
-            .iter()
-            .map(|q| q.burst_size())
-            .min()
-            .unwrap_or(1)
-            .max(1);
+        let chunk = smallest_burst(&limiter.quotas());
         RateLimited {
-            stream: self,
-            limiter,
-            key,
-            cost: unit_cost::<Self::Item>,
-            chunk,
-            pending: None,
-            sleep: None,
+            inner: Paced::new(
+                self,
+                key,
+                RateGate {
+                    limiter,
+                    chunk,
+                    sleep: None,
+                },
+            ),
         }
     }
 
@@ -96,11 +92,7 @@ pub trait LimitStreamExt: Stream + Sized {
         KF: FnMut(&Self::Item) -> K,
     {
         Shaped {
-            stream: self,
-            shaper,
-            key,
-            cost: unit_cost::<Self::Item>,
-            pending: None,
+            inner: Paced::new(self, key, ShapeGate { shaper, slot: None }),
         }
     }
 
@@ -147,26 +139,32 @@ pub trait LimitStreamExt: Stream + Sized {
         K: crate::redis::RedisKey + Hash + Eq + Clone + Send + Sync + 'static,
         KF: FnMut(&Self::Item) -> K,
     {
-        let chunk = limiter
-            .quotas()
-            .iter()
-            .map(|q| q.burst_size())
-            .min()
-            .unwrap_or(1)
-            .max(1);
+        let chunk = smallest_burst(&limiter.quotas());
         RedisRateLimited {
-            stream: self,
-            limiter,
-            key,
-            cost: unit_cost::<Self::Item>,
-            chunk,
-            pending: None,
-            waiting: None,
+            inner: Paced::new(
+                self,
+                key,
+                RedisGate {
+                    limiter,
+                    chunk,
+                    waiting: None,
+                },
+            ),
         }
     }
 }
 
 impl<S: Stream> LimitStreamExt for S {}
+
+/// The largest part of a cost one decision can admit: the smallest burst of `quotas`.
+fn smallest_burst(quotas: &[crate::Quota]) -> u32 {
+    quotas
+        .iter()
+        .map(|q| q.burst_size())
+        .min()
+        .unwrap_or(1)
+        .max(1)
+}
 
 /// The size hint of an adapter: the stream's, plus the item it holds back, if any.
 fn size_hint((lo, hi): (usize, Option<usize>), holding: bool) -> (usize, Option<usize>) {
@@ -177,26 +175,206 @@ fn size_hint((lo, hi): (usize, Option<usize>), holding: bool) -> (usize, Option<
     )
 }
 
-/// The next item of `stream` with its key and cost, `None` at the stream's end.
-fn pull<S: Stream, K>(
-    stream: Pin<&mut S>,
-    cx: &mut Context<'_>,
-    key: &mut impl FnMut(&S::Item) -> K,
-    cost: &mut impl FnMut(&S::Item) -> u32,
-) -> Poll<Option<Pending<S::Item, K>>> {
-    let Some(item) = ready!(stream.poll_next(cx)) else {
-        return Poll::Ready(None);
-    };
-    let (key, owed) = (key(&item), cost(&item));
-    Poll::Ready(Some(Pending { item, key, owed }))
-}
-
 /// The item being admitted and what it still has to pay.
 struct Pending<T, K> {
     item: T,
     key: K,
     /// Units (or slots) still to take.
     owed: u32,
+}
+
+/// What an item pays its cost to before it passes: a limiter or a shaper, with the state of
+/// the wait of the item being admitted.
+trait Gate<K> {
+    /// Pays `owed` for `key` down to 0; `Pending` while it waits.
+    fn pay(&mut self, key: &K, owed: &mut u32, cx: &mut Context<'_>) -> Poll<()>;
+}
+
+pin_project! {
+    /// The adapters' common part: the stream, the key and cost of its items, and the item
+    /// held back until `gate` lets it pass.
+    struct Paced<S: Stream, K, KF, CF, G> {
+        #[pin]
+        stream: S,
+        key: KF,
+        cost: CF,
+        gate: G,
+        pending: Option<Pending<S::Item, K>>,
+    }
+}
+
+impl<S: Stream, K, KF, G> Paced<S, K, KF, fn(&S::Item) -> u32, G> {
+    fn new(stream: S, key: KF, gate: G) -> Self {
+        Paced {
+            stream,
+            key,
+            cost: unit_cost::<S::Item>,
+            gate,
+            pending: None,
+        }
+    }
+}
+
+impl<S: Stream, K, KF, CF, G> Paced<S, K, KF, CF, G> {
+    fn cost<CF2>(self, cost: CF2) -> Paced<S, K, KF, CF2, G> {
+        Paced {
+            stream: self.stream,
+            key: self.key,
+            cost,
+            gate: self.gate,
+            pending: self.pending,
+        }
+    }
+
+    fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result
+    where
+        S: fmt::Debug,
+    {
+        f.debug_struct(name)
+            .field("stream", &self.stream)
+            .field("waiting", &self.pending.is_some())
+            .finish_non_exhaustive()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        size_hint(self.stream.size_hint(), self.pending.is_some())
+    }
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>>
+    where
+        KF: FnMut(&S::Item) -> K,
+        CF: FnMut(&S::Item) -> u32,
+        G: Gate<K>,
+    {
+        let mut this = self.project();
+        loop {
+            let Some(p) = this.pending.as_mut() else {
+                let Some(item) = ready!(this.stream.as_mut().poll_next(cx)) else {
+                    return Poll::Ready(None);
+                };
+                let (key, owed) = ((this.key)(&item), (this.cost)(&item));
+                *this.pending = Some(Pending { item, key, owed });
+                continue;
+            };
+            ready!(this.gate.pay(&p.key, &mut p.owed, cx));
+            return Poll::Ready(this.pending.take().map(|p| p.item));
+        }
+    }
+}
+
+/// The public side of an adapter around [`Paced`]: `cost`, `into_inner`, `Debug` and
+/// `Stream`, all forwarded; `$bound` is what the gate needs of the key.
+macro_rules! adapter {
+    ($name:ident, [$($bound:tt)+], $cost_doc:literal) => {
+        impl<S: Stream, K, KF, CF> $name<S, K, KF, CF> {
+            #[doc = $cost_doc]
+            pub fn cost<CF2>(self, cost: CF2) -> $name<S, K, KF, CF2>
+            where
+                CF2: FnMut(&S::Item) -> u32,
+            {
+                $name {
+                    inner: self.inner.cost(cost),
+                }
+            }
+
+            /// The stream underneath.
+            pub fn into_inner(self) -> S {
+                self.inner.stream
+            }
+        }
+
+        impl<S: Stream + fmt::Debug, K, KF, CF> fmt::Debug for $name<S, K, KF, CF> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.inner.debug(stringify!($name), f)
+            }
+        }
+
+        impl<S, K, KF, CF> Stream for $name<S, K, KF, CF>
+        where
+            S: Stream,
+            K: $($bound)+,
+            KF: FnMut(&S::Item) -> K,
+            CF: FnMut(&S::Item) -> u32,
+        {
+            type Item = S::Item;
+
+            fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+                self.project().inner.poll_next(cx)
+            }
+
+            fn size_hint(&self) -> (usize, Option<usize>) {
+                self.inner.size_hint()
+            }
+        }
+    };
+}
+
+/// A [`RateLimiter`] as a gate: the cost in parts of at most `chunk`, each decided at once,
+/// sleeping for the retry time between rejections.
+struct RateGate<K> {
+    limiter: RateLimiter<K>,
+    chunk: u32,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync> Gate<K> for RateGate<K> {
+    fn pay(&mut self, key: &K, owed: &mut u32, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            if *owed == 0 {
+                self.sleep = None;
+                return Poll::Ready(());
+            }
+            let part = (*owed).min(self.chunk);
+            let d = self.limiter.check_n(key, part);
+            match d.outcome() {
+                Outcome::Allowed => *owed -= part,
+                // Parts never exceed the smallest burst; should one anyway (a quota changed
+                // under us), pay unit by unit rather than stall.
+                Outcome::Exceeds => self.chunk = 1,
+                Outcome::Limited | Outcome::Banned => {
+                    let wait = d.retry_after().unwrap_or(Duration::from_millis(1));
+                    let deadline = tokio::time::Instant::now() + wait;
+                    let sleep = match self.sleep.as_mut() {
+                        Some(s) => {
+                            s.as_mut().reset(deadline);
+                            s
+                        }
+                        None => self
+                            .sleep
+                            .insert(Box::pin(tokio::time::sleep_until(deadline))),
+                    };
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A [`Shaper`] as a gate: one slot of the key's queue per unit of cost.
+struct ShapeGate<K> {
+    shaper: Shaper<K>,
+    /// The slot the item waits for.
+    slot: Option<Slot>,
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Gate<K> for ShapeGate<K> {
+    fn pay(&mut self, key: &K, owed: &mut u32, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            if let Some(s) = self.slot.as_mut() {
+                if Pin::new(s).poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.slot = None;
+                *owed -= 1;
+            }
+            if *owed == 0 {
+                return Poll::Ready(());
+            }
+            self.slot = Some(self.shaper.until_slot(key));
+        }
+    }
 }
 
 pin_project! {
@@ -214,107 +392,22 @@ pin_project! {
     #[must_use = "streams do nothing unless polled"]
     pub struct RateLimited<S: Stream, K, KF, CF = fn(&<S as Stream>::Item) -> u32> {
         #[pin]
-        stream: S,
-        limiter: RateLimiter<K>,
-        key: KF,
-        cost: CF,
-        chunk: u32,
-        pending: Option<Pending<S::Item, K>>,
-        sleep: Option<Pin<Box<Sleep>>>,
+        inner: Paced<S, K, KF, CF, RateGate<K>>,
     }
 }
 
 impl<S: Stream, K, KF, CF> RateLimited<S, K, KF, CF> {
-    /// Charges each item `cost(&item)` units instead of 1.
-    pub fn cost<CF2>(self, cost: CF2) -> RateLimited<S, K, KF, CF2>
-    where
-        CF2: FnMut(&S::Item) -> u32,
-    {
-        RateLimited {
-            stream: self.stream,
-            limiter: self.limiter,
-            key: self.key,
-            cost,
-            chunk: self.chunk,
-            pending: self.pending,
-            sleep: self.sleep,
-        }
-    }
-
     /// The limiter.
     pub fn limiter(&self) -> &RateLimiter<K> {
-        &self.limiter
-    }
-
-    /// The stream underneath.
-    pub fn into_inner(self) -> S {
-        self.stream
+        &self.inner.gate.limiter
     }
 }
 
-impl<S: Stream + fmt::Debug, K, KF, CF> fmt::Debug for RateLimited<S, K, KF, CF> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimited")
-            .field("stream", &self.stream)
-            .field("waiting", &self.pending.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, K, KF, CF> Stream for RateLimited<S, K, KF, CF>
-where
-    S: Stream,
-    K: Hash + Eq + Clone + Send + Sync,
-    KF: FnMut(&S::Item) -> K,
-    CF: FnMut(&S::Item) -> u32,
-{
-    type Item = S::Item;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
-        let mut this = self.project();
-        loop {
-            let Some(p) = this.pending.as_mut() else {
-                let Some(next) = ready!(pull(this.stream.as_mut(), cx, this.key, this.cost)) else {
-                    return Poll::Ready(None);
-                };
-                *this.pending = Some(next);
-                continue;
-            };
-            if p.owed == 0 {
-                *this.sleep = None;
-                return Poll::Ready(this.pending.take().map(|p| p.item));
-            }
-            let part = p.owed.min(*this.chunk);
-            let d = this.limiter.check_n(&p.key, part);
-            match d.outcome() {
-                Outcome::Allowed => p.owed -= part,
-                // Parts never exceed the smallest burst; should one anyway (a quota changed
-                // under us), pay unit by unit rather than stall.
-                Outcome::Exceeds => *this.chunk = 1,
-                Outcome::Limited | Outcome::Banned => {
-                    let wait = d.retry_after().unwrap_or(Duration::from_millis(1));
-                    let deadline = tokio::time::Instant::now() + wait;
-                    let sleep = match this.sleep.as_mut() {
-                        Some(s) => {
-                            s.as_mut().reset(deadline);
-                            s
-                        }
-                        None => this
-                            .sleep
-                            .insert(Box::pin(tokio::time::sleep_until(deadline))),
-                    };
-                    if sleep.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                }
-            }
-        }
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        size_hint(self.stream.size_hint(), self.pending.is_some())
-    }
-}
+adapter!(
+    RateLimited,
+    [Hash + Eq + Clone + Send + Sync],
+    "Charges each item `cost(&item)` units instead of 1."
+);
 
 pin_project! {
     /// A stream whose items are spaced out by a [`Shaper`]. Made by [`LimitStreamExt::shape`].
@@ -329,91 +422,70 @@ pin_project! {
     #[must_use = "streams do nothing unless polled"]
     pub struct Shaped<S: Stream, K, KF, CF = fn(&<S as Stream>::Item) -> u32> {
         #[pin]
-        stream: S,
-        shaper: Shaper<K>,
-        key: KF,
-        cost: CF,
-        pending: Option<(Pending<S::Item, K>, Option<Slot>)>,
+        inner: Paced<S, K, KF, CF, ShapeGate<K>>,
     }
 }
 
 impl<S: Stream, K, KF, CF> Shaped<S, K, KF, CF> {
-    /// Makes each item take `cost(&item)` slots instead of 1.
-    pub fn cost<CF2>(self, cost: CF2) -> Shaped<S, K, KF, CF2>
-    where
-        CF2: FnMut(&S::Item) -> u32,
-    {
-        Shaped {
-            stream: self.stream,
-            shaper: self.shaper,
-            key: self.key,
-            cost,
-            pending: self.pending,
-        }
-    }
-
     /// The shaper.
     pub fn shaper(&self) -> &Shaper<K> {
-        &self.shaper
-    }
-
-    /// The stream underneath.
-    pub fn into_inner(self) -> S {
-        self.stream
+        &self.inner.gate.shaper
     }
 }
 
-impl<S: Stream + fmt::Debug, K, KF, CF> fmt::Debug for Shaped<S, K, KF, CF> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shaped")
-            .field("stream", &self.stream)
-            .field("waiting", &self.pending.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, K, KF, CF> Stream for Shaped<S, K, KF, CF>
-where
-    S: Stream,
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    KF: FnMut(&S::Item) -> K,
-    CF: FnMut(&S::Item) -> u32,
-{
-    type Item = S::Item;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
-        let mut this = self.project();
-        loop {
-            let Some((p, slot)) = this.pending.as_mut() else {
-                let Some(next) = ready!(pull(this.stream.as_mut(), cx, this.key, this.cost)) else {
-                    return Poll::Ready(None);
-                };
-                *this.pending = Some((next, None));
-                continue;
-            };
-            if let Some(s) = slot {
-                if Pin::new(s).poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                *slot = None;
-                p.owed -= 1;
-            }
-            if p.owed == 0 {
-                return Poll::Ready(this.pending.take().map(|(p, _)| p.item));
-            }
-            *slot = Some(this.shaper.until_slot(&p.key));
-        }
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        size_hint(self.stream.size_hint(), self.pending.is_some())
-    }
-}
+adapter!(
+    Shaped,
+    [Hash + Eq + Clone + Send + Sync + 'static],
+    "Makes each item take `cost(&item)` slots instead of 1."
+);
 
 #[cfg(feature = "redis")]
 type Admission = Pin<
     Box<dyn Future<Output = Result<crate::Decision, crate::limiter::InsufficientCapacity>> + Send>,
 >;
+
+/// A [`RedisRateLimiter`](crate::redis::RedisRateLimiter) as a gate: the cost in parts of at
+/// most `chunk`, each one `until_ready_n`.
+#[cfg(feature = "redis")]
+struct RedisGate<K> {
+    limiter: crate::redis::RedisRateLimiter<K>,
+    chunk: u32,
+    // The admission of the pending item's next part, and its size.
+    waiting: Option<(Admission, u32)>,
+}
+
+#[cfg(feature = "redis")]
+impl<K> Gate<K> for RedisGate<K>
+where
+    K: crate::redis::RedisKey + Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn pay(&mut self, key: &K, owed: &mut u32, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            if let Some((admission, part)) = self.waiting.as_mut() {
+                let Poll::Ready(result) = admission.as_mut().poll(cx) else {
+                    return Poll::Pending;
+                };
+                let part = *part;
+                self.waiting = None;
+                match result {
+                    Ok(_) => *owed -= part,
+                    // Parts never exceed the smallest burst; should one anyway (a quota
+                    // changed under us), pay unit by unit rather than stall.
+                    Err(_) => self.chunk = 1,
+                }
+            }
+            if *owed == 0 {
+                return Poll::Ready(());
+            }
+            let part = (*owed).min(self.chunk);
+            let limiter = self.limiter.clone();
+            let key = key.clone();
+            let admission: Admission =
+                Box::pin(async move { limiter.until_ready_n(&key, part).await });
+            self.waiting = Some((admission, part));
+        }
+    }
+}
 
 #[cfg(feature = "redis")]
 pin_project! {
@@ -430,102 +502,21 @@ pin_project! {
     #[must_use = "streams do nothing unless polled"]
     pub struct RedisRateLimited<S: Stream, K, KF, CF = fn(&<S as Stream>::Item) -> u32> {
         #[pin]
-        stream: S,
-        limiter: crate::redis::RedisRateLimiter<K>,
-        key: KF,
-        cost: CF,
-        chunk: u32,
-        pending: Option<Pending<S::Item, K>>,
-        // The admission of the pending item's next part, and its size.
-        waiting: Option<(Admission, u32)>,
+        inner: Paced<S, K, KF, CF, RedisGate<K>>,
     }
 }
 
 #[cfg(feature = "redis")]
 impl<S: Stream, K, KF, CF> RedisRateLimited<S, K, KF, CF> {
-    /// Charges each item `cost(&item)` units instead of 1.
-    pub fn cost<CF2>(self, cost: CF2) -> RedisRateLimited<S, K, KF, CF2>
-    where
-        CF2: FnMut(&S::Item) -> u32,
-    {
-        RedisRateLimited {
-            stream: self.stream,
-            limiter: self.limiter,
-            key: self.key,
-            cost,
-            chunk: self.chunk,
-            pending: self.pending,
-            waiting: self.waiting,
-        }
-    }
-
     /// The limiter.
     pub fn limiter(&self) -> &crate::redis::RedisRateLimiter<K> {
-        &self.limiter
-    }
-
-    /// The stream underneath.
-    pub fn into_inner(self) -> S {
-        self.stream
+        &self.inner.gate.limiter
     }
 }
 
 #[cfg(feature = "redis")]
-impl<S: Stream + fmt::Debug, K, KF, CF> fmt::Debug for RedisRateLimited<S, K, KF, CF> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisRateLimited")
-            .field("stream", &self.stream)
-            .field("waiting", &self.pending.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-#[cfg(feature = "redis")]
-impl<S, K, KF, CF> Stream for RedisRateLimited<S, K, KF, CF>
-where
-    S: Stream,
-    K: crate::redis::RedisKey + Hash + Eq + Clone + Send + Sync + 'static,
-    KF: FnMut(&S::Item) -> K,
-    CF: FnMut(&S::Item) -> u32,
-{
-    type Item = S::Item;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
-        let mut this = self.project();
-        loop {
-            let Some(p) = this.pending.as_mut() else {
-                let Some(next) = ready!(pull(this.stream.as_mut(), cx, this.key, this.cost)) else {
-                    return Poll::Ready(None);
-                };
-                *this.pending = Some(next);
-                continue;
-            };
-            if let Some((admission, part)) = this.waiting.as_mut() {
-                let Poll::Ready(result) = admission.as_mut().poll(cx) else {
-                    return Poll::Pending;
-                };
-                let part = *part;
-                *this.waiting = None;
-                match result {
-                    Ok(_) => p.owed -= part,
-                    // Parts never exceed the smallest burst; should one anyway (a quota
-                    // changed under us), pay unit by unit rather than stall.
-                    Err(_) => *this.chunk = 1,
-                }
-            }
-            if p.owed == 0 {
-                return Poll::Ready(this.pending.take().map(|p| p.item));
-            }
-            let part = p.owed.min(*this.chunk);
-            let limiter = this.limiter.clone();
-            let key = p.key.clone();
-            let admission: Admission =
-                Box::pin(async move { limiter.until_ready_n(&key, part).await });
-            *this.waiting = Some((admission, part));
-        }
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        size_hint(self.stream.size_hint(), self.pending.is_some())
-    }
-}
+adapter!(
+    RedisRateLimited,
+    [crate::redis::RedisKey + Hash + Eq + Clone + Send + Sync + 'static],
+    "Charges each item `cost(&item)` units instead of 1."
+);

@@ -194,6 +194,117 @@ fn bounds(min: usize, max: usize) -> (usize, usize) {
     (min, max.max(min))
 }
 
+/// A smoothing factor within `[0.01, 1]`, `default` for NaN.
+fn smoothing_or(smoothing: f64, default: f64) -> f64 {
+    if smoothing.is_nan() {
+        default
+    } else {
+        smoothing.clamp(0.01, 1.0)
+    }
+}
+
+/// What the algorithms that measure the no-load latency ([`Gradient2`], [`Vegas`]) share:
+/// the round-trip windows, the warm-up count, the probe and the no-load latency it measures.
+#[derive(Clone, Debug)]
+struct RoundTrips {
+    warmup: u32,
+    /// Round trips seen (saturating).
+    count: u32,
+    /// The no-load latency in seconds, infinite before the first request.
+    no_load: f64,
+    /// The round trip before the running (or last) measurement: in flight, latency.
+    before_probe: (usize, f64),
+    probe: NoLoadProbe,
+    window: Window,
+}
+
+/// What a completed request means for an algorithm, as [`RoundTrips::step`] answers.
+enum Step {
+    /// Answer this limit and move nothing.
+    Hold(usize),
+    /// A measurement of the no-load latency completed (already taken as the no-load latency,
+    /// and a new window opened): the no-load latency and the limit to return to.
+    Measured { min_rtt: f64, resume: f64 },
+    /// A round trip closed, to be judged by the algorithm: its sample and latency (seconds).
+    Round(Sample, f64),
+}
+
+impl RoundTrips {
+    fn new() -> Self {
+        RoundTrips {
+            warmup: 10,
+            count: 0,
+            no_load: f64::INFINITY,
+            before_probe: (0, 0.0),
+            probe: NoLoadProbe::new(PROBE_INTERVAL, PROBE_SAMPLES),
+            window: Window::default(),
+        }
+    }
+
+    /// Feeds one completed request under `limit`: a running probe takes it; otherwise it joins
+    /// the round-trip window, and a closed window starts a due probe or counts to the warm-up.
+    fn step(&mut self, s: &Sample, limit: f64, min: usize) -> Step {
+        if self.probe.running() {
+            let Some((min_rtt, resume)) = self.probe.feed(s, min) else {
+                return Step::Hold(min);
+            };
+            self.no_load = min_rtt;
+            self.window.restart(s.at);
+            return Step::Measured { min_rtt, resume };
+        }
+        let Some(s) = self.window.push(s) else {
+            return Step::Hold(to_limit(limit));
+        };
+        let rtt = s.rtt.as_secs_f64();
+        if self.probe.start_if_due(s.at, limit) {
+            self.before_probe = (s.in_flight, rtt);
+            return Step::Hold(min);
+        }
+        self.count = self.count.saturating_add(1);
+        if self.count == self.warmup {
+            // Measure the no-load latency first: the warm-up may have been under overload.
+            self.probe.due_now(s.at);
+        }
+        Step::Round(s, rtt)
+    }
+
+    /// The no-load latency, zero before the first request.
+    fn no_load_rtt(&self) -> Duration {
+        if self.no_load.is_finite() {
+            Duration::from_secs_f64(self.no_load.max(0.0))
+        } else {
+            Duration::ZERO
+        }
+    }
+}
+
+/// The methods of an algorithm that measures the no-load latency in its `rounds` field
+/// ([`RoundTrips`]), written once: each algorithm gives the docs and the names.
+macro_rules! no_load_methods {
+    ($($(#[$doc:meta])* fn $method:ident;)+) => {
+        $(no_load_methods!(@one [$(#[$doc])*] $method);)+
+    };
+    (@one [$(#[$doc:meta])*] probe) => {
+        $(#[$doc])*
+        pub fn probe(mut self, every: Duration, samples: u32) -> Self {
+            self.rounds.probe = NoLoadProbe::new(every, samples);
+            self
+        }
+    };
+    (@one [$(#[$doc:meta])*] no_load_rtt) => {
+        $(#[$doc])*
+        pub fn no_load_rtt(&self) -> Duration {
+            self.rounds.no_load_rtt()
+        }
+    };
+    (@one [$(#[$doc:meta])*] probing) => {
+        $(#[$doc])*
+        pub fn probing(&self) -> bool {
+            self.rounds.probe.running()
+        }
+    };
+}
+
 // ---------------------------------------------------------------------------------------------
 // AIMD
 
@@ -353,13 +464,9 @@ pub struct Gradient2 {
     tolerance: f64,
     queue_size: f64,
     long_window: u32,
-    warmup: u32,
     // State.
     long: f64,
-    no_load: f64,
-    count: u32,
-    probe: NoLoadProbe,
-    window: Window,
+    rounds: RoundTrips,
 }
 
 impl Default for Gradient2 {
@@ -374,7 +481,7 @@ impl fmt::Debug for Gradient2 {
             .field("limit", &to_limit(self.limit))
             .field("bounds", &self.bounds)
             .field("long_rtt", &Duration::from_secs_f64(self.long.max(0.0)))
-            .field("probing", &self.probe.running())
+            .field("probing", &self.rounds.probe.running())
             .finish_non_exhaustive()
     }
 }
@@ -391,23 +498,15 @@ impl Gradient2 {
             tolerance: 1.5,
             queue_size: 4.0,
             long_window: 600,
-            warmup: 10,
             long: 0.0,
-            no_load: f64::INFINITY,
-            count: 0,
-            probe: NoLoadProbe::new(PROBE_INTERVAL, PROBE_SAMPLES),
-            window: Window::default(),
+            rounds: RoundTrips::new(),
         }
     }
 
     /// How much of each new estimate is taken, in `(0, 1]` (default 0.2): higher follows
     /// faster, lower is steadier.
     pub fn smoothing(mut self, smoothing: f64) -> Self {
-        self.smoothing = if smoothing.is_nan() {
-            0.2
-        } else {
-            smoothing.clamp(0.01, 1.0)
-        };
+        self.smoothing = smoothing_or(smoothing, 0.2);
         self
     }
 
@@ -434,11 +533,10 @@ impl Gradient2 {
         self
     }
 
-    /// How often the no-load latency is measured again, and from how many requests (defaults
-    /// 30 s and 20). `Duration::MAX` turns the probe off.
-    pub fn probe(mut self, every: Duration, samples: u32) -> Self {
-        self.probe = NoLoadProbe::new(every, samples);
-        self
+    no_load_methods! {
+        /// How often the no-load latency is measured again, and from how many requests (defaults
+        /// 30 s and 20). `Duration::MAX` turns the probe off.
+        fn probe;
     }
 
     /// The long-term latency average, the baseline a request's latency is compared with.
@@ -447,19 +545,13 @@ impl Gradient2 {
         Duration::from_secs_f64(self.long.max(0.0))
     }
 
-    /// The no-load latency: the lowest latency since the last probe. Zero before the first
-    /// request.
-    pub fn no_load_rtt(&self) -> Duration {
-        if self.no_load.is_finite() {
-            Duration::from_secs_f64(self.no_load.max(0.0))
-        } else {
-            Duration::ZERO
-        }
-    }
+    no_load_methods! {
+        /// The no-load latency: the lowest latency since the last probe. Zero before the first
+        /// request.
+        fn no_load_rtt;
 
-    /// Whether the limit is held at its minimum to measure the no-load latency.
-    pub fn probing(&self) -> bool {
-        self.probe.running()
+        /// Whether the limit is held at its minimum to measure the no-load latency.
+        fn probing;
     }
 }
 
@@ -473,38 +565,26 @@ impl LimitAlgorithm for Gradient2 {
     }
 
     fn update(&mut self, s: Sample) -> usize {
-        if self.probe.running() {
-            let Some((min_rtt, resume)) = self.probe.feed(&s, self.bounds.0) else {
-                return self.bounds.0;
-            };
-            self.long = min_rtt;
-            self.no_load = min_rtt;
-            self.limit = resume;
-            self.window.restart(s.at);
-            return to_limit(self.limit);
-        }
-        let Some(s) = self.window.push(&s) else {
-            return to_limit(self.limit);
+        let (s, rtt) = match self.rounds.step(&s, self.limit, self.bounds.0) {
+            Step::Hold(limit) => return limit,
+            Step::Measured { min_rtt, resume } => {
+                self.long = min_rtt;
+                self.limit = resume;
+                return to_limit(self.limit);
+            }
+            Step::Round(s, rtt) => (s, rtt),
         };
-        let rtt = s.rtt.as_secs_f64();
-        if self.probe.start_if_due(s.at, self.limit) {
-            return self.bounds.0;
-        }
 
         // The long average: plain during the warm-up, then exponential.
-        self.count = self.count.saturating_add(1);
-        if self.count <= self.warmup {
-            self.long += (rtt - self.long) / f64::from(self.count);
-            if self.count == self.warmup {
-                // Measure the no-load latency first: the warm-up may have been under overload.
-                self.probe.due_now(s.at);
-            }
+        let count = self.rounds.count;
+        if count <= self.rounds.warmup {
+            self.long += (rtt - self.long) / f64::from(count);
         } else {
             let factor = 2.0 / (f64::from(self.long_window) + 1.0);
             self.long += (rtt - self.long) * factor;
         }
-        self.no_load = self.no_load.min(rtt);
-        self.long = self.long.min(self.no_load);
+        self.rounds.no_load = self.rounds.no_load.min(rtt);
+        self.long = self.long.min(self.rounds.no_load);
         if rtt <= 0.0 {
             return to_limit(self.limit);
         }
@@ -591,14 +671,8 @@ pub struct Vegas {
     limit: f64,
     bounds: (usize, usize),
     smoothing: f64,
-    warmup: u32,
     // State.
-    no_load: f64,
-    count: u32,
-    /// The round trip before a measurement of the no-load latency: in flight, latency.
-    before_probe: (usize, f64),
-    probe: NoLoadProbe,
-    window: Window,
+    rounds: RoundTrips,
 }
 
 impl Default for Vegas {
@@ -614,7 +688,7 @@ impl fmt::Debug for Vegas {
             .field("bounds", &self.bounds)
             .field("smoothing", &self.smoothing)
             .field("no_load_rtt", &self.no_load_rtt())
-            .field("probing", &self.probe.running())
+            .field("probing", &self.rounds.probe.running())
             .finish_non_exhaustive()
     }
 }
@@ -639,47 +713,29 @@ impl Vegas {
             limit: clamp_limit(initial as f64, bounds),
             bounds,
             smoothing: 1.0,
-            warmup: 10,
-            no_load: f64::INFINITY,
-            count: 0,
-            before_probe: (0, 0.0),
-            probe: NoLoadProbe::new(PROBE_INTERVAL, PROBE_SAMPLES),
-            window: Window::default(),
+            rounds: RoundTrips::new(),
         }
     }
 
     /// How much of each new estimate is taken, in `(0, 1]` (default 1, as the reference):
     /// lower is steadier.
     pub fn smoothing(mut self, smoothing: f64) -> Self {
-        self.smoothing = if smoothing.is_nan() {
-            1.0
-        } else {
-            smoothing.clamp(0.01, 1.0)
-        };
+        self.smoothing = smoothing_or(smoothing, 1.0);
         self
     }
 
-    /// How often the no-load latency is measured again, and from how many requests (defaults
-    /// 30 s and 20). `Duration::MAX` turns the measurement off: the no-load latency is then
-    /// the lowest latency ever seen.
-    pub fn probe(mut self, every: Duration, samples: u32) -> Self {
-        self.probe = NoLoadProbe::new(every, samples);
-        self
-    }
+    no_load_methods! {
+        /// How often the no-load latency is measured again, and from how many requests (defaults
+        /// 30 s and 20). `Duration::MAX` turns the measurement off: the no-load latency is then
+        /// the lowest latency ever seen.
+        fn probe;
 
-    /// The no-load latency: the lowest latency since the last measurement. Zero before the
-    /// first request.
-    pub fn no_load_rtt(&self) -> Duration {
-        if self.no_load.is_finite() {
-            Duration::from_secs_f64(self.no_load.max(0.0))
-        } else {
-            Duration::ZERO
-        }
-    }
+        /// The no-load latency: the lowest latency since the last measurement. Zero before the
+        /// first request.
+        fn no_load_rtt;
 
-    /// Whether the limit is held at its minimum to measure the no-load latency.
-    pub fn probing(&self) -> bool {
-        self.probe.running()
+        /// Whether the limit is held at its minimum to measure the no-load latency.
+        fn probing;
     }
 }
 
@@ -693,38 +749,25 @@ impl LimitAlgorithm for Vegas {
     }
 
     fn update(&mut self, s: Sample) -> usize {
-        if self.probe.running() {
-            let Some((min_rtt, resume)) = self.probe.feed(&s, self.bounds.0) else {
-                return self.bounds.0;
-            };
-            self.no_load = min_rtt;
-            // What the service held without queueing in the round trip before: its
-            // throughput (in flight / latency) times the no-load latency.
-            let (in_flight, rtt) = self.before_probe;
-            let estimate = if rtt > 0.0 {
-                in_flight as f64 * min_rtt / rtt
-            } else {
-                resume
-            };
-            self.limit = clamp_limit(estimate.min(resume).round(), self.bounds);
-            self.window.restart(s.at);
-            return to_limit(self.limit);
-        }
-        let Some(s) = self.window.push(&s) else {
-            return to_limit(self.limit);
+        let (s, rtt) = match self.rounds.step(&s, self.limit, self.bounds.0) {
+            Step::Hold(limit) => return limit,
+            Step::Measured { min_rtt, resume } => {
+                // What the service held without queueing in the round trip before: its
+                // throughput (in flight / latency) times the no-load latency.
+                let (in_flight, rtt) = self.rounds.before_probe;
+                let estimate = if rtt > 0.0 {
+                    in_flight as f64 * min_rtt / rtt
+                } else {
+                    resume
+                };
+                self.limit = clamp_limit(estimate.min(resume).round(), self.bounds);
+                return to_limit(self.limit);
+            }
+            Step::Round(s, rtt) => (s, rtt),
         };
-        let rtt = s.rtt.as_secs_f64();
-        if self.probe.start_if_due(s.at, self.limit) {
-            self.before_probe = (s.in_flight, rtt);
-            return self.bounds.0;
-        }
-        self.count = self.count.saturating_add(1);
-        if self.count == self.warmup {
-            // Measure the no-load latency first: the warm-up may have been under overload.
-            self.probe.due_now(s.at);
-        }
-        if rtt <= 0.0 || rtt < self.no_load {
-            self.no_load = self.no_load.min(rtt);
+        let no_load = &mut self.rounds.no_load;
+        if rtt <= 0.0 || rtt < *no_load {
+            *no_load = no_load.min(rtt);
             return to_limit(self.limit);
         }
 
@@ -736,7 +779,7 @@ impl LimitAlgorithm for Vegas {
             // Not in use: no evidence either way.
             return to_limit(self.limit);
         } else {
-            let queue = (limit * (1.0 - self.no_load / rtt)).ceil();
+            let queue = (limit * (1.0 - self.rounds.no_load / rtt)).ceil();
             let (alpha, beta, threshold) = (3.0 * log, 6.0 * log, log);
             if queue <= threshold {
                 limit + beta

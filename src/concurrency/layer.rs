@@ -14,11 +14,9 @@ use super::service::OUTCOMES;
 use super::service::{ConcurrencyLimit, Limit, Shared};
 use crate::error::ConfigError;
 use crate::headers;
-use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor, RequestHead};
-use crate::layer::common::{Common, Lazy};
+use crate::layer::common::{common_setters, Common, Lazy};
 use crate::observe::{self, AdaptiveMeter, ConcurrencyMeter, DecisionMeter, LayerKind, Names};
-use crate::response::OnReject;
 use crate::settings::ConcurrencySettings;
 
 /// The `Retry-After` hint of a rejection unless [`retry_after`](ConcurrencyLimitLayer::retry_after)
@@ -94,10 +92,8 @@ impl ConcurrencyLimitLayer<Global> {
 }
 
 impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
-    fn changed(mut self) -> Self {
-        // A setting changed before the layer was used: start from a fresh state.
-        self.state = Lazy::default();
-        self
+    common_setters! {
+        fn changed;
     }
 
     /// Applies the limit to each key separately, as `extractor` finds it (see [`crate::key`]):
@@ -136,29 +132,20 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         }
     }
 
-    /// What to do when no key can be extracted (default: reject with 400). The same policy
-    /// type as [`RateLimitLayer::on_missing_key`](crate::RateLimitLayer::on_missing_key).
-    #[track_caller]
-    pub fn on_missing_key(mut self, policy: MissingKey<E::Key>) -> Self {
-        self.common.set_on_missing(policy);
-        self.changed()
-    }
+    common_setters! {
+        /// What to do when no key can be extracted (default: reject with 400). The same policy
+        /// type as [`RateLimitLayer::on_missing_key`](crate::RateLimitLayer::on_missing_key).
+        fn on_missing_key;
 
-    /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
-    /// without any limit, as [`RateLimitLayer::allow_ip`](crate::RateLimitLayer::allow_ip)
-    /// describes: matched against the client address the key extractor resolves.
-    #[track_caller]
-    pub fn allow_ip(mut self, cidr: &str) -> Self {
-        self.common.allow_ip(cidr);
-        self.changed()
-    }
+        /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
+        /// without any limit, as [`RateLimitLayer::allow_ip`](crate::RateLimitLayer::allow_ip)
+        /// describes: matched against the client address the key extractor resolves.
+        fn allow_ip;
 
-    /// Lets requests whose key is `key` through without any limit. Call it after
-    /// [`key`](Self::key): a key of an earlier key type is reported as
-    /// [`ConfigError::AllowKeyBeforeKey`](crate::ConfigError::AllowKeyBeforeKey).
-    pub fn allow_key(mut self, key: E::Key) -> Self {
-        self.common.allow_key(key);
-        self.changed()
+        /// Lets requests whose key is `key` through without any limit. Call it after
+        /// [`key`](Self::key): a key of an earlier key type is reported as
+        /// [`ConfigError::AllowKeyBeforeKey`](crate::ConfigError::AllowKeyBeforeKey).
+        fn allow_key;
     }
 
     /// Lets requests over the limit wait for a place instead of being rejected at once.
@@ -219,34 +206,27 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         self.changed()
     }
 
-    /// Dry-run (shadow) mode: every request is decided, counted and traced as if the limit
-    /// were enforced, but none is rejected or queued. A request over the limit (or one that
-    /// would have waited in the queue) goes on at once without a permit, so the permits held
-    /// are those enforcement would hold, and carries a
-    /// [`DryRunRejection`](crate::observe::DryRunRejection) in its extensions. See
-    /// [`observe`](crate::observe#dry-run-mode).
-    ///
-    /// ```
-    /// use tollgate::ConcurrencyLimitLayer;
-    /// let shadow = ConcurrencyLimitLayer::new(64).name("db").dry_run(true);
-    /// # let _ = shadow;
-    /// ```
-    pub fn dry_run(mut self, on: bool) -> Self {
-        self.common.observe.dry_run = on;
-        self.changed()
-    }
+    common_setters! {
+        /// Dry-run (shadow) mode: every request is decided, counted and traced as if the limit
+        /// were enforced, but none is rejected or queued. A request over the limit (or one that
+        /// would have waited in the queue) goes on at once without a permit, so the permits held
+        /// are those enforcement would hold, and carries a
+        /// [`DryRunRejection`](crate::observe::DryRunRejection) in its extensions. See
+        /// [`observe`](crate::observe#dry-run-mode).
+        ///
+        /// ```
+        /// use tollgate::ConcurrencyLimitLayer;
+        /// let shadow = ConcurrencyLimitLayer::new(64).name("db").dry_run(true);
+        /// # let _ = shadow;
+        /// ```
+        fn dry_run;
 
-    /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
-    /// `Debug` form (default: no; a key is often an IP address or a user id).
-    pub fn trace_keys(mut self, on: bool) -> Self {
-        self.common.observe.trace_keys = on;
-        self.changed()
-    }
+        /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
+        /// `Debug` form (default: no; a key is often an IP address or a user id).
+        fn trace_keys;
 
-    /// Builds rejection responses with `hook` instead of the default plain-text 503 or 429.
-    pub fn on_reject(mut self, hook: OnReject) -> Self {
-        self.common.on_reject = Some(hook);
-        self.changed()
+        /// Builds rejection responses with `hook` instead of the default plain-text 503 or 429.
+        fn on_reject;
     }
 
     /// Names the layer, and with the name adds an item to `RateLimit-Policy` on every

@@ -385,7 +385,19 @@ macro_rules! service_shell {
             pub(crate) fn from_shared(inner: S, shared: std::sync::Arc<$shared>) -> Self {
                 $name { inner, shared }
             }
+        }
 
+        $crate::layer::common::inner_access!($name<S $(, $p: $bound)*>);
+    };
+}
+
+pub(crate) use service_shell;
+
+/// tower's `get_ref` / `get_mut` / `into_inner` for a service whose wrapped service is its
+/// `inner` field.
+macro_rules! inner_access {
+    ($name:ident <S $(, $p:ident $(: $bound:path)?)*>) => {
+        impl<S $(, $p $(: $bound)?)*> $name<S $(, $p)*> {
             /// The wrapped service.
             pub fn get_ref(&self) -> &S {
                 &self.inner
@@ -404,4 +416,67 @@ macro_rules! service_shell {
     };
 }
 
-pub(crate) use service_shell;
+pub(crate) use inner_access;
+
+/// The builder settings every layer has, written once over the layer's `common` and `state`
+/// fields: each layer gives the docs, in its own words, and the names to generate
+/// (`changed`, private, starts the layer's state afresh after a setting changed).
+macro_rules! common_setters {
+    ($($(#[$doc:meta])* fn $setter:ident;)+) => {
+        $(common_setters!(@one [$(#[$doc])*] $setter);)+
+    };
+    (@one [$(#[$doc:meta])*] changed) => {
+        $(#[$doc])*
+        fn changed(mut self) -> Self {
+            // A setting changed before the layer was used: start from a fresh state.
+            self.state = $crate::layer::common::Lazy::default();
+            self
+        }
+    };
+    (@one [$(#[$doc:meta])*] on_missing_key) => {
+        $(#[$doc])*
+        #[track_caller]
+        pub fn on_missing_key(mut self, policy: $crate::key::MissingKey<E::Key>) -> Self {
+            self.common.set_on_missing(policy);
+            self.changed()
+        }
+    };
+    (@one [$(#[$doc:meta])*] allow_ip) => {
+        $(#[$doc])*
+        #[track_caller]
+        pub fn allow_ip(mut self, cidr: &str) -> Self {
+            self.common.allow_ip(cidr);
+            self.changed()
+        }
+    };
+    (@one [$(#[$doc:meta])*] allow_key) => {
+        $(#[$doc])*
+        pub fn allow_key(mut self, key: E::Key) -> Self {
+            self.common.allow_key(key);
+            self.changed()
+        }
+    };
+    (@one [$(#[$doc:meta])*] dry_run) => {
+        $(#[$doc])*
+        pub fn dry_run(mut self, on: bool) -> Self {
+            self.common.observe.dry_run = on;
+            self.changed()
+        }
+    };
+    (@one [$(#[$doc:meta])*] trace_keys) => {
+        $(#[$doc])*
+        pub fn trace_keys(mut self, on: bool) -> Self {
+            self.common.observe.trace_keys = on;
+            self.changed()
+        }
+    };
+    (@one [$(#[$doc:meta])*] on_reject) => {
+        $(#[$doc])*
+        pub fn on_reject(mut self, hook: $crate::response::OnReject) -> Self {
+            self.common.on_reject = Some(hook);
+            self.changed()
+        }
+    };
+}
+
+pub(crate) use common_setters;

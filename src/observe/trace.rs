@@ -21,54 +21,45 @@ pub(crate) fn rejected(
     dry_run: bool,
     key: Option<&dyn Debug>,
 ) {
-    if dry_run {
-        if tracing::enabled!(target: "tollgate::dry_run", tracing::Level::INFO) {
-            event(names, quota, outcome, status, retry_after, true, key);
-        }
-    } else if tracing::enabled!(target: "tollgate::reject", tracing::Level::DEBUG) {
-        event(names, quota, outcome, status, retry_after, false, key);
+    let enabled = if dry_run {
+        tracing::enabled!(target: "tollgate::dry_run", tracing::Level::INFO)
+    } else {
+        tracing::enabled!(target: "tollgate::reject", tracing::Level::DEBUG)
+    };
+    if !enabled {
+        return;
     }
+    // The event itself is built out of line: rejections should not pay for its code.
+    cold(|| {
+        let layer = names.layer.as_str();
+        let policy = &*names.policy;
+        let quota = names.quota(quota).map(|q| &**q);
+        let outcome = outcome.as_str();
+        let status = status.as_u16();
+        let retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        // A key not traced is left out of the event (an `Option` records only when `Some`).
+        let key = key.map(tracing::field::debug);
+        if dry_run {
+            tracing::info!(
+                target: "tollgate::dry_run",
+                layer, policy, quota, outcome, status, retry_after_ms, dry_run, key,
+                "request would have been rejected (dry run)"
+            );
+        } else {
+            tracing::debug!(
+                target: "tollgate::reject",
+                layer, policy, quota, outcome, status, retry_after_ms, dry_run, key,
+                "request rejected"
+            );
+        }
+    });
 }
 
+/// Runs `f` out of line, as code seldom run.
 #[cold]
 #[inline(never)]
-fn event(
-    names: &Names,
-    quota: Option<usize>,
-    outcome: Verdict,
-    status: StatusCode,
-    retry_after: Option<Duration>,
-    dry_run: bool,
-    key: Option<&dyn Debug>,
-) {
-    let layer = names.layer.as_str();
-    let policy = &*names.policy;
-    let quota = names.quota(quota).map(|q| &**q);
-    let outcome = outcome.as_str();
-    let status = status.as_u16();
-    let retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    match (dry_run, key) {
-        (false, None) => tracing::debug!(
-            target: "tollgate::reject",
-            layer, policy, quota, outcome, status, retry_after_ms, dry_run,
-            "request rejected"
-        ),
-        (false, Some(key)) => tracing::debug!(
-            target: "tollgate::reject",
-            layer, policy, quota, outcome, status, retry_after_ms, dry_run, key = ?key,
-            "request rejected"
-        ),
-        (true, None) => tracing::info!(
-            target: "tollgate::dry_run",
-            layer, policy, quota, outcome, status, retry_after_ms, dry_run,
-            "request would have been rejected (dry run)"
-        ),
-        (true, Some(key)) => tracing::info!(
-            target: "tollgate::dry_run",
-            layer, policy, quota, outcome, status, retry_after_ms, dry_run, key = ?key,
-            "request would have been rejected (dry run)"
-        ),
-    }
+fn cold(f: impl FnOnce()) {
+    f()
 }
 
 /// Logs a layer's configuration when it is built, at `DEBUG` (target `tollgate::config`).

@@ -12,12 +12,11 @@ use super::settle::{AmountFn, CountFn, SettleRule};
 use super::shared::{CostFn, Parts, SelectFn, Shared, SkipFn, OUTCOMES};
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::key::{Global, KeyExtractor, MissingKey, RequestHead};
-use crate::layer::common::{Common, Lazy};
+use crate::key::{Global, KeyExtractor, RequestHead};
+use crate::layer::common::{common_setters, Common, Lazy};
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::observe::{self, DecisionMeter, LayerKind, Names};
 use crate::penalty::{Penalties, PenaltyBox};
-use crate::response::OnReject;
 use crate::store::backend::{Backend, Memory};
 use crate::store::OnFull;
 
@@ -106,10 +105,8 @@ impl RateLimitLayer<Global> {
 }
 
 impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
-    fn changed(mut self) -> Self {
-        // A setting changed before the layer was used: start from a fresh state.
-        self.state = Lazy::default();
-        self
+    common_setters! {
+        fn changed;
     }
 
     /// Counts requests per key, as `extractor` finds it (see [`crate::key`]).
@@ -329,50 +326,38 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
-    /// What to do when no key can be extracted (default: reject with 400).
-    #[track_caller]
-    pub fn on_missing_key(mut self, policy: MissingKey<E::Key>) -> Self {
-        self.common.set_on_missing(policy);
-        self.changed()
-    }
+    common_setters! {
+        /// What to do when no key can be extracted (default: reject with 400).
+        fn on_missing_key;
 
-    /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
-    /// without any limit: not counted, never rejected or banned, no `RateLimit` fields.
-    ///
-    /// The address matched is the one the key extractor resolves
-    /// ([`KeyExtractor::client_ip`](crate::key::KeyExtractor::client_ip)):
-    /// with [`key::ClientIp`](crate::key::ClientIp) the client behind your trusted proxies, so
-    /// a forwarding header is believed only from a proxy you trust; with any other extractor
-    /// the TCP peer. IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) match IPv4 ranges. Every
-    /// layer of the crate has the same allow list. An entry that is not an address or range is
-    /// a [`ConfigError::InvalidAllowedIp`], reported by [`validate`](Self::validate) and when
-    /// the layer is applied.
-    ///
-    /// ```
-    /// use tollgate::{key, Quota, RateLimitLayer};
-    /// let login = RateLimitLayer::new(Quota::per_minute(5))
-    ///     .key(key::ClientIp::new().trust_proxy("10.0.0.0/8"))
-    ///     .allow_ip("203.0.113.0/24"); // the office
-    /// # let _ = login;
-    /// ```
-    #[track_caller]
-    pub fn allow_ip(mut self, cidr: &str) -> Self {
-        self.common.allow_ip(cidr);
-        self.changed()
-    }
+        /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
+        /// without any limit: not counted, never rejected or banned, no `RateLimit` fields.
+        ///
+        /// The address matched is the one the key extractor resolves
+        /// ([`KeyExtractor::client_ip`](crate::key::KeyExtractor::client_ip)):
+        /// with [`key::ClientIp`](crate::key::ClientIp) the client behind your trusted proxies, so
+        /// a forwarding header is believed only from a proxy you trust; with any other extractor
+        /// the TCP peer. IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) match IPv4 ranges. Every
+        /// layer of the crate has the same allow list. An entry that is not an address or range is
+        /// a [`ConfigError::InvalidAllowedIp`], reported by [`validate`](Self::validate) and when
+        /// the layer is applied.
+        ///
+        /// ```
+        /// use tollgate::{key, Quota, RateLimitLayer};
+        /// let login = RateLimitLayer::new(Quota::per_minute(5))
+        ///     .key(key::ClientIp::new().trust_proxy("10.0.0.0/8"))
+        ///     .allow_ip("203.0.113.0/24"); // the office
+        /// # let _ = login;
+        /// ```
+        fn allow_ip;
 
-    /// Lets requests whose key is `key` through without any limit (an internal API key, a
-    /// monitoring user). Call it after [`key`](Self::key): a key of an earlier key type is
-    /// reported as [`ConfigError::AllowKeyBeforeKey`].
-    pub fn allow_key(mut self, key: E::Key) -> Self {
-        self.common.allow_key(key);
-        self.changed()
-    }
+        /// Lets requests whose key is `key` through without any limit (an internal API key, a
+        /// monitoring user). Call it after [`key`](Self::key): a key of an earlier key type is
+        /// reported as [`ConfigError::AllowKeyBeforeKey`].
+        fn allow_key;
 
-    /// Builds rejection responses with `hook` instead of the default plain-text 429.
-    pub fn on_reject(mut self, hook: OnReject) -> Self {
-        self.common.on_reject = Some(hook);
-        self.changed()
+        /// Builds rejection responses with `hook` instead of the default plain-text 429.
+        fn on_reject;
     }
 
     /// Whether to add `RateLimit-Policy` and `RateLimit` to responses (default: yes).
@@ -448,24 +433,23 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         Ok(self.shared()?.penalties().cloned())
     }
 
-    /// Dry-run (shadow) mode: every request is decided, counted and traced as if the limit
-    /// were enforced, but none is rejected. A request the layer would have rejected goes on
-    /// to the service with a [`DryRunRejection`](crate::observe::DryRunRejection) in its
-    /// extensions, and consumes nothing, as a rejected request would not; admitted ones
-    /// consume as they would. With Redis, a shadow instance therefore takes from the shared
-    /// state exactly what an enforcing one would. See [`observe`](crate::observe#dry-run-mode).
-    ///
-    /// No `RateLimit` header fields are sent in dry-run mode unless
-    /// [`dry_run_headers`](Self::dry_run_headers) says so.
-    ///
-    /// ```
-    /// use tollgate::{key, Quota, RateLimitLayer};
-    /// let shadow = RateLimitLayer::new(Quota::per_second(10)).key(key::PeerIp).dry_run(true);
-    /// # let _ = shadow;
-    /// ```
-    pub fn dry_run(mut self, on: bool) -> Self {
-        self.common.observe.dry_run = on;
-        self.changed()
+    common_setters! {
+        /// Dry-run (shadow) mode: every request is decided, counted and traced as if the limit
+        /// were enforced, but none is rejected. A request the layer would have rejected goes on
+        /// to the service with a [`DryRunRejection`](crate::observe::DryRunRejection) in its
+        /// extensions, and consumes nothing, as a rejected request would not; admitted ones
+        /// consume as they would. With Redis, a shadow instance therefore takes from the shared
+        /// state exactly what an enforcing one would. See [`observe`](crate::observe#dry-run-mode).
+        ///
+        /// No `RateLimit` header fields are sent in dry-run mode unless
+        /// [`dry_run_headers`](Self::dry_run_headers) says so.
+        ///
+        /// ```
+        /// use tollgate::{key, Quota, RateLimitLayer};
+        /// let shadow = RateLimitLayer::new(Quota::per_second(10)).key(key::PeerIp).dry_run(true);
+        /// # let _ = shadow;
+        /// ```
+        fn dry_run;
     }
 
     /// Whether a layer in dry-run mode sends its `RateLimit` header fields (default: no, so
@@ -475,11 +459,10 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
-    /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
-    /// `Debug` form (default: no; a key is often an IP address or a user id).
-    pub fn trace_keys(mut self, on: bool) -> Self {
-        self.common.observe.trace_keys = on;
-        self.changed()
+    common_setters! {
+        /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
+        /// `Debug` form (default: no; a key is often an IP address or a user id).
+        fn trace_keys;
     }
 
     /// Checks the configuration now, for layers built from values read at run time.

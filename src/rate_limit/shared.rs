@@ -58,19 +58,10 @@ pub(crate) struct Parts<E: KeyExtractor, L> {
 
 /// Everything a layer's services share; `L` is the limiter type of the layer's store.
 pub(crate) struct Shared<E: KeyExtractor, L> {
-    core: Core<E>,
-    /// One limiter per tier, in the order of `answers.tiers`.
-    limiters: Box<[L]>,
-    answers: Arc<Answers>,
-    select: Option<Arc<SelectFn>>,
-    cost: Option<Arc<CostFn>>,
-    skip: Option<Arc<SkipFn>>,
-    skip_methods: Box<[Method]>,
-    skip_paths: Box<[String]>,
+    /// What the layer built.
+    parts: Parts<E, L>,
     /// Whether an unknown tier name from the selector has been logged.
     unknown_tier_logged: AtomicBool,
-    /// The penalty box, when the layer keeps it in memory (see `Backend::LOCAL_PENALTIES`).
-    penalty: Option<Penalties<E::Key>>,
 }
 
 /// What a request needs before the store is asked.
@@ -86,72 +77,58 @@ pub(crate) enum Prepared<K> {
 impl<E: KeyExtractor, L> Shared<E, L> {
     /// The shared state of a layer's services, built from `parts`.
     pub(crate) fn new(parts: Parts<E, L>) -> Self {
-        let Parts {
-            core,
-            limiters,
-            answers,
-            select,
-            cost,
-            skip,
-            skip_methods,
-            skip_paths,
-            penalty,
-        } = parts;
         Shared {
-            core,
-            limiters,
-            answers,
-            select,
-            cost,
-            skip,
-            skip_methods,
-            skip_paths,
+            parts,
             unknown_tier_logged: AtomicBool::new(false),
-            penalty,
         }
     }
 
     /// What turns a decision into a response, shared with the futures of later decisions.
     #[inline]
     pub(crate) fn answers(&self) -> &Arc<Answers> {
-        &self.answers
+        &self.parts.answers
     }
 
     /// One limiter per tier, in the order of the tiers.
     #[inline]
     pub(crate) fn limiters(&self) -> &[L] {
-        &self.limiters
+        &self.parts.limiters
     }
 
     /// The penalty box, when the layer keeps it in memory.
     pub(crate) fn penalties(&self) -> Option<&Penalties<E::Key>> {
-        self.penalty.as_ref()
+        self.parts.penalty.as_ref()
     }
 
     /// Whether an admission of `cost` is settled from its response ([`Answers::settle`]).
     #[inline]
     pub(crate) fn settles(&self) -> bool {
-        self.answers.settle.is_some()
+        self.parts.answers.settle.is_some()
     }
 
     /// The key as rejection events show it: only when the layer traces keys.
     #[inline]
     pub(crate) fn traced<'k>(&self, key: &'k E::Key) -> Option<&'k dyn std::fmt::Debug> {
-        self.core.traced(key)
+        self.parts.core.traced(key)
     }
 
     fn skips(&self, head: &RequestHead<'_>) -> bool {
-        self.skip_methods.contains(head.method)
-            || self.skip_paths.iter().any(|p| p == head.uri.path())
-            || self.skip.as_ref().is_some_and(|f| f(head))
+        self.parts.skip_methods.contains(head.method)
+            || self.parts.skip_paths.iter().any(|p| p == head.uri.path())
+            || self.parts.skip.as_ref().is_some_and(|f| f(head))
     }
 
     fn tier(&self, head: &RequestHead<'_>) -> usize {
-        let Some(select) = &self.select else {
+        let Some(select) = &self.parts.select else {
             return 0;
         };
         let find = |name: &str| {
-            let found = self.answers.tiers.iter().position(|t| &*t.name == name);
+            let found = self
+                .parts
+                .answers
+                .tiers
+                .iter()
+                .position(|t| &*t.name == name);
             if found.is_none() {
                 self.unknown_tier(name);
             }
@@ -165,7 +142,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     #[cold]
     fn unknown_tier(&self, name: &str) {
         if !self.unknown_tier_logged.swap(true, Ordering::Relaxed) {
-            let known: Vec<&str> = self.answers.tiers.iter().map(|t| &*t.name).collect();
+            let known: Vec<&str> = self.parts.answers.tiers.iter().map(|t| &*t.name).collect();
             tracing::error!(
                 tier = name,
                 ?known,
@@ -182,12 +159,12 @@ impl<E: KeyExtractor, L> Shared<E, L> {
             return Prepared::Pass;
         }
         let tier = self.tier(head);
-        let key = match self.core.resolve(head) {
+        let key = match self.parts.core.resolve(head) {
             Resolved::Key(key) => key,
             Resolved::Pass => return Prepared::Pass,
             Resolved::Reject(status) => return Prepared::Missing { tier, status },
         };
-        let cost = self.cost.as_ref().map_or(1, |f| f(head));
+        let cost = self.parts.cost.as_ref().map_or(1, |f| f(head));
         Prepared::Decide { tier, key, cost }
     }
 
@@ -200,10 +177,11 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         status: StatusCode,
         req: &mut Request<ReqBody>,
     ) -> Option<Response<B>> {
-        let t = &self.answers.tiers[tier];
+        let t = &self.parts.answers.tiers[tier];
         let to = Recipient::of(&RequestHead::new(req));
         let r = Rejection::new(RejectionKind::MissingKey, status, None, Some(&t.name), to);
-        self.core
+        self.parts
+            .core
             .refuser(&t.names, &t.meter)
             .refuse(&r, None, req.extensions_mut())
     }
@@ -211,11 +189,11 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     /// The decision for `key` if the penalty box bans it now, before the quotas are asked.
     #[inline]
     pub(crate) fn banned(&self, tier: usize, key: &E::Key) -> Option<Decision> {
-        let penalty = self.penalty.as_ref()?;
+        let penalty = self.parts.penalty.as_ref()?;
         match penalty.wait_at(key, penalty.now()) {
             0 => None,
             wait => Some(banned_decision(
-                &self.answers.tiers[tier].live.load().rules,
+                &self.parts.answers.tiers[tier].live.load().rules,
                 wait,
             )),
         }
@@ -226,16 +204,18 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     /// it) banned the key. A dry run records no strikes.
     #[inline]
     pub(crate) fn strike(&self, tier: usize, key: &E::Key, decision: &mut Decision) {
-        let Some(penalty) = &self.penalty else {
+        let Some(penalty) = &self.parts.penalty else {
             return;
         };
-        if !penalty::is_offence(decision) || self.answers.observe.dry_run {
+        if !penalty::is_offence(decision) || self.parts.answers.observe.dry_run {
             return;
         }
         let retry = decision.retry_after().map_or(0, penalty::nanos);
         match penalty.strike_at(key, penalty.now(), retry).1 {
             0 => {}
-            wait => *decision = banned_decision(&self.answers.tiers[tier].live.load().rules, wait),
+            wait => {
+                *decision = banned_decision(&self.parts.answers.tiers[tier].live.load().rules, wait)
+            }
         }
     }
 }
@@ -244,7 +224,7 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
     /// Whether an admitted request of `cost` holds something to give back or settle later.
     #[inline]
     pub(crate) fn reserves(&self, cost: u32) -> bool {
-        cost > 0 || self.answers.settle.is_some()
+        cost > 0 || self.parts.answers.settle.is_some()
     }
 
     /// What an admitted request of `cost` took from `key` on tier `tier`, with `admitted`,
@@ -261,7 +241,7 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
         B: crate::store::backend::Backend<E::Key, Limiter = L>,
     {
         Taken {
-            limiter: self.limiters[tier].clone(),
+            limiter: self.parts.limiters[tier].clone(),
             key,
             cost,
             reserved: match &admitted {
@@ -272,9 +252,9 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
                 },
             },
             local: admitted.is_some_and(|d| d.is_local()),
-            settle: self.answers.settle.is_some().then(|| {
+            settle: self.parts.answers.settle.is_some().then(|| {
                 Box::new(Settle {
-                    answers: self.answers.clone(),
+                    answers: self.parts.answers.clone(),
                     tier,
                     admitted: admitted.copied(),
                 })

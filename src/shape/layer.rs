@@ -13,14 +13,12 @@ use super::service::{Fields, Shape, Shared};
 use super::shaper::Shaper;
 use crate::error::ConfigError;
 use crate::headers;
-use crate::key::MissingKey;
 use crate::key::{Global, KeyExtractor};
-use crate::layer::common::{Common, Lazy};
+use crate::layer::common::{common_setters, Common, Lazy};
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::observe::{self, DecisionMeter, LayerKind, Names, ShapeMeter};
 use crate::quota::Quota;
 use crate::rate_limit::policy::rate_name;
-use crate::response::OnReject;
 use crate::settings::ShapeSettings;
 
 /// Shapes HTTP traffic: requests wait in a bounded first-in-first-out queue per key and are
@@ -81,10 +79,8 @@ impl ShapeLayer<Global> {
 }
 
 impl<E: KeyExtractor> ShapeLayer<E> {
-    fn changed(mut self) -> Self {
-        // A setting changed before the layer was used: start from a fresh state.
-        self.state = Lazy::default();
-        self
+    common_setters! {
+        fn changed;
     }
 
     /// Gives each key (see [`crate::key`]) its own queue and its own rate.
@@ -200,59 +196,41 @@ impl<E: KeyExtractor> ShapeLayer<E> {
         self.changed()
     }
 
-    /// What to do when no key can be extracted (default: reject with 400).
-    #[track_caller]
-    pub fn on_missing_key(mut self, policy: MissingKey<E::Key>) -> Self {
-        self.common.set_on_missing(policy);
-        self.changed()
-    }
+    common_setters! {
+        /// What to do when no key can be extracted (default: reject with 400).
+        fn on_missing_key;
 
-    /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
-    /// without any limit, as [`RateLimitLayer::allow_ip`](crate::RateLimitLayer::allow_ip)
-    /// describes: matched against the client address the key extractor resolves.
-    #[track_caller]
-    pub fn allow_ip(mut self, cidr: &str) -> Self {
-        self.common.allow_ip(cidr);
-        self.changed()
-    }
+        /// Lets requests from `cidr` (`"10.0.0.0/8"`, `"2001:db8::/32"`, or one address) through
+        /// without any limit, as [`RateLimitLayer::allow_ip`](crate::RateLimitLayer::allow_ip)
+        /// describes: matched against the client address the key extractor resolves.
+        fn allow_ip;
 
-    /// Lets requests whose key is `key` through without any limit. Call it after
-    /// [`key`](Self::key): a key of an earlier key type is reported as
-    /// [`ConfigError::AllowKeyBeforeKey`](crate::ConfigError::AllowKeyBeforeKey).
-    pub fn allow_key(mut self, key: E::Key) -> Self {
-        self.common.allow_key(key);
-        self.changed()
-    }
+        /// Lets requests whose key is `key` through without any limit. Call it after
+        /// [`key`](Self::key): a key of an earlier key type is reported as
+        /// [`ConfigError::AllowKeyBeforeKey`](crate::ConfigError::AllowKeyBeforeKey).
+        fn allow_key;
 
-    /// Dry-run (shadow) mode: every request is decided, counted and traced as if shaping
-    /// were enforced, but none is delayed or rejected. A request that would have waited goes
-    /// on at once and its place in the schedule is kept until its slot, so the schedule and
-    /// the delays reported are those enforcement would have; one the queue would have
-    /// refused goes on with a [`DryRunRejection`](crate::observe::DryRunRejection) in its
-    /// extensions and takes no place. No `RateLimit` header fields are sent. See
-    /// [`observe`](crate::observe#dry-run-mode).
-    ///
-    /// ```
-    /// use tollgate::{Quota, ShapeLayer};
-    /// let shadow = ShapeLayer::new(Quota::per_second(50)).name("upstream").dry_run(true);
-    /// # let _ = shadow;
-    /// ```
-    pub fn dry_run(mut self, on: bool) -> Self {
-        self.common.observe.dry_run = on;
-        self.changed()
-    }
+        /// Dry-run (shadow) mode: every request is decided, counted and traced as if shaping
+        /// were enforced, but none is delayed or rejected. A request that would have waited goes
+        /// on at once and its place in the schedule is kept until its slot, so the schedule and
+        /// the delays reported are those enforcement would have; one the queue would have
+        /// refused goes on with a [`DryRunRejection`](crate::observe::DryRunRejection) in its
+        /// extensions and takes no place. No `RateLimit` header fields are sent. See
+        /// [`observe`](crate::observe#dry-run-mode).
+        ///
+        /// ```
+        /// use tollgate::{Quota, ShapeLayer};
+        /// let shadow = ShapeLayer::new(Quota::per_second(50)).name("upstream").dry_run(true);
+        /// # let _ = shadow;
+        /// ```
+        fn dry_run;
 
-    /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
-    /// `Debug` form (default: no; a key is often an IP address or a user id).
-    pub fn trace_keys(mut self, on: bool) -> Self {
-        self.common.observe.trace_keys = on;
-        self.changed()
-    }
+        /// Whether rejection events (target `tollgate::reject`) carry the request's key, in its
+        /// `Debug` form (default: no; a key is often an IP address or a user id).
+        fn trace_keys;
 
-    /// Builds rejection responses with `hook` instead of the default plain-text 429.
-    pub fn on_reject(mut self, hook: OnReject) -> Self {
-        self.common.on_reject = Some(hook);
-        self.changed()
+        /// Builds rejection responses with `hook` instead of the default plain-text 429.
+        fn on_reject;
     }
 
     /// Whether to add `RateLimit-Policy` and `RateLimit` to responses (default: yes).

@@ -12,6 +12,7 @@ use tower_service::Service;
 use super::future::{PoliteFuture, State};
 use super::shaper::Shaper;
 use crate::key::Global;
+use crate::layer::common::inner_access;
 use crate::quota::Quota;
 
 /// How a [`PoliteLayer`] picks the key of a call: [`Global`] (one queue, as everywhere in the
@@ -182,22 +183,7 @@ impl<S: fmt::Debug, K, F> fmt::Debug for Polite<S, K, F> {
     }
 }
 
-impl<S, K, F> Polite<S, K, F> {
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The wrapped service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
+inner_access!(Polite<S, K, F>);
 
 impl<S, Req, K, F> Service<Req> for Polite<S, K, F>
 where
