@@ -605,3 +605,62 @@ async fn a_full_table_refuses_a_new_key_once_per_request_without_a_strike() {
     assert_eq!(counts.read(), expected);
     assert_eq!(*log.lock().unwrap(), [RejectionKind::RateLimited; 4]);
 }
+
+/// A rate limit outside a concurrency limit and outside a shaping layer: the inner layer's
+/// rejection (503, 429) carries the outer fields and gives back what the outer layer took, so
+/// requests turned away inside cost the client nothing outside.
+#[tokio::test(start_paused = true)]
+async fn an_outer_rate_limit_gives_back_what_an_inner_concurrency_or_shaping_refusal_took() {
+    let (clock, _time) = Clock::manual();
+    let outer = || {
+        RateLimitLayer::new(Policy::new("outer", Quota::per_minute(3)))
+            .key(Header::new("x-client"))
+            .clock(clock.clone())
+    };
+    // Concurrency 1 inside: the first request holds the permit.
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let g = gate.clone();
+    let inner =
+        ConcurrencyLimitLayer::new(1).layer(tower::service_fn(move |req: Request<Bytes>| {
+            let g = g.clone();
+            async move {
+                g.notified().await;
+                ok(req).await
+            }
+        }));
+    let svc = outer().layer(inner);
+    let first = tokio::spawn(svc.clone().oneshot(from(Some("a"))));
+    tokio::task::yield_now().await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(seen(&svc.clone().oneshot(from(Some("a"))).await.unwrap()));
+    }
+    gate.notify_one();
+    drop(first.await.unwrap().unwrap());
+    let refused = r#"503 ra=1 pol="outer";q=3;w=60 rl="outer";r=1;t=40 grpc="#;
+    assert_eq!(got, [refused; 3]);
+
+    // A shaping queue of one inside: the second waits, the third is refused.
+    let inner = ShapeLayer::new(Quota::per_second(1))
+        .max_waiting(1)
+        .layer(tower::service_fn(ok));
+    let svc = outer().layer(inner);
+    // The outer fields of the two refused: what the admission left (0), given back after,
+    // so the fourth request is admitted outside as the third was.
+    let mut got = Vec::new();
+    let first = svc.clone().oneshot(from(Some("c"))).await.unwrap();
+    got.push(seen(&first));
+    let second = tokio::spawn(svc.clone().oneshot(from(Some("c"))));
+    tokio::task::yield_now().await;
+    for _ in 0..2 {
+        got.push(seen(&svc.clone().oneshot(from(Some("c"))).await.unwrap()));
+    }
+    got.push(seen(&second.await.unwrap().unwrap()));
+    let expected = [
+        r#"200 ra= pol="shape-1-per-1s";q=2;w=2, "outer";q=3;w=60 rl="shape-1-per-1s";r=1;t=1, "outer";r=2;t=20 grpc="#,
+        r#"429 ra=1 pol="shape-1-per-1s";q=2;w=2, "outer";q=3;w=60 rl="shape-1-per-1s";r=0;t=2, "outer";r=0;t=60 grpc="#,
+        r#"429 ra=1 pol="shape-1-per-1s";q=2;w=2, "outer";q=3;w=60 rl="shape-1-per-1s";r=0;t=2, "outer";r=0;t=60 grpc="#,
+        r#"200 ra= pol="shape-1-per-1s";q=2;w=2, "outer";q=3;w=60 rl="shape-1-per-1s";r=0;t=2, "outer";r=1;t=40 grpc="#,
+    ];
+    assert_eq!(got, expected);
+}
