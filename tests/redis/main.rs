@@ -12,6 +12,7 @@ mod key_errors;
 mod lease;
 mod lease_hostile;
 mod lease_model;
+mod meet_lua;
 mod namespace;
 mod probe;
 mod scripts;

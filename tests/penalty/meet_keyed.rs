@@ -1,0 +1,216 @@
+//! The keyed table's growth sweeps (src/keyed/mod.rs: a shard that has doubled since its last
+//! sweep waits until that sweep is a second old, unless it is large) meet the bound and the
+//! idle rule of docs/design.md section 3 ("Keyed state"): on floods of thousands of keys
+//! with clock jumps around the sweep gap, idle drops and live changes, forgetting idle keys
+//! changes no decision, `max_keys` holds, and a bounded table decides every key it tracks as
+//! an unbounded one does.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate::store::OnFull;
+use tollgate::{Clock, Decision, ManualClock, Quota, RateLimiter};
+
+const KEYS: u32 = 4_000;
+const BOUND: usize = 1_024;
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// One request of `cost` for a key.
+    Check(u32, u32),
+    /// One request of cost 1 for each of `n` consecutive keys from the first.
+    Flood(u32, u32),
+    /// The clock moves on this many milliseconds.
+    Wait(u64),
+    /// `evict_idle` on the limiters that may forget.
+    EvictIdle,
+    /// The quotas change to the set of this index.
+    Change(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..KEYS, 0u32..4).prop_map(|(k, c)| Op::Check(k, c)),
+        2 => (0..KEYS, 1u32..700).prop_map(|(k, n)| Op::Flood(k, n)),
+        3 => prop_oneof![0u64..50, 900u64..1_100, 0u64..2_500].prop_map(Op::Wait),
+        1 => Just(Op::EvictIdle),
+        1 => (0usize..4).prop_map(Op::Change),
+    ]
+}
+
+const MS: u64 = 1;
+
+/// Quota sets of every kind, with windows around the table's sweep gap of a second.
+fn quotas(set: usize, kind: u8) -> Vec<Quota> {
+    let ms = |n: u64| Duration::from_millis(n * MS);
+    let (count, width) = [(2, 300), (3, 1_200), (1, 800), (4, 2_000)][set];
+    let q = match kind {
+        0 => Quota::new(count, ms(width)).burst(count),
+        1 => Quota::fixed_window(count, ms(width)),
+        2 => Quota::sliding_log(count, ms(width)),
+        _ => Quota::sliding_window(count, ms(width)),
+    };
+    vec![q, Quota::new(count + 2, ms(width * 2))]
+}
+
+fn limiter(qs: Vec<Quota>, clock: &Clock, max_keys: usize) -> RateLimiter<u32> {
+    let mut b = RateLimiter::<u32>::builder(qs[0].clone())
+        .clock(clock.clone())
+        .max_keys(max_keys)
+        .on_full(OnFull::RejectNewKeys);
+    for q in &qs[1..] {
+        b = b.quota(q.clone());
+    }
+    b.build()
+}
+
+/// What a caller sees of a decision.
+fn seen(d: &Decision) -> (String, Option<Duration>, Vec<(u64, Duration)>) {
+    (
+        format!("{:?}", d.outcome()),
+        d.retry_after(),
+        d.states()
+            .iter()
+            .map(|s| (s.remaining(), s.reset_after()))
+            .collect(),
+    )
+}
+
+/// Three limiters on one manual clock: `keep` never forgets on request, `forget` drops idle
+/// keys whenever asked, `bounded` holds at most [`BOUND`] keys and refuses new ones when full.
+fn run(kind: u8, ops: &[Op]) -> Result<(), TestCaseError> {
+    let (clock, time): (Clock, ManualClock) = Clock::manual();
+    time.advance(Duration::from_secs(1_000));
+    let keep = limiter(quotas(0, kind), &clock, 1 << 20);
+    let forget = limiter(quotas(0, kind), &clock, 1 << 20);
+    let bounded = limiter(quotas(0, kind), &clock, BOUND);
+    // Keys the bounded limiter turned away as new on a full table: their state differs from
+    // then on.
+    let mut refused: HashSet<u32> = HashSet::new();
+    let mut one = |key: u32, cost: u32, i: usize| -> Result<(), TestCaseError> {
+        let a = keep.check_n(&key, cost);
+        let b = forget.check_n(&key, cost);
+        prop_assert_eq!(seen(&a), seen(&b), "op {}: key {} cost {}", i, key, cost);
+        let c = bounded.check_n(&key, cost);
+        if c.is_store_full() {
+            prop_assert!(
+                bounded.len() >= BOUND / 2,
+                "op {}: full at {}",
+                i,
+                bounded.len()
+            );
+            refused.insert(key);
+        } else if !refused.contains(&key) {
+            prop_assert_eq!(
+                seen(&a),
+                seen(&c),
+                "op {}: key {} cost {} bounded",
+                i,
+                key,
+                cost
+            );
+        }
+        prop_assert!(bounded.len() <= BOUND, "op {}: {} keys", i, bounded.len());
+        Ok(())
+    };
+    for (i, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Check(k, cost) => one(k, cost, i)?,
+            Op::Flood(first, n) => {
+                for k in first..(first + n).min(KEYS) {
+                    one(k, 1, i)?;
+                }
+            }
+            Op::Wait(ms) => time.advance(Duration::from_millis(ms * MS)),
+            Op::EvictIdle => {
+                forget.evict_idle();
+                prop_assert!(bounded.evict_idle() <= BOUND);
+            }
+            Op::Change(set) => {
+                for l in [&keep, &forget, &bounded] {
+                    l.set_quotas(quotas(set, kind)).unwrap();
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Growth sweeps deferred by the sweep gap change no decision and keep the bound, on every
+    /// kind, through floods, clock jumps, idle drops and live changes.
+    #[test]
+    fn deferred_growth_sweeps_change_no_decision_and_keep_max_keys(
+        kind in 0u8..4,
+        ops in proptest::collection::vec(op(), 1..60),
+    ) {
+        run(kind, &ops)?;
+    }
+}
+
+/// Four threads flood distinct and shared keys while a fifth moves the clock across the
+/// sweep gap and drops idle keys: the table never holds more than `max_keys`, and one shared
+/// key is never admitted beyond its burst plus what the elapsed time refills.
+#[test]
+fn threads_flooding_across_the_sweep_gap_keep_max_keys_and_the_shared_keys_quota() {
+    let (clock, time) = Clock::manual();
+    time.advance(Duration::from_secs(1_000));
+    // 5 per second, burst 5.
+    let l = Arc::new(limiter(vec![Quota::per_second(5)], &clock, 512));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..4u32)
+        .map(|t| {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                let mut shared = 0u64;
+                let mut over = 0usize;
+                for round in 0..4_000u32 {
+                    let _ = l.check(&(1 + t * 100_000 + round));
+                    if l.check(&0).is_allowed() {
+                        shared += 1;
+                    }
+                    if l.len() > 512 {
+                        over += 1;
+                    }
+                }
+                (shared, over)
+            })
+        })
+        .collect();
+    let mover = {
+        let (l, stop) = (l.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut moved = Duration::ZERO;
+            for i in 0..400u32 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let step = Duration::from_millis([3, 250, 999, 1_001][i as usize % 4]);
+                time.advance(step);
+                moved += step;
+                if i % 7 == 0 {
+                    l.evict_idle();
+                }
+                std::thread::yield_now();
+            }
+            moved
+        })
+    };
+    let mut admitted = 0;
+    for w in workers {
+        let (shared, over) = w.join().unwrap();
+        assert_eq!(over, 0, "a worker saw more than max_keys");
+        admitted += shared;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let moved = mover.join().unwrap();
+    assert!(l.len() <= 512);
+    // Burst 5 plus one per 200 ms of the clock's whole movement.
+    let most = 5 + moved.as_millis() as u64 / 200;
+    assert!(admitted <= most, "{admitted} admitted, at most {most}");
+}
