@@ -214,3 +214,128 @@ fn threads_flooding_across_the_sweep_gap_keep_max_keys_and_the_shared_keys_quota
     let most = 5 + moved.as_millis() as u64 / 200;
     assert!(admitted <= most, "{admitted} admitted, at most {most}");
 }
+
+/// A layer's quota state and its penalty box share one bound of `max_keys` (the box at most
+/// half of it) while floods of new keys and of one-off strikes grow the shards past their
+/// growth sweeps and the clock jumps across the sweep gap: the bound holds after every
+/// request, and a ban is never evicted or shortened: every ban told stands to its end, and the
+/// banned key is refused until then.
+mod shared_bound {
+    use super::*;
+    use crate::common::account::rig::{manual, Rig, FAILED};
+    use crate::common::stores;
+    use std::collections::HashMap;
+    use tollgate::penalty::PenaltyBox;
+    use tower::Layer;
+
+    const MAX: usize = 1_024;
+
+    #[derive(Debug, Clone)]
+    pub(super) enum Op {
+        /// One request for each of `n` new keys from the first (quota state only).
+        Flood(u32, u32),
+        /// Two requests for each of `n` keys from the first: the second is refused, one
+        /// strike each.
+        Strikes(u32, u32),
+        /// Three requests for one key: two strikes, a ban.
+        Hammer(u32),
+        Wait(u64),
+        EvictIdle,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0u32..20_000, 1u32..900).prop_map(|(k, n)| Op::Flood(k, n)),
+            3 => (0u32..20_000, 1u32..400).prop_map(|(k, n)| Op::Strikes(k, n)),
+            3 => (0u32..20_000).prop_map(Op::Hammer),
+            3 => prop_oneof![0u64..100, 900u64..1_100, 0u64..6_000].prop_map(Op::Wait),
+            1 => Just(Op::EvictIdle),
+        ]
+    }
+
+    async fn run(ops: Vec<Op>) -> Result<(), String> {
+        let (clock, time) = manual();
+        // 1 per second, burst 1: a second request within a second is refused.
+        let layer = stores::layer(&[Quota::per_second(1)], "p", &clock)
+            .max_keys(MAX)
+            .penalty_box(PenaltyBox::new(
+                2,
+                Duration::from_secs(10),
+                Duration::from_secs(5),
+            ));
+        let lim = layer.limiter("p").unwrap().unwrap();
+        let penalties = layer.penalties().unwrap().unwrap();
+        let mut rig = Rig::new(|h| layer.clone().layer(h));
+        // The end of every ban told, in nanoseconds of the clock.
+        let mut bans: HashMap<String, u128> = HashMap::new();
+        let mut sent = 0u32;
+        for (i, op) in ops.into_iter().enumerate() {
+            let mut keys: Vec<(String, u32)> = Vec::new();
+            match op {
+                Op::Flood(first, n) => {
+                    keys.extend((first..first + n).map(|k| (format!("f{k}"), 1)))
+                }
+                Op::Strikes(first, n) => {
+                    keys.extend((first..first + n).map(|k| (format!("s{k}"), 2)))
+                }
+                Op::Hammer(k) => keys.push((format!("h{k}"), 3)),
+                Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
+                Op::EvictIdle => {
+                    lim.evict_idle();
+                }
+            }
+            for (key, times) in keys {
+                for _ in 0..times {
+                    sent += 1;
+                    let now = time.now().as_nanos();
+                    let banned = bans.get(&key).is_some_and(|&end| end > now);
+                    let admitted = rig.send(&key, 1).await;
+                    if let Some(id) = admitted {
+                        if banned {
+                            return Err(format!("op {i}: banned {key} admitted"));
+                        }
+                        rig.answer(id, FAILED).await;
+                    }
+                    let tracked = lim.len() + penalties.len();
+                    if penalties.len() > MAX / 2 || tracked > MAX {
+                        return Err(format!(
+                            "op {i}: {} quota keys and {} records, max_keys {MAX}",
+                            lim.len(),
+                            penalties.len()
+                        ));
+                    }
+                }
+                if let Some(left) = penalties.ban_left(&stores::key(&key)) {
+                    let end = time.now().as_nanos() + left.as_nanos();
+                    bans.entry(key).or_insert(end);
+                }
+            }
+            let now = time.now().as_nanos();
+            bans.retain(|_, end| *end > now);
+            for (key, end) in &bans {
+                let left = penalties.ban_left(&stores::key(key)).map(|d| d.as_nanos());
+                if left != Some(end - now) {
+                    return Err(format!(
+                        "op {i}: the ban of {key} ends in {:?} ns, told {} ns ({sent} sent)",
+                        left,
+                        end - now
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        #[test]
+        fn floods_of_keys_and_strikes_keep_the_shared_bound_and_every_ban(
+            ops in proptest::collection::vec(op(), 1..30),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let r = rt.block_on(run(ops));
+            prop_assert!(r.is_ok(), "{:?}", r);
+        }
+    }
+}
