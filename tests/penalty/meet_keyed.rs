@@ -339,3 +339,110 @@ mod shared_bound {
         }
     }
 }
+
+/// Refunds bring a key's idle time earlier (the shard's idle hint follows them) while a
+/// table refusing new keys is full: a new key is refused only when every tracked key still
+/// counts. Checked against a layer without a bound, which gives back at once what the bounded
+/// one refused, so that both track the same keys that count.
+mod refunds_on_a_full_table {
+    use super::*;
+    use crate::common::account::rig::{manual, settles, Rig, FAILED, OK};
+    use crate::common::stores;
+    use tollgate::Policy;
+    use tower::Layer;
+
+    const MAX: usize = 256;
+
+    #[derive(Debug, Clone)]
+    pub(super) enum Op {
+        /// Requests for `n` keys from the first, each answered at once: a success (given
+        /// back), a failure (counted), or a failure settling at most the cost.
+        Send(u32, u32, u8),
+        Wait(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u32..700, 1u32..200, 0u8..3).prop_map(|(k, n, a)| Op::Send(k, n, a)),
+            2 => prop_oneof![0u64..200, 900u64..1_100, 0u64..3_000].prop_map(Op::Wait),
+        ]
+    }
+
+    fn policy(kind: u8) -> Policy {
+        let w = Duration::from_millis(1_500);
+        let q = match kind {
+            0 => Quota::new(2, w),
+            1 => Quota::fixed_window(2, w),
+            2 => Quota::sliding_log(2, w),
+            _ => Quota::sliding_window(2, w),
+        };
+        Policy::new("p", q)
+    }
+
+    async fn run(kind: u8, ops: Vec<Op>) -> Result<(), String> {
+        let (clock, time) = manual();
+        let layer = |bounded: bool| {
+            let l = stores::layer(policy(kind).quotas(), "p", &clock);
+            if bounded {
+                l.max_keys(MAX).on_full(OnFull::RejectNewKeys)
+            } else {
+                l
+            }
+        };
+        let (bounded, free) = (layer(true), layer(false));
+        let free_lim = free.limiter("p").unwrap().unwrap();
+        let bounded_lim = bounded.limiter("p").unwrap().unwrap();
+        let mut b = Rig::new(|h| bounded.clone().layer(h));
+        let mut f = Rig::new(|h| free.clone().layer(h));
+        for (i, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
+                Op::Send(first, n, answer) => {
+                    for k in first..first + n {
+                        let key = format!("k{k}");
+                        let reply = [OK, FAILED, settles(k % 2)][usize::from(answer)];
+                        let (x, y) = (b.send(&key, 1).await, f.send(&key, 1).await);
+                        match (x, y) {
+                            (Some(x), Some(y)) => {
+                                b.answer(x, reply).await;
+                                f.answer(y, reply).await;
+                            }
+                            (None, None) => {}
+                            (None, Some(y)) => {
+                                f.answer(y, OK).await;
+                                // Refused as new: every place is taken by a key that counts.
+                                let counting = free_lim.evict_idle();
+                                if counting < MAX {
+                                    return Err(format!(
+                                        "op {i}: {key} refused on a table of {} with {counting} keys that count",
+                                        bounded_lim.len()
+                                    ));
+                                }
+                            }
+                            (Some(_), None) => {
+                                return Err(format!(
+                                    "op {i}: {key} admitted by the bounded layer only"
+                                ))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        #[test]
+        fn a_new_key_is_refused_only_when_every_tracked_key_counts(
+            kind in 0u8..4,
+            ops in proptest::collection::vec(op(), 1..40),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let r = rt.block_on(run(kind, ops));
+            prop_assert!(r.is_ok(), "{:?}", r);
+        }
+    }
+}
