@@ -13,6 +13,7 @@ mod lease;
 mod lease_hostile;
 mod lease_model;
 mod meet_lua;
+mod meet_split;
 mod namespace;
 mod probe;
 mod scripts;
