@@ -8,6 +8,8 @@
 //! Pins docs/design.md section 3 ("An account per key", "Redis"): both stores keep the same
 //! account.
 
+#![cfg(feature = "redis")]
+
 use crate::common;
 
 use std::time::Duration;

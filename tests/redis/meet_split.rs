@@ -8,6 +8,8 @@
 //! Pins docs/design.md section 3 ("Redis", "The penalty box punishes the client's own
 //! traffic").
 
+#![cfg(feature = "redis")]
+
 use crate::common;
 
 use std::time::Duration;
