@@ -133,10 +133,13 @@ impl<K: RedisKey + Hash + Eq + Clone> Penalty<K> {
         match reply.as_slice() {
             [3, left, ..] => {
                 let left = u64::try_from(*left).ok()?.saturating_mul(MICRO);
+                // The reply's wait may be later than the ban (the quotas that refused the
+                // request that brought it); the callers ask how long the key is banned.
+                let ban = ban_left(&reply).unwrap_or(left);
                 if let Some(bans) = &self.bans {
-                    bans.remember(key, now, left, ban_left(&reply).unwrap_or(left));
+                    bans.remember(key, now, left, ban);
                 }
-                Some(left)
+                Some(ban)
             }
             [_, _] => Some(0),
             _ => {
