@@ -446,3 +446,83 @@ mod refunds_on_a_full_table {
         }
     }
 }
+
+/// Threads flood a layer's shared bound with new keys' quota state and one-off strikes, and
+/// ban keys of their own, while another moves the clock across the sweep gap: the bound and
+/// the penalty box's half of it hold (inserts racing on different shards never take a table
+/// past its cap), and no ban is evicted or shortened.
+#[test]
+fn threads_flooding_a_shared_bound_never_evict_a_ban() {
+    use crate::common::account::rig::manual;
+    use crate::common::stores;
+    use tollgate::penalty::{PenaltyBox, Strike};
+
+    const MAX: usize = 256;
+    let (clock, time) = manual();
+    let layer = stores::layer(&[Quota::per_second(1)], "p", &clock)
+        .max_keys(MAX)
+        .penalty_box(PenaltyBox::new(
+            2,
+            Duration::from_secs(10),
+            Duration::from_secs(600),
+        ));
+    let lim = layer.limiter("p").unwrap().unwrap();
+    let penalties = layer.penalties().unwrap().unwrap();
+    let start = time.now();
+    let ban = |key: &str| {
+        let k = stores::key(key);
+        assert!(matches!(penalties.strike(&k), Strike::Counted(1)));
+        matches!(penalties.strike(&k), Strike::Banned { .. })
+    };
+    let banned: Vec<String> = (0..16).map(|i| format!("ban{i}")).collect();
+    for key in &banned {
+        assert!(ban(key), "{key}");
+    }
+    let workers: Vec<_> = (0..3u32)
+        .map(|t| {
+            let (lim, penalties) = (lim.clone(), penalties.clone());
+            std::thread::spawn(move || {
+                let mut own = Vec::new();
+                for i in 0..3_000u32 {
+                    let _ = lim.check(&stores::key(&format!("q{t}-{i}")));
+                    let _ = penalties.strike(&stores::key(&format!("s{t}-{i}")));
+                    if i % 300 == 0 {
+                        let key = stores::key(&format!("b{t}-{i}"));
+                        let _ = penalties.strike(&key);
+                        if let Strike::Banned { .. } = penalties.strike(&key) {
+                            own.push(key);
+                        }
+                    }
+                }
+                own
+            })
+        })
+        .collect();
+    let mover = std::thread::spawn(move || {
+        for i in 0..300u32 {
+            time.advance(Duration::from_millis([3, 250, 999, 1_001][i as usize % 4]));
+            std::thread::yield_now();
+        }
+        time
+    });
+    let mut all: Vec<_> = banned.iter().map(|k| stores::key(k)).collect();
+    for w in workers {
+        all.extend(w.join().unwrap());
+    }
+    let time = mover.join().unwrap();
+    // Counted when no insert is on its way (a count read during one may include its place).
+    let (q, p) = (lim.len(), penalties.len());
+    assert!(p <= MAX / 2 && q + p <= MAX, "{q} + {p} keys");
+    let elapsed = time.now() - start;
+    assert!(elapsed < Duration::from_secs(600));
+    for key in &banned {
+        assert_eq!(
+            penalties.ban_left(&stores::key(key)),
+            Some(Duration::from_secs(600) - elapsed),
+            "{key}"
+        );
+    }
+    for key in &all {
+        assert!(penalties.ban_left(key).is_some(), "{key:?} lost its ban");
+    }
+}
