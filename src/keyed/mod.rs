@@ -205,6 +205,9 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         let shard = &self.shards[index];
         // Holding a place in `len` for this key (taken from the counter or from an eviction).
         let mut reserved = false;
+        // Whether this table's own count already holds it (taken with the place, so that
+        // inserts racing on other shards never take this table past its cap).
+        let mut counted = false;
         let mut searched = false;
         let mut evictions = 0;
         loop {
@@ -219,16 +222,12 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                     self.sweep(shard, &mut map, now);
                 }
                 if let Some((_, v)) = map.entries.find_mut(hash, |(k, _)| k == key) {
-                    if reserved {
-                        self.bound().give_back(1);
-                    }
+                    self.unreserve(reserved, counted);
                     return Ok(present(v, now));
                 }
                 let (result, value) = match absent(now) {
                     Absent::Done(r) => {
-                        if reserved {
-                            self.bound().give_back(1);
-                        }
+                        self.unreserve(reserved, counted);
                         return Ok(r);
                     }
                     Absent::Insert(r, v) => (r, v),
@@ -241,6 +240,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 }
                 if !reserved {
                     reserved = self.reserve();
+                    counted = reserved;
                 }
                 if !reserved && over_bound && searched {
                     self.bound().len.fetch_add(1, Ordering::AcqRel);
@@ -249,6 +249,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                 if !reserved && shard.min_idle.load(Ordering::Relaxed) <= now {
                     self.sweep(shard, &mut map, now);
                     reserved = self.reserve();
+                    counted = reserved;
                 }
                 rank = value.rank(now).max(bound::GIVES_WAY_TO_ANY);
                 if reserved {
@@ -256,7 +257,9 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                     let hasher = &self.hasher;
                     map.entries
                         .insert_unique(hash, (key.clone(), value), |(k, _)| hasher.hash_one(k));
-                    self.len.fetch_add(1, Ordering::AcqRel);
+                    if !counted {
+                        self.len.fetch_add(1, Ordering::AcqRel);
+                    }
                     // Read first: the write lock keeps every other writer of the hint out, and
                     // an insert that leaves it where it was writes no shared line.
                     if idle_at < shard.min_idle.load(Ordering::Relaxed) {
@@ -279,18 +282,29 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             match self.on_full {
                 OnFull::RejectNewKeys => {}
                 OnFull::EvictNearestIdle => {
-                    // A table at its own cap makes room among its own entries only.
-                    let capped = self.len() >= self.cap;
+                    // A table at its own cap makes room among its own entries only; below it,
+                    // it takes its place in its own count first, so that tables sharing the
+                    // bound never take it past its cap.
+                    let capped = !self.count_one();
                     let bound = self.bound();
                     let spare = Some(bound.spare(key));
-                    if evictions < EVICTION_SHARDS
-                        && (self.evict_one(now, rank, spare)
-                            || (!capped && bound.evict(rank, spare)))
-                    {
-                        // The evicted entry's place in the bound is now this key's.
-                        reserved = true;
-                        evictions += 1;
-                        continue;
+                    if evictions < EVICTION_SHARDS {
+                        // An entry of this table evicted keeps its place in the count for
+                        // this key (no racing insert takes it).
+                        let own = self.evict_one(now, rank, spare, true);
+                        if own || (!capped && bound.evict(rank, spare)) {
+                            if own && !capped {
+                                self.len.fetch_sub(1, Ordering::AcqRel);
+                            }
+                            // The evicted entry's place in the bound is now this key's.
+                            reserved = true;
+                            counted = true;
+                            evictions += 1;
+                            continue;
+                        }
+                    }
+                    if !capped {
+                        self.len.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
             }
@@ -353,10 +367,38 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         })
     }
 
-    /// Takes a place in the bound if there is one.
+    /// Takes a place in this table's count (below its cap) and in the bound, if there is one.
     #[inline]
     fn reserve(&self) -> bool {
-        self.len.load(Ordering::Acquire) < self.cap && self.bound().reserve()
+        if !self.count_one() {
+            return false;
+        }
+        if self.bound().reserve() {
+            return true;
+        }
+        self.len.fetch_sub(1, Ordering::AcqRel);
+        false
+    }
+
+    /// Counts one more entry of this table if it is below its cap.
+    #[inline]
+    fn count_one(&self) -> bool {
+        self.len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.cap).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back a place taken for a key that needs none after all.
+    #[inline]
+    fn unreserve(&self, reserved: bool, counted: bool) {
+        if reserved {
+            self.bound().give_back(1);
+        }
+        if counted {
+            self.len.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Counts this table's entries in `bound` from now on, with those of the other tables that
@@ -394,7 +436,7 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     /// Evicts an entry of rank at most `rank` for a key of another table sharing the bound,
     /// if this table's policy evicts; its place in the bound is the caller's.
     pub(crate) fn evict_for_other(&self, now: u64, rank: u8, spare: Option<u64>) -> bool {
-        self.on_full == OnFull::EvictNearestIdle && self.evict_one(now, rank, spare)
+        self.on_full == OnFull::EvictNearestIdle && self.evict_one(now, rank, spare, false)
     }
 
     /// Nanoseconds from `now` until an entry of this table may go idle (`u64::MAX`: none).
@@ -522,13 +564,14 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     }
 
     /// Forgets an evictable entry of the lowest rank there is (at most `rank`), the nearest to
-    /// idle among a random sample of that rank, keeping its place in `len` for the caller.
+    /// idle among a random sample of that rank, keeping its place in the bound for the caller,
+    /// and with `keep` its place in this table's count too.
     ///
     /// Shards are looked at from a random one on; the first entry of the lowest rank a value
     /// can have ([`Entry::MIN_RANK`]) is taken at once, so a table whose values all share one
     /// rank looks at one shard as before. Otherwise every shard is looked at once and the
     /// shard that held the lowest rank is looked at again.
-    fn evict_one(&self, now: u64, rank: u8, spare: Option<u64>) -> bool {
+    fn evict_one(&self, now: u64, rank: u8, spare: Option<u64>, keep: bool) -> bool {
         let n = self.shards.len();
         let start = self.shard_index(self.draw());
         let mut lowest: Option<(u8, usize)> = None;
@@ -541,7 +584,9 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             if r <= V::MIN_RANK {
                 if let Ok(entry) = map.entries.get_bucket_entry(index) {
                     entry.remove();
-                    self.len.fetch_sub(1, Ordering::AcqRel);
+                    if !keep {
+                        self.len.fetch_sub(1, Ordering::AcqRel);
+                    }
                     return true;
                 }
             }
@@ -557,7 +602,9 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
             Some((_, index)) => match map.entries.get_bucket_entry(index) {
                 Ok(entry) => {
                     entry.remove();
-                    self.len.fetch_sub(1, Ordering::AcqRel);
+                    if !keep {
+                        self.len.fetch_sub(1, Ordering::AcqRel);
+                    }
                     true
                 }
                 Err(_) => false,

@@ -133,10 +133,13 @@ impl<K: RedisKey + Hash + Eq + Clone> Penalty<K> {
         match reply.as_slice() {
             [3, left, ..] => {
                 let left = u64::try_from(*left).ok()?.saturating_mul(MICRO);
+                // The reply's wait may be later than the ban (the quotas that refused the
+                // request that brought it); the callers ask how long the key is banned.
+                let ban = ban_left(&reply).unwrap_or(left);
                 if let Some(bans) = &self.bans {
-                    bans.remember(key, now, left, ban_left(&reply).unwrap_or(left));
+                    bans.remember(key, now, left, ban);
                 }
-                Some(left)
+                Some(ban)
             }
             [_, _] => Some(0),
             _ => {
@@ -205,6 +208,10 @@ impl<K: Hash + Eq + Clone> BanCache<K> {
     /// Remembers that Redis said `key` is banned for `ban` ns and a retry is admitted in
     /// `wait` ns, for a request sent at `sent_at` (never later than when Redis answered, so
     /// the ban is never thought to end later).
+    ///
+    /// A ban already known to last past `sent_at` keeps the later of the two retries: a
+    /// reply about the ban alone (`ban_left`) does not know the quotas that refused the
+    /// request that brought it, and must not shorten the retry that request was told.
     pub(crate) fn remember(&self, key: &K, sent_at: u64, wait: u64, ban: u64) {
         let left = ban.min(wait);
         let entry = Cached {
@@ -218,7 +225,14 @@ impl<K: Hash + Eq + Clone> BanCache<K> {
             key,
             false,
             || sent_at,
-            |e, _| *e = entry,
+            |e, _| {
+                let retry_at = if e.ends > sent_at {
+                    entry.retry_at.max(e.retry_at)
+                } else {
+                    entry.retry_at
+                };
+                *e = Cached { retry_at, ..entry };
+            },
             |_| Absent::Insert((), entry),
         );
     }

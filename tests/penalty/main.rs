@@ -5,5 +5,6 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod meet_keyed;
 mod penalty;
 mod penalty_redis;

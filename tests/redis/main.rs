@@ -12,6 +12,8 @@ mod key_errors;
 mod lease;
 mod lease_hostile;
 mod lease_model;
+mod meet_lua;
+mod meet_split;
 mod namespace;
 mod probe;
 mod scripts;
