@@ -664,3 +664,54 @@ async fn an_outer_rate_limit_gives_back_what_an_inner_concurrency_or_shaping_ref
     ];
     assert_eq!(got, expected);
 }
+
+/// The store unreachable, its local fallback deciding on half of each quota: a rejection of
+/// the fallback is one `local_limited` count and one hook call, answered with the fields of
+/// the scaled quota it decided on.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_local_fallback_rejection_is_counted_once_and_answered_with_the_scaled_fields() {
+    use tollgate::redis::{FailMode, RedisStore};
+    let port = crate::common::redis_server::free_port();
+    let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .timeout(Duration::from_millis(50))
+        .on_failure(FailMode::local(0.5).unwrap());
+    let (hook, log) = noting();
+    let (clock, _time) = Clock::manual();
+    let (layer, mut counts) = recorded(|| {
+        let layer = RateLimitLayer::new(Policy::new("local", Quota::per_minute(4)))
+            .key(Header::new("x-client"))
+            .clock(clock)
+            .on_reject(hook)
+            .store(store);
+        let _ = layer.clone().validate().unwrap();
+        layer
+    });
+    let mut svc = layer.layer(tower::service_fn(ok));
+    let mut got = Vec::new();
+    for req in [
+        from(Some("a")),
+        from(Some("a")),
+        from(Some("a")),
+        grpc_from("a"),
+    ] {
+        got.push(seen(&svc.ready().await.unwrap().call(req).await.unwrap()));
+    }
+    let expected = [
+        r#"200 ra= pol="local";q=2;w=60 rl="local";r=1;t=30 grpc="#,
+        r#"200 ra= pol="local";q=2;w=60 rl="local";r=0;t=60 grpc="#,
+        r#"429 ra=30 pol="local";q=2;w=60 rl="local";r=0;t=60 grpc="#,
+        r#"200 ra=30 pol="local";q=2;w=60 rl="local";r=0;t=60 grpc=8"#,
+    ];
+    assert_eq!(got, expected);
+    let expected: BTreeMap<String, u64> = [
+        ("local/local_allowed/false", 2),
+        ("local/local_limited/false", 2),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    assert_eq!(counts.read(), expected);
+    assert_eq!(*log.lock().unwrap(), [RejectionKind::RateLimited; 2]);
+}
