@@ -195,10 +195,14 @@ fn the_memory_and_redis_layers_keep_the_same_account_with_warm_up() {
         .unwrap();
     let quotas = |v: [bool; 4]| {
         vec![
+            // The change keeps the warm-up curve (rate, period, cold factor) and moves the
+            // burst: a key dropped while idle and then judged by a new curve is a known
+            // difference (`rate_limit::meet_slot::a_warm_up_key_swept_before_a_change_of_curve_decides_as_a_kept_one`,
+            // ignored), which this comparison of the two stores is not about.
             if v[0] {
                 Quota::per_second(5).burst(4).warm_up(2 * S, 3)
             } else {
-                Quota::per_second(2).burst(6).warm_up(3 * S, 1)
+                Quota::per_second(5).burst(8).warm_up(2 * S, 3)
             },
             if v[1] {
                 Quota::per_second(10)
