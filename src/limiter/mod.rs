@@ -417,7 +417,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// measured then (see [`settle`](crate::rate_limit::settle#what-a-refund-gives-back)).
     /// So no sequence of changes admits more over any span than the most generous quota in
     /// force over it allows, and forgetting idle keys ([`evict_idle`](Self::evict_idle))
-    /// changes no decision under any later change.
+    /// changes no decision under any later change, but one: a warm-up key forgotten while
+    /// idle and then judged by a new warm-up curve (rate, period or cold factor) starts fully
+    /// cold, where a kept key regains its stored permits in the new curve's units, so the two
+    /// can differ by a fraction of an interval.
     ///
     /// Requests already decided keep their decision; waiters of
     /// [`until_ready`](Self::until_ready) decide again under the new quotas when their turn
