@@ -9,6 +9,7 @@
 //!   background task. [`crate::RateLimiter::evict_idle`] sweeps every shard on demand.
 //! * **Bound.** At most `max_keys` keys are tracked, over the whole store; see [`OnFull`].
 
+use std::cell::Cell;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -526,15 +527,19 @@ where
         {
             return;
         }
-        // The table reads and sweeps at the sweep time; the key is charged at the clock's.
-        let clock_now = || clock.now().max(now);
+        // The table reads and sweeps at the sweep time; the key is charged at the clock's,
+        // the same reading, taken once under the lock.
+        let at = Cell::new(now);
         let _ = self.table.upsert(
             hash,
             key,
             false,
-            || self.sweep_time(clock_now()),
-            |slot, _| charge(&*slot, clock_now()),
-            |_| Absent::Insert((), V::charged_absent(rules, clock_now(), cost)),
+            || {
+                at.set(clock.now().max(now));
+                self.sweep_time(at.get())
+            },
+            |slot, _| charge(&*slot, at.get()),
+            |_| Absent::Insert((), V::charged_absent(rules, at.get(), cost)),
         );
     }
 
@@ -556,23 +561,26 @@ where
         if slot.is_none() {
             return decision;
         }
-        // The table reads and sweeps at the sweep time; the key is decided at the clock's.
-        let clock_now = || clock.now().max(now);
-        let read = || self.sweep_time(clock_now());
+        // The table reads and sweeps at the sweep time; the key is decided at the clock's,
+        // the same reading, taken once under the lock.
+        let at = Cell::new(now);
         let result = self.table.upsert(
             hash,
             key,
             false,
-            read,
-            |slot, _| slot.decide(gcras, clock_now(), cost),
-            |_| match V::decide_absent(gcras, clock_now(), cost) {
+            || {
+                at.set(clock.now().max(now));
+                self.sweep_time(at.get())
+            },
+            |slot, _| slot.decide(gcras, at.get(), cost),
+            |_| match V::decide_absent(gcras, at.get(), cost) {
                 (d, Some(slot)) => Absent::Insert(d, slot),
                 (d, None) => Absent::Done(d),
             },
         );
         match result {
             Ok(d) => d,
-            Err(full) => V::full(gcras, full_retry(read(), full.retry_at)),
+            Err(full) => V::full(gcras, full_retry(self.sweep_time(at.get()), full.retry_at)),
         }
     }
 
