@@ -56,7 +56,6 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::decision::{Decision, Outcome};
 use crate::error::ConfigError;
@@ -206,12 +205,6 @@ pub enum Strike {
     AlreadyBanned(Duration),
     /// The strike could not be recorded: the table is full of banned keys.
     NotRecorded,
-}
-
-/// The decision for a request of a key banned for `left` more nanoseconds, on quotas `rules`
-/// (see [`Decision::banned`]).
-pub(crate) fn banned_decision(rules: &[Rule], left: u64) -> Decision {
-    Decision::banned(rules, left)
 }
 
 /// The penalty state of one key, in nanoseconds of the box's clock.

@@ -14,7 +14,7 @@ use crate::key::missing::Resolved;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::layer::common::Core;
 use crate::observe::Verdict;
-use crate::penalty::{self, banned_decision, Penalties};
+use crate::penalty::{self, Penalties};
 use crate::response::{Recipient, Rejection, RejectionKind};
 
 /// Chooses a request's tier: given the request and a lookup of tier names, the tier's index.
@@ -192,7 +192,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         let penalty = self.parts.penalty.as_ref()?;
         match penalty.wait_at(key, penalty.now()) {
             0 => None,
-            wait => Some(banned_decision(
+            wait => Some(Decision::banned(
                 &self.parts.answers.tiers[tier].live.load().rules,
                 wait,
             )),
@@ -214,7 +214,8 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         match penalty.strike_at(key, penalty.now(), retry).1 {
             0 => {}
             wait => {
-                *decision = banned_decision(&self.parts.answers.tiers[tier].live.load().rules, wait)
+                *decision =
+                    Decision::banned(&self.parts.answers.tiers[tier].live.load().rules, wait)
             }
         }
     }

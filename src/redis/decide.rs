@@ -27,7 +27,6 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Outcome, Reservation};
 use crate::error::ConfigError;
 use crate::limiter::wait::Lines;
-use crate::penalty::banned_decision;
 use crate::quota::Quota;
 
 /// A Redis limiter's settings, caches and calls, shared by its clones.
@@ -114,7 +113,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         if let Some(p) = &self.penalty {
             // Rejections must reach Redis to count as strikes: only bans are answered here.
             let left = p.known_ban(key, now)?;
-            return Some(banned_decision(&self.limits.load().rules, left));
+            return Some(Decision::banned(&self.limits.load().rules, left));
         }
         if cost == 0 {
             return None;

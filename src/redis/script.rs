@@ -22,7 +22,7 @@ use crate::algo::warmup::{Curve, WarmGcra};
 use crate::algo::{Rule, Window};
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use crate::error::ConfigError;
-use crate::penalty::{banned_decision, PenaltyBox};
+use crate::penalty::PenaltyBox;
 use crate::quota::Quota;
 
 /// The decision script, loaded once per server and called by its SHA1 (`EVALSHA`); reloaded
@@ -262,7 +262,7 @@ pub(super) fn ban_left(r: &[i64]) -> Option<u64> {
 pub(super) fn decision_of(rules: &[Rule], r: &[i64], cost: u32) -> Option<Decision> {
     if let [3, left] | [3, left, _] = r {
         let left = u64::try_from(*left).ok()?.checked_mul(MICRO)?;
-        return Some(banned_decision(rules, left));
+        return Some(Decision::banned(rules, left));
     }
     let n = rules.len();
     // An admission of a cost adds what it took: each quota's spot.
