@@ -9,11 +9,13 @@
 #![allow(dead_code)]
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use tollgate::key::Header;
+use tollgate::penalty::Strike;
 use tollgate::rate_limit::settle::ActualCost;
 use tollgate::{Clock, ConfigError, Decision, Policy, Quota, RateLimitLayer, RateLimiter};
 use tower::{Layer, Service};
@@ -52,7 +54,14 @@ pub trait Store {
     /// The layer of [`layer`], on this store.
     type Layer: Layer<Handler, Service = Self::Service> + Clone;
     /// The layer's service around the rig's handler.
-    type Service: Service<http::Request<()>, Response = Response<Full<Bytes>>, Error = Infallible>;
+    type Service: Service<
+            http::Request<()>,
+            Response = Response<Full<Bytes>>,
+            Error = Infallible,
+            Future: Send,
+        > + Clone
+        + Send
+        + 'static;
     /// The layer's limiter of one policy.
     type Limiter;
 
@@ -69,6 +78,12 @@ pub trait Store {
     }
     /// Any layer keyed by a header, on this store.
     fn on(&self, l: RateLimitLayer<Header>) -> Self::Layer;
+    /// Another instance of the service `l` is, `again` being its layer built anew: on Redis a
+    /// layer of its own on the same server (its own ban and deny cache, as another process
+    /// has); in memory, where the state is the process's, a clone of `l`.
+    fn instance(&self, l: &Self::Layer, again: RateLimitLayer<Header>) -> Self::Layer;
+    /// The layer's setting error, if it has one.
+    fn validate(&self, l: &Self::Layer) -> Result<(), ConfigError>;
     /// The limiter of the policy named `name`.
     fn limiter(&self, l: &Self::Layer, name: &str) -> Self::Limiter;
     /// A limiter of `quotas` on this store, without a layer, named `name`.
@@ -91,6 +106,13 @@ pub trait Store {
     async fn peek(&self, l: &Self::Limiter, k: &str) -> Decision;
     /// Drops idle keys where the store keeps a table (memory); Redis expires them itself.
     fn evict_idle(&self, l: &Self::Limiter);
+    /// Records a strike against `k` in the penalty box of the layer's policy `name`, outside
+    /// a decision; how long `k` is banned now, if it is.
+    async fn strike(&self, l: &Self::Layer, name: &str, k: &str) -> Option<Duration>;
+    /// How long `k` is still banned by the layer's policy `name`.
+    async fn ban_left(&self, l: &Self::Layer, name: &str, k: &str) -> Option<Duration>;
+    /// Lifts `k`'s ban and forgets its strikes.
+    async fn pardon(&self, l: &Self::Layer, name: &str, k: &str);
     /// Keeps `k`'s state for as long as the test reads it: a Redis key's time to live runs
     /// on the server's clock, not the test's manual one. Nothing in memory.
     async fn keep(&self, l: &Self::Limiter, k: &str);
@@ -109,6 +131,12 @@ impl Store for Memory {
 
     fn on(&self, l: RateLimitLayer<Header>) -> Self::Layer {
         l
+    }
+    fn instance(&self, l: &Self::Layer, _: RateLimitLayer<Header>) -> Self::Layer {
+        l.clone()
+    }
+    fn validate(&self, l: &Self::Layer) -> Result<(), ConfigError> {
+        l.clone().validate().map(drop)
     }
     fn limiter(&self, l: &Self::Layer, name: &str) -> Self::Limiter {
         l.limiter(name).unwrap().unwrap()
@@ -135,6 +163,19 @@ impl Store for Memory {
     fn evict_idle(&self, l: &Self::Limiter) {
         l.evict_idle();
     }
+    async fn strike(&self, l: &Self::Layer, _: &str, k: &str) -> Option<Duration> {
+        match l.penalties().unwrap().unwrap().strike(&key(k)) {
+            Strike::Banned { ban, .. } => Some(ban),
+            Strike::AlreadyBanned(left) => Some(left),
+            _ => None,
+        }
+    }
+    async fn ban_left(&self, l: &Self::Layer, _: &str, k: &str) -> Option<Duration> {
+        l.penalties().unwrap().unwrap().ban_left(&key(k))
+    }
+    async fn pardon(&self, l: &Self::Layer, _: &str, k: &str) {
+        l.penalties().unwrap().unwrap().pardon(&key(k));
+    }
     async fn keep(&self, _: &Self::Limiter, _: &str) {}
 }
 
@@ -144,8 +185,6 @@ pub use on_redis::OnRedis;
 
 #[cfg(feature = "redis")]
 mod on_redis {
-    use std::time::Duration;
-
     use super::*;
     use crate::common::redis_server::RedisServer;
     use tollgate::redis::{RedisRateLimiter, RedisStore};
@@ -190,6 +229,12 @@ mod on_redis {
         fn on(&self, l: RateLimitLayer<Header>) -> Self::Layer {
             l.store(self.store.clone())
         }
+        fn instance(&self, _: &Self::Layer, again: RateLimitLayer<Header>) -> Self::Layer {
+            self.on(again)
+        }
+        fn validate(&self, l: &Self::Layer) -> Result<(), ConfigError> {
+            l.clone().validate().map(drop)
+        }
         fn limiter(&self, l: &Self::Layer, name: &str) -> Self::Limiter {
             l.limiter(name).unwrap().unwrap()
         }
@@ -215,6 +260,15 @@ mod on_redis {
             l.check_n(&key(k), 0).await
         }
         fn evict_idle(&self, _: &Self::Limiter) {}
+        async fn strike(&self, l: &Self::Layer, name: &str, k: &str) -> Option<Duration> {
+            self.limiter(l, name).strike(&key(k)).await
+        }
+        async fn ban_left(&self, l: &Self::Layer, name: &str, k: &str) -> Option<Duration> {
+            self.limiter(l, name).ban_left(&key(k)).await
+        }
+        async fn pardon(&self, l: &Self::Layer, name: &str, k: &str) {
+            self.limiter(l, name).pardon(&key(k)).await;
+        }
         async fn keep(&self, l: &Self::Limiter, k: &str) {
             let _: i64 = redis::cmd("PERSIST")
                 .arg(l.redis_key(&key(k)))
@@ -226,14 +280,16 @@ mod on_redis {
 }
 
 /// Instantiates each listed test body, an `async fn(&impl Store)` of the module that calls
-/// this, as a test on the memory store (module `memory`) and on Redis (module `redis`).
+/// this, as a test on the memory store (module `memory`) and on Redis (module `redis`). A name
+/// may be followed by the arguments of its `#[tokio::test(..)]`, as `racing(flavor =
+/// "multi_thread", worker_threads = 2)`.
 #[macro_export]
 macro_rules! over_both_stores {
-    ($($name:ident),* $(,)?) => {
+    ($($name:ident $(($($runtime:tt)*))?),* $(,)?) => {
         /// The shared suite on the memory store.
         mod memory {
             $(
-                #[tokio::test]
+                #[tokio::test$(($($runtime)*))?]
                 async fn $name() {
                     super::$name(&$crate::common::stores::Memory).await;
                 }
@@ -244,7 +300,7 @@ macro_rules! over_both_stores {
         #[cfg(feature = "redis")]
         mod redis {
             $(
-                #[tokio::test]
+                #[tokio::test$(($($runtime)*))?]
                 async fn $name() {
                     super::$name(&$crate::common::stores::OnRedis::start().await).await;
                 }

@@ -1,6 +1,9 @@
-//! The penalty box on the memory store: strikes, bans, escalation, forgiveness, races at the
-//! threshold and numeric edges; and the allow list on every layer. Manual clock throughout:
-//! every wait and every `Retry-After` below is exact.
+//! The penalty box: strikes, bans, escalation, forgiveness, races at the threshold and a
+//! client that waits as told, run over both stores (`tests/common/stores.rs`: the same body
+//! through the HTTP layer in memory and on a real redis-server); then, on the memory store,
+//! numeric edges, hooks, the bounded table of offenders against a reference model, and the
+//! allow list on every layer. `penalty_redis.rs` has what only Redis has. Manual clock
+//! throughout: every wait and every `Retry-After` below is exact.
 //!
 //! Pins docs/design.md section 3 ("The penalty box punishes the client's own traffic", "One bound
 //! per layer").
@@ -13,14 +16,19 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use proptest::prelude::*;
 use tollgate::key::{ClientIp, Header, PeerIp};
 use tollgate::penalty::{PenaltyBox, Strike};
 use tollgate::response::{OnReject, RejectionKind};
 use tollgate::{
-    Clock, ConcurrencyLimitLayer, ConfigError, ManualClock, Outcome, Quota, RateLimitLayer,
+    Clock, ConcurrencyLimitLayer, ConfigError, ManualClock, Outcome, Policy, Quota, RateLimitLayer,
     ShapeLayer,
 };
 use tower::{Layer, Service, ServiceExt};
+
+use crate::common::account::rig::Handler;
+use crate::common::stores::{Memory, Store};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -121,82 +129,174 @@ fn setup() -> (Clock, ManualClock, Counted) {
     (clock, time, Counted::default())
 }
 
-#[tokio::test]
-async fn m_minus_one_rejections_then_quiet_never_ban() {
-    let (clock, time, handler) = setup();
-    let svc = login(&clock).layer(handler.clone());
-    // Two admitted, two rejected: two strikes of the three a ban needs.
-    assert_eq!(burst(&svc, "192.0.2.1", 4).await, [200, 200, 429, 429]);
-    // Quiet past the 60 s run: the run is over, and the quota is full again.
-    time.advance(60 * SEC);
-    assert_eq!(burst(&svc, "192.0.2.1", 4).await, [200, 200, 429, 429]);
-    time.advance(60 * SEC);
-    assert_eq!(burst(&svc, "192.0.2.1", 2).await, [200, 200]);
-    assert_eq!(handler.calls(), 6);
+// ---------------------------------------------------------------------------------------------
+// The rules of the box, over both stores (`tests/common/stores.rs`): the same body through the
+// HTTP layer, keyed by `x-key`, in memory and on a real redis-server.
+
+crate::over_both_stores!(
+    m_minus_one_rejections_then_quiet_never_ban,
+    exactly_m_rejections_ban_for_d_with_an_exact_retry_after_and_agreeing_fields,
+    a_banned_key_reaches_no_handler_and_consumes_no_quota,
+    repeat_offences_escalate_and_stop_at_the_cap,
+    offences_are_forgotten_after_the_quiet_period,
+    after_the_ban_the_key_is_served_normally,
+    requests_racing_at_the_threshold_make_one_ban_of_d(flavor = "multi_thread", worker_threads = 2),
+    one_strike_bans_when_m_is_1,
+    a_ban_longer_than_the_quota_is_the_retry_after_and_the_fields_reset,
+    zero_settings_are_configuration_errors,
+    strikes_recorded_outside_the_layer_ban_the_key,
+    window_quotas_are_banned_in_the_same_decision,
+);
+
+/// Keyed by `x-key`, counting every response; `policy` named `login` unless it names itself.
+fn on<S: Store>(s: &S, policy: impl Into<Policy>, clock: &Clock, penalty: PenaltyBox) -> S::Layer {
+    s.on(keyed(policy, clock).penalty_box(penalty))
 }
 
-#[tokio::test]
-async fn exactly_m_rejections_ban_for_d_with_an_exact_retry_after_and_agreeing_fields() {
-    let (clock, time, handler) = setup();
-    let svc = login(&clock).layer(handler.clone());
-    assert_eq!(burst(&svc, "192.0.2.1", 4).await, [200, 200, 429, 429]);
+fn keyed(policy: impl Into<Policy>, clock: &Clock) -> RateLimitLayer<Header> {
+    RateLimitLayer::new(policy)
+        .key(Header::new("x-key"))
+        .clock(clock.clone())
+}
+
+/// 2 per minute (burst 2); 3 rejections within 60 s ban for 10 s, doubling up to 35 s;
+/// offences forgotten after 100 s without a ban.
+fn login_box() -> PenaltyBox {
+    PenaltyBox::new(3, 60 * SEC, 10 * SEC)
+        .max_ban(35 * SEC)
+        .forget_after(100 * SEC)
+}
+
+/// [`login_box`] on `s`, policy `login`.
+fn login_on<S: Store>(s: &S, clock: &Clock) -> S::Layer {
+    on(
+        s,
+        Policy::new("login", Quota::per_minute(2)),
+        clock,
+        login_box(),
+    )
+}
+
+/// A request for `key`, answered `200` by the handler when admitted.
+fn key_req(key: &str) -> Request<()> {
+    Request::post("/login")
+        .header("x-key", key)
+        .body(())
+        .unwrap()
+}
+
+async fn seen<S>(svc: &S, key: &str) -> Seen
+where
+    S: Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible> + Clone,
+{
+    let resp = svc.clone().oneshot(key_req(key)).await.unwrap();
+    let get = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    Seen {
+        status: resp.status(),
+        retry_after: get("retry-after"),
+        ratelimit: get("ratelimit"),
+    }
+}
+
+/// The statuses of `n` requests for `key`.
+async fn statuses<S>(svc: &S, key: &str, n: usize) -> Vec<u16>
+where
+    S: Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible> + Clone,
+{
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(seen(svc, key).await.status.as_u16());
+    }
+    out
+}
+
+/// How many of `all` were served.
+fn served(all: &[Vec<u16>]) -> usize {
+    all.iter().flatten().filter(|s| **s == 200).count()
+}
+
+async fn m_minus_one_rejections_then_quiet_never_ban(s: &impl Store) {
+    let (clock, time) = Clock::manual();
+    let svc = login_on(s, &clock).layer(Handler::default());
+    // Two admitted, two rejected: two strikes of the three a ban needs.
+    let first = statuses(&svc, "mallory", 4).await;
+    assert_eq!(first, [200, 200, 429, 429]);
+    // Quiet past the 60 s run: the run is over, and the quota is full again.
+    time.advance(60 * SEC);
+    let second = statuses(&svc, "mallory", 4).await;
+    assert_eq!(second, [200, 200, 429, 429]);
+    time.advance(60 * SEC);
+    let third = statuses(&svc, "mallory", 2).await;
+    assert_eq!(third, [200, 200]);
+    assert_eq!(served(&[first, second, third]), 6);
+}
+
+async fn exactly_m_rejections_ban_for_d_with_an_exact_retry_after_and_agreeing_fields(
+    s: &impl Store,
+) {
+    let (clock, time) = Clock::manual();
+    let l = login_on(s, &clock);
+    let svc = l.clone().layer(Handler::default());
+    assert_eq!(statuses(&svc, "mallory", 4).await, [200, 200, 429, 429]);
     // The ban is 10 s, but the quota admits the request only 29 s from now (one request per
     // 30 s): Retry-After is when a retry is admitted, the later of the two.
     time.advance(SEC);
-    let third = send(&svc, from("192.0.2.1")).await;
+    let third = seen(&svc, "mallory").await;
     assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(third.retry_after.as_deref(), Some("29"));
     // r=0, and t no sooner than the ban's end.
-    assert_eq!(third.ratelimit.as_deref(), Some("\"2-per-1m\";r=0;t=60"));
+    assert_eq!(third.ratelimit.as_deref(), Some("\"login\";r=0;t=60"));
     // 4 s later: 6 s of ban left, 25 s until the quota admits, exactly.
     time.advance(4 * SEC);
-    let banned = send(&svc, from("192.0.2.1")).await;
+    let banned = seen(&svc, "mallory").await;
     assert_eq!(banned.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(banned.retry_after.as_deref(), Some("25"));
+    assert_eq!(s.ban_left(&l, "login", "mallory").await, Some(6 * SEC));
     // Another client is not affected.
-    assert_eq!(burst(&svc, "192.0.2.2", 1).await, [200]);
-    assert_eq!(handler.calls(), 3);
+    assert_eq!(statuses(&svc, "alice", 1).await, [200]);
+    // After the ban, and the quota's 60 s: the full burst, nothing was taken during the ban.
+    time.advance(55 * SEC);
+    assert_eq!(statuses(&svc, "mallory", 3).await, [200, 200, 429]);
 }
 
-#[tokio::test]
-async fn a_banned_key_reaches_no_handler_and_consumes_no_quota() {
-    let (clock, time, handler) = setup();
-    let layer = RateLimitLayer::new(Quota::per_second(1).burst(3))
-        .key(PeerIp)
-        .clock(clock.clone())
-        .penalty_box(PenaltyBox::new(1, 60 * SEC, 100 * SEC));
-    let svc = layer.layer(handler.clone());
-    assert_eq!(burst(&svc, "192.0.2.1", 4).await, [200, 200, 200, 429]);
+async fn a_banned_key_reaches_no_handler_and_consumes_no_quota(s: &impl Store) {
+    let (clock, time) = Clock::manual();
+    let policy = Policy::new("burst", Quota::per_second(1).burst(3));
+    let svc =
+        on(s, policy, &clock, PenaltyBox::new(1, 60 * SEC, 100 * SEC)).layer(Handler::default());
+    let mut all = vec![statuses(&svc, "mallory", 4).await];
+    assert_eq!(all[0], [200, 200, 200, 429]);
     // A thousand requests during the ban: none served, none counted against the quota.
     for _ in 0..1000 {
-        assert_eq!(burst(&svc, "192.0.2.1", 1).await, [429]);
+        all.push(statuses(&svc, "mallory", 1).await);
+        assert_eq!(all.last().unwrap(), &[429]);
         time.advance(Duration::from_millis(99));
     }
-    assert_eq!(handler.calls(), 3);
+    assert_eq!(served(&all), 3);
     // 99 s in; 1 s later the ban is over and the full burst is there.
     time.advance(SEC);
-    assert_eq!(burst(&svc, "192.0.2.1", 4).await, [200, 200, 200, 429]);
-    assert_eq!(handler.calls(), 6);
+    assert_eq!(statuses(&svc, "mallory", 4).await, [200, 200, 200, 429]);
 }
 
-#[tokio::test]
-async fn repeat_offences_escalate_and_stop_at_the_cap() {
-    let (clock, time, handler) = setup();
-    let layer = login(&clock);
-    let penalties = layer.penalties().unwrap().unwrap();
-    let key = tollgate::key::IpKey::from("192.0.2.1".parse::<std::net::IpAddr>().unwrap());
-    let svc = layer.layer(handler.clone());
+async fn repeat_offences_escalate_and_stop_at_the_cap(s: &impl Store) {
+    let (clock, time) = Clock::manual();
+    let l = login_on(s, &clock);
+    let svc = l.clone().layer(Handler::default());
     let mut bans = Vec::new();
     for _ in 0..5 {
         // Spend the quota, then three rejections: the third bans.
         let mut last = None;
         for _ in 0..5 {
-            let seen = send(&svc, from("192.0.2.1")).await;
+            let seen = seen(&svc, "mallory").await;
             if seen.status == StatusCode::TOO_MANY_REQUESTS {
                 last = seen.retry_after;
             }
         }
-        let ban = penalties.ban_left(&key).unwrap().as_secs();
+        let ban = s.ban_left(&l, "login", "mallory").await.unwrap().as_secs();
         // The answer waits for the ban and for the quota (30 s until one request is back).
         assert_eq!(last, Some(ban.max(30).to_string()));
         bans.push(ban);
@@ -205,92 +305,111 @@ async fn repeat_offences_escalate_and_stop_at_the_cap() {
         time.advance(Duration::from_secs(ban.max(60)));
     }
     assert_eq!(bans, [10, 20, 35, 35, 35]);
+    // 100 s of quiet after the last ban ended: the next is the first again.
+    time.advance(100 * SEC);
+    let again = statuses(&svc, "mallory", 5).await;
+    assert_eq!(again, [200, 200, 429, 429, 429]);
+    assert_eq!(s.ban_left(&l, "login", "mallory").await, Some(10 * SEC));
 }
 
-#[tokio::test]
-async fn offences_are_forgotten_after_the_quiet_period() {
-    let (clock, time, handler) = setup();
-    let layer = login(&clock);
-    let penalties = layer.penalties().unwrap().unwrap();
-    let key = tollgate::key::IpKey::from("192.0.2.1".parse::<std::net::IpAddr>().unwrap());
-    let svc = layer.layer(handler.clone());
-    let ban = |svc| {
-        let penalties = penalties.clone();
-        async move {
-            let statuses = burst(svc, "192.0.2.1", 5).await;
-            assert_eq!(statuses, [200, 200, 429, 429, 429]);
-            penalties.ban_left(&key).unwrap().as_secs()
-        }
+async fn offences_are_forgotten_after_the_quiet_period(s: &impl Store) {
+    let (clock, time) = Clock::manual();
+    let l = login_on(s, &clock);
+    let svc = l.clone().layer(Handler::default());
+    let ban = || async {
+        let statuses = statuses(&svc, "mallory", 5).await;
+        assert_eq!(statuses, [200, 200, 429, 429, 429]);
+        s.ban_left(&l, "login", "mallory").await.unwrap().as_secs()
     };
-    assert_eq!(ban(&svc).await, 10);
+    assert_eq!(ban().await, 10);
     // The ban ends at 10 s; offences are kept until 110 s.
     time.advance(109 * SEC);
-    assert_eq!(ban(&svc).await, 20);
+    assert_eq!(ban().await, 20);
     // That ban ends 20 s later; quiet for 100 s after it: the next ban is the first again.
     time.advance(120 * SEC);
-    assert_eq!(ban(&svc).await, 10);
+    assert_eq!(ban().await, 10);
 }
 
-#[tokio::test]
-async fn after_the_ban_the_key_is_served_normally() {
-    let (clock, time, handler) = setup();
-    let svc = login(&clock).layer(handler.clone());
-    assert_eq!(burst(&svc, "192.0.2.1", 5).await, [200, 200, 429, 429, 429]);
-    time.advance(10 * SEC - Duration::from_nanos(1));
-    assert_eq!(burst(&svc, "192.0.2.1", 1).await, [429]);
-    time.advance(Duration::from_nanos(1));
+async fn after_the_ban_the_key_is_served_normally<S: Store>(s: &S) {
+    // The store's smallest step of time.
+    let tick = Duration::from_nanos(S::TICK_NS as u64);
+    let (clock, time) = Clock::manual();
+    let svc = login_on(s, &clock).layer(Handler::default());
+    let banned = statuses(&svc, "mallory", 5).await;
+    assert_eq!(banned, [200, 200, 429, 429, 429]);
+    time.advance(10 * SEC - tick);
+    assert_eq!(statuses(&svc, "mallory", 1).await, [429]);
+    time.advance(tick);
     // The quota has not refilled yet (one per 30 s): a plain rate-limit rejection, one strike.
-    let seen = send(&svc, from("192.0.2.1")).await;
+    let seen = seen(&svc, "mallory").await;
     assert_eq!(seen.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(seen.retry_after.as_deref(), Some("20"));
     time.advance(20 * SEC);
-    assert_eq!(burst(&svc, "192.0.2.1", 1).await, [200]);
+    assert_eq!(statuses(&svc, "mallory", 1).await, [200]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_racing_at_the_threshold_make_one_ban_of_d() {
-    let (clock, _time, handler) = setup();
-    let layer = login(&clock);
-    let svc = layer.clone().layer(handler.clone());
-    assert_eq!(burst(&svc, "192.0.2.1", 4).await, [200, 200, 429, 429]);
+async fn requests_racing_at_the_threshold_make_one_ban_of_d(s: &impl Store) {
+    let (clock, _time) = Clock::manual();
+    // Two instances of the service (on Redis, two processes' layers on one server).
+    let a = login_on(s, &clock);
+    let b = s.instance(
+        &a,
+        keyed(Policy::new("login", Quota::per_minute(2)), &clock).penalty_box(login_box()),
+    );
+    let svcs = [
+        a.clone().layer(Handler::default()),
+        b.layer(Handler::default()),
+    ];
+    assert_eq!(statuses(&svcs[0], "mallory", 4).await, [200, 200, 429, 429]);
     // 64 requests at once, each of which could be the third strike.
     let tasks: Vec<_> = (0..64)
-        .map(|_| {
-            let svc = svc.clone();
-            tokio::spawn(async move { send(&svc, from("192.0.2.1")).await })
+        .map(|i| {
+            let svc = svcs[i % 2].clone();
+            tokio::spawn(async move { svc.oneshot(key_req("mallory")).await.unwrap() })
         })
         .collect();
     for t in tasks {
-        let seen = t.await.unwrap();
-        assert_eq!(seen.status, StatusCode::TOO_MANY_REQUESTS);
+        let resp = t.await.unwrap();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
         // The ban is 10 s; the quota admits one request 30 s from now.
-        assert_eq!(seen.retry_after.as_deref(), Some("30"));
+        assert_eq!(resp.headers()["retry-after"], "30");
     }
-    assert_eq!(handler.calls(), 2);
-    let penalties = layer.penalties().unwrap().unwrap();
-    let key = tollgate::key::IpKey::from("192.0.2.1".parse::<std::net::IpAddr>().unwrap());
     // One ban, the first: racers that struck during it did not escalate it.
-    assert_eq!(penalties.ban_left(&key), Some(10 * SEC));
-    assert_eq!(penalties.strike(&key), Strike::AlreadyBanned(10 * SEC));
+    assert_eq!(s.ban_left(&a, "login", "mallory").await, Some(10 * SEC));
+    assert_eq!(s.strike(&a, "login", "mallory").await, Some(10 * SEC));
 }
 
-#[tokio::test]
-async fn one_strike_bans_when_m_is_1() {
-    let (clock, _time, handler) = setup();
-    let layer = RateLimitLayer::new(Quota::per_minute(1))
-        .key(PeerIp)
-        .clock(clock)
-        .penalty_box(PenaltyBox::new(1, SEC, 7 * SEC));
-    let svc = layer.layer(handler.clone());
-    let first = send(&svc, from("192.0.2.1")).await;
+async fn one_strike_bans_when_m_is_1(s: &impl Store) {
+    let (clock, _time) = Clock::manual();
+    let policy = Policy::new("login", Quota::per_minute(1));
+    let svc = on(s, policy, &clock, PenaltyBox::new(1, SEC, 7 * SEC)).layer(Handler::default());
+    let first = seen(&svc, "mallory").await;
     assert_eq!(first.status, StatusCode::OK);
-    let second = send(&svc, from("192.0.2.1")).await;
+    let second = seen(&svc, "mallory").await;
     // Banned for 7 s, but the quota admits the next request only in 60 s.
     assert_eq!(second.retry_after.as_deref(), Some("60"));
 }
 
-#[test]
-fn zero_settings_are_configuration_errors() {
+async fn a_ban_longer_than_the_quota_is_the_retry_after_and_the_fields_reset(s: &impl Store) {
+    let (clock, _time) = Clock::manual();
+    let policy = Policy::new("login", Quota::per_minute(1));
+    let svc =
+        on(s, policy, &clock, PenaltyBox::new(2, 60 * SEC, 300 * SEC)).layer(Handler::default());
+    let mut all = Vec::new();
+    for _ in 0..4 {
+        all.push(seen(&svc, "mallory").await);
+    }
+    assert_eq!(all[0].status, StatusCode::OK);
+    assert_eq!(all[1].retry_after.as_deref(), Some("60"));
+    for banned in &all[2..] {
+        assert_eq!(banned.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(banned.retry_after.as_deref(), Some("300"));
+        assert_eq!(banned.ratelimit.as_deref(), Some("\"login\";r=0;t=300"));
+    }
+}
+
+async fn zero_settings_are_configuration_errors(s: &impl Store) {
+    let (clock, _time) = Clock::manual();
     let bad = [
         (PenaltyBox::new(0, SEC, SEC), "strikes must be at least 1"),
         (
@@ -307,20 +426,143 @@ fn zero_settings_are_configuration_errors() {
         ),
     ];
     for (penalty, why) in bad {
-        let layer = RateLimitLayer::new(Quota::per_second(1)).penalty_box(penalty);
+        let layer = on(s, Quota::per_second(1), &clock, penalty);
         assert_eq!(
-            layer.validate().err(),
+            s.validate(&layer).err(),
             Some(ConfigError::InvalidPenaltyBox(why))
         );
     }
     let ok_status = PenaltyBox::new(1, SEC, SEC).status(StatusCode::OK);
+    let layer = on(s, Quota::per_second(1), &clock, ok_status);
     assert_eq!(
-        RateLimitLayer::new(Quota::per_second(1))
-            .penalty_box(ok_status)
-            .validate()
-            .err(),
+        s.validate(&layer).err(),
         Some(ConfigError::InvalidStatus(200))
     );
+}
+
+async fn strikes_recorded_outside_the_layer_ban_the_key(s: &impl Store) {
+    let (clock, _time) = Clock::manual();
+    let policy = Policy::new("login", Quota::per_second(100));
+    let l = on(s, policy, &clock, PenaltyBox::new(2, 60 * SEC, 30 * SEC));
+    let svc = l.clone().layer(Handler::default());
+    // Two failed logins, found by the handler after the layer admitted them.
+    assert_eq!(statuses(&svc, "mallory", 1).await, [200]);
+    assert_eq!(s.strike(&l, "login", "mallory").await, None);
+    assert_eq!(statuses(&svc, "mallory", 1).await, [200]);
+    assert_eq!(s.strike(&l, "login", "mallory").await, Some(30 * SEC));
+    let seen = seen(&svc, "mallory").await;
+    assert_eq!(seen.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(seen.retry_after.as_deref(), Some("30"));
+    s.pardon(&l, "login", "mallory").await;
+    assert_eq!(s.ban_left(&l, "login", "mallory").await, None);
+    assert_eq!(statuses(&svc, "mallory", 1).await, [200]);
+}
+
+async fn window_quotas_are_banned_in_the_same_decision(s: &impl Store) {
+    let (clock, time) = Clock::manual();
+    let policy = Policy::new("windows", Quota::sliding_log(2, 60 * SEC))
+        .quota(Quota::fixed_window(5, 3600 * SEC));
+    let svc =
+        on(s, policy, &clock, PenaltyBox::new(2, 60 * SEC, 30 * SEC)).layer(Handler::default());
+    assert_eq!(statuses(&svc, "mallory", 4).await, [200, 200, 429, 429]);
+    let banned = seen(&svc, "mallory").await;
+    // Banned for 30 s; the log admits a request when its window has passed, 60 s from now.
+    assert_eq!(banned.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(banned.retry_after.as_deref(), Some("60"));
+    // Every quota says none left, each until its own reset, none before the ban's end.
+    assert_eq!(
+        banned.ratelimit.as_deref(),
+        Some("\"windows\";r=0;t=60, \"windows-5-per-1h\";r=0;t=3600")
+    );
+    // After the ban and the log's window: two more (the hour has used four of its five).
+    time.advance(60 * SEC);
+    assert_eq!(statuses(&svc, "mallory", 3).await, [200, 200, 429]);
+}
+
+/// Any quota, any penalty box, a client that sometimes waits as told, sometimes less,
+/// sometimes more: a request sent when the last refusal said a retry is admitted (or later)
+/// is admitted. The body of the property on both stores; `name` is the policy's, one per case.
+async fn a_client_that_waits_as_told_is_always_admitted(
+    s: &impl Store,
+    name: String,
+    (count, period, strikes, ban, waits): (u32, u64, u32, u64, Vec<u8>),
+) -> Result<(), TestCaseError> {
+    let (clock, time) = Clock::manual();
+    let secs = Duration::from_secs;
+    let policy = Policy::new(name, Quota::new(count, secs(period)));
+    let penalty = PenaltyBox::new(strikes, secs(600), secs(ban)).max_ban(secs(3600));
+    let svc = on(s, policy, &clock, penalty).layer(Handler::default());
+    // The wait the last refusal told, while the client has not sent since.
+    let mut told: Option<u64> = None;
+    for (i, w) in waits.into_iter().enumerate() {
+        let (wait, polite) = match (w, told) {
+            (_, None) | (0, _) => (0, false),
+            (1, Some(r)) => (r, true),
+            (2, Some(r)) => (r / 2, false),
+            (_, Some(r)) => (r + 7, true),
+        };
+        time.advance(secs(wait));
+        let seen = seen(&svc, "mallory").await;
+        if polite {
+            prop_assert_eq!(
+                seen.status,
+                StatusCode::OK,
+                "request {}, waited {} s",
+                i,
+                wait
+            );
+        }
+        told = (seen.status == StatusCode::TOO_MANY_REQUESTS)
+            .then(|| seen.retry_after.unwrap().parse().unwrap());
+    }
+    Ok(())
+}
+
+fn waits() -> impl Strategy<Value = (u32, u64, u32, u64, Vec<u8>)> {
+    (
+        1u32..4,
+        1u64..120,
+        1u32..4,
+        1u64..200,
+        prop::collection::vec(0u8..4, 1..40),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn a_client_that_waits_as_told_is_always_admitted_in_memory(case in waits()) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(a_client_that_waits_as_told_is_always_admitted(
+            &Memory, "polite".into(), case,
+        ))?;
+    }
+}
+
+/// The property on a real redis-server: one server for every case, a policy of its own per
+/// case.
+#[cfg(feature = "redis")]
+#[test]
+fn a_client_that_waits_as_told_is_always_admitted_on_redis() {
+    use crate::common::stores::OnRedis;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = rt.block_on(OnRedis::start());
+    let case = std::cell::Cell::new(0u32);
+    TestRunner::new(Config::with_cases(32))
+        .run(&waits(), |waits| {
+            case.set(case.get() + 1);
+            rt.block_on(a_client_that_waits_as_told_is_always_admitted(
+                &redis,
+                format!("polite-{}", case.get()),
+                waits,
+            ))
+        })
+        .unwrap();
 }
 
 #[test]
@@ -390,38 +632,6 @@ async fn the_ban_status_and_kind_reach_the_rejection_hook() {
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
     // The wait until a retry is admitted: the quota's minute outlasts the 5 s ban.
     assert_eq!(resp.body(), "banned Some(60s)");
-}
-
-#[tokio::test]
-async fn strikes_recorded_outside_the_layer_ban_the_key() {
-    let (clock, _time, handler) = setup();
-    let layer = RateLimitLayer::new(Quota::per_second(100))
-        .key(Header::new("x-user"))
-        .clock(clock)
-        .penalty_box(PenaltyBox::new(2, 60 * SEC, 30 * SEC));
-    let penalties = layer.penalties().unwrap().unwrap();
-    let svc = layer.layer(handler.clone());
-    let req = || {
-        Request::builder()
-            .header("x-user", "mallory")
-            .body(())
-            .unwrap()
-    };
-    let user: Box<[u8]> = b"mallory"[..].into();
-    // Two failed logins, found by the handler after the layer admitted them.
-    assert_eq!(send(&svc, req()).await.status, StatusCode::OK);
-    assert_eq!(penalties.strike(&user), Strike::Counted(1));
-    assert_eq!(send(&svc, req()).await.status, StatusCode::OK);
-    assert!(matches!(
-        penalties.strike(&user),
-        Strike::Banned { offence: 1, .. }
-    ));
-    let seen = send(&svc, req()).await;
-    assert_eq!(seen.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(seen.retry_after.as_deref(), Some("30"));
-    assert_eq!(handler.calls(), 2);
-    penalties.pardon(&user);
-    assert_eq!(send(&svc, req()).await.status, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -823,7 +1033,6 @@ fn a_key_banned_by_its_first_strike_may_take_the_place_of_an_offence_on_record()
 
 mod model {
     use super::*;
-    use proptest::prelude::*;
     use tollgate::penalty::Penalties;
 
     /// Every strike and ban of one key, kept whole; the rules re-derived from the history.
@@ -934,46 +1143,6 @@ mod model {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
-        /// Any quota, any penalty box, a client that sometimes waits as told, sometimes less,
-        /// sometimes more: a request sent when the last refusal said a retry is admitted (or
-        /// later) is admitted.
-        #[test]
-        fn a_client_that_waits_as_told_is_always_admitted(
-            count in 1u32..4,
-            period in 1u64..120,
-            strikes in 1u32..4,
-            ban in 1u64..200,
-            waits in prop::collection::vec(0u8..4, 1..40),
-        ) {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async {
-                let (clock, time) = Clock::manual();
-                let s = Duration::from_secs;
-                let svc = RateLimitLayer::new(Quota::new(count, s(period)))
-                    .key(PeerIp)
-                    .clock(clock)
-                    .penalty_box(PenaltyBox::new(strikes, s(600), s(ban)).max_ban(s(3600)))
-                    .layer(Counted::default());
-                // The wait the last refusal told, while the client has not sent since.
-                let mut told: Option<u64> = None;
-                for (i, w) in waits.into_iter().enumerate() {
-                    let (wait, polite) = match (w, told) {
-                        (_, None) | (0, _) => (0, false),
-                        (1, Some(r)) => (r, true),
-                        (2, Some(r)) => (r / 2, false),
-                        (_, Some(r)) => (r + 7, true),
-                    };
-                    time.advance(s(wait));
-                    let seen = send(&svc, from("192.0.2.1")).await;
-                    if polite {
-                        assert_eq!(seen.status, StatusCode::OK, "request {i}, waited {wait} s");
-                    }
-                    told = (seen.status == StatusCode::TOO_MANY_REQUESTS)
-                        .then(|| seen.retry_after.unwrap().parse().unwrap());
-                }
-            });
-        }
-
         /// Six offenders and a flood of one-off strikes on a table of four places: every
         /// offender's strikes, bans, doublings, cap and forgiveness agree with the model as if
         /// the table were unbounded (a ban or an offence on record is never evicted), a one-off
