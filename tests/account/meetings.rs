@@ -1,7 +1,9 @@
 //! Where the account of a key, the bound on tracked keys and the penalty box meet, in memory:
 //! refunds and settlements after live quota changes, on a full table and under a ban. Each
-//! case on the manual clock, with exact numbers. A debt through a burst flip runs over both
-//! stores (`tests/common/stores.rs`); `meetings_redis.rs` has where leases and the Redis key's life meet.
+//! case on the manual clock, with exact numbers. A debt through a burst flip, a debt that
+//! bans, and a client that waits as told with every kind run over both stores
+//! (`tests/common/stores.rs`); `meetings_redis.rs` has where leases and the Redis key's life
+//! meet.
 //!
 //! Pins docs/design.md section 3 ("An account per key", "A live quota change", "One bound per
 //! layer", "The penalty box punishes the client's own traffic").
@@ -10,8 +12,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use crate::common::stores::Store;
-use common::account::rig::{manual, settles, Reply, Rig, FAILED, OK};
+use crate::common::stores::{Memory, Store};
+use common::account::rig::{manual, settles, Handler, Reply, Rig, FAILED, OK};
 use http::StatusCode;
 use tollgate::key::Header;
 use tollgate::penalty::PenaltyBox;
@@ -233,25 +235,34 @@ mod told {
         }
     }
 
-    /// Runs `ops`; on every ban (429 with a Retry-After), waits exactly as told and sends the
-    /// same request again, which must be admitted. Returns how many bans were waited out.
-    /// `raise_only`: changes only raise the count (a lowered count may refuse what a wait
-    /// told before the change promised).
-    pub(super) async fn run(kind: u8, ops: Vec<Op>, raise_only: bool) -> Result<u32, String> {
+    /// Runs `ops` on `s`, the policy named `name`; on every ban (429 with a Retry-After),
+    /// waits exactly as told and sends the same request again, which must be admitted.
+    /// Returns how many bans were waited out. `raise_only`: changes only raise the count (a
+    /// lowered count may refuse what a wait told before the change promised).
+    pub(super) async fn run(
+        s: &impl Store,
+        name: &str,
+        kind: u8,
+        ops: Vec<Op>,
+        raise_only: bool,
+    ) -> Result<u32, String> {
         let (clock, time) = manual();
         let mut count = 3;
-        let l = RateLimitLayer::new(Policy::new("p", quota(kind, count)))
-            .key(Header::new("x-key"))
-            .clock(clock.clone())
-            .cost(|h| {
-                h.headers
-                    .get("x-cost")
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            })
-            .settle(ActualCost::header("x-actual"))
-            .penalty_box(PenaltyBox::new(1, 60 * S, S));
-        let mut svc = l.clone().layer(tower::service_fn(handler));
+        let l = s.on(
+            RateLimitLayer::new(Policy::new(name.to_owned(), quota(kind, count)))
+                .key(Header::new("x-key"))
+                .clock(clock.clone())
+                .cost(|h| {
+                    h.headers
+                        .get("x-cost")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(1)
+                })
+                .settle(ActualCost::header("x-actual"))
+                .penalty_box(PenaltyBox::new(1, 60 * S, S)),
+        );
+        let limiter = s.limiter(&l, name);
+        let mut svc = l.clone().layer(Handler::default());
         let mut waited = 0;
         let mut ops = ops.into_iter().peekable();
         while let Some(op) = ops.next() {
@@ -266,10 +277,7 @@ mod told {
                             ops.next();
                             if !(raise_only && c < count) {
                                 count = c;
-                                l.handle()
-                                    .unwrap()
-                                    .set_policy(Policy::new("p", quota(kind, count)))
-                                    .unwrap();
+                                s.set_policy(&l, Policy::new(name.to_owned(), quota(kind, count)));
                             }
                         }
                         time.advance(Duration::from_millis(retry * 500));
@@ -288,12 +296,10 @@ mod told {
                         continue;
                     }
                     count = c;
-                    l.handle()
-                        .unwrap()
-                        .set_policy(Policy::new("p", quota(kind, count)))
-                        .unwrap();
+                    s.set_policy(&l, Policy::new(name.to_owned(), quota(kind, count)));
                 }
             }
+            s.keep(&limiter, "k").await;
         }
         Ok(waited)
     }
@@ -309,9 +315,38 @@ mod told {
             ops in proptest::collection::vec(op(), 1..60),
         ) {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let r = rt.block_on(run(kind, ops, true));
+            let r = rt.block_on(run(&Memory, "p", kind, ops, true));
             prop_assert!(r.is_ok(), "{:?}", r);
         }
+    }
+
+    /// The same property on a real redis-server: one server for every case, a policy of its
+    /// own per case; some case waits out a ban.
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_client_that_waits_as_told_is_admitted_on_redis() {
+        use crate::common::stores::OnRedis;
+        use proptest::test_runner::{Config, TestRunner};
+
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let redis = rt.block_on(OnRedis::start());
+        let case = std::cell::Cell::new(0u32);
+        let waited = std::cell::Cell::new(0u32);
+        let strategy = (0u8..4, prop::collection::vec(op(), 1..40));
+        TestRunner::new(Config::with_cases(48))
+            .run(&strategy, |(kind, ops)| {
+                case.set(case.get() + 1);
+                let name = format!("told{}", case.get());
+                let r = rt.block_on(run(&redis, &name, kind, ops, true));
+                prop_assert!(r.is_ok(), "{:?}", r);
+                waited.set(waited.get() + r.unwrap_or(0));
+                Ok(())
+            })
+            .unwrap();
+        assert!(waited.get() > 0);
     }
 }
 
@@ -346,8 +381,7 @@ async fn a_quota_lowered_during_a_ban_refuses_the_told_retry_and_tells_the_new_t
 
 /// A debt settled above every kind's count, then a request: banned, told when the debt lets
 /// a retry through, and admitted then.
-#[tokio::test]
-async fn a_debt_bans_with_every_kind_and_the_told_retry_is_admitted() {
+async fn a_debt_bans_with_every_kind_and_the_told_retry_is_admitted(s: &impl Store) {
     use told::Op::Request;
     // GCRA's debt (8 intervals) outlasts the retry's; a window's debt ends with its window
     // (fixed), its entry (log), or weighs in the next window (counter).
@@ -357,7 +391,9 @@ async fn a_debt_bans_with_every_kind_and_the_told_retry_is_admitted() {
             Request { cost: 1, actual: 1 },
             Request { cost: 2, actual: 2 },
         ];
-        assert_eq!(told::run(kind, ops, true).await, Ok(bans), "kind {kind}");
+        let name = format!("debt{kind}");
+        let told = told::run(s, &name, kind, ops, true).await;
+        assert_eq!(told, Ok(bans), "kind {kind}");
     }
 }
 
@@ -705,7 +741,10 @@ async fn a_debt_stands_through_a_burst_flip(s: &impl Store) {
     assert_eq!(d.retry_after(), Some(90_600 * MS));
 }
 
-crate::over_both_stores!(a_debt_stands_through_a_burst_flip);
+crate::over_both_stores!(
+    a_debt_stands_through_a_burst_flip,
+    a_debt_bans_with_every_kind_and_the_told_retry_is_admitted,
+);
 
 /// Two layers, each counting failures only: GCRA 60 per minute outside, a fixed window of 5
 /// per minute inside. Five slow successes are held while both change (5 per minute; a 1 s

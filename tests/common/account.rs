@@ -471,12 +471,13 @@ pub mod rig {
         }
 
         /// A request without an `x-id` (sent by a test that holds nothing in flight) is
-        /// answered `200` at once.
+        /// answered `200` at once, with the `x-actual` header it carries, if any.
         fn call(&mut self, r: Request<()>) -> Self::Future {
             let gate = r.headers().get("x-id").map(|id| {
                 let id: u64 = id.to_str().unwrap().parse().unwrap();
                 self.gates.lock().unwrap().remove(&id).unwrap()
             });
+            let actual = r.headers().get("x-actual").cloned();
             Box::pin(async move {
                 let reply = match gate {
                     Some(gate) => gate.await.unwrap_or(OK),
@@ -486,6 +487,9 @@ pub mod rig {
                 *resp.status_mut() = StatusCode::from_u16(reply.status).unwrap();
                 if let Some(n) = reply.actual {
                     resp.extensions_mut().insert(ActualCost(n));
+                }
+                if let Some(actual) = actual {
+                    resp.headers_mut().insert("x-actual", actual);
                 }
                 Ok(resp)
             })
