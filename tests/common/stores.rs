@@ -14,10 +14,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
-use tollgate::key::Header;
+use tollgate::key::{Header, KeyExtractor};
 use tollgate::penalty::Strike;
 use tollgate::rate_limit::settle::ActualCost;
 use tollgate::{Clock, ConfigError, Decision, Policy, Quota, RateLimitLayer, RateLimiter};
+use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service};
 
 use super::account::rig::Handler;
@@ -46,6 +47,27 @@ pub fn layer(quotas: &[Quota], name: &str, clock: &Clock) -> RateLimitLayer<Head
 /// The key `k` as the layer keys it.
 pub fn key(k: &str) -> Box<[u8]> {
     k.as_bytes().into()
+}
+
+/// A service of the rig's requests, boxed, so that layers on either store stack in any order
+/// around any handler.
+pub type Boxed = BoxCloneSyncService<http::Request<()>, Response<Full<Bytes>>, Infallible>;
+
+/// A layer in memory, keyed as it is, around `inner`.
+pub fn around<E: KeyExtractor>(l: &RateLimitLayer<E>, inner: Boxed) -> Boxed
+where
+    RateLimitLayer<E>: Layer<Boxed>,
+    <RateLimitLayer<E> as Layer<Boxed>>::Service: Service<
+            http::Request<()>,
+            Response = Response<Full<Bytes>>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+{
+    Boxed::new(l.layer(inner))
 }
 
 /// A store a shared suite runs on.
@@ -82,6 +104,13 @@ pub trait Store {
     /// layer of its own on the same server (its own ban and deny cache, as another process
     /// has); in memory, where the state is the process's, a clone of `l`.
     fn instance(&self, l: &Self::Layer, again: RateLimitLayer<Header>) -> Self::Layer;
+    /// `l` around `inner`.
+    fn around(&self, l: &Self::Layer, inner: Boxed) -> Boxed;
+    /// What is left of the layer's policy `name` for `k`, per quota.
+    async fn left(&self, l: &Self::Layer, name: &str, k: &str) -> Vec<u64> {
+        let d = self.peek(&self.limiter(l, name), k).await;
+        d.states().iter().map(|s| s.remaining()).collect()
+    }
     /// The layer's setting error, if it has one.
     fn validate(&self, l: &Self::Layer) -> Result<(), ConfigError>;
     /// The limiter of the policy named `name`.
@@ -134,6 +163,9 @@ impl Store for Memory {
     }
     fn instance(&self, l: &Self::Layer, _: RateLimitLayer<Header>) -> Self::Layer {
         l.clone()
+    }
+    fn around(&self, l: &Self::Layer, inner: Boxed) -> Boxed {
+        around(l, inner)
     }
     fn validate(&self, l: &Self::Layer) -> Result<(), ConfigError> {
         l.clone().validate().map(drop)
@@ -231,6 +263,9 @@ mod on_redis {
         }
         fn instance(&self, _: &Self::Layer, again: RateLimitLayer<Header>) -> Self::Layer {
             self.on(again)
+        }
+        fn around(&self, l: &Self::Layer, inner: Boxed) -> Boxed {
+            Boxed::new(l.layer(inner))
         }
         fn validate(&self, l: &Self::Layer) -> Result<(), ConfigError> {
             l.clone().validate().map(drop)
