@@ -157,7 +157,7 @@ async fn a_strike_on_a_full_shared_bound_after_a_widened_log_drops_no_key_that_c
 
 // ---- the penalty box's Retry-After with window kinds, debts and changes ----
 
-mod told {
+pub(crate) mod told {
     use super::*;
     use bytes::Bytes;
     use http::{Request, Response};
@@ -167,7 +167,7 @@ mod told {
     use tower::{Service, ServiceExt};
 
     /// A request of `cost` for key `k` whose response reports `actual`.
-    fn req(cost: u32, actual: u32) -> Request<()> {
+    pub(crate) fn req(cost: u32, actual: u32) -> Request<()> {
         Request::get("/")
             .header("x-key", "k")
             .header("x-cost", cost.to_string())
@@ -176,7 +176,7 @@ mod told {
             .unwrap()
     }
 
-    pub(super) async fn handler(r: Request<()>) -> Result<Response<Full<Bytes>>, Infallible> {
+    pub(crate) async fn handler(r: Request<()>) -> Result<Response<Full<Bytes>>, Infallible> {
         let actual = r.headers()["x-actual"].clone();
         let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
         resp.headers_mut().insert("x-actual", actual);

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::account::rig::{failures, manual, Reply, Rig, FAILED, OK};
 use common::redis_server::RedisServer;
-use http::StatusCode;
+use common::stores;
 use tollgate::key::Header;
 use tollgate::rate_limit::settle::ActualCost;
 use tollgate::redis::{Lease, RedisStore};
@@ -31,26 +31,10 @@ async fn store(server: &RedisServer) -> RedisStore {
         .timeout(Duration::from_secs(5))
 }
 
-/// One policy `name` of `quotas`, keyed by `x-key`, costing `x-cost`; a `200` does not
-/// count, and a response that counts settles the cost it reports.
+/// The layer of the shared suites (`tests/common/stores.rs`), on Redis, the policy named
+/// `name`.
 fn layer(store: &RedisStore, name: &str, quotas: &[Quota], clock: &Clock) -> Limit {
-    let policy = quotas[1..]
-        .iter()
-        .fold(Policy::new(name.to_owned(), quotas[0].clone()), |p, q| {
-            p.quota(q.clone())
-        });
-    RateLimitLayer::new(policy)
-        .key(Header::new("x-key"))
-        .clock(clock.clone())
-        .cost(|h| {
-            h.headers
-                .get("x-cost")
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(1)
-        })
-        .count_if(|res| res.status != StatusCode::OK)
-        .settle(ActualCost::of)
-        .store(store.clone())
+    stores::layer(quotas, name, clock).store(store.clone())
 }
 
 // ---- leased admissions, then count_if refunds ----
@@ -203,6 +187,7 @@ async fn a_refund_meeting_a_log_of_an_older_layout_takes_nothing_from_later_requ
 
 mod side_by_side {
     use super::*;
+    use crate::meetings::told::{handler, req};
     use bytes::Bytes;
     use http::{Request, Response};
     use http_body_util::Full;
@@ -211,22 +196,6 @@ mod side_by_side {
     use std::convert::Infallible;
     use tollgate::penalty::PenaltyBox;
     use tower::{Service, ServiceExt};
-
-    fn req(cost: u32, actual: u32) -> Request<()> {
-        Request::get("/")
-            .header("x-key", "k")
-            .header("x-cost", cost.to_string())
-            .header("x-actual", actual.to_string())
-            .body(())
-            .unwrap()
-    }
-
-    async fn handler(r: Request<()>) -> Result<Response<Full<Bytes>>, Infallible> {
-        let actual = r.headers()["x-actual"].clone();
-        let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
-        resp.headers_mut().insert("x-actual", actual);
-        Ok(resp)
-    }
 
     /// Status, Retry-After and RateLimit fields of one request.
     async fn send<S>(svc: &mut S, cost: u32, actual: u32) -> (u16, Option<String>, Option<String>)

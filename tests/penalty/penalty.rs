@@ -95,9 +95,10 @@ struct Seen {
     ratelimit: Option<String>,
 }
 
-async fn send<S>(svc: &S, req: Request<()>) -> Seen
+/// What a client sees of the answer to `req`, on either store's service.
+async fn send<S, B>(svc: &S, req: Request<()>) -> Seen
 where
-    S: Service<Request<()>, Response = Response<Bytes>, Error = Infallible> + Clone,
+    S: Service<Request<()>, Response = Response<B>, Error = Infallible> + Clone,
 {
     let resp = svc.clone().oneshot(req).await.unwrap();
     let get = |name: &str| {
@@ -112,16 +113,24 @@ where
     }
 }
 
+/// Sends `n` requests made by `req`; the statuses.
+async fn repeat<S, B>(svc: &S, req: impl Fn() -> Request<()>, n: usize) -> Vec<u16>
+where
+    S: Service<Request<()>, Response = Response<B>, Error = Infallible> + Clone,
+{
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(send(svc, req()).await.status.as_u16());
+    }
+    out
+}
+
 /// Sends `n` requests from `ip`; the statuses.
 async fn burst<S>(svc: &S, ip: &str, n: usize) -> Vec<u16>
 where
     S: Service<Request<()>, Response = Response<Bytes>, Error = Infallible> + Clone,
 {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(send(svc, from(ip)).await.status.as_u16());
-    }
-    out
+    repeat(svc, || from(ip), n).await
 }
 
 fn setup() -> (Clock, ManualClock, Counted) {
@@ -185,21 +194,12 @@ fn key_req(key: &str) -> Request<()> {
         .unwrap()
 }
 
+/// What a client sees of the answer to a request for `key`.
 async fn seen<S>(svc: &S, key: &str) -> Seen
 where
     S: Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible> + Clone,
 {
-    let resp = svc.clone().oneshot(key_req(key)).await.unwrap();
-    let get = |name: &str| {
-        resp.headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-    };
-    Seen {
-        status: resp.status(),
-        retry_after: get("retry-after"),
-        ratelimit: get("ratelimit"),
-    }
+    send(svc, key_req(key)).await
 }
 
 /// The statuses of `n` requests for `key`.
@@ -207,11 +207,7 @@ async fn statuses<S>(svc: &S, key: &str, n: usize) -> Vec<u16>
 where
     S: Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible> + Clone,
 {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(seen(svc, key).await.status.as_u16());
-    }
-    out
+    repeat(svc, || key_req(key), n).await
 }
 
 /// How many of `all` were served.
