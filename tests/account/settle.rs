@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::sync::{Notify, Semaphore};
+
 use crate::common::account::rig::manual;
 use crate::common::stores::Store;
 use axum::body::Body;
@@ -27,7 +29,7 @@ use tollgate::rate_limit::settle::ActualCost;
 use tollgate::{Clock, Policy, Quota, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 
-fn req(key: &str, status: u16, tokens: Option<&str>) -> Request<Body> {
+pub(crate) fn req(key: &str, status: u16, tokens: Option<&str>) -> Request<Body> {
     let mut b = Request::post("/")
         .header("x-api-key", key)
         .header("x-status", status.to_string());
@@ -39,21 +41,33 @@ fn req(key: &str, status: u16, tokens: Option<&str>) -> Request<Body> {
 
 /// Answers with the status the request asks for, reporting the tokens it asks for in the
 /// `x-tokens-used` field and as an [`ActualCost`], after `delay` (so that parallel requests
-/// are all in flight at once on the paused clock).
+/// are all in flight at once on the paused clock) and once `gate` gives it a permit (so that
+/// they are on any clock, see [`gathered`]); a status of 999 panics.
 #[derive(Clone)]
-struct Handler {
+pub(crate) struct Handler {
     calls: Arc<AtomicUsize>,
     delay: Duration,
+    pub(crate) arrived: Arc<Notify>,
+    pub(crate) gate: Arc<Semaphore>,
 }
 
 impl Handler {
-    fn new(delay: Duration) -> Self {
+    pub(crate) fn new(delay: Duration) -> Self {
+        let h = Self::gated();
+        h.gate.add_permits(Semaphore::MAX_PERMITS / 2);
+        Handler { delay, ..h }
+    }
+    /// A handler that holds every request until its gate is given permits.
+    pub(crate) fn gated() -> Self {
         Handler {
             calls: Arc::default(),
-            delay,
+            delay: Duration::ZERO,
+            arrived: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
         }
     }
-    fn calls(&self) -> usize {
+    /// How many requests entered the handler.
+    pub(crate) fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)
     }
 }
@@ -69,10 +83,13 @@ impl Service<Request<Body>> for Handler {
 
     fn call(&mut self, r: Request<Body>) -> Self::Future {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        self.arrived.notify_one();
+        let gate = self.gate.clone();
         let delay = self.delay;
         let status: u16 = r.headers()["x-status"].to_str().unwrap().parse().unwrap();
         let tokens = r.headers().get("x-tokens").cloned();
         Box::pin(async move {
+            drop(gate.acquire().await.unwrap());
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
@@ -111,14 +128,14 @@ fn tokens(estimate: u32) -> RateLimitLayer<Header> {
         .settle(ActualCost::of)
 }
 
-async fn call<S>(svc: &mut S, r: Request<Body>) -> Response<Body>
+pub(crate) async fn call<S>(svc: &mut S, r: Request<Body>) -> Response<Body>
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
 {
     svc.ready().await.unwrap().call(r).await.unwrap()
 }
 
-fn field<'a>(resp: &'a Response<Body>, name: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(resp: &'a Response<Body>, name: &str) -> Option<&'a str> {
     resp.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
@@ -187,24 +204,48 @@ where
     out
 }
 
-fn count(statuses: &[u16], status: u16) -> usize {
-    statuses.iter().filter(|s| **s == status).count()
+/// Sends `n` requests at once; the gated `handler` holds those it admits until every other
+/// one has been answered, so that all of them are decided while the admitted ones are in
+/// flight, on any clock and store. Returns the statuses, sorted.
+pub(crate) async fn gathered<S>(
+    svc: &S,
+    handler: &Handler,
+    n: usize,
+    make: impl Fn() -> Request<Body>,
+) -> Vec<u16>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let svc = svc.clone();
+        let r = make();
+        tasks.spawn(async move { svc.oneshot(r).await.unwrap().status().as_u16() });
+    }
+    let mut out = Vec::with_capacity(n);
+    let mut opened = false;
+    while !tasks.is_empty() {
+        if !opened && out.len() + handler.calls() >= n {
+            handler.gate.add_permits(n);
+            opened = true;
+        }
+        // Bounded: a test that goes wrong fails instead of hanging.
+        tokio::select! {
+            done = tasks.join_next() => out.push(done.unwrap().unwrap()),
+            () = handler.arrived.notified() => {}
+            () = tokio::time::sleep(Duration::from_secs(30)) => panic!("a request hung"),
+        }
+    }
+    out.sort_unstable();
+    out
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_hundred_parallel_wrong_passwords_on_a_limit_of_five_reach_the_handler_five_times() {
-    let handler = Handler::new(Duration::from_secs(1));
-    let limit = failures(5);
-    let svc = limit.clone().layer(handler.clone());
-    let statuses = parallel(&svc, 100, || req("victim", 401, None)).await;
-    assert_eq!(handler.calls(), 5);
-    assert_eq!(count(&statuses, 401), 5);
-    assert_eq!(count(&statuses, 429), 95);
-    // The five failures stay counted: the next attempt is rejected before the handler.
-    let mut svc = svc;
-    let resp = call(&mut svc, req("victim", 401, None)).await;
-    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(handler.calls(), 5);
+pub(crate) fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|s| **s == status).count()
 }
 
 #[tokio::test(start_paused = true)]
@@ -307,34 +348,6 @@ async fn one_key_for_all_goes_into_debt_too() {
     let resp = call(&mut svc, req("other", 200, Some("1"))).await;
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(field(&resp, "retry-after"), Some("61"));
-}
-
-#[tokio::test(start_paused = true)]
-async fn parallel_settlements_of_one_key_add_up_exactly() {
-    let limit = layer(Policy::new("tokens", Quota::per_hour(3_600)))
-        .cost(|_| 1)
-        .settle(ActualCost::of);
-    let svc = limit.clone().layer(Handler::new(Duration::from_secs(1)));
-    let statuses = parallel(&svc, 50, || req("k", 200, Some("30"))).await;
-    assert_eq!(count(&statuses, 200), 50);
-    // 50 requests of 30 s each, taken at 1 s: 1 500 s ahead, 1 499 s after the answers.
-    let limiter = limit.limiter("tokens").unwrap().unwrap();
-    let d = limiter.peek(&Box::from(&b"k"[..]));
-    assert_eq!(d.states()[0].reset_after(), Duration::from_secs(1_499));
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_panicking_handler_leaves_the_reservation_charged_once() {
-    let limit = tokens(10);
-    let mut svc = limit.clone().layer(Handler::new(Duration::ZERO));
-    let fut = svc.ready().await.unwrap().call(req("k", 999, Some("1")));
-    let outcome = AssertUnwindSafe(fut).catch_unwind().await;
-    assert!(outcome.is_err());
-    assert_eq!(left(&limit, "tokens", "k"), [90]);
-    // Nothing is given back later either.
-    tokio::time::advance(Duration::from_millis(1)).await;
-    call(&mut svc, req("k", 200, Some("10"))).await;
-    assert_eq!(left(&limit, "tokens", "k"), [80]);
 }
 
 /// Turns a panic of the inner service's future into a `500`, as tower-http's
@@ -517,6 +530,9 @@ crate::over_both_stores!(
     a_larger_actual_cost_puts_the_key_in_debt_with_a_true_retry_after,
     a_smaller_actual_cost_gives_the_difference_back,
     a_charge_goes_beyond_the_limit_of_every_quota_kind,
+    a_hundred_parallel_wrong_passwords_on_a_limit_of_five_reach_the_handler_five_times,
+    parallel_settlements_of_one_key_add_up_exactly,
+    a_panicking_handler_leaves_the_reservation_charged_once,
 );
 
 /// The layer of [`tokens`] on `s` and a manual clock, its policy `name` of `quota`.
@@ -535,22 +551,83 @@ fn tokens_on<S: Store>(
     (s.on(l), time)
 }
 
+/// The layer of [`failures`] on `s` and a manual clock.
+fn failures_on<S: Store>(s: &S, limit: u32) -> S::Layer {
+    let (clock, _time) = manual();
+    let l = RateLimitLayer::new(Policy::new("failures", Quota::per_minute(limit)))
+        .key(Header::new("x-api-key"))
+        .clock(clock)
+        .count_if(|res| matches!(res.status.as_u16(), 401 | 403));
+    s.on(l)
+}
+
 /// The layer's service around [`Handler`]: what the shared bodies call.
 trait Served: Store {
-    type Svc: Service<Request<Body>, Response = Response<Body>, Error = Infallible>;
-    fn serve(&self, l: &Self::Layer) -> Self::Svc;
+    type Svc: Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send>
+        + Clone
+        + Send
+        + 'static;
+    /// Around a handler that answers at once.
+    fn serve(&self, l: &Self::Layer) -> Self::Svc {
+        self.serve_with(l, Handler::new(Duration::ZERO))
+    }
+    fn serve_with(&self, l: &Self::Layer, h: Handler) -> Self::Svc;
 }
 
 impl<S: Store> Served for S
 where
     S::Layer: Layer<Handler>,
-    <S::Layer as Layer<Handler>>::Service:
-        Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    <S::Layer as Layer<Handler>>::Service: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    <<S::Layer as Layer<Handler>>::Service as Service<Request<Body>>>::Future: Send,
 {
     type Svc = <S::Layer as Layer<Handler>>::Service;
-    fn serve(&self, l: &Self::Layer) -> Self::Svc {
-        <S::Layer as Layer<Handler>>::layer(l, Handler::new(Duration::ZERO))
+    fn serve_with(&self, l: &Self::Layer, h: Handler) -> Self::Svc {
+        <S::Layer as Layer<Handler>>::layer(l, h)
     }
+}
+
+async fn a_hundred_parallel_wrong_passwords_on_a_limit_of_five_reach_the_handler_five_times(
+    s: &impl Served,
+) {
+    let limit = failures_on(s, 5);
+    let handler = Handler::gated();
+    let mut svc = s.serve_with(&limit, handler.clone());
+    let statuses = gathered(&svc, &handler, 100, || req("victim", 401, None)).await;
+    assert_eq!(handler.calls(), 5);
+    assert_eq!(count(&statuses, 401), 5);
+    assert_eq!(count(&statuses, 429), 95);
+    assert_eq!(s.left(&limit, "failures", "victim").await, [0]);
+    // The five failures stay counted: the next attempt is rejected before the handler.
+    let resp = call(&mut svc, req("victim", 401, None)).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(handler.calls(), 5);
+}
+
+async fn parallel_settlements_of_one_key_add_up_exactly(s: &impl Served) {
+    let (limit, _time) = tokens_on(s, "tokens", Quota::per_hour(3_600), 1);
+    let handler = Handler::gated();
+    let svc = s.serve_with(&limit, handler.clone());
+    let statuses = gathered(&svc, &handler, 50, || req("k", 200, Some("30"))).await;
+    assert_eq!(count(&statuses, 200), 50);
+    // 50 requests of 30 s each: 1 500 s ahead.
+    let d = s.peek(&s.limiter(&limit, "tokens"), "k").await;
+    assert_eq!(d.states()[0].reset_after(), Duration::from_secs(1_500));
+}
+
+async fn a_panicking_handler_leaves_the_reservation_charged_once(s: &impl Served) {
+    let (limit, time) = tokens_on(s, "tokens", Quota::per_minute(100), 10);
+    let mut svc = s.serve(&limit);
+    let fut = svc.ready().await.unwrap().call(req("k", 999, Some("1")));
+    let outcome = AssertUnwindSafe(fut).catch_unwind().await;
+    assert!(outcome.is_err());
+    assert_eq!(s.left(&limit, "tokens", "k").await, [90]);
+    // Nothing is given back later either.
+    time.advance(Duration::from_millis(1));
+    call(&mut svc, req("k", 200, Some("10"))).await;
+    assert_eq!(s.left(&limit, "tokens", "k").await, [80]);
 }
 
 async fn a_larger_actual_cost_puts_the_key_in_debt_with_a_true_retry_after(s: &impl Served) {
