@@ -1,7 +1,8 @@
 //! Limits changed while serving: a key's time carries over, no free burst, no debt beyond the
 //! new tolerance, every clone sees the change, invalid changes leave the old limits. The
-//! first cases run over both stores (`tests/common/stores.rs`), the rest on the memory
-//! limiter; `live_redis.rs` has what only Redis has (instances, the deny cache).
+//! first cases and the refused changes run over both stores (`tests/common/stores.rs`), the
+//! rest on the memory limiter; `live_redis.rs` has what only Redis has (instances, the deny
+//! cache, a rate too fine for the scripts).
 //!
 //! Pins docs/design.md section 3 ("A live quota change").
 
@@ -17,6 +18,8 @@ crate::over_both_stores!(
     raising_the_rate_mid_burst_keyed_and_with_several_quotas,
     lowering_the_tolerance_keeps_the_time_a_key_spent_and_judges_it_by_the_new_quota,
     a_window_quota_keeps_its_count_and_a_lower_count_holds_the_key_until_the_window_ends,
+    an_invalid_change_is_refused_and_the_old_quotas_stay,
+    a_quota_cannot_change_its_kind_while_serving,
 );
 
 /// How many requests of `k` are admitted in a row right now, none of them degraded.
@@ -189,27 +192,38 @@ fn every_clone_sees_a_change_at_once() {
     assert_eq!(admitted(&l, &9), 3);
 }
 
-#[test]
-fn an_invalid_change_is_refused_and_the_old_quotas_stay() {
+async fn an_invalid_change_is_refused_and_the_old_quotas_stay(s: &impl Store) {
     let (clock, _time) = Clock::manual();
-    let l = RateLimiter::<u64>::builder(Quota::per_second(10))
-        .quota(Quota::per_hour(100))
-        .clock(clock)
-        .build();
-    assert_eq!(l.set_quotas([]), Err(ConfigError::NoQuota));
+    let l = s.build(
+        &[Quota::per_second(10), Quota::per_hour(100)],
+        "invalid",
+        &clock,
+    );
+    assert_eq!(s.try_set_quotas(&l, vec![]), Err(ConfigError::NoQuota));
     assert_eq!(
-        l.set_quotas([Quota::per_second(1)]),
+        s.try_set_quotas(&l, vec![Quota::per_second(1)]),
         Err(ConfigError::QuotaCountChanged { was: 2, got: 1 })
     );
     assert_eq!(
-        l.set_quotas(vec![Quota::per_second(1); 5]),
+        s.try_set_quotas(&l, vec![Quota::per_second(1); 5]),
         Err(ConfigError::TooManyQuotas { got: 5, max: 4 })
     );
-    assert_eq!(
-        *l.quotas(),
-        [Quota::per_second(10), Quota::per_hour(100)][..]
-    );
-    assert_eq!(admitted(&l, &1), 10);
+    assert_eq!(admitted_on(s, &l, "1").await, 10);
+    // Still two quotas: a change of two is taken.
+    s.set_quotas(&l, vec![Quota::per_second(20), Quota::per_hour(100)]);
+    assert_eq!(admitted_on(s, &l, "2").await, 20);
+}
+
+async fn a_quota_cannot_change_its_kind_while_serving(s: &impl Store) {
+    let (clock, _time) = Clock::manual();
+    let log = Quota::sliding_log(5, Duration::from_secs(1));
+    let l = s.build(std::slice::from_ref(&log), "kind", &clock);
+    assert!(matches!(
+        s.try_set_quotas(&l, vec![Quota::per_second(5)]),
+        Err(ConfigError::NotChangeable(_))
+    ));
+    // Still the log: five in its second.
+    assert_eq!(admitted_on(s, &l, "1").await, 5);
 }
 
 #[test]
@@ -314,19 +328,6 @@ async fn a_window_quota_keeps_its_count_and_a_lower_count_holds_the_key_until_th
         time.advance(minute);
         assert_eq!(admitted_on(s, &l, "k").await, 8);
     }
-}
-
-#[test]
-fn a_quota_cannot_change_its_kind_while_serving() {
-    let (clock, _time) = Clock::manual();
-    let l = RateLimiter::<u64>::builder(Quota::sliding_log(5, Duration::from_secs(1)))
-        .clock(clock)
-        .build();
-    assert!(matches!(
-        l.set_quotas([Quota::per_second(5)]),
-        Err(ConfigError::NotChangeable(_))
-    ));
-    assert_eq!(l.quotas()[0], Quota::sliding_log(5, Duration::from_secs(1)));
 }
 
 #[cfg(feature = "axum")]
