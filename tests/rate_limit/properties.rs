@@ -1,7 +1,7 @@
 //! Properties of docs/design.md section 1 on random inputs: each store agrees decision for
 //! decision with a small reference model (one body, run on memory and on a real
-//! redis-server, `tests/common/stores.rs`), exact eviction changes nothing, and no interval
-//! admits more than `burst + D/T`.
+//! redis-server, `tests/common/stores.rs`), exact eviction changes nothing, no interval
+//! admits more than `burst + D/T`, and a clock stepping back (on both stores) grants nothing.
 
 use std::time::Duration;
 
@@ -109,4 +109,32 @@ proptest! {
             }
         }
     }
+}
+
+crate::over_both_stores!(a_clock_stepping_backwards_grants_no_extra_burst);
+
+/// A clock that steps back (a failover to a server whose clock is behind) never grants more
+/// than the configured burst, and never panics.
+async fn a_clock_stepping_backwards_grants_no_extra_burst(s: &impl Store) {
+    let (clock, time) = Clock::manual();
+    let l = s.build(&[Quota::per_second(10).burst(5)], "backwards", &clock);
+    time.set(Duration::from_secs(100));
+    let mut admitted = 0;
+    for _ in 0..10 {
+        admitted += usize::from(s.check(&l, "k").await.is_allowed());
+    }
+    assert_eq!(admitted, 5);
+    // The clock jumps 30 s back: nothing more until it has caught up.
+    time.set(Duration::from_secs(70));
+    for _ in 0..10 {
+        let d = s.check(&l, "k").await;
+        assert!(!d.is_allowed() && !d.is_degraded());
+    }
+    // Back where it was plus one interval: exactly one more.
+    time.set(Duration::from_millis(100_100));
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        again.push(s.check(&l, "k").await.is_allowed());
+    }
+    assert_eq!(again, [true, false, false]);
 }

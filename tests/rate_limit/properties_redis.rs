@@ -1,6 +1,6 @@
 //! The Redis store against the reference model on random inputs (the body `properties.rs`
 //! runs on memory too, here with quotas and requests the scripts' microseconds decide
-//! exactly), and a Redis clock that steps backwards.
+//! exactly).
 //!
 //! Pins docs/design.md section 1 ("GCRA decision", "Other kinds") and section 3 ("Redis").
 #![cfg(feature = "redis")]
@@ -10,12 +10,10 @@ use crate::common;
 use std::time::Duration;
 
 use super::properties::agrees_with_the_reference_model;
-use common::redis_server::RedisServer;
 use common::stores::{OnRedis, Store};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use tollgate::redis::{RedisRateLimiter, RedisStore};
-use tollgate::{Clock, Quota};
+use tollgate::Quota;
 
 /// Quotas whose emission interval is a whole number of milliseconds, so that the script's
 /// microsecond arithmetic and the model's nanoseconds agree exactly.
@@ -60,52 +58,4 @@ fn redis_store_agrees_with_the_reference_model() {
             },
         )
         .unwrap();
-}
-
-/// A clock that steps back (a failover to a server whose clock is behind) never grants more
-/// than the configured burst, in memory or in Redis, and never panics.
-#[test]
-fn a_clock_stepping_backwards_grants_no_extra_burst() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let store = rt
-        .block_on(RedisStore::connect(&server.url()))
-        .unwrap()
-        .timeout(std::time::Duration::from_secs(5));
-    let quota = Quota::per_second(10).burst(5);
-
-    let (clock, time) = Clock::manual();
-    let redis = RedisRateLimiter::<&str>::builder(store, quota.clone())
-        .name("backwards")
-        .clock(clock.clone())
-        .build();
-    let memory = tollgate::RateLimiter::<&str>::builder(quota)
-        .clock(clock)
-        .build();
-
-    time.set(Duration::from_secs(100));
-    let mut admitted = (0, 0);
-    for _ in 0..10 {
-        admitted.0 += usize::from(rt.block_on(redis.check(&"k")).is_allowed());
-        admitted.1 += usize::from(memory.check(&"k").is_allowed());
-    }
-    assert_eq!(admitted, (5, 5));
-    // The clock jumps 30 s back: nothing more until it has caught up.
-    time.set(Duration::from_secs(70));
-    for _ in 0..10 {
-        let d = rt.block_on(redis.check(&"k"));
-        assert!(!d.is_allowed() && !d.is_degraded());
-        assert!(!memory.check(&"k").is_allowed());
-    }
-    // Back where it was plus one interval: exactly one more.
-    time.set(Duration::from_millis(100_100));
-    let again: Vec<bool> = (0..3)
-        .map(|_| rt.block_on(redis.check(&"k")).is_allowed())
-        .collect();
-    assert_eq!(again, [true, false, false]);
-    let again: Vec<bool> = (0..3).map(|_| memory.check(&"k").is_allowed()).collect();
-    assert_eq!(again, [true, false, false]);
 }
