@@ -9,20 +9,17 @@
 
 use crate::common;
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::Body;
 use common::redis_server::RedisServer;
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use tollgate::key::Header;
 use tollgate::redis::RedisStore;
 use tollgate::{Clock, Policy, Quota, RateLimitLayer};
-use tower::{Layer, Service, ServiceExt};
+use tower::Layer;
 
-async fn ok(_req: Request<Body>) -> Result<Response<Body>, Infallible> {
-    Ok(Response::new(Body::from("ok")))
-}
+use crate::stacked::{ok, send};
 
 fn req(ip: &str) -> Request<Body> {
     Request::post("/")
@@ -30,13 +27,6 @@ fn req(ip: &str) -> Request<Body> {
         .header("x-ip", ip)
         .body(Body::empty())
         .unwrap()
-}
-
-async fn send<S, B>(svc: &mut S, r: Request<Body>) -> StatusCode
-where
-    S: Service<Request<Body>, Response = Response<B>, Error = Infallible>,
-{
-    svc.ready().await.unwrap().call(r).await.unwrap().status()
 }
 
 /// Every kind at once, each with room for three requests of cost 2.

@@ -23,11 +23,11 @@ use tower::{Layer, Service, ServiceExt};
 use crate::common::account::rig::{manual, Handler};
 use crate::common::stores::{self, Boxed, Store};
 
-async fn ok(_req: Request<Body>) -> Result<Response<Body>, Infallible> {
+pub(crate) async fn ok(_req: Request<Body>) -> Result<Response<Body>, Infallible> {
     Ok(Response::new(Body::from("ok")))
 }
 
-fn req(api_key: &str, ip: &str) -> Request<Body> {
+pub(crate) fn req(api_key: &str, ip: &str) -> Request<Body> {
     Request::post("/login")
         .header("x-api-key", api_key)
         .header("x-ip", ip)
@@ -47,7 +47,7 @@ fn per_ip(quota: impl Into<Policy>) -> RateLimitLayer<Header> {
         .clock(Clock::tokio())
 }
 
-async fn send<S, B>(svc: &mut S, r: Request<Body>) -> StatusCode
+pub(crate) async fn send<S, B>(svc: &mut S, r: Request<Body>) -> StatusCode
 where
     S: Service<Request<Body>, Response = Response<B>, Error = Infallible>,
 {

@@ -8,35 +8,16 @@
 
 use crate::common;
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::body::Body;
 use common::redis_server::RedisServer;
-use http::{Request, Response, StatusCode};
+use http::StatusCode;
 use tollgate::key::Header;
 use tollgate::redis::{FailMode, RedisStore};
 use tollgate::{Clock, Policy, Quota, RateLimitLayer};
-use tower::{Layer, Service, ServiceExt};
+use tower::Layer;
 
-async fn ok(_req: Request<Body>) -> Result<Response<Body>, Infallible> {
-    Ok(Response::new(Body::from("ok")))
-}
-
-fn req(api_key: &str, ip: &str) -> Request<Body> {
-    Request::post("/login")
-        .header("x-api-key", api_key)
-        .header("x-ip", ip)
-        .body(Body::empty())
-        .unwrap()
-}
-
-async fn send<S, B>(svc: &mut S, r: Request<Body>) -> StatusCode
-where
-    S: Service<Request<Body>, Response = Response<B>, Error = Infallible>,
-{
-    svc.ready().await.unwrap().call(r).await.unwrap().status()
-}
+use crate::stacked::{ok, req, send};
 
 async fn store(server: &RedisServer) -> RedisStore {
     RedisStore::connect(&server.url())
