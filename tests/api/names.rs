@@ -1,6 +1,8 @@
 //! The public names: the same setting has the same name on every layer, the former names
 //! still work (deprecated) and do the same, and a bad setting comes out as a `ConfigError`
 //! by the one rule of the crate docs ("Bad settings").
+//!
+//! Pins docs/design.md section 5 (one place, and one name, for each concept).
 
 use std::convert::Infallible;
 use std::time::Duration;

@@ -4,6 +4,9 @@
 //! a table and the reference model (tests/common/account.rs): through live changes of count
 //! and window, refunds and settlements that arrive after a change, eviction, peeks, costs up
 //! to `u32::MAX`, and a clock near its start and near its end.
+//!
+//! Pins docs/design.md section 1 ("Other kinds") and section 3 ("An account per key", "A
+//! live quota change", "Keyed state").
 
 use std::time::Duration;
 

@@ -3,6 +3,8 @@
 //! bound a layer that already serves, its handle and a bare `Shaper` exactly as the new
 //! ones do; a memory bound set before a Redis store stops the layer with an error that says
 //! so, whichever way the layer is used.
+//!
+//! Pins docs/design.md section 5 (one name for each concept) and section 3 ("Redis").
 
 use std::time::Duration;
 

@@ -5,6 +5,9 @@
 //! rejection of an inner rate limit carries the outer layer's fields and gives back what the
 //! outer layer took. Each case is read as one list of observations, so that a difference
 //! shows every number at once.
+//!
+//! Pins docs/design.md section 2 and section 3 ("Observability", "Stacked layers are all or
+//! nothing", "The penalty box punishes the client's own traffic").
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;

@@ -1,6 +1,8 @@
 //! The one rejection path: the rate limit, the concurrency limit and the shaping layer each
 //! hand their hook the same `Rejection` (kind, status, wait, policy name, protocol), record
 //! the same would-be rejection in dry-run mode, and answer gRPC calls the gRPC way.
+//!
+//! Pins docs/design.md section 2 and section 3 ("Observability").
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
