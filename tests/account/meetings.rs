@@ -12,7 +12,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use crate::common::stores::{Memory, Store};
+use crate::common::stores::{self, Memory, Store};
 use common::account::rig::{manual, settles, Handler, Reply, Rig, FAILED, OK};
 use http::StatusCode;
 use tollgate::key::Header;
@@ -31,12 +31,7 @@ fn layer(quota: Quota, clock: &Clock) -> RateLimitLayer<Header> {
     RateLimitLayer::new(Policy::new("p", quota))
         .key(Header::new("x-key"))
         .clock(clock.clone())
-        .cost(|h| {
-            h.headers
-                .get("x-cost")
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(1)
-        })
+        .cost(stores::x_cost)
         .count_if(|res| res.status != StatusCode::OK)
         .settle(ActualCost::of)
 }
@@ -188,6 +183,19 @@ pub(crate) mod told {
     where
         S: Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible>,
     {
+        let (status, retry, _) = seen(svc, cost, actual).await;
+        (status, retry.map(|r| r.parse().unwrap()))
+    }
+
+    /// The status, the Retry-After and the RateLimit fields of one request.
+    pub(crate) async fn seen<S>(
+        svc: &mut S,
+        cost: u32,
+        actual: u32,
+    ) -> (u16, Option<String>, Option<String>)
+    where
+        S: Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible>,
+    {
         let resp = svc
             .ready()
             .await
@@ -195,11 +203,16 @@ pub(crate) mod told {
             .call(req(cost, actual))
             .await
             .unwrap();
-        let retry = resp
-            .headers()
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap().parse().unwrap());
-        (resp.status().as_u16(), retry)
+        let field = |n: &str| {
+            resp.headers()
+                .get(n)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        (
+            resp.status().as_u16(),
+            field("retry-after"),
+            field("ratelimit"),
+        )
     }
 
     #[derive(Debug, Clone)]
@@ -252,12 +265,7 @@ pub(crate) mod told {
             RateLimitLayer::new(Policy::new(name.to_owned(), quota(kind, count)))
                 .key(Header::new("x-key"))
                 .clock(clock.clone())
-                .cost(|h| {
-                    h.headers
-                        .get("x-cost")
-                        .and_then(|v| v.to_str().ok()?.parse().ok())
-                        .unwrap_or(1)
-                })
+                .cost(stores::x_cost)
                 .settle(ActualCost::header("x-actual"))
                 .penalty_box(PenaltyBox::new(1, 60 * S, S)),
         );
@@ -523,12 +531,7 @@ mod bounded {
         RateLimitLayer::new(p)
             .key(Header::new("x-key"))
             .clock(clock.clone())
-            .cost(|h| {
-                h.headers
-                    .get("x-cost")
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            })
+            .cost(stores::x_cost)
             .count_if(|res| res.status != StatusCode::OK)
             .settle(ActualCost::of)
     }

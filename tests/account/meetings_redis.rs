@@ -187,39 +187,10 @@ async fn a_refund_meeting_a_log_of_an_older_layout_takes_nothing_from_later_requ
 
 mod side_by_side {
     use super::*;
-    use crate::meetings::told::{handler, req};
-    use bytes::Bytes;
-    use http::{Request, Response};
-    use http_body_util::Full;
+    use crate::meetings::told::{handler, seen as send};
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
-    use std::convert::Infallible;
     use tollgate::penalty::PenaltyBox;
-    use tower::{Service, ServiceExt};
-
-    /// Status, Retry-After and RateLimit fields of one request.
-    async fn send<S>(svc: &mut S, cost: u32, actual: u32) -> (u16, Option<String>, Option<String>)
-    where
-        S: Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible>,
-    {
-        let resp = svc
-            .ready()
-            .await
-            .unwrap()
-            .call(req(cost, actual))
-            .await
-            .unwrap();
-        let field = |n: &str| {
-            resp.headers()
-                .get(n)
-                .map(|v| v.to_str().unwrap().to_owned())
-        };
-        (
-            resp.status().as_u16(),
-            field("retry-after"),
-            field("ratelimit"),
-        )
-    }
 
     #[derive(Debug, Clone)]
     enum Op {
@@ -282,12 +253,7 @@ mod side_by_side {
                         RateLimitLayer::new(policy(&name, qs))
                             .key(Header::new("x-key"))
                             .clock(clock.clone())
-                            .cost(|h| {
-                                h.headers
-                                    .get("x-cost")
-                                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                                    .unwrap_or(1)
-                            })
+                            .cost(stores::x_cost)
                             .settle(ActualCost::header("x-actual"))
                             .penalty_box(PenaltyBox::new(2, 6 * S, 2 * S))
                     };
@@ -482,12 +448,7 @@ async fn a_cached_ban_ends_with_the_ban_not_with_the_retry_it_told() {
         RateLimitLayer::new(Policy::new("cached", Quota::new(3, 4 * S).burst(3)))
             .key(Header::new("x-key"))
             .clock(clock.clone())
-            .cost(|h| {
-                h.headers
-                    .get("x-cost")
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            })
+            .cost(stores::x_cost)
             .settle(ActualCost::header("x-actual"))
             .penalty_box(PenaltyBox::new(2, 6 * S, 2 * S))
     };

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
-use tollgate::key::{Header, KeyExtractor};
+use tollgate::key::{Header, KeyExtractor, RequestHead};
 use tollgate::penalty::Strike;
 use tollgate::rate_limit::settle::ActualCost;
 use tollgate::{Clock, ConfigError, Decision, Policy, Quota, RateLimitLayer, RateLimiter};
@@ -34,14 +34,17 @@ pub fn layer(quotas: &[Quota], name: &str, clock: &Clock) -> RateLimitLayer<Head
     RateLimitLayer::new(policy)
         .key(Header::new("x-key"))
         .clock(clock.clone())
-        .cost(|h| {
-            h.headers
-                .get("x-cost")
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(1)
-        })
+        .cost(x_cost)
         .count_if(|res| res.status != StatusCode::OK)
         .settle(ActualCost::of)
+}
+
+/// The cost a request of the rig asks for in `x-cost`, 1 without it.
+pub fn x_cost(h: &RequestHead<'_>) -> u32 {
+    h.headers
+        .get("x-cost")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1)
 }
 
 /// The key `k` as the layer keys it.
