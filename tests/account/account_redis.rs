@@ -22,9 +22,10 @@ use tower::Layer;
 const MS: Duration = Duration::from_millis(1);
 const S: Duration = Duration::from_secs(1);
 
-type Limit = RateLimitLayer<Header, RedisStore>;
+pub(crate) type Limit = RateLimitLayer<Header, RedisStore>;
 
-async fn store(server: &RedisServer) -> RedisStore {
+/// A store on `server`, whose calls may take 5 s on a loaded machine.
+pub(crate) async fn store(server: &RedisServer) -> RedisStore {
     RedisStore::connect(&server.url())
         .await
         .unwrap()
@@ -32,7 +33,7 @@ async fn store(server: &RedisServer) -> RedisStore {
 }
 
 /// The layer of the shared suites, on Redis, the policy named `name`.
-fn layer(store: &RedisStore, name: &str, quotas: &[Quota], clock: &Clock) -> Limit {
+pub(crate) fn layer(store: &RedisStore, name: &str, quotas: &[Quota], clock: &Clock) -> Limit {
     stores::layer(quotas, name, clock).store(store.clone())
 }
 

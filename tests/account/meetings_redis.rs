@@ -16,26 +16,13 @@ use common::redis_server::RedisServer;
 use common::stores;
 use tollgate::key::Header;
 use tollgate::rate_limit::settle::ActualCost;
-use tollgate::redis::{Lease, RedisStore};
-use tollgate::{Clock, Policy, Quota, RateLimitLayer};
+use tollgate::redis::Lease;
+use tollgate::{Policy, Quota, RateLimitLayer};
 use tower::Layer;
 
+use crate::account_redis::{layer, store, Limit};
+
 const S: Duration = Duration::from_secs(1);
-
-type Limit = RateLimitLayer<Header, RedisStore>;
-
-async fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .timeout(Duration::from_secs(5))
-}
-
-/// The layer of the shared suites (`tests/common/stores.rs`), on Redis, the policy named
-/// `name`.
-fn layer(store: &RedisStore, name: &str, quotas: &[Quota], clock: &Clock) -> Limit {
-    stores::layer(quotas, name, clock).store(store.clone())
-}
 
 // ---- leased admissions, then count_if refunds ----
 
