@@ -869,6 +869,35 @@ mod tests {
         );
     }
 
+    mod cache_model {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Against the model of no cache at all: whatever came before on this thread (more
+            /// items or fewer, a prefix, more than the cache holds, values that repeat), the
+            /// value handed out is the one rendered for the items asked.
+            #[test]
+            fn the_cached_value_is_always_the_value_rendered_for_the_items(
+                seq in proptest::collection::vec(
+                    proptest::collection::vec((0u64..3, 0u64..4), 0..6),
+                    1..40,
+                )
+            ) {
+                let p = policy(&[("a", 1), ("b", 1), ("c", 1), ("d", 1), ("e", 1)]);
+                for items in seq {
+                    let items: Vec<(u64, Duration)> = items
+                        .iter()
+                        .map(|&(r, t)| (r, Duration::from_millis(t * 700)))
+                        .collect();
+                    let got = p.ratelimit_items(items.iter().copied());
+                    let want = p.render(items.iter().map(|&(r, t)| (r, ceil_secs(t))));
+                    prop_assert_eq!(got, want);
+                }
+            }
+        }
+    }
+
     #[test]
     fn more_quotas_than_the_cache_holds_render_every_value() {
         let names = ["a", "b", "c", "d", "e"];
