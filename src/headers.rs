@@ -435,19 +435,30 @@ impl RenderedKey {
         Some(key)
     }
 
-    /// The same policy and items: only the first `len` items are compared (the rest are zero
-    /// in both).
+    /// Whether this is the key of `items` for the policy `id` ([`RenderedKey::of`]), read
+    /// without building that key: the repeated answer, the common one, copies nothing.
     #[inline]
-    fn same(&self, other: &RenderedKey) -> bool {
-        self.id == other.id
-            && self.len == other.len
-            && self.items[..self.len] == other.items[..other.len]
+    fn matches(&self, id: u64, items: impl Iterator<Item = (u64, Duration)>) -> bool {
+        if self.id != id {
+            return false;
+        }
+        let mut len = 0;
+        for (remaining, reset) in items {
+            let Some(&(r, t)) = self.items[..self.len].get(len) else {
+                return false;
+            };
+            if r != remaining.min(MAX_INTEGER) || t != ceil_secs(reset).min(MAX_INTEGER) {
+                return false;
+            }
+            len += 1;
+        }
+        len == self.len
     }
 
-    /// The slot of this thread's cache that holds the last values of the key's policy.
+    /// The slot of this thread's cache that holds the last values of the policy `id`.
     #[inline]
-    fn slot(&self) -> usize {
-        (self.id % SLOTS as u64) as usize
+    fn slot(id: u64) -> usize {
+        (id % SLOTS as u64) as usize
     }
 }
 
@@ -480,18 +491,18 @@ where
     I: Iterator<Item = (u64, Duration)> + Clone,
     H: std::ops::Deref<Target = PolicyHeaders>,
 {
-    let Some(key) = RenderedKey::of(id, items.clone()) else {
-        let h = headers();
-        return (h.policy(), h.render(items.map(|(r, t)| (r, ceil_secs(t)))));
-    };
     LAST_FIELDS.with(|cache| {
         let mut cache = cache.borrow_mut();
-        let slot = &mut cache[key.slot()];
+        let slot = &mut cache[RenderedKey::slot(id)];
         if let Some((k, policy, ratelimit)) = &*slot {
-            if k.same(&key) {
+            if k.matches(id, items.clone()) {
                 return (policy.clone(), ratelimit.clone());
             }
         }
+        let Some(key) = RenderedKey::of(id, items.clone()) else {
+            let h = headers();
+            return (h.policy(), h.render(items.map(|(r, t)| (r, ceil_secs(t)))));
+        };
         let h = headers();
         let ratelimit = h.render(key.items[..key.len].iter().copied());
         if h.id == id {
@@ -835,6 +846,56 @@ mod tests {
             p.ratelimit_items([(9, s(1)), (3598, s(3599))].into_iter()),
             "\"burst\";r=9;t=1, \"hour\";r=3598;t=3599"
         );
+    }
+
+    #[test]
+    fn a_cached_value_is_never_taken_for_fewer_or_more_items_of_its_policy() {
+        let p = policy(&[("burst", 10), ("hour", 3600)]);
+        let s = Duration::from_secs;
+        let both = p.ratelimit_items([(9, s(1)), (3599, s(3600))].into_iter());
+        assert_eq!(both, "\"burst\";r=9;t=1, \"hour\";r=3599;t=3600");
+        // The first item alone is a prefix of the cached key, not that key.
+        let first = p.ratelimit_items(std::iter::once((9, s(1))));
+        assert_eq!(first, "\"burst\";r=9;t=1");
+        assert!(!same_bytes(&first, &both));
+        // Back to both items: the value of the one item is not taken for them.
+        let again = p.ratelimit_items([(9, s(1)), (3599, s(3600))].into_iter());
+        assert_eq!(again, "\"burst\";r=9;t=1, \"hour\";r=3599;t=3600");
+        assert!(!same_bytes(&again, &first));
+        assert_eq!(p.ratelimit_items(std::iter::empty()), "");
+        assert_eq!(
+            p.ratelimit_items([(9, s(1)), (3599, s(3600))].into_iter()),
+            "\"burst\";r=9;t=1, \"hour\";r=3599;t=3600"
+        );
+    }
+
+    mod cache_model {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Against the model of no cache at all: whatever came before on this thread (more
+            /// items or fewer, a prefix, more than the cache holds, values that repeat), the
+            /// value handed out is the one rendered for the items asked.
+            #[test]
+            fn the_cached_value_is_always_the_value_rendered_for_the_items(
+                seq in proptest::collection::vec(
+                    proptest::collection::vec((0u64..3, 0u64..4), 0..6),
+                    1..40,
+                )
+            ) {
+                let p = policy(&[("a", 1), ("b", 1), ("c", 1), ("d", 1), ("e", 1)]);
+                for items in seq {
+                    let items: Vec<(u64, Duration)> = items
+                        .iter()
+                        .map(|&(r, t)| (r, Duration::from_millis(t * 700)))
+                        .collect();
+                    let got = p.ratelimit_items(items.iter().copied());
+                    let want = p.render(items.iter().map(|&(r, t)| (r, ceil_secs(t))));
+                    prop_assert_eq!(got, want);
+                }
+            }
+        }
     }
 
     #[test]

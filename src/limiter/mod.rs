@@ -500,3 +500,93 @@ impl<K: Hash + Eq + Clone + Send + Sync> wait::Admit<K> for RateLimiter<K> {
         wait::smallest_burst(&self.inner.limits.load().rules)
     }
 }
+
+/// The memory store of a layer: each tier's limiter is a `RateLimiter`, and a layer's decision
+/// is [`RateLimiter::check_n`] (or [`reserve_n`](RateLimiter::reserve_n) when it settles),
+/// made at once.
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> crate::store::Backend<K>
+    for crate::store::Memory
+{
+    type Limiter = RateLimiter<K>;
+    type Later = crate::store::backend::Never;
+    const LOCAL_PENALTIES: bool = true;
+
+    fn make_limiter(
+        &self,
+        policy: &crate::Policy,
+        _keys: Option<&str>,
+        clock: Option<&Clock>,
+        max_keys: Option<usize>,
+        on_full: Option<OnFull>,
+        _penalty: Option<&crate::penalty::PenaltyBox>,
+    ) -> Result<RateLimiter<K>, ConfigError> {
+        let (first, rest) = policy.quotas.split_first().ok_or(ConfigError::NoQuota)?;
+        let mut builder = RateLimiter::<K>::builder(first.clone())
+            .max_keys(max_keys.unwrap_or(DEFAULT_MAX_KEYS))
+            .on_full(on_full.unwrap_or_default());
+        for q in rest {
+            builder = builder.quota(q.clone());
+        }
+        if let Some(clock) = clock {
+            builder = builder.clock(clock.clone());
+        }
+        builder.try_build()
+    }
+
+    fn set_quotas(limiter: &RateLimiter<K>, quotas: &[Quota]) -> Result<(), ConfigError> {
+        limiter.set_quotas(quotas.iter().cloned())
+    }
+
+    #[inline]
+    fn decide(
+        limiter: &RateLimiter<K>,
+        key: &K,
+        cost: u32,
+    ) -> crate::store::backend::Answer<crate::store::backend::Never> {
+        crate::store::backend::Answer::Now(limiter.check_n(key, cost))
+    }
+
+    fn share_bound(
+        limiters: &[RateLimiter<K>],
+        max_keys: usize,
+        penalty: Option<(&crate::penalty::PenaltyBox, Clock)>,
+    ) -> Option<crate::penalty::Penalties<K>> {
+        let bound = std::sync::Arc::new(crate::keyed::Bound::new(max_keys));
+        for limiter in limiters {
+            limiter.share_bound(&bound);
+        }
+        penalty.map(|(p, clock)| crate::penalty::Penalties::sharing(p, clock, &bound))
+    }
+
+    fn reserve(
+        limiter: &RateLimiter<K>,
+        key: &K,
+        cost: u32,
+    ) -> crate::store::backend::Answer<crate::store::backend::Never> {
+        crate::store::backend::Answer::Now(limiter.reserve_n(key, cost))
+    }
+
+    fn refund(
+        limiter: &RateLimiter<K>,
+        key: K,
+        taken: Reservation,
+        _local: bool,
+    ) -> Option<crate::store::backend::Refunding> {
+        limiter.refund(&key, &taken, taken.cost);
+        None
+    }
+
+    fn tracked_keys(limiter: &RateLimiter<K>) -> Option<usize> {
+        Some(limiter.len())
+    }
+
+    fn settle(
+        limiter: &RateLimiter<K>,
+        key: K,
+        taken: Reservation,
+        actual: u32,
+        _local: bool,
+    ) -> crate::store::backend::Answer<crate::store::backend::Settling> {
+        crate::store::backend::Answer::Now(limiter.settle(&key, &taken, actual))
+    }
+}

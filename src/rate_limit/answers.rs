@@ -221,6 +221,7 @@ impl Answers {
         self.rate_headers(&self.tiers[tier], d)
     }
 
+    #[inline]
     fn rate_headers(&self, tier: &Tier, d: &Decision) -> Option<RateHeaders> {
         (self.headers || self.legacy_headers).then(|| RateHeaders::new(self, tier, d))
     }
@@ -244,6 +245,7 @@ impl RateHeaders {
         }
     }
 
+    #[inline]
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
         if let Some((policy, ratelimit)) = self.ietf {
             append_fields(headers, policy, Some(ratelimit));
@@ -253,6 +255,7 @@ impl RateHeaders {
         }
     }
 
+    #[inline]
     fn new(shared: &Answers, tier: &Tier, d: &Decision) -> Self {
         RateHeaders {
             ietf: shared.headers.then(|| {

@@ -70,14 +70,15 @@ where
             };
         }
         let limiter = &shared.limiters()[tier];
-        let answer = if shared.settles() {
+        let mut answer = if shared.settles() {
             B::reserve(limiter, &key, cost)
         } else {
             B::decide(limiter, &key, cost)
         };
+        // Read in place: a decision is many words, not copied out of the answer.
         match answer {
-            Answer::Now(mut decision) => {
-                shared.strike(tier, &key, &mut decision);
+            Answer::Now(ref mut decision) => {
+                shared.strike(tier, &key, decision);
                 // What was taken goes with the response, to be given back if a layer inside
                 // rejects the request, or settled from the response; a decision of a store's
                 // failure policy (not its local fallback) or a rejection let through by a dry
@@ -90,10 +91,10 @@ where
                 let traced = shared.traced(&key);
                 match shared
                     .answers()
-                    .finish(tier, &decision, cost, traced, &mut req)
+                    .finish(tier, decision, cost, traced, &mut req)
                 {
                     Ok(headers) => {
-                        let taken = took.then(|| shared.taken(tier, key, cost, Some(&decision)));
+                        let taken = took.then(|| shared.taken(tier, key, cost, Some(decision)));
                         ResponseFuture::inner(self.inner.call(req), headers, taken)
                     }
                     Err(resp) => ResponseFuture::ready(resp),

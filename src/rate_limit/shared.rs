@@ -62,6 +62,9 @@ pub(crate) struct Shared<E: KeyExtractor, L> {
     parts: Parts<E, L>,
     /// Whether an unknown tier name from the selector has been logged.
     unknown_tier_logged: AtomicBool,
+    /// Whether the layer has any skip rule: most have none, and then no request is read for
+    /// them.
+    skipping: bool,
 }
 
 /// What a request needs before the store is asked.
@@ -78,6 +81,9 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     /// The shared state of a layer's services, built from `parts`.
     pub(crate) fn new(parts: Parts<E, L>) -> Self {
         Shared {
+            skipping: !parts.skip_methods.is_empty()
+                || !parts.skip_paths.is_empty()
+                || parts.skip.is_some(),
             parts,
             unknown_tier_logged: AtomicBool::new(false),
         }
@@ -112,7 +118,12 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         self.parts.core.traced(key)
     }
 
+    #[inline]
     fn skips(&self, head: &RequestHead<'_>) -> bool {
+        self.skipping && self.skipped(head)
+    }
+
+    fn skipped(&self, head: &RequestHead<'_>) -> bool {
         self.parts.skip_methods.contains(head.method)
             || self.parts.skip_paths.iter().any(|p| p == head.uri.path())
             || self.parts.skip.as_ref().is_some_and(|f| f(head))

@@ -12,7 +12,6 @@ use super::memory::OnFull;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reservation};
 use crate::error::ConfigError;
-use crate::limiter::{RateLimiter, DEFAULT_MAX_KEYS};
 use crate::penalty::{Penalties, PenaltyBox};
 use crate::quota::Quota;
 
@@ -148,6 +147,10 @@ pub(crate) mod sealed {
 }
 
 /// The in-memory store: state in this process, decisions without I/O. The default.
+///
+/// Each tier's limiter is a [`RateLimiter`](crate::RateLimiter); the store's [`Backend`] impl
+/// sits beside it (in `src/limiter/mod.rs`), so that a layer's decision is read where the
+/// limiter makes it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Memory;
 
@@ -163,83 +166,6 @@ impl Future for Never {
 
     fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Decision> {
         match *self {}
-    }
-}
-
-impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
-    type Limiter = RateLimiter<K>;
-    type Later = Never;
-    const LOCAL_PENALTIES: bool = true;
-
-    fn make_limiter(
-        &self,
-        policy: &crate::Policy,
-        _keys: Option<&str>,
-        clock: Option<&Clock>,
-        max_keys: Option<usize>,
-        on_full: Option<OnFull>,
-        _penalty: Option<&PenaltyBox>,
-    ) -> Result<RateLimiter<K>, ConfigError> {
-        let (first, rest) = policy.quotas.split_first().ok_or(ConfigError::NoQuota)?;
-        let mut builder = RateLimiter::<K>::builder(first.clone())
-            .max_keys(max_keys.unwrap_or(DEFAULT_MAX_KEYS))
-            .on_full(on_full.unwrap_or_default());
-        for q in rest {
-            builder = builder.quota(q.clone());
-        }
-        if let Some(clock) = clock {
-            builder = builder.clock(clock.clone());
-        }
-        builder.try_build()
-    }
-
-    fn set_quotas(limiter: &RateLimiter<K>, quotas: &[Quota]) -> Result<(), ConfigError> {
-        limiter.set_quotas(quotas.iter().cloned())
-    }
-
-    #[inline]
-    fn decide(limiter: &RateLimiter<K>, key: &K, cost: u32) -> Answer<Never> {
-        Answer::Now(limiter.check_n(key, cost))
-    }
-
-    fn share_bound(
-        limiters: &[RateLimiter<K>],
-        max_keys: usize,
-        penalty: Option<(&PenaltyBox, Clock)>,
-    ) -> Option<Penalties<K>> {
-        let bound = std::sync::Arc::new(crate::keyed::Bound::new(max_keys));
-        for limiter in limiters {
-            limiter.share_bound(&bound);
-        }
-        penalty.map(|(p, clock)| Penalties::sharing(p, clock, &bound))
-    }
-
-    fn reserve(limiter: &RateLimiter<K>, key: &K, cost: u32) -> Answer<Never> {
-        Answer::Now(limiter.reserve_n(key, cost))
-    }
-
-    fn refund(
-        limiter: &RateLimiter<K>,
-        key: K,
-        taken: Reservation,
-        _local: bool,
-    ) -> Option<Refunding> {
-        limiter.refund(&key, &taken, taken.cost);
-        None
-    }
-
-    fn tracked_keys(limiter: &RateLimiter<K>) -> Option<usize> {
-        Some(limiter.len())
-    }
-
-    fn settle(
-        limiter: &RateLimiter<K>,
-        key: K,
-        taken: Reservation,
-        actual: u32,
-        _local: bool,
-    ) -> Answer<Settling> {
-        Answer::Now(limiter.settle(&key, &taken, actual))
     }
 }
 
