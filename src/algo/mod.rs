@@ -26,13 +26,16 @@ mod step;
 pub(crate) mod warmup;
 mod window;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use warmup::{WarmGcra, WarmState};
 
-pub(crate) use gcra::Gcra;
 use gcra::{moved_back, slice_back};
+pub(crate) use gcra::{Gcra, Many, One};
 pub(crate) use log::Log;
-pub(crate) use step::{all_or_nothing, Step, Verdict, Words};
+pub(crate) use step::{all_or_nothing, Slot, Step, Verdict, Words};
 pub(crate) use window::Window;
 
 /// One quota, reduced to the numbers its kind needs, in nanoseconds.
@@ -432,6 +435,173 @@ fn concluded(v: &Verdict, cost: u32, quotas: [QuotaState; MAX_QUOTAS], n: usize)
         0
     };
     Decision::new(v.outcome, retry_after, quotas, n, taken)
+}
+
+/// Quotas of any kinds (see [`crate::algo`]), changed together under the key's own lock.
+///
+/// A policy of one quota kept in two words (a fixed window, a sliding-window counter or a
+/// warm-up quota) keeps just those words, as GCRA keeps one: a quarter of the memory of the
+/// general state, and no loop over quotas nor log to read. Any other policy keeps two words per quota and the log
+/// of admitted requests when a quota is a sliding log. The kinds of a policy never change
+/// while it serves, so a key's slot fits its policy for as long as it lives. The time the key
+/// becomes idle is kept beside the state, for the table to read without the quotas.
+pub(crate) enum Mixed {
+    Two(Kept<Words>),
+    /// Boxed, so that the table's entries are the size of the small slot.
+    Any(Box<Kept<KeyState>>),
+}
+
+/// A key's state under its lock, and when it becomes idle.
+pub(crate) struct Kept<S> {
+    state: Mutex<S>,
+    horizon: AtomicU64,
+}
+
+impl<S> Kept<S> {
+    fn new(state: S, horizon: u64) -> Self {
+        Kept {
+            state: Mutex::new(state),
+            horizon: AtomicU64::new(horizon),
+        }
+    }
+
+    /// Reads the key's state and replaces it through `f`, under the key's lock, then keeps
+    /// the time the key becomes idle (`idle_at`) beside it.
+    #[inline]
+    fn measure_and_replace<T>(
+        &self,
+        f: impl FnOnce(&mut S) -> T,
+        idle_at: impl FnOnce(&S) -> u64,
+    ) -> T {
+        // A poisoned lock only means another thread panicked while deciding; the state is
+        // still a valid state (every change is made after the decision's arithmetic).
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let said = f(&mut state);
+        self.horizon.store(idle_at(&state), Ordering::Release);
+        said
+    }
+}
+
+impl Mixed {
+    pub(crate) fn idle() -> Self {
+        Mixed::Any(Box::new(Kept::new(KeyState::default(), 0)))
+    }
+
+    /// The slot a key of policy `rules` keeps once `change` is made to a state never seen,
+    /// if it says so (what it says comes back beside it).
+    #[inline]
+    fn made<T>(
+        rules: &[Rule],
+        two: impl FnOnce(&Rule, &mut Words) -> (T, bool),
+        any: impl FnOnce(&mut KeyState) -> (T, bool),
+    ) -> (T, Option<Self>) {
+        match rules {
+            [rule] if rule.in_two_words() => {
+                let mut words = [0; 2];
+                let (said, keep) = two(rule, &mut words);
+                let slot = keep.then(|| Mixed::Two(Kept::new(words, rule.idle_at_two(words))));
+                (said, slot)
+            }
+            _ => {
+                let mut state = KeyState::default();
+                let (said, keep) = any(&mut state);
+                let slot = keep.then(|| {
+                    let horizon = state.idle_at(rules);
+                    Mixed::Any(Box::new(Kept::new(state, horizon)))
+                });
+                (said, slot)
+            }
+        }
+    }
+
+    /// Changes the key's state through `two` (a slot of two words: with its only quota) or
+    /// `any`, under its lock.
+    #[inline]
+    fn change<T>(
+        &self,
+        rules: &[Rule],
+        two: impl FnOnce(&Rule, &mut Words) -> T,
+        any: impl FnOnce(&mut KeyState) -> T,
+    ) -> T {
+        match (self, rules) {
+            (Mixed::Two(kept), [rule, ..]) => {
+                kept.measure_and_replace(|w| two(rule, w), |w| rule.idle_at_two(*w))
+            }
+            (Mixed::Two(kept), []) => {
+                kept.measure_and_replace(|_| any(&mut KeyState::default()), |_| 0)
+            }
+            (Mixed::Any(kept), _) => kept.measure_and_replace(any, |s| s.idle_at(rules)),
+        }
+    }
+}
+
+impl Slot for Mixed {
+    type Rules = [Rule];
+
+    fn decide_absent(rules: &[Rule], now: u64, cost: u32) -> (Decision, Option<Self>) {
+        Mixed::made(
+            rules,
+            |rule, words| decide_two(rule, words, now, cost),
+            |state| decide(rules, state, now, cost),
+        )
+    }
+
+    #[inline]
+    fn decide(&self, rules: &[Rule], now: u64, cost: u32) -> Decision {
+        self.change(
+            rules,
+            |rule, words| decide_two(rule, words, now, cost).0,
+            |state| decide(rules, state, now, cost).0,
+        )
+    }
+
+    fn horizon(&self) -> u64 {
+        match self {
+            Mixed::Two(kept) => kept.horizon.load(Ordering::Acquire),
+            Mixed::Any(kept) => kept.horizon.load(Ordering::Acquire),
+        }
+    }
+
+    fn refund(&self, rules: &[Rule], now: u64, taken: &Reservation, units: u32) {
+        self.change(
+            rules,
+            |rule, words| *words = rule.refund_two(*words, now, taken, units),
+            |state| state.refund(rules, now, taken, units),
+        )
+    }
+
+    fn charge(&self, rules: &[Rule], now: u64, cost: u32) {
+        self.change(
+            rules,
+            |rule, words| *words = rule.charge(*words, now, cost),
+            |state| state.charge(rules, now, cost),
+        )
+    }
+
+    fn charged_absent(rules: &[Rule], now: u64, cost: u32) -> Self {
+        let (_, slot) = Mixed::made(
+            rules,
+            |rule, words| {
+                *words = rule.charge(*words, now, cost);
+                ((), true)
+            },
+            |state| {
+                state.charge(rules, now, cost);
+                ((), true)
+            },
+        );
+        slot.unwrap_or_else(Mixed::idle)
+    }
+
+    fn full(rules: &[Rule], retry_after: u64) -> Decision {
+        Decision::store_full(rules, retry_after)
+    }
+}
+
+impl crate::keyed::Entry for Mixed {
+    fn idle_at(&self) -> u64 {
+        self.horizon()
+    }
 }
 
 #[cfg(test)]
