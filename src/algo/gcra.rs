@@ -254,13 +254,19 @@ impl Slot for One {
         (d, store.map(|t| One(AtomicU64::new(t))))
     }
 
+    /// The step and the time it was made on; the decision is built once, after any retry.
+    type Said = ((Outcome, u64, Option<u64>), u64);
+
     #[inline]
-    fn decide(&self, g: &Gcra, now: u64, cost: u32) -> Decision {
-        // The step is retried; the decision, many words, is built once.
-        let (step, tat) = self.measure_and_replace(|tat| {
+    fn step(&self, g: &Gcra, now: u64, cost: u32) -> Self::Said {
+        self.measure_and_replace(|tat| {
             let step = step_one(g, tat, now, cost);
             (step, step.2)
-        });
+        })
+    }
+
+    #[inline]
+    fn decision(g: &Gcra, (step, tat): Self::Said, now: u64, cost: u32) -> Decision {
         decision_one(g, tat, now, cost, step)
     }
 
@@ -313,8 +319,15 @@ impl Slot for Many {
         (d, changed.then(|| Many(Mutex::new(tats))))
     }
 
-    fn decide(&self, gcras: &[Gcra], now: u64, cost: u32) -> Decision {
+    type Said = Decision;
+
+    fn step(&self, gcras: &[Gcra], now: u64, cost: u32) -> Decision {
         self.measure_and_replace(|tats| decide(gcras, &mut tats[..gcras.len()], now, cost).0)
+    }
+
+    #[inline]
+    fn decision(_: &[Gcra], said: Decision, _: u64, _: u32) -> Decision {
+        said
     }
 
     fn horizon(&self) -> u64 {

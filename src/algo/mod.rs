@@ -409,15 +409,43 @@ pub(crate) fn decide(
 /// is admitted: [`decide`] without a log. Returns the decision and whether `words` changed.
 #[inline]
 pub(crate) fn decide_two(rule: &Rule, words: &mut Words, now: u64, cost: u32) -> (Decision, bool) {
+    let (step, after) = step_two(rule, words, now, cost);
+    let allowed = matches!(step, Step::Allow { .. }) && cost > 0;
+    *words = after;
+    (decision_two(rule, step, after, now, cost), allowed)
+}
+
+/// The step of [`decide_two`] alone, made under the key's lock: what the quota says, and the
+/// words to keep (`words` unchanged unless admitted at a cost). The decision, many words, is
+/// built from it after the lock, by [`decision_two`].
+#[inline]
+fn step_two(rule: &Rule, words: &Words, now: u64, cost: u32) -> (Step, Words) {
     debug_assert!(rule.in_two_words());
-    let v = all_or_nothing(1, |_| rule.step(*words, &Log::EMPTY, now, cost));
-    let allowed = v.outcome == Outcome::Allowed && cost > 0;
-    if allowed {
-        *words = v.words[0];
+    let step = rule.step(*words, &Log::EMPTY, now, cost);
+    match step {
+        Step::Allow { words: after, .. } if cost > 0 => (step, after),
+        _ => (step, *words),
     }
+}
+
+/// The decision of [`step_two`]'s `step`, for a key whose words are `words` after it.
+#[inline]
+fn decision_two(rule: &Rule, step: Step, words: Words, now: u64, cost: u32) -> Decision {
+    let mut taken = Reservation::none();
+    let (outcome, retry_after) = match step {
+        Step::Allow { spot, .. } => {
+            if cost > 0 {
+                taken.cost = cost;
+                taken.spots[0] = spot;
+            }
+            (Outcome::Allowed, 0)
+        }
+        Step::Deny { retry_after } => (Outcome::Limited, retry_after),
+        Step::Never => (Outcome::Exceeds, 0),
+    };
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    quotas[0] = rule.state(*words, &Log::EMPTY, now);
-    (concluded(&v, cost, quotas, 1), allowed)
+    quotas[0] = rule.state(words, &Log::EMPTY, now);
+    Decision::new(outcome, retry_after, quotas, 1, taken)
 }
 
 /// The decision of verdict `v` on a request of `cost`, with the states of the `n` quotas
@@ -437,22 +465,21 @@ fn concluded(v: &Verdict, cost: u32, quotas: [QuotaState; MAX_QUOTAS], n: usize)
     Decision::new(v.outcome, retry_after, quotas, n, taken)
 }
 
-/// Quotas of any kinds (see [`crate::algo`]), changed together under the key's own lock.
-///
 /// A policy of one quota kept in two words (a fixed window, a sliding-window counter or a
-/// warm-up quota) keeps just those words, as GCRA keeps one: a quarter of the memory of the
-/// general state, and no loop over quotas nor log to read. Any other policy keeps two words per quota and the log
-/// of admitted requests when a quota is a sliding log. The kinds of a policy never change
-/// while it serves, so a key's slot fits its policy for as long as it lives. The time the key
-/// becomes idle is kept beside the state, for the table to read without the quotas.
-pub(crate) enum Mixed {
-    Two(Kept<Words>),
-    /// Boxed, so that the table's entries are the size of the small slot.
-    Any(Box<Kept<KeyState>>),
-}
+/// warm-up quota, see [`Rule::in_two_words`]): a key keeps just those words under its own
+/// lock, as GCRA keeps one word: a quarter of the memory of the general state, and no loop
+/// over quotas nor log to read. The kinds of a policy never change while it serves, so its
+/// keys keep this slot for as long as it serves. The time the key becomes idle is kept beside
+/// the words, for the table to read without the quota.
+pub(crate) struct Two(Kept<Words>);
+
+/// Quotas of any other policy (see [`crate::algo`]): two words per quota and the log of
+/// admitted requests when a quota is a sliding log, changed together under the key's own
+/// lock. Boxed, so that a table's entries stay small.
+pub(crate) struct Mixed(Box<Kept<KeyState>>);
 
 /// A key's state under its lock, and when it becomes idle.
-pub(crate) struct Kept<S> {
+struct Kept<S> {
     state: Mutex<S>,
     horizon: AtomicU64,
 }
@@ -480,121 +507,143 @@ impl<S> Kept<S> {
         self.horizon.store(idle_at(&state), Ordering::Release);
         said
     }
+
+    /// When the key becomes idle.
+    #[inline]
+    fn horizon(&self) -> u64 {
+        self.horizon.load(Ordering::Acquire)
+    }
+}
+
+impl Two {
+    pub(crate) fn idle() -> Self {
+        Two(Kept::new([0; 2], 0))
+    }
+
+    /// The slot of a key in state `words` under `rule`.
+    fn made(rule: &Rule, words: Words) -> Self {
+        Two(Kept::new(words, rule.idle_at_two(words)))
+    }
+
+    /// Changes the key's words through `f`, under its lock.
+    #[inline]
+    fn change<T>(&self, rule: &Rule, f: impl FnOnce(&mut Words) -> T) -> T {
+        self.0.measure_and_replace(f, |w| rule.idle_at_two(*w))
+    }
+}
+
+impl Slot for Two {
+    type Rules = Rule;
+    /// The step, made under the lock, and the words after it: the decision (many words) is
+    /// built after the lock, where the caller keeps it.
+    type Said = (Step, Words);
+
+    fn decide_absent(rule: &Rule, now: u64, cost: u32) -> (Decision, Option<Self>) {
+        let mut words = [0; 2];
+        let (d, keep) = decide_two(rule, &mut words, now, cost);
+        (d, keep.then(|| Two::made(rule, words)))
+    }
+
+    #[inline]
+    fn step(&self, rule: &Rule, now: u64, cost: u32) -> (Step, Words) {
+        self.change(rule, |w| {
+            let (step, after) = step_two(rule, w, now, cost);
+            *w = after;
+            (step, after)
+        })
+    }
+
+    #[inline]
+    fn decision(rule: &Rule, (step, words): (Step, Words), now: u64, cost: u32) -> Decision {
+        decision_two(rule, step, words, now, cost)
+    }
+
+    fn horizon(&self) -> u64 {
+        self.0.horizon()
+    }
+
+    fn refund(&self, rule: &Rule, now: u64, taken: &Reservation, units: u32) {
+        self.change(rule, |w| *w = rule.refund_two(*w, now, taken, units))
+    }
+
+    fn charge(&self, rule: &Rule, now: u64, cost: u32) {
+        self.change(rule, |w| *w = rule.charge(*w, now, cost))
+    }
+
+    fn charged_absent(rule: &Rule, now: u64, cost: u32) -> Self {
+        Two::made(rule, rule.charge([0; 2], now, cost))
+    }
+
+    fn full(rule: &Rule, retry_after: u64) -> Decision {
+        Decision::store_full(std::slice::from_ref(rule), retry_after)
+    }
 }
 
 impl Mixed {
     pub(crate) fn idle() -> Self {
-        Mixed::Any(Box::new(Kept::new(KeyState::default(), 0)))
+        Mixed(Box::new(Kept::new(KeyState::default(), 0)))
     }
 
-    /// The slot a key of policy `rules` keeps once `change` is made to a state never seen,
-    /// if it says so (what it says comes back beside it).
-    #[inline]
-    fn made<T>(
-        rules: &[Rule],
-        two: impl FnOnce(&Rule, &mut Words) -> (T, bool),
-        any: impl FnOnce(&mut KeyState) -> (T, bool),
-    ) -> (T, Option<Self>) {
-        match rules {
-            [rule] if rule.in_two_words() => {
-                let mut words = [0; 2];
-                let (said, keep) = two(rule, &mut words);
-                let slot = keep.then(|| Mixed::Two(Kept::new(words, rule.idle_at_two(words))));
-                (said, slot)
-            }
-            _ => {
-                let mut state = KeyState::default();
-                let (said, keep) = any(&mut state);
-                let slot = keep.then(|| {
-                    let horizon = state.idle_at(rules);
-                    Mixed::Any(Box::new(Kept::new(state, horizon)))
-                });
-                (said, slot)
-            }
-        }
+    /// The slot of a key in `state` under `rules`.
+    fn made(rules: &[Rule], state: KeyState) -> Self {
+        let horizon = state.idle_at(rules);
+        Mixed(Box::new(Kept::new(state, horizon)))
     }
 
-    /// Changes the key's state through `two` (a slot of two words: with its only quota) or
-    /// `any`, under its lock.
+    /// Changes the key's state through `f`, under its lock.
     #[inline]
-    fn change<T>(
-        &self,
-        rules: &[Rule],
-        two: impl FnOnce(&Rule, &mut Words) -> T,
-        any: impl FnOnce(&mut KeyState) -> T,
-    ) -> T {
-        match (self, rules) {
-            (Mixed::Two(kept), [rule, ..]) => {
-                kept.measure_and_replace(|w| two(rule, w), |w| rule.idle_at_two(*w))
-            }
-            (Mixed::Two(kept), []) => {
-                kept.measure_and_replace(|_| any(&mut KeyState::default()), |_| 0)
-            }
-            (Mixed::Any(kept), _) => kept.measure_and_replace(any, |s| s.idle_at(rules)),
-        }
+    fn change<T>(&self, rules: &[Rule], f: impl FnOnce(&mut KeyState) -> T) -> T {
+        self.0.measure_and_replace(f, |s| s.idle_at(rules))
     }
 }
 
 impl Slot for Mixed {
     type Rules = [Rule];
+    /// The decision itself: the quotas' states are read from the log, under the lock.
+    type Said = Decision;
 
     fn decide_absent(rules: &[Rule], now: u64, cost: u32) -> (Decision, Option<Self>) {
-        Mixed::made(
-            rules,
-            |rule, words| decide_two(rule, words, now, cost),
-            |state| decide(rules, state, now, cost),
-        )
+        let mut state = KeyState::default();
+        let (d, keep) = decide(rules, &mut state, now, cost);
+        (d, keep.then(|| Mixed::made(rules, state)))
+    }
+
+    fn step(&self, rules: &[Rule], now: u64, cost: u32) -> Decision {
+        self.change(rules, |state| decide(rules, state, now, cost).0)
     }
 
     #[inline]
-    fn decide(&self, rules: &[Rule], now: u64, cost: u32) -> Decision {
-        self.change(
-            rules,
-            |rule, words| decide_two(rule, words, now, cost).0,
-            |state| decide(rules, state, now, cost).0,
-        )
+    fn decision(_: &[Rule], said: Decision, _: u64, _: u32) -> Decision {
+        said
     }
 
     fn horizon(&self) -> u64 {
-        match self {
-            Mixed::Two(kept) => kept.horizon.load(Ordering::Acquire),
-            Mixed::Any(kept) => kept.horizon.load(Ordering::Acquire),
-        }
+        self.0.horizon()
     }
 
     fn refund(&self, rules: &[Rule], now: u64, taken: &Reservation, units: u32) {
-        self.change(
-            rules,
-            |rule, words| *words = rule.refund_two(*words, now, taken, units),
-            |state| state.refund(rules, now, taken, units),
-        )
+        self.change(rules, |state| state.refund(rules, now, taken, units))
     }
 
     fn charge(&self, rules: &[Rule], now: u64, cost: u32) {
-        self.change(
-            rules,
-            |rule, words| *words = rule.charge(*words, now, cost),
-            |state| state.charge(rules, now, cost),
-        )
+        self.change(rules, |state| state.charge(rules, now, cost))
     }
 
     fn charged_absent(rules: &[Rule], now: u64, cost: u32) -> Self {
-        let (_, slot) = Mixed::made(
-            rules,
-            |rule, words| {
-                *words = rule.charge(*words, now, cost);
-                ((), true)
-            },
-            |state| {
-                state.charge(rules, now, cost);
-                ((), true)
-            },
-        );
-        slot.unwrap_or_else(Mixed::idle)
+        let mut state = KeyState::default();
+        state.charge(rules, now, cost);
+        Mixed::made(rules, state)
     }
 
     fn full(rules: &[Rule], retry_after: u64) -> Decision {
         Decision::store_full(rules, retry_after)
+    }
+}
+
+impl crate::keyed::Entry for Two {
+    #[inline]
+    fn idle_at(&self) -> u64 {
+        self.horizon()
     }
 }
 

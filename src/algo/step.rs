@@ -69,8 +69,20 @@ pub(crate) trait Slot: Send + Sync + Sized {
     type Rules: ?Sized + Sync;
     /// Decides for a key that has no entry; returns the entry to insert when admitted.
     fn decide_absent(rules: &Self::Rules, now: u64, cost: u32) -> (Decision, Option<Self>);
-    /// Decides under shared access; must be atomic for the key.
-    fn decide(&self, rules: &Self::Rules, now: u64, cost: u32) -> Decision;
+    /// What a decision made under shared access says, as small as the slot can keep it: a
+    /// table hands it out of its lock, and the decision (many words) is built from it once,
+    /// where the caller keeps it, by [`decision`](Self::decision).
+    type Said;
+    /// Decides under shared access, atomic for the key: what [`decision`](Self::decision)
+    /// turns into the decision.
+    fn step(&self, rules: &Self::Rules, now: u64, cost: u32) -> Self::Said;
+    /// The decision a [`step`](Self::step) said.
+    fn decision(rules: &Self::Rules, said: Self::Said, now: u64, cost: u32) -> Decision;
+    /// Decides under shared access; atomic for the key.
+    #[inline]
+    fn decide(&self, rules: &Self::Rules, now: u64, cost: u32) -> Decision {
+        Self::decision(rules, self.step(rules, now, cost), now, cost)
+    }
     /// When the key becomes equal to one never seen, if nothing else happens to it.
     fn horizon(&self) -> u64;
     /// Gives back `units` of the request that took `taken`: only what still counts at `now`
