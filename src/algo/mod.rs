@@ -175,6 +175,7 @@ impl Rule {
     }
 
     /// When this quota's state becomes equal to "never seen", if nothing else happens.
+    #[inline]
     pub(crate) fn idle_at(&self, words: Words, log: &Log) -> u64 {
         match self {
             Rule::Gcra(_) => words[0],
