@@ -2,10 +2,11 @@
 //! state, in this process.
 //!
 //! # Implementation details
-//! A policy's quotas are read in one of three shapes: one GCRA quota (a key's whole state is
-//! one word, updated by compare-and-swap), several GCRA quotas, or quotas of any kinds. A key
+//! A policy's quotas are read in one of four shapes: one GCRA quota (a key's whole state is
+//! one word, updated by compare-and-swap), several GCRA quotas, one quota of another kind kept
+//! in two words (a fixed window, a sliding counter, a warm-up), or quotas of any kinds. A key
 //! type with a single value (`()` above all) keeps its one slot without a table, lock or map.
-//! [`State`] is one of the three shapes, each [`Keys`] in a table ([`MemoryStore`], the
+//! [`State`] is one of the four shapes, each [`Keys`] in a table ([`MemoryStore`], the
 //! table wrapper: its sweep lag and the paths of a new key) or direct; its methods are the
 //! only place that picks among them. Each shape's slot, its state and its read-decide-replace,
 //! lives beside its maths in `crate::algo`.
