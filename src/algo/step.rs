@@ -88,7 +88,8 @@ pub(crate) trait Slot: Send + Sync + Sized {
     /// Gives back `units` of the request that took `taken`: only what still counts at `now`
     /// (see [`Reservation`]). Atomic for the key.
     fn refund(&self, rules: &Self::Rules, now: u64, taken: &Reservation, units: u32);
-    /// Takes `cost` whatever the state (see [`Gcra::charged`](super::Gcra::charged)). Atomic for the key.
+    /// Takes `cost` whatever the state (see [`Gcra::charged`](super::Gcra::charged)). Atomic
+    /// for the key.
     fn charge(&self, rules: &Self::Rules, now: u64, cost: u32);
     /// The entry of a key without one once `cost` is taken whatever the limit.
     fn charged_absent(rules: &Self::Rules, now: u64, cost: u32) -> Self;
