@@ -15,7 +15,11 @@
 //! An allowed request stores `new_tat`; a rejected one stores nothing. With several quotas on
 //! one key the request is allowed only if every quota allows it, and then all of them store.
 
-use super::step::{all_or_nothing, Step};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::step::{all_or_nothing, Slot, Step};
+use super::Rule;
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 
 /// One quota reduced to the two numbers the algorithm needs, in nanoseconds.
@@ -208,4 +212,170 @@ pub(crate) fn moved_back(tat: u64, back: u64, now: u64) -> u64 {
 #[inline]
 pub(crate) fn refunded(tat: u64, now: u64, spot: [u64; 2], cost: u32, units: u32) -> u64 {
     moved_back(tat, slice_back(spot, cost, units, now, 1), now)
+}
+
+/// One quota: the whole state is one word, updated by compare-and-swap.
+pub(crate) struct One(AtomicU64);
+
+impl One {
+    pub(crate) fn idle() -> Self {
+        One(AtomicU64::new(0))
+    }
+
+    /// Reads the key's time, decides through `f` what to store in its place (nothing: leave
+    /// it), and replaces it, unless another thread replaced it first: then decides again on
+    /// what that thread stored. Returns what `f` said last and the time it was given.
+    #[inline]
+    fn measure_and_replace<T>(&self, mut f: impl FnMut(u64) -> (T, Option<u64>)) -> (T, u64) {
+        let mut old = self.0.load(Ordering::Acquire);
+        loop {
+            let (said, new) = f(old);
+            let new = match new {
+                Some(new) if new != old => new,
+                _ => return (said, old),
+            };
+            match self
+                .0
+                .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return (said, old),
+                Err(actual) => old = actual,
+            }
+        }
+    }
+}
+
+impl Slot for One {
+    type Rules = Gcra;
+
+    #[inline]
+    fn decide_absent(g: &Gcra, now: u64, cost: u32) -> (Decision, Option<Self>) {
+        let (d, store) = decide_one(g, 0, now, cost);
+        (d, store.map(|t| One(AtomicU64::new(t))))
+    }
+
+    /// The step and the time it was made on; the decision is built once, after any retry.
+    type Said = ((Outcome, u64, Option<u64>), u64);
+
+    #[inline]
+    fn step(&self, g: &Gcra, now: u64, cost: u32) -> Self::Said {
+        self.measure_and_replace(|tat| {
+            let step = step_one(g, tat, now, cost);
+            (step, step.2)
+        })
+    }
+
+    #[inline]
+    fn decision(g: &Gcra, (step, tat): Self::Said, now: u64, cost: u32) -> Decision {
+        decision_one(g, tat, now, cost, step)
+    }
+
+    fn horizon(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn refund(&self, _: &Gcra, now: u64, taken: &Reservation, units: u32) {
+        self.measure_and_replace(|tat| {
+            let back = refunded(tat, now, taken.spots[0], taken.cost, units);
+            ((), Some(back))
+        });
+    }
+
+    fn charge(&self, g: &Gcra, now: u64, cost: u32) {
+        self.measure_and_replace(|tat| ((), Some(g.charged(tat, now, cost))));
+    }
+
+    fn charged_absent(g: &Gcra, now: u64, cost: u32) -> Self {
+        One(AtomicU64::new(g.charged(0, now, cost)))
+    }
+
+    fn full(g: &Gcra, retry_after: u64) -> Decision {
+        Decision::store_full(&[Rule::Gcra(*g)], retry_after)
+    }
+}
+
+/// Several quotas: the times change together under the key's own lock.
+pub(crate) struct Many(Mutex<[u64; MAX_QUOTAS]>);
+
+impl Many {
+    pub(crate) fn idle() -> Self {
+        Many(Mutex::new([0; MAX_QUOTAS]))
+    }
+
+    /// Reads the key's times and replaces them through `f`, under the key's lock.
+    fn measure_and_replace<T>(&self, f: impl FnOnce(&mut [u64; MAX_QUOTAS]) -> T) -> T {
+        // A poisoned lock only means another thread panicked between two plain stores of
+        // `u64`s; the values are still valid times.
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl Slot for Many {
+    type Rules = [Gcra];
+
+    fn decide_absent(gcras: &[Gcra], now: u64, cost: u32) -> (Decision, Option<Self>) {
+        let mut tats = [0u64; MAX_QUOTAS];
+        let (d, changed) = decide(gcras, &mut tats[..gcras.len()], now, cost);
+        (d, changed.then(|| Many(Mutex::new(tats))))
+    }
+
+    type Said = Decision;
+
+    fn step(&self, gcras: &[Gcra], now: u64, cost: u32) -> Decision {
+        self.measure_and_replace(|tats| decide(gcras, &mut tats[..gcras.len()], now, cost).0)
+    }
+
+    #[inline]
+    fn decision(_: &[Gcra], said: Decision, _: u64, _: u32) -> Decision {
+        said
+    }
+
+    fn horizon(&self) -> u64 {
+        self.measure_and_replace(|tats| tats.iter().copied().max().unwrap_or(0))
+    }
+
+    fn refund(&self, gcras: &[Gcra], now: u64, taken: &Reservation, units: u32) {
+        self.measure_and_replace(|tats| {
+            for (tat, spot) in tats.iter_mut().zip(&taken.spots).take(gcras.len()) {
+                *tat = refunded(*tat, now, *spot, taken.cost, units);
+            }
+        })
+    }
+
+    fn charge(&self, gcras: &[Gcra], now: u64, cost: u32) {
+        self.measure_and_replace(|tats| {
+            for (tat, g) in tats.iter_mut().zip(gcras) {
+                *tat = g.charged(*tat, now, cost);
+            }
+        })
+    }
+
+    fn charged_absent(gcras: &[Gcra], now: u64, cost: u32) -> Self {
+        let mut tats = [0u64; MAX_QUOTAS];
+        for (tat, g) in tats.iter_mut().zip(gcras) {
+            *tat = g.charged(0, now, cost);
+        }
+        Many(Mutex::new(tats))
+    }
+
+    fn full(gcras: &[Gcra], retry_after: u64) -> Decision {
+        let mut rules = [Rule::Gcra(Gcra::new(1, 1)); MAX_QUOTAS];
+        for (r, g) in rules.iter_mut().zip(gcras) {
+            *r = Rule::Gcra(*g);
+        }
+        Decision::store_full(&rules[..gcras.len()], retry_after)
+    }
+}
+
+impl crate::keyed::Entry for One {
+    #[inline]
+    fn idle_at(&self) -> u64 {
+        self.horizon()
+    }
+}
+
+impl crate::keyed::Entry for Many {
+    fn idle_at(&self) -> u64 {
+        self.horizon()
+    }
 }

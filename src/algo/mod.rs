@@ -26,13 +26,16 @@ mod step;
 pub(crate) mod warmup;
 mod window;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use warmup::{WarmGcra, WarmState};
 
-pub(crate) use gcra::Gcra;
 use gcra::{moved_back, slice_back};
+pub(crate) use gcra::{Gcra, Many, One};
 pub(crate) use log::Log;
-pub(crate) use step::{all_or_nothing, Step, Verdict, Words};
+pub(crate) use step::{all_or_nothing, Slot, Step, Verdict, Words};
 pub(crate) use window::Window;
 
 /// One quota, reduced to the numbers its kind needs, in nanoseconds.
@@ -172,6 +175,7 @@ impl Rule {
     }
 
     /// When this quota's state becomes equal to "never seen", if nothing else happens.
+    #[inline]
     pub(crate) fn idle_at(&self, words: Words, log: &Log) -> u64 {
         match self {
             Rule::Gcra(_) => words[0],
@@ -406,15 +410,43 @@ pub(crate) fn decide(
 /// is admitted: [`decide`] without a log. Returns the decision and whether `words` changed.
 #[inline]
 pub(crate) fn decide_two(rule: &Rule, words: &mut Words, now: u64, cost: u32) -> (Decision, bool) {
+    let (step, after) = step_two(rule, words, now, cost);
+    let allowed = matches!(step, Step::Allow { .. }) && cost > 0;
+    *words = after;
+    (decision_two(rule, step, after, now, cost), allowed)
+}
+
+/// The step of [`decide_two`] alone, made under the key's lock: what the quota says, and the
+/// words to keep (`words` unchanged unless admitted at a cost). The decision, many words, is
+/// built from it after the lock, by [`decision_two`].
+#[inline]
+fn step_two(rule: &Rule, words: &Words, now: u64, cost: u32) -> (Step, Words) {
     debug_assert!(rule.in_two_words());
-    let v = all_or_nothing(1, |_| rule.step(*words, &Log::EMPTY, now, cost));
-    let allowed = v.outcome == Outcome::Allowed && cost > 0;
-    if allowed {
-        *words = v.words[0];
+    let step = rule.step(*words, &Log::EMPTY, now, cost);
+    match step {
+        Step::Allow { words: after, .. } if cost > 0 => (step, after),
+        _ => (step, *words),
     }
+}
+
+/// The decision of [`step_two`]'s `step`, for a key whose words are `words` after it.
+#[inline]
+fn decision_two(rule: &Rule, step: Step, words: Words, now: u64, cost: u32) -> Decision {
+    let mut taken = Reservation::none();
+    let (outcome, retry_after) = match step {
+        Step::Allow { spot, .. } => {
+            if cost > 0 {
+                taken.cost = cost;
+                taken.spots[0] = spot;
+            }
+            (Outcome::Allowed, 0)
+        }
+        Step::Deny { retry_after } => (Outcome::Limited, retry_after),
+        Step::Never => (Outcome::Exceeds, 0),
+    };
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    quotas[0] = rule.state(*words, &Log::EMPTY, now);
-    (concluded(&v, cost, quotas, 1), allowed)
+    quotas[0] = rule.state(words, &Log::EMPTY, now);
+    Decision::new(outcome, retry_after, quotas, 1, taken)
 }
 
 /// The decision of verdict `v` on a request of `cost`, with the states of the `n` quotas
@@ -432,6 +464,194 @@ fn concluded(v: &Verdict, cost: u32, quotas: [QuotaState; MAX_QUOTAS], n: usize)
         0
     };
     Decision::new(v.outcome, retry_after, quotas, n, taken)
+}
+
+/// A policy of one quota kept in two words (a fixed window, a sliding-window counter or a
+/// warm-up quota, see [`Rule::in_two_words`]): a key keeps just those words under its own
+/// lock, as GCRA keeps one word: a quarter of the memory of the general state, and no loop
+/// over quotas nor log to read. The kinds of a policy never change while it serves, so its
+/// keys keep this slot for as long as it serves. The time the key becomes idle is kept beside
+/// the words, for the table to read without the quota.
+pub(crate) struct Two(Kept<Words>);
+
+/// Quotas of any other policy (see [`crate::algo`]): two words per quota and the log of
+/// admitted requests when a quota is a sliding log, changed together under the key's own
+/// lock. Boxed, so that a table's entries stay small.
+pub(crate) struct Mixed(Box<Kept<KeyState>>);
+
+/// A key's state under its lock, and when it becomes idle.
+struct Kept<S> {
+    state: Mutex<S>,
+    horizon: AtomicU64,
+}
+
+impl<S> Kept<S> {
+    fn new(state: S, horizon: u64) -> Self {
+        Kept {
+            state: Mutex::new(state),
+            horizon: AtomicU64::new(horizon),
+        }
+    }
+
+    /// Reads the key's state and replaces it through `f`, under the key's lock, then keeps
+    /// the time the key becomes idle (`idle_at`) beside it.
+    #[inline]
+    fn measure_and_replace<T>(
+        &self,
+        f: impl FnOnce(&mut S) -> T,
+        idle_at: impl FnOnce(&S) -> u64,
+    ) -> T {
+        // A poisoned lock only means another thread panicked while deciding; the state is
+        // still a valid state (every change is made after the decision's arithmetic).
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let said = f(&mut state);
+        self.horizon.store(idle_at(&state), Ordering::Release);
+        said
+    }
+
+    /// When the key becomes idle.
+    #[inline]
+    fn horizon(&self) -> u64 {
+        self.horizon.load(Ordering::Acquire)
+    }
+}
+
+impl Two {
+    pub(crate) fn idle() -> Self {
+        Two(Kept::new([0; 2], 0))
+    }
+
+    /// The slot of a key in state `words` under `rule`.
+    fn made(rule: &Rule, words: Words) -> Self {
+        Two(Kept::new(words, rule.idle_at_two(words)))
+    }
+
+    /// Changes the key's words through `f`, under its lock.
+    #[inline]
+    fn change<T>(&self, rule: &Rule, f: impl FnOnce(&mut Words) -> T) -> T {
+        self.0.measure_and_replace(f, |w| rule.idle_at_two(*w))
+    }
+}
+
+impl Slot for Two {
+    type Rules = Rule;
+    /// The step, made under the lock, and the words after it: the decision (many words) is
+    /// built after the lock, where the caller keeps it.
+    type Said = (Step, Words);
+
+    fn decide_absent(rule: &Rule, now: u64, cost: u32) -> (Decision, Option<Self>) {
+        let mut words = [0; 2];
+        let (d, keep) = decide_two(rule, &mut words, now, cost);
+        (d, keep.then(|| Two::made(rule, words)))
+    }
+
+    #[inline]
+    fn step(&self, rule: &Rule, now: u64, cost: u32) -> (Step, Words) {
+        self.change(rule, |w| {
+            let (step, after) = step_two(rule, w, now, cost);
+            *w = after;
+            (step, after)
+        })
+    }
+
+    #[inline]
+    fn decision(rule: &Rule, (step, words): (Step, Words), now: u64, cost: u32) -> Decision {
+        decision_two(rule, step, words, now, cost)
+    }
+
+    fn horizon(&self) -> u64 {
+        self.0.horizon()
+    }
+
+    fn refund(&self, rule: &Rule, now: u64, taken: &Reservation, units: u32) {
+        self.change(rule, |w| *w = rule.refund_two(*w, now, taken, units))
+    }
+
+    fn charge(&self, rule: &Rule, now: u64, cost: u32) {
+        self.change(rule, |w| *w = rule.charge(*w, now, cost))
+    }
+
+    fn charged_absent(rule: &Rule, now: u64, cost: u32) -> Self {
+        Two::made(rule, rule.charge([0; 2], now, cost))
+    }
+
+    fn full(rule: &Rule, retry_after: u64) -> Decision {
+        Decision::store_full(std::slice::from_ref(rule), retry_after)
+    }
+}
+
+impl Mixed {
+    pub(crate) fn idle() -> Self {
+        Mixed(Box::new(Kept::new(KeyState::default(), 0)))
+    }
+
+    /// The slot of a key in `state` under `rules`.
+    fn made(rules: &[Rule], state: KeyState) -> Self {
+        let horizon = state.idle_at(rules);
+        Mixed(Box::new(Kept::new(state, horizon)))
+    }
+
+    /// Changes the key's state through `f`, under its lock.
+    #[inline]
+    fn change<T>(&self, rules: &[Rule], f: impl FnOnce(&mut KeyState) -> T) -> T {
+        self.0.measure_and_replace(f, |s| s.idle_at(rules))
+    }
+}
+
+impl Slot for Mixed {
+    type Rules = [Rule];
+    /// The decision itself: the quotas' states are read from the log, under the lock.
+    type Said = Decision;
+
+    fn decide_absent(rules: &[Rule], now: u64, cost: u32) -> (Decision, Option<Self>) {
+        let mut state = KeyState::default();
+        let (d, keep) = decide(rules, &mut state, now, cost);
+        (d, keep.then(|| Mixed::made(rules, state)))
+    }
+
+    fn step(&self, rules: &[Rule], now: u64, cost: u32) -> Decision {
+        self.change(rules, |state| decide(rules, state, now, cost).0)
+    }
+
+    #[inline]
+    fn decision(_: &[Rule], said: Decision, _: u64, _: u32) -> Decision {
+        said
+    }
+
+    fn horizon(&self) -> u64 {
+        self.0.horizon()
+    }
+
+    fn refund(&self, rules: &[Rule], now: u64, taken: &Reservation, units: u32) {
+        self.change(rules, |state| state.refund(rules, now, taken, units))
+    }
+
+    fn charge(&self, rules: &[Rule], now: u64, cost: u32) {
+        self.change(rules, |state| state.charge(rules, now, cost))
+    }
+
+    fn charged_absent(rules: &[Rule], now: u64, cost: u32) -> Self {
+        let mut state = KeyState::default();
+        state.charge(rules, now, cost);
+        Mixed::made(rules, state)
+    }
+
+    fn full(rules: &[Rule], retry_after: u64) -> Decision {
+        Decision::store_full(rules, retry_after)
+    }
+}
+
+impl crate::keyed::Entry for Two {
+    #[inline]
+    fn idle_at(&self) -> u64 {
+        self.horizon()
+    }
+}
+
+impl crate::keyed::Entry for Mixed {
+    fn idle_at(&self) -> u64 {
+        self.horizon()
+    }
 }
 
 #[cfg(test)]

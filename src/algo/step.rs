@@ -1,7 +1,8 @@
 //! What one quota says about one request ([`Step`], the same for every kind), and the one
-//! loop that asks every quota of a policy and admits a request only if all of them do.
+//! loop that asks every quota of a policy and admits a request only if all of them do; and
+//! what a key keeps in a table ([`Slot`]), read, decided and replaced as one.
 
-use crate::decision::{Outcome, MAX_QUOTAS};
+use crate::decision::{Decision, Outcome, Reservation, MAX_QUOTAS};
 
 /// The state of one quota of one key: two words, zero when never seen.
 pub(crate) type Words = [u64; 2];
@@ -10,7 +11,7 @@ pub(crate) type Words = [u64; 2];
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Step {
     /// Admitted; store `words` (a log quota also appends the request to the log); the cost
-    /// lands at `spot` (see [`Reservation`](crate::decision::Reservation)).
+    /// lands at `spot` (see [`Reservation`]).
     Allow { words: Words, spot: Words },
     /// Not now; admissible after `retry_after` nanoseconds.
     Deny { retry_after: u64 },
@@ -60,4 +61,38 @@ pub(crate) fn all_or_nothing(n: usize, mut step: impl FnMut(usize) -> Step) -> V
         }
     }
     v
+}
+
+/// Per-key state: what each quota of the policy needs to decide.
+pub(crate) trait Slot: Send + Sync + Sized {
+    /// The policy's quotas as this slot reads them.
+    type Rules: ?Sized + Sync;
+    /// Decides for a key that has no entry; returns the entry to insert when admitted.
+    fn decide_absent(rules: &Self::Rules, now: u64, cost: u32) -> (Decision, Option<Self>);
+    /// What a decision made under shared access says, as small as the slot can keep it: a
+    /// table hands it out of its lock, and the decision (many words) is built from it once,
+    /// where the caller keeps it, by [`decision`](Self::decision).
+    type Said;
+    /// Decides under shared access, atomic for the key: what [`decision`](Self::decision)
+    /// turns into the decision.
+    fn step(&self, rules: &Self::Rules, now: u64, cost: u32) -> Self::Said;
+    /// The decision a [`step`](Self::step) said.
+    fn decision(rules: &Self::Rules, said: Self::Said, now: u64, cost: u32) -> Decision;
+    /// Decides under shared access; atomic for the key.
+    #[inline]
+    fn decide(&self, rules: &Self::Rules, now: u64, cost: u32) -> Decision {
+        Self::decision(rules, self.step(rules, now, cost), now, cost)
+    }
+    /// When the key becomes equal to one never seen, if nothing else happens to it.
+    fn horizon(&self) -> u64;
+    /// Gives back `units` of the request that took `taken`: only what still counts at `now`
+    /// (see [`Reservation`]). Atomic for the key.
+    fn refund(&self, rules: &Self::Rules, now: u64, taken: &Reservation, units: u32);
+    /// Takes `cost` whatever the state (see [`Gcra::charged`](super::Gcra::charged)). Atomic
+    /// for the key.
+    fn charge(&self, rules: &Self::Rules, now: u64, cost: u32);
+    /// The entry of a key without one once `cost` is taken whatever the limit.
+    fn charged_absent(rules: &Self::Rules, now: u64, cost: u32) -> Self;
+    /// The decision for a new key turned away because the store is full.
+    fn full(rules: &Self::Rules, retry_after: u64) -> Decision;
 }

@@ -106,6 +106,7 @@ impl Window {
         }
     }
 
+    #[inline]
     pub(super) fn fixed_step(&self, words: Words, now: u64, cost: u32) -> Step {
         let c = u64::from(cost);
         if c > self.limit {
@@ -135,12 +136,14 @@ impl Window {
         [end, used.saturating_add(u64::from(cost))]
     }
 
+    #[inline]
     pub(super) fn fixed_state(&self, words: Words, now: u64) -> QuotaState {
         let (end, used) = self.fixed_current(words, now).unwrap_or((now, 0));
         let reset = if used > 0 { end.saturating_sub(now) } else { 0 };
         QuotaState::counted(self.limit, self.limit.saturating_sub(used), reset)
     }
 
+    #[inline]
     pub(super) fn fixed_idle_at(&self, words: Words) -> u64 {
         let [end, used] = words;
         if used > 0 {
@@ -198,6 +201,7 @@ impl Window {
         u128::from(prev) * u128::from(self.width - e)
     }
 
+    #[inline]
     pub(super) fn counter_step(&self, words: Words, now: u64, cost: u32) -> Step {
         let c = u64::from(cost);
         if c > self.limit {
@@ -241,6 +245,7 @@ impl Window {
         [start, pack(prev, cur)]
     }
 
+    #[inline]
     pub(super) fn counter_state(&self, words: Words, now: u64) -> QuotaState {
         let (start, prev, cur) = self.counter_current(words, now);
         let weighted = self.weighted(start, prev, now);
@@ -261,6 +266,7 @@ impl Window {
         QuotaState::counted(self.limit, remaining, reset)
     }
 
+    #[inline]
     pub(super) fn counter_idle_at(&self, words: Words) -> u64 {
         let [start, counts] = words;
         let (mut prev, cur) = unpack(counts);

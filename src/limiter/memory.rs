@@ -2,23 +2,25 @@
 //! state, in this process.
 //!
 //! # Implementation details
-//! A policy's quotas are read in one of three shapes: one GCRA quota (a key's whole state is
-//! one word, updated by compare-and-swap), several GCRA quotas, or quotas of any kinds. A key
+//! A policy's quotas are read in one of four shapes: one GCRA quota (a key's whole state is
+//! one word, updated by compare-and-swap), several GCRA quotas, one quota of another kind kept
+//! in two words (a fixed window, a sliding counter, a warm-up), or quotas of any kinds. A key
 //! type with a single value (`()` above all) keeps its one slot without a table, lock or map.
-//! [`State`] is one of the three shapes, each [`Slots`] in a table or direct; its methods are
-//! the only place that picks among them.
+//! [`State`] is one of the four shapes, each [`Keys`] in a table ([`MemoryStore`], the
+//! table wrapper: its sweep lag and the paths of a new key) or direct; its methods are the
+//! only place that picks among them. Each shape's slot, its state and its read-decide-replace,
+//! lives beside its maths in `crate::algo`.
 
+use std::cell::Cell;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::algo::gcra::Gcra;
-use crate::algo::Rule;
+use crate::algo::{Gcra, Many, Mixed, One, Rule, Slot, Two};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reservation};
-use crate::keyed::{Bound, Entry, Table};
+use crate::keyed::{Absent, Bound, Entry, OnFull, Table};
 use crate::quota::Quota;
-use crate::store::memory::{Lag, Many, MemoryStore, Mixed, One, Slot};
-use crate::store::OnFull;
 
 /// A set of quotas and the numbers the algorithms take from them, swapped as one.
 pub(super) struct Limits {
@@ -142,29 +144,34 @@ impl<K, V: Slot> Keys<K, V> for Direct<V> {
 /// Every key's state, in the shape of the policy's quotas.
 pub(super) struct State<K>(Shape<K>);
 
-/// One shape of three (one GCRA quota, several, any kinds), in a table or direct: one match
-/// picks among the six, as one tag.
+/// One shape of four (one GCRA quota, several, one quota of another kind kept in two words,
+/// any kinds), in a table or direct: one match picks among the eight, as one tag.
 enum Shape<K> {
     One(MemoryStore<K, One>),
     Many(MemoryStore<K, Many>),
+    /// One quota of another kind than GCRA, kept in two words.
+    Two(MemoryStore<K, Two>),
     /// Quotas of other kinds than GCRA among them.
     Mixed(MemoryStore<K, Mixed>),
     DirectOne(Direct<One>),
     DirectMany(Direct<Many>),
+    DirectTwo(Direct<Two>),
     DirectMixed(Direct<Mixed>),
 }
 
 /// Runs `$body` on the [`Keys`] of `$state` bound to `$slots`, and with `$limits`, with
 /// `$rules` bound to its quotas as that shape reads them: the one place that picks among the
-/// six.
+/// eight.
 macro_rules! with_slots {
     ($state:expr, |$slots:ident| $body:expr) => {
         match $state {
             Shape::One($slots) => $body,
             Shape::Many($slots) => $body,
+            Shape::Two($slots) => $body,
             Shape::Mixed($slots) => $body,
             Shape::DirectOne($slots) => $body,
             Shape::DirectMany($slots) => $body,
+            Shape::DirectTwo($slots) => $body,
             Shape::DirectMixed($slots) => $body,
         }
     };
@@ -178,6 +185,10 @@ macro_rules! with_slots {
                 let $rules = &*$limits.gcras;
                 $body
             }
+            Shape::Two($slots) => {
+                let $rules = &$limits.rules[0];
+                $body
+            }
             Shape::Mixed($slots) => {
                 let $rules = &*$limits.rules;
                 $body
@@ -188,6 +199,10 @@ macro_rules! with_slots {
             }
             Shape::DirectMany($slots) => {
                 let $rules = &*$limits.gcras;
+                $body
+            }
+            Shape::DirectTwo($slots) => {
+                let $rules = &$limits.rules[0];
                 $body
             }
             Shape::DirectMixed($slots) => {
@@ -203,7 +218,14 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
     /// single value.
     pub(super) fn new(limits: &Limits, max_keys: usize, on_full: OnFull) -> Self {
         let direct = std::mem::size_of::<K>() == 0;
-        State(if limits.gcras.len() < limits.rules.len() {
+        let two = matches!(&*limits.rules, [rule] if rule.in_two_words());
+        State(if limits.gcras.len() < limits.rules.len() && two {
+            if direct {
+                Shape::DirectTwo(Direct::new(Two::idle()))
+            } else {
+                Shape::Two(MemoryStore::new(max_keys, on_full))
+            }
+        } else if limits.gcras.len() < limits.rules.len() {
             if direct {
                 Shape::DirectMixed(Direct::new(Mixed::idle()))
             } else {
@@ -284,9 +306,17 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
     pub(super) fn replacing(&self, old: &[Rule], new: &[Rule], now: u64) {
         let widening = || crate::algo::widening(old, new, now);
         match &self.0 {
+            Shape::Two(s) => {
+                let (lag, until) = widening();
+                s.widen(now, lag, until);
+            }
             Shape::Mixed(s) => {
                 let (lag, until) = widening();
                 s.widen(now, lag, until);
+            }
+            Shape::DirectTwo(d) => {
+                let (lag, until) = widening();
+                d.lag.widen(now, lag, until);
             }
             Shape::DirectMixed(d) => {
                 let (lag, until) = widening();
@@ -335,6 +365,262 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
 #[inline]
 pub(super) fn decide_one(slot: &One, limits: &Limits, now: u64, cost: u32) -> Decision {
     slot.decide(&limits.gcras[0], now, cost)
+}
+
+/// The keys' times, on the crate's keyed table.
+///
+/// The in-memory store: one word per key for single-quota policies, on the crate's keyed table
+/// (`crate::keyed`).
+///
+/// * **Hot path.** A decision on a tracked key takes its shard's lock for reading and updates the
+///   key's time with one compare-and-swap (single quota) or under the key's own small lock
+///   (several quotas, so that they change together). Rejections write nothing.
+/// * **Idle keys.** A key whose every time is in the past decides exactly like an absent key, so
+///   the table drops such entries whenever it needs room or a shard's sweep is due, with no
+///   background task. [`crate::RateLimiter::evict_idle`] sweeps every shard on demand.
+/// * **Bound.** At most `max_keys` keys are tracked, over the whole store; see [`OnFull`].
+pub(crate) struct MemoryStore<K, V> {
+    table: Table<K, V>,
+    /// How much earlier than the clock the table sweeps, for a while (see [`widen`]).
+    ///
+    /// [`widen`]: MemoryStore::widen
+    lag: Lag,
+}
+
+/// How much earlier than the clock a store of keys sweeps for a while after a change of
+/// rules that may make a key idle later than it stored (see [`MemoryStore::widen`]): a
+/// table's, and the single key's slot, which must forget its key when a table would.
+#[derive(Default)]
+pub(crate) struct Lag {
+    until: AtomicU64,
+    by: AtomicU64,
+}
+
+impl Lag {
+    /// From `now` until `until`, sweep as if the clock were `lag` earlier (the larger lag
+    /// and the later end of two that overlap).
+    pub(crate) fn widen(&self, now: u64, lag: u64, until: u64) {
+        if lag == 0 {
+            return;
+        }
+        let (was_lag, was_until) = (
+            self.by.load(Ordering::Acquire),
+            self.until.load(Ordering::Acquire),
+        );
+        let (lag, until) = if now < was_until {
+            (lag.max(was_lag), until.max(was_until))
+        } else {
+            (lag, until)
+        };
+        self.by.store(lag, Ordering::Release);
+        self.until.store(until, Ordering::Release);
+    }
+
+    /// The time to sweep at when the clock says `now`.
+    #[inline]
+    pub(crate) fn sweep_time(&self, now: u64) -> u64 {
+        if now < self.until.load(Ordering::Acquire) {
+            now.saturating_sub(self.by.load(Ordering::Acquire))
+        } else {
+            now
+        }
+    }
+}
+
+impl<K, V> MemoryStore<K, V>
+where
+    K: Hash + Eq + Clone,
+    V: Slot + crate::keyed::Entry,
+{
+    pub(crate) fn new(max_keys: usize, on_full: OnFull) -> Self {
+        MemoryStore {
+            table: Table::new(max_keys, on_full),
+            lag: Lag::default(),
+        }
+    }
+
+    /// Tells the store that from `now` on, until `until`, a key whose idle time was stored
+    /// before may become idle up to `lag` later than it says (a sliding window was widened,
+    /// or a warm-up curve changed, and such kinds are judged by the rules in force): until
+    /// then, the table sweeps as if the clock were `lag` earlier, so that no sweep drops a
+    /// key whose state still counts, and eviction changes no decision.
+    pub(crate) fn widen(&self, now: u64, lag: u64, until: u64) {
+        self.lag.widen(now, lag, until);
+    }
+
+    /// The time the table sweeps at when the clock says `now` (see [`widen`](Self::widen)).
+    #[inline]
+    pub(crate) fn sweep_time(&self, now: u64) -> u64 {
+        self.lag.sweep_time(now)
+    }
+
+    /// Decides a request of `cost` for `key` at `now`, read from `clock` before the call. A key
+    /// that is not tracked is decided at a reading of `clock` taken under the table's lock, so
+    /// that a sweep made at a later time than `now` (which may have dropped the key) is never
+    /// followed by a decision from an earlier state.
+    #[inline]
+    pub(crate) fn decide(
+        &self,
+        key: &K,
+        gcras: &V::Rules,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        let hash = self.table.hash(key);
+        let swept = self.sweep_time(now);
+        // The table hands out what the slot said (small), and the decision is built here.
+        if let Some(said) = self
+            .table
+            .get(hash, key, swept, |slot| slot.step(gcras, now, cost))
+        {
+            return V::decision(gcras, said, now, cost);
+        }
+        self.decide_absent(hash, key, gcras, clock, now, cost)
+    }
+
+    /// Gives back `units` of the request that took `taken` from `key` (see
+    /// [`Reservation`]); a key without an entry is idle and has nothing to give back.
+    pub(crate) fn refund(
+        &self,
+        key: &K,
+        gcras: &V::Rules,
+        now: u64,
+        taken: &Reservation,
+        units: u32,
+    ) {
+        let hash = self.table.hash(key);
+        let swept = self.sweep_time(now);
+        self.table.get_lowering(hash, key, swept, |slot| {
+            slot.refund(gcras, now, taken, units)
+        });
+    }
+
+    /// As [`decide`](Self::decide), for a request whose cost may be charged after its
+    /// response (a settlement): such a request holds a place for its key even at a cost of 0,
+    /// so a key without an entry is admitted only if the table has room for it now. Under
+    /// [`OnFull::RejectNewKeys`] a table full of active keys turns it away like any new key.
+    pub(crate) fn reserve(
+        &self,
+        key: &K,
+        rules: &V::Rules,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        if cost > 0 {
+            return self.decide(key, rules, clock, now, cost);
+        }
+        let hash = self.table.hash(key);
+        // The table reads and makes room at the sweep time, as on every path.
+        if let Some(d) = self.table.get(hash, key, self.sweep_time(now), |slot| {
+            slot.decide(rules, now, 0)
+        }) {
+            return d;
+        }
+        let (decision, _) = V::decide_absent(rules, now, 0);
+        let swept = self.sweep_time(clock.now().max(now));
+        match self.table.room(swept) {
+            Ok(()) => decision,
+            Err(full) => V::full(rules, full_retry(swept, full.retry_at)),
+        }
+    }
+
+    /// Takes `cost` from `key` whatever its state (see [`Gcra::charged`]).
+    ///
+    /// A key without an entry needs a place like any new key, and never one beyond
+    /// `max_keys`: under [`OnFull::EvictNearestIdle`] it takes the place of the key nearest to
+    /// idle; under [`OnFull::RejectNewKeys`], when every tracked key is active, the charge is
+    /// not kept. That key was admitted when its state was that of a key never seen and the
+    /// table had room (see [`reserve`](Self::reserve)); losing the debt lets it start from a
+    /// full burst again, as an evicted key does.
+    pub(crate) fn charge(&self, key: &K, rules: &V::Rules, clock: &Clock, now: u64, cost: u32) {
+        let hash = self.table.hash(key);
+        let charge = |slot: &V, now: u64| slot.charge(rules, now, cost);
+        if self
+            .table
+            .get(hash, key, self.sweep_time(now), |slot| charge(slot, now))
+            .is_some()
+        {
+            return;
+        }
+        // The table reads and sweeps at the sweep time; the key is charged at the clock's,
+        // the same reading, taken once under the lock.
+        let at = Cell::new(now);
+        let _ = self.table.upsert(
+            hash,
+            key,
+            false,
+            || {
+                at.set(clock.now().max(now));
+                self.sweep_time(at.get())
+            },
+            |slot, _| charge(&*slot, at.get()),
+            |_| Absent::Insert((), V::charged_absent(rules, at.get(), cost)),
+        );
+    }
+
+    /// The path of a key without an entry: decided as an idle key; only an admitted request
+    /// needs an entry. Kept out of line so the lookup above stays small.
+    #[cold]
+    #[inline(never)]
+    fn decide_absent(
+        &self,
+        hash: u64,
+        key: &K,
+        gcras: &V::Rules,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        // Rejected whatever the time (a cost above the burst): nothing to insert.
+        let (decision, slot) = V::decide_absent(gcras, now, cost);
+        if slot.is_none() {
+            return decision;
+        }
+        // The table reads and sweeps at the sweep time; the key is decided at the clock's,
+        // the same reading, taken once under the lock.
+        let at = Cell::new(now);
+        let result = self.table.upsert(
+            hash,
+            key,
+            false,
+            || {
+                at.set(clock.now().max(now));
+                self.sweep_time(at.get())
+            },
+            |slot, _| slot.decide(gcras, at.get(), cost),
+            |_| match V::decide_absent(gcras, at.get(), cost) {
+                (d, Some(slot)) => Absent::Insert(d, slot),
+                (d, None) => Absent::Done(d),
+            },
+        );
+        match result {
+            Ok(d) => d,
+            Err(full) => V::full(gcras, full_retry(self.sweep_time(at.get()), full.retry_at)),
+        }
+    }
+
+    /// The table of the keys' times.
+    pub(crate) fn table(&self) -> &Table<K, V> {
+        &self.table
+    }
+
+    /// Drops every idle entry now; returns how many keys are still tracked.
+    pub(crate) fn evict_idle(&self, now: u64) -> usize {
+        self.table.evict_idle(self.sweep_time(now))
+    }
+
+    /// The number of tracked keys (idle ones included until they are swept).
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+}
+
+/// The wait of a new key turned away because the store is full of active keys: retry when
+/// the first tracked key goes idle (`retry_at`), since a new key is admitted then.
+fn full_retry(now: u64, retry_at: u64) -> u64 {
+    retry_at.saturating_sub(now).max(1)
 }
 
 #[cfg(test)]
@@ -435,6 +721,173 @@ mod tests {
                         Op::Evict => prop_assert_eq!(direct.evict_idle(), keyed.evict_idle()),
                     }
                     prop_assert_eq!(direct.peek(&()), keyed.peek(&7));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod store_tests {
+    use super::*;
+    use crate::algo::{self, KeyState};
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_decision_read_before_a_later_sweep_never_admits_beyond_the_burst() {
+        // 1 per second, burst 1. A thread reads the clock at 0.5 s, then stalls; meanwhile the
+        // clock reaches 1 s, the key (spent at 0) is swept as idle, and the stalled thread goes
+        // on with its reading of 0.5 s.
+        let (clock, hand) = Clock::manual();
+        let gcras = Gcra::new(S, S);
+        let store = MemoryStore::<u64, One>::new(10, OnFull::EvictNearestIdle);
+        hand.set(std::time::Duration::ZERO);
+        assert!(store.decide(&7, &gcras, &clock, 0, 1).is_allowed());
+        hand.set(std::time::Duration::from_secs(1));
+        assert_eq!(store.evict_idle(S), 0);
+        assert!(store.decide(&7, &gcras, &clock, S / 2, 1).is_allowed());
+        // That admission happened at 1 s at the earliest, so nothing more before 2 s.
+        hand.set(std::time::Duration::from_millis(1_500));
+        assert!(!store.decide(&7, &gcras, &clock, 3 * S / 2, 1).is_allowed());
+        hand.set(std::time::Duration::from_secs(2));
+        assert!(store.decide(&7, &gcras, &clock, 2 * S, 1).is_allowed());
+    }
+    #[test]
+    fn a_charge_of_a_new_key_never_passes_max_keys_under_reject_new_keys() {
+        let (clock, _hand) = Clock::manual();
+        let g = Gcra::new(S, 10 * S);
+        let store = MemoryStore::<u64, One>::new(2, OnFull::RejectNewKeys);
+        let now = clock.now();
+        for key in 0..50 {
+            store.charge(&key, &g, &clock, now, 5);
+            assert!(store.len() <= 2);
+        }
+        // The two charges kept stand; the others were not kept.
+        let d = store.decide(&0, &g, &clock, now, 6);
+        assert!(!d.is_allowed(), "{d:?}");
+        let d = store.decide(&0, &g, &clock, now, 5);
+        assert!(d.is_allowed(), "{d:?}");
+        // A zero reservation of a new key finds no room; of a tracked key it does.
+        assert!(store.reserve(&7, &g, &clock, now, 0).is_store_full());
+        assert!(store.reserve(&1, &g, &clock, now, 0).is_allowed());
+    }
+
+    proptest::proptest! {
+        /// Decisions, zero reservations, charges and refunds of random keys at random times:
+        /// the table never holds more than `max_keys`, under either policy.
+        #[test]
+        fn no_path_inserts_past_max_keys(
+            reject in proptest::bool::ANY,
+            ops in proptest::collection::vec((0u8..4, 0u64..12, 0u32..4, 0u64..3), 1..200),
+        ) {
+            let (clock, hand) = Clock::manual();
+            let on_full = if reject { OnFull::RejectNewKeys } else { OnFull::EvictNearestIdle };
+            let rules = [Rule::Gcra(Gcra::new(S, 2 * S)), Rule::Gcra(Gcra::new(2 * S, 4 * S))];
+            let store = MemoryStore::<u64, Mixed>::new(3, on_full);
+            let mut now = 0;
+            for (op, key, cost, dt) in ops {
+                now += dt * S / 2;
+                hand.set(std::time::Duration::from_nanos(now));
+                match op {
+                    0 => drop(store.decide(&key, &rules, &clock, now, cost)),
+                    1 => drop(store.reserve(&key, &rules, &clock, now, 0)),
+                    2 => store.charge(&key, &rules, &clock, now, cost * 5),
+                    _ => {
+                        let d = store.decide(&key, &rules, &clock, now, cost);
+                        let taken = crate::decision::Reservation::of(&d, cost);
+                        store.refund(&key, &rules, now, &taken, cost)
+                    }
+                }
+                proptest::prop_assert!(store.len() <= 3, "{} keys", store.len());
+            }
+        }
+    }
+
+    #[test]
+    fn a_policy_of_one_quota_in_two_words_keeps_each_key_in_two_words() {
+        use crate::quota::Quota;
+        use std::time::Duration;
+        let second = Duration::from_secs(1);
+        for q in [
+            Quota::fixed_window(3, second),
+            Quota::sliding_window(3, second),
+            Quota::new(3, second).warm_up(Duration::from_secs(60), 3),
+        ] {
+            let limits = Limits::new(vec![q]);
+            let keyed = State::<u64>::new(&limits, 10, OnFull::EvictNearestIdle);
+            assert!(matches!(keyed.0, Shape::Two(_)));
+            let direct = State::<()>::new(&limits, 10, OnFull::EvictNearestIdle);
+            assert!(matches!(direct.0, Shape::DirectTwo(_)));
+        }
+        let log = Limits::new(vec![Quota::sliding_log(3, second)]);
+        let keyed = State::<u64>::new(&log, 10, OnFull::EvictNearestIdle);
+        assert!(matches!(keyed.0, Shape::Mixed(_)));
+    }
+
+    #[test]
+    fn a_key_of_any_kinds_takes_no_more_room_in_the_table_than_two_words_and_their_lock() {
+        // Two words, their lock and the idle time (32 bytes), and which slot it is.
+        assert!(
+            std::mem::size_of::<Two>() <= 40,
+            "{}",
+            std::mem::size_of::<Two>()
+        );
+        assert_eq!(std::mem::size_of::<Mixed>(), std::mem::size_of::<usize>());
+    }
+
+    fn one_quota_in_two_words() -> impl proptest::strategy::Strategy<Value = Rule> {
+        use crate::algo::warmup::{Curve, WarmGcra};
+        use crate::algo::Window;
+        use proptest::prelude::*;
+        prop_oneof![
+            (1u64..4, 1u64..4).prop_map(|(n, w)| Rule::FixedWindow(Window::new(n, w * S))),
+            (1u64..4, 1u64..4).prop_map(|(n, w)| Rule::SlidingWindow(Window::new(n, w * S))),
+            (1u64..4, 1u32..4).prop_map(|(b, f)| Rule::WarmUp(WarmGcra::new(
+                Curve::new(S, 4 * S, f, 1_000),
+                b * S
+            ))),
+        ]
+    }
+
+    proptest::proptest! {
+        /// A policy of one quota kept in two words decides, refunds and charges in its own
+        /// small slot exactly as the general state of any policy does, through any sequence
+        /// (decisions equal, with what each admission took).
+        #[test]
+        fn a_two_word_slot_keeps_the_account_of_the_general_state(
+            rule in one_quota_in_two_words(),
+            ops in proptest::collection::vec((0u8..4, 0u32..4, 0u64..4), 1..120),
+        ) {
+            let (clock, hand) = Clock::manual();
+            let rules = [rule];
+            let store = MemoryStore::<u64, Two>::new(4, OnFull::EvictNearestIdle);
+            let mut model = KeyState::default();
+            let mut now = S;
+            let mut taken = Vec::new();
+            for (op, cost, dt) in ops {
+                now += dt * S / 4;
+                hand.set(std::time::Duration::from_nanos(now));
+                match op {
+                    0 | 1 => {
+                        let d = store.decide(&1, &rules[0], &clock, now, cost);
+                        let (m, _) = algo::decide(&rules, &mut model, now, cost);
+                        proptest::prop_assert_eq!(d, m);
+                        proptest::prop_assert_eq!(Reservation::of(&d, cost), Reservation::of(&m, cost));
+                        if d.is_allowed() {
+                            taken.push(Reservation::of(&d, cost));
+                        }
+                    }
+                    2 => {
+                        if let Some(t) = taken.pop() {
+                            store.refund(&1, &rules[0], now, &t, cost);
+                            model.refund(&rules, now, &t, cost);
+                        }
+                    }
+                    _ => {
+                        store.charge(&1, &rules[0], &clock, now, cost);
+                        model.charge(&rules, now, cost);
+                    }
                 }
             }
         }

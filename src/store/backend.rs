@@ -8,10 +8,10 @@ use std::hash::Hash;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::memory::OnFull;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reservation};
 use crate::error::ConfigError;
+use crate::keyed::OnFull;
 use crate::penalty::{Penalties, PenaltyBox};
 use crate::quota::Quota;
 

@@ -12,7 +12,6 @@
 //! read back into the same [`Decision`](crate::Decision).
 
 pub(crate) mod backend;
-pub(crate) mod memory;
 
+pub use crate::keyed::OnFull;
 pub use backend::{Backend, Memory};
-pub use memory::OnFull;
