@@ -50,6 +50,19 @@
 //! drops idle keys whenever a shard grows, so `keyed_10k` would measure tollgate's insert path
 //! rather than its lookup. That is what `keyed_10k_idle` measures, on purpose: on an HTTP server
 //! most clients send more slowly than their quota, so their keys go idle between requests.
+//!
+//! Instructions per check, the figure that repeats on a loaded machine: with
+//! `RATE_LIMIT_INSTRUCTIONS=<group>/<side>` set (say `keyed_10k/tollgate` or
+//! `rejecting/governor`; every group but the two-thread ones), the binary only makes the
+//! limiter of that row as the group does, with the same clocks, and checks it 200 000 times
+//! inside `measured_*`, for callgrind to count:
+//!
+//! ```text
+//! RATE_LIMIT_INSTRUCTIONS=keyed_10k/tollgate valgrind --tool=callgrind \
+//!     --collect-atstart=no --toggle-collect='*measured_*' target/release/deps/rate_limit-<hash>
+//! ```
+//! (the `Collected` total over 200 000 is the instructions of one check, the loop's few
+//! included, as in the timed loops).
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
@@ -58,7 +71,7 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 
 /// Distinct keys in the keyed groups.
 const KEYS: usize = 10_000;
@@ -413,6 +426,141 @@ fn rejecting_keyed(c: &mut Criterion) {
     group.finish();
 }
 
+/// Checks `keys` round-robin `n` times, as the timed loops do; returns the admissions.
+#[inline(never)]
+fn measured_tollgate<K>(limiter: &tollgate::RateLimiter<K>, keys: &[K], n: u64) -> u64
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync,
+{
+    let mut admitted = 0u64;
+    let mut i = 0;
+    for _ in 0..n {
+        let d = black_box(limiter.check(black_box(&keys[i])));
+        admitted += u64::from(d.is_allowed());
+        i += 1;
+        if i == keys.len() {
+            i = 0;
+        }
+    }
+    admitted
+}
+
+/// [`measured_tollgate`] for governor's keyed limiter.
+#[inline(never)]
+fn measured_governor_keyed(
+    limiter: &governor::DefaultKeyedRateLimiter<IpAddr>,
+    keys: &[IpAddr],
+    n: u64,
+) -> u64 {
+    let mut admitted = 0u64;
+    let mut i = 0;
+    for _ in 0..n {
+        let r = black_box(limiter.check_key(black_box(&keys[i])));
+        admitted += u64::from(r.is_ok());
+        i += 1;
+        if i == keys.len() {
+            i = 0;
+        }
+    }
+    admitted
+}
+
+/// [`measured_tollgate`] for governor's direct limiter.
+#[inline(never)]
+fn measured_governor_direct(limiter: &governor::DefaultDirectRateLimiter, n: u64) -> u64 {
+    let mut admitted = 0u64;
+    for _ in 0..n {
+        let r = black_box(limiter.check());
+        admitted += u64::from(r.is_ok());
+    }
+    admitted
+}
+
+/// The `RATE_LIMIT_INSTRUCTIONS` mode (see the module docs): `row` is `<group>/<side>`.
+fn instructions(row: &str) {
+    const N: u64 = 200_000;
+    let (group, side) = row
+        .split_once('/')
+        .expect("RATE_LIMIT_INSTRUCTIONS names a row: <group>/<side>");
+    let tollgate = side == "tollgate";
+    let many = |n: usize| -> Vec<IpAddr> {
+        (0..n as u32)
+            .map(|i| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 | i)))
+            .collect()
+    };
+    // The limiter of the row, made and filled as its group does.
+    let keyed = |keys: &[IpAddr], tg: tollgate::Quota, gv: governor::Quota| {
+        if tollgate {
+            let l = tollgate::RateLimiter::<IpAddr>::new(tg);
+            for k in keys {
+                assert!(l.check(k).is_allowed());
+            }
+            measured_tollgate(&l, keys, N)
+        } else {
+            let l = governor::RateLimiter::keyed(gv);
+            for k in keys {
+                assert!(l.check_key(k).is_ok());
+            }
+            measured_governor_keyed(&l, keys, N)
+        }
+    };
+    let direct = |tg: tollgate::Quota, gv: governor::Quota, spend: bool| {
+        if tollgate {
+            let l = tollgate::RateLimiter::<()>::new(tg);
+            if spend {
+                assert!(l.check(&()).is_allowed());
+            }
+            measured_tollgate(&l, &[()], N)
+        } else {
+            let l = governor::RateLimiter::direct(gv);
+            if spend {
+                assert!(l.check().is_ok());
+            }
+            measured_governor_direct(&l, N)
+        }
+    };
+    let admitted = match group {
+        "direct" => direct(tollgate_open(), governor_open(), false),
+        "keyed_10k" => keyed(&many(KEYS), tollgate_keyed_open(), governor_keyed_open()),
+        "keyed_500k" => keyed(&many(500_000), tollgate_keyed_open(), governor_keyed_open()),
+        "keyed_10k_idle" => keyed(
+            &many(KEYS),
+            tollgate::Quota::per_second(1_000_000_000),
+            governor::Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()),
+        ),
+        "rejecting" => direct(tollgate_closed(), governor_closed(), true),
+        "rejecting_keyed" => {
+            // The flooder's key alone is checked, among 10 000 tracked ones.
+            let keys = many(KEYS);
+            let flooder = [keys[KEYS / 2]];
+            if tollgate {
+                let l = tollgate::RateLimiter::<IpAddr>::new(tollgate_closed());
+                for k in &keys {
+                    assert!(l.check(k).is_allowed());
+                }
+                measured_tollgate(&l, &flooder, N)
+            } else {
+                let l = governor::RateLimiter::keyed(governor_closed());
+                for k in &keys {
+                    assert!(l.check_key(k).is_ok());
+                }
+                measured_governor_keyed(&l, &flooder, N)
+            }
+        }
+        _ => panic!("RATE_LIMIT_INSTRUCTIONS: no row {row}"),
+    };
+    println!("{row}: {admitted} of {N} admitted");
+}
+
+fn main() {
+    if let Ok(row) = std::env::var("RATE_LIMIT_INSTRUCTIONS") {
+        instructions(&row);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
+
 criterion_group!(
     benches,
     direct,
@@ -424,4 +572,3 @@ criterion_group!(
     rejecting_keyed,
     rejecting_contended_2_threads
 );
-criterion_main!(benches);

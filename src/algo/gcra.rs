@@ -49,6 +49,23 @@ impl Gcra {
         self.burst
     }
 
+    /// The quota's numbers as words, to keep a copy in atomics; [`from_words`](Self::from_words)
+    /// gives the quota back.
+    #[inline]
+    pub(crate) const fn words(&self) -> [u64; 3] {
+        [self.interval, self.tolerance, self.burst]
+    }
+
+    /// The quota whose [`words`](Self::words) are `w`.
+    #[inline]
+    pub(crate) const fn from_words(w: [u64; 3]) -> Self {
+        Gcra {
+            interval: w[0],
+            tolerance: w[1],
+            burst: w[2],
+        }
+    }
+
     /// The time once `cost` is taken at `now` whatever the limit (a cost settled after the
     /// response): `cost` emission intervals past the later of `tat` and `now`, beyond the
     /// tolerance if need be, so that the key is in debt and rejected until time pays it off.

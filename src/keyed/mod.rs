@@ -149,14 +149,14 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         f: impl FnOnce(&V) -> R,
     ) -> Option<R> {
         let shard = &self.shards[self.shard_index(hash)];
-        let found = {
-            let map = read(&shard.map);
-            map.entries.find(hash, |(k, _)| k == key).map(|(_, v)| f(v))
-        };
+        // The sweep comes first, so that what `f` returns is made where it is returned (a
+        // decision is many words): a key the sweep drops was idle, and an idle key decides as
+        // an absent one.
         if now >= shard.next_sweep.load(Ordering::Relaxed) {
             self.maintain(shard, now);
         }
-        found
+        let map = read(&shard.map);
+        map.entries.find(hash, |(k, _)| k == key).map(|(_, v)| f(v))
     }
 
     /// As [`get`](Self::get), for a change that may bring the entry's idle time earlier (a

@@ -22,11 +22,13 @@ use crate::decision::{Decision, Reservation};
 use crate::keyed::{Absent, Bound, Entry, OnFull, Table};
 use crate::quota::Quota;
 
+use super::live::Live;
+
 /// A set of quotas and the numbers the algorithms take from them, swapped as one.
 pub(super) struct Limits {
     pub(super) quotas: Arc<[Quota]>,
     /// The quotas as GCRA when every quota is one (else empty).
-    gcras: Box<[Gcra]>,
+    pub(super) gcras: Box<[Gcra]>,
     pub(super) rules: Box<[Rule]>,
 }
 
@@ -258,6 +260,28 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
             .decide(key, rules, clock, now, cost))
     }
 
+    /// As [`decide`](Self::decide), with the quotas read from `live`: a policy of GCRA
+    /// quotas only takes their numbers without loading the whole set.
+    #[inline]
+    pub(super) fn decide_live(
+        &self,
+        live: &Live,
+        key: &K,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        let mut gcras = [Gcra::new(1, 1); crate::decision::MAX_QUOTAS];
+        match &self.0 {
+            Shape::One(s) => s.decide(key, &live.one(), clock, now, cost),
+            Shape::Many(s) => match live.gcras(&mut gcras) {
+                Some(n) => s.decide(key, &gcras[..n], clock, now, cost),
+                None => s.decide(key, &live.load().gcras, clock, now, cost),
+            },
+            _ => self.decide(&live.load(), key, clock, now, cost),
+        }
+    }
+
     /// As [`decide`](Self::decide), but a cost of 0 needs a place for the key like any other
     /// cost (see `MemoryStore::reserve`).
     pub(super) fn reserve(
@@ -361,10 +385,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
     }
 }
 
-/// Decides the single GCRA quota of `limits` on `slot` (a single key's).
+/// Decides the single GCRA quota `g` on `slot` (a single key's).
 #[inline]
-pub(super) fn decide_one(slot: &One, limits: &Limits, now: u64, cost: u32) -> Decision {
-    slot.decide(&limits.gcras[0], now, cost)
+pub(super) fn decide_one(slot: &One, g: &Gcra, now: u64, cost: u32) -> Decision {
+    slot.decide(g, now, cost)
 }
 
 /// The keys' times, on the crate's keyed table.

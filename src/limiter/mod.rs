@@ -7,8 +7,6 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-
 use crate::algo::Rule;
 use crate::clock::Clock;
 use crate::decision::{Decision, Reservation, MAX_QUOTAS};
@@ -17,9 +15,11 @@ use crate::keyed::{Bound, Room};
 use crate::quota::Quota;
 use crate::store::OnFull;
 
+mod live;
 mod memory;
 pub(crate) mod wait;
 
+use live::Live;
 use memory::{Limits, State};
 pub use wait::InsufficientCapacity;
 use wait::Lines;
@@ -68,7 +68,7 @@ impl<K> Clone for RateLimiter<K> {
 impl<K> fmt::Debug for RateLimiter<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("quotas", &self.inner.limits.load().quotas)
+            .field("quotas", &self.inner.live.load().quotas)
             .finish_non_exhaustive()
     }
 }
@@ -76,7 +76,7 @@ impl<K> fmt::Debug for RateLimiter<K> {
 struct Inner<K> {
     /// The quotas in force: read once per decision, replaced whole by
     /// [`RateLimiter::set_quotas`].
-    limits: ArcSwap<Limits>,
+    live: Live,
     /// Every key's state.
     state: State<K>,
     clock: Clock,
@@ -225,7 +225,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
         let _ = self.name;
         Ok(RateLimiter {
             inner: Arc::new(Inner {
-                limits: ArcSwap::from_pointee(limits),
+                live: Live::new(limits),
                 state,
                 clock: self.clock.unwrap_or_default(),
                 waiters: Lines::default(),
@@ -266,7 +266,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         let now = self.inner.clock.now();
         // The global limiter's whole state is one word: decide it here, inlined.
         let decision = if let Some(slot) = self.inner.state.direct_one() {
-            memory::decide_one(slot, &self.inner.limits.load(), now, cost)
+            memory::decide_one(slot, &self.inner.live.one(), now, cost)
         } else {
             self.decide_at(key, now, cost)
         };
@@ -285,8 +285,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     #[inline]
     pub(crate) fn decide_at(&self, key: &K, now: u64, cost: u32) -> Decision {
         let inner = &*self.inner;
-        let limits = inner.limits.load();
-        inner.state.decide(&limits, key, &inner.clock, now, cost)
+        inner
+            .state
+            .decide_live(&inner.live, key, &inner.clock, now, cost)
     }
 
     /// Decides a request of `cost` for `key` whose cost may be charged after its response (a
@@ -297,7 +298,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         let now = inner.clock.now();
         inner
             .state
-            .reserve(&inner.limits.load(), key, &inner.clock, now, cost)
+            .reserve(&inner.live.load(), key, &inner.clock, now, cost)
     }
 
     /// Counts this limiter's keys in `bound`, with those of the other tables that share it (a
@@ -325,7 +326,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         let now = inner.clock.now();
         inner
             .state
-            .refund(&inner.limits.load(), key, now, taken, units)
+            .refund(&inner.live.load(), key, now, taken, units)
     }
 
     /// Settles a request that took `taken` for `key` at the `actual` cost known after its
@@ -351,7 +352,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         let now = inner.clock.now();
         inner
             .state
-            .charge(&inner.limits.load(), key, &inner.clock, now, cost)
+            .charge(&inner.live.load(), key, &inner.clock, now, cost)
     }
 
     /// Waits until one request for `key` is admitted, then returns its decision.
@@ -393,7 +394,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// The quotas in force, in the order given (the latest set by
     /// [`set_quotas`](Self::set_quotas)).
     pub fn quotas(&self) -> Arc<[Quota]> {
-        self.inner.limits.load().quotas.clone()
+        self.inner.live.load().quotas.clone()
     }
 
     /// Replaces the quotas of this limiter and of every clone of it, from the next decision
@@ -450,14 +451,14 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// ```
     pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
-        let old = self.inner.limits.load();
-        check_replacement(&old.quotas, &quotas)?;
-        let now = self.inner.clock.now();
-        let mut limits = Limits::new(quotas);
-        Rule::replacing(&mut limits.rules, &old.rules, now);
-        self.inner.state.replacing(&old.rules, &limits.rules, now);
-        self.inner.limits.store(Arc::new(limits));
-        Ok(())
+        self.inner.live.replace(|old| {
+            check_replacement(&old.quotas, &quotas)?;
+            let now = self.inner.clock.now();
+            let mut limits = Limits::new(quotas);
+            Rule::replacing(&mut limits.rules, &old.rules, now);
+            self.inner.state.replacing(&old.rules, &limits.rules, now);
+            Ok(limits)
+        })
     }
 
     /// The clock decisions are made with.
@@ -497,7 +498,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> wait::Admit<K> for RateLimiter<K> {
     }
 
     fn smallest_burst(&self) -> u64 {
-        wait::smallest_burst(&self.inner.limits.load().rules)
+        wait::smallest_burst(&self.inner.live.load().rules)
     }
 }
 

@@ -1,0 +1,342 @@
+//! The quotas in force: read by every decision, replaced whole while serving.
+//!
+//! # Implementation details
+//! The whole set ([`Limits`]) sits behind an `ArcSwap`. Loading it costs a guard: two
+//! read-modify-writes of a per-thread slot, with a full barrier, on every decision. A policy
+//! of GCRA quotas only needs three numbers per quota, so those are also kept in plain atomics
+//! under a sequence number (a sequence lock made of atomics, in the manner of crossbeam's
+//! `AtomicCell`): a decision reads the sequence, the numbers and the sequence again, all plain
+//! loads, and takes the numbers when nothing changed between. A reader that meets a change
+//! being written loads the `ArcSwap` instead: it never waits for the writer, and it sees
+//! either the old quotas or the new ones, as before.
+
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::{ArcSwap, Guard};
+
+use super::memory::Limits;
+use crate::algo::gcra::Gcra;
+use crate::decision::MAX_QUOTAS;
+
+/// The quotas in force (see the module documentation).
+pub(super) struct Live {
+    limits: ArcSwap<Limits>,
+    /// Even while `words` hold the GCRA numbers of `limits`; odd while a change writes them.
+    seq: AtomicU64,
+    /// [`Gcra::words`] of each quota, when every quota is GCRA.
+    words: [[AtomicU64; 3]; MAX_QUOTAS],
+    /// How many quotas `words` holds: all of them when every quota is GCRA, else none. A
+    /// change keeps the number and the kind of each quota.
+    gcras: usize,
+    /// Held by a change from reading the quotas it replaces to publishing the new ones, so
+    /// that two changes at once never replace the same quotas.
+    writer: Mutex<()>,
+}
+
+impl Live {
+    pub(super) fn new(limits: Limits) -> Self {
+        let gcras = if limits.gcras.len() == limits.rules.len() {
+            limits.gcras.len()
+        } else {
+            0
+        };
+        let live = Live {
+            limits: ArcSwap::from_pointee(limits),
+            seq: AtomicU64::new(0),
+            words: Default::default(),
+            gcras,
+            writer: Mutex::new(()),
+        };
+        live.write_words(&live.limits.load());
+        live
+    }
+
+    /// Every quota in force, with the numbers each kind reads.
+    #[inline]
+    pub(super) fn load(&self) -> Guard<Arc<Limits>> {
+        self.limits.load()
+    }
+
+    /// The GCRA quotas in force, into `out`: how many there are, or `None` when a quota is
+    /// of another kind or a change was being written (then read [`load`](Self::load)).
+    #[inline]
+    pub(super) fn gcras(&self, out: &mut [Gcra; MAX_QUOTAS]) -> Option<usize> {
+        let n = self.gcras;
+        (n > 0 && self.read(&mut out[..n])).then_some(n)
+    }
+
+    /// The single GCRA quota in force, of a policy of one GCRA quota.
+    #[inline]
+    pub(super) fn one(&self) -> Gcra {
+        let mut out = [Gcra::new(1, 1)];
+        if self.gcras > 0 && self.read(&mut out) {
+            out[0]
+        } else {
+            self.slow_one()
+        }
+    }
+
+    /// Reads the numbers of the first `out.len()` quotas (at most `self.gcras`); whether no
+    /// change was written meanwhile.
+    #[inline]
+    fn read(&self, out: &mut [Gcra]) -> bool {
+        let before = self.seq.load(Ordering::Acquire);
+        for (g, w) in out.iter_mut().zip(&self.words) {
+            *g = Gcra::from_words([
+                w[0].load(Ordering::Relaxed),
+                w[1].load(Ordering::Relaxed),
+                w[2].load(Ordering::Relaxed),
+            ]);
+        }
+        // Orders the loads of the words before the second reading of the sequence: a word a
+        // change wrote is seen with the odd number it wrote first, or a later one.
+        fence(Ordering::Acquire);
+        let after = self.seq.load(Ordering::Relaxed);
+        before == after && before & 1 == 0
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn slow_one(&self) -> Gcra {
+        let limits = self.load();
+        limits.gcras.first().copied().unwrap_or(Gcra::new(1, 1))
+    }
+
+    /// Replaces the quotas in force with those `f` makes of them, or leaves them if it says
+    /// why not.
+    pub(super) fn replace<E>(&self, f: impl FnOnce(&Limits) -> Result<Limits, E>) -> Result<(), E> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let new = f(&self.limits.load())?;
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        // Orders the odd number before the words: a reader that sees a new word sees it.
+        fence(Ordering::Release);
+        self.write_words(&new);
+        self.limits.store(Arc::new(new));
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+        Ok(())
+    }
+
+    fn write_words(&self, limits: &Limits) {
+        for (w, g) in self.words.iter().zip(limits.gcras.iter()).take(self.gcras) {
+            for (word, value) in w.iter().zip(g.words()) {
+                word.store(value, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::quota::Quota;
+
+    fn limits(quotas: &[Quota]) -> Limits {
+        Limits::new(quotas.to_vec())
+    }
+
+    #[test]
+    fn the_gcra_numbers_read_without_a_guard_are_those_of_the_quotas_in_force() {
+        let live = Live::new(limits(&[Quota::per_second(5), Quota::per_minute(20)]));
+        let mut out = [Gcra::new(1, 1); MAX_QUOTAS];
+        assert_eq!(live.gcras(&mut out), Some(2));
+        assert_eq!(&out[..2], &*live.load().gcras);
+        live.replace(|_| Ok::<_, ()>(limits(&[Quota::per_hour(7), Quota::per_second(3).burst(9)])))
+            .unwrap();
+        assert_eq!(live.gcras(&mut out), Some(2));
+        assert_eq!(&out[..2], &*live.load().gcras);
+        assert_eq!(
+            out[0],
+            Quota::per_hour(7).rule().as_gcra().copied().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_policy_with_a_quota_of_another_kind_is_read_whole() {
+        let live = Live::new(limits(&[
+            Quota::per_second(5),
+            Quota::fixed_window(6, std::time::Duration::from_secs(1)),
+        ]));
+        let mut out = [Gcra::new(1, 1); MAX_QUOTAS];
+        assert_eq!(live.gcras(&mut out), None);
+    }
+
+    #[test]
+    fn a_refused_change_leaves_the_quotas_and_the_numbers() {
+        let live = Live::new(limits(&[Quota::per_second(5)]));
+        let before = live.one();
+        assert_eq!(live.replace(|_| Err("no")), Err("no"));
+        assert_eq!(live.one(), before);
+        assert_eq!(live.seq.load(Ordering::Relaxed), 0);
+    }
+
+    /// Readers racing a writer that flips between two policies only ever read one of the two
+    /// whole, never the numbers of one with those of the other.
+    #[test]
+    fn readers_racing_changes_read_one_policy_whole() {
+        let a = [Quota::per_second(5), Quota::per_minute(20).burst(3)];
+        let b = [Quota::per_hour(9).burst(4), Quota::per_second(1000)];
+        let gcras = |q: &[Quota]| -> Vec<Gcra> { limits(q).gcras.to_vec() };
+        let (ga, gb) = (gcras(&a), gcras(&b));
+        let live = Live::new(limits(&a));
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let mut out = [Gcra::new(1, 1); MAX_QUOTAS];
+                    while !done.load(Ordering::Relaxed) {
+                        if let Some(n) = live.gcras(&mut out) {
+                            let read = &out[..n];
+                            assert!(read == &ga[..] || read == &gb[..], "torn read {read:?}");
+                        }
+                        let one = live.one();
+                        assert!(one == ga[0] || one == gb[0]);
+                    }
+                });
+            }
+            for i in 0..20_000 {
+                let next = if i % 2 == 0 { &b } else { &a };
+                live.replace(|_| Ok::<_, ()>(limits(next))).unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+    }
+
+    /// A small model of GCRA on one key: each quota's time, all or nothing.
+    struct Model {
+        tats: Vec<u64>,
+    }
+
+    impl Model {
+        /// Whether a request of `cost` is admitted at `now` under `gcras`, and its retry time.
+        fn check(&mut self, gcras: &[Gcra], now: u64, cost: u32) -> (bool, Option<u64>) {
+            let mut news = Vec::new();
+            let (mut never, mut retry) = (false, 0);
+            for (g, &tat) in gcras.iter().zip(&self.tats) {
+                let inc = g.interval * u64::from(cost);
+                let new = tat.max(now) + inc;
+                if inc > g.tolerance {
+                    never = true;
+                } else if new - now > g.tolerance {
+                    retry = retry.max(new - now - g.tolerance);
+                }
+                news.push(new);
+            }
+            if never {
+                return (false, None);
+            }
+            if retry > 0 {
+                return (false, Some(retry));
+            }
+            if cost > 0 {
+                self.tats = news;
+            }
+            (true, None)
+        }
+    }
+
+    mod model {
+        use std::time::Duration;
+
+        use proptest::prelude::*;
+
+        use super::Model;
+        use crate::algo::gcra::Gcra;
+        use crate::{Clock, Quota, RateLimiter};
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Check(u32),
+            Wait(u64),
+            /// Puts the policy of this index in force (of the limiter's number of quotas).
+            Change(usize),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (0u32..4).prop_map(Op::Check),
+                2 => (0u64..400).prop_map(Op::Wait),
+                1 => (0usize..4).prop_map(Op::Change),
+            ]
+        }
+
+        /// Policies of one GCRA quota and of two, four of each, to change among.
+        fn policies(n: usize) -> Vec<Vec<Quota>> {
+            let ones = [
+                Quota::per_second(5),
+                Quota::per_second(20).burst(2),
+                Quota::per_second(1).burst(4),
+                Quota::per_minute(90).burst(3),
+            ];
+            (0..4)
+                .map(|i| (0..n).map(|j| ones[(i + j * 3) % 4].clone()).collect())
+                .collect()
+        }
+
+        fn build<K>(quotas: &[Quota], clock: &Clock) -> RateLimiter<K>
+        where
+            K: std::hash::Hash + Eq + Clone + Send + Sync,
+        {
+            quotas[1..]
+                .iter()
+                .fold(RateLimiter::builder(quotas[0].clone()), |b, q| {
+                    b.quota(q.clone())
+                })
+                .clock(clock.clone())
+                .build()
+        }
+
+        fn gcras(quotas: &[Quota]) -> Vec<Gcra> {
+            quotas
+                .iter()
+                .filter_map(|q| q.rule().as_gcra().copied())
+                .collect()
+        }
+
+        proptest! {
+            /// A change of quotas judges the very next check, on the path that reads the GCRA
+            /// numbers without loading the quotas: the single key of `()` and a key of a table,
+            /// with one quota and with two, decide as the model under the quotas in force.
+            #[test]
+            fn every_check_is_judged_by_the_quotas_in_force_at_once(
+                ops in prop::collection::vec(op(), 1..80)
+            ) {
+                for n in [1, 2] {
+                    let policies = policies(n);
+                    let (clock, time) = Clock::manual();
+                    let direct = build::<()>(&policies[0], &clock);
+                    let keyed = build::<u8>(&policies[0], &clock);
+                    let mut in_force = gcras(&policies[0]);
+                    let (mut a, mut b) = (Model { tats: vec![0; n] }, Model { tats: vec![0; n] });
+                    for op in &ops {
+                        match *op {
+                            Op::Check(cost) => {
+                                let now = clock.now();
+                                let want = a.check(&in_force, now, cost);
+                                prop_assert_eq!(want, b.check(&in_force, now, cost));
+                                for d in [direct.check_n(&(), cost), keyed.check_n(&3, cost)] {
+                                    prop_assert_eq!(d.is_allowed(), want.0);
+                                    if !want.0 {
+                                        prop_assert_eq!(
+                                            d.retry_after(),
+                                            want.1.map(Duration::from_nanos)
+                                        );
+                                    }
+                                }
+                            }
+                            Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
+                            Op::Change(i) => {
+                                direct.set_quotas(policies[i].clone()).unwrap();
+                                keyed.set_quotas(policies[i].clone()).unwrap();
+                                in_force = gcras(&policies[i]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
