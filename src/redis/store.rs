@@ -14,7 +14,7 @@ use ::redis::{Client, RedisError, Script};
 
 use super::lease::Lease;
 use super::outage::{Line, Outage, SUMMARY_INTERVAL};
-use super::script::{Arg, GCRA_ONLY, SCRIPT};
+use super::script::{Arg, GCRA_ONLY, PLAIN, SCRIPT};
 
 /// The default time allowed for one decision on Redis.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -256,12 +256,13 @@ impl RedisStore {
         Ok(Self::with(Connection::Single(manager)))
     }
 
-    /// A store on the server at `url`, connected now, with the decision script loaded.
+    /// A store on the server at `url`, connected now, with the decision scripts loaded.
     pub async fn connect(url: &str) -> Result<Self, RedisError> {
         let client = Client::open(url)?;
         let mut manager = ConnectionManager::new_with_config(client, manager_config()).await?;
         SCRIPT.prepare_invoke().load_async(&mut manager).await?;
         GCRA_ONLY.prepare_invoke().load_async(&mut manager).await?;
+        PLAIN.prepare_invoke().load_async(&mut manager).await?;
         Ok(Self::with(Connection::Single(manager)))
     }
 
@@ -277,6 +278,7 @@ impl RedisStore {
         let mut conn = client.get_async_connection().await?;
         SCRIPT.prepare_invoke().load_async(&mut conn).await?;
         GCRA_ONLY.prepare_invoke().load_async(&mut conn).await?;
+        PLAIN.prepare_invoke().load_async(&mut conn).await?;
         Ok(Self::with(Connection::Cluster(conn)))
     }
 
