@@ -296,6 +296,7 @@ async fn measure_for(port: u16, name: &str, quotas: Vec<Quota>, period: Duration
         let tasks: Vec<_> = (0..CALLERS as u64)
             .map(|key| {
                 let l = limiter.clone();
+                let name = name.to_owned();
                 tokio::spawn(async move {
                     let end = Instant::now() + period;
                     let mut lat = Vec::with_capacity(100_000);
@@ -303,7 +304,7 @@ async fn measure_for(port: u16, name: &str, quotas: Vec<Quota>, period: Duration
                         let t = Instant::now();
                         let d = l.check(&key).await;
                         lat.push(t.elapsed().as_micros() as u32);
-                        assert!(d.is_allowed() && !d.is_degraded());
+                        assert!(d.is_allowed() && !d.is_degraded(), "{name}: {d:?}");
                     }
                     lat
                 })

@@ -13,6 +13,7 @@
 
 -- (prelude.lua, before this: cost, force, now, n, key, idiv)
 
+-- Integers below 2^53 print alike with '%d' (a C long) and gcra.lua's '%.0f', at half the cost.
 local fmt = string.format
 local K, A, B, GONE, GONE_CUR = {}, {}, {}, {}, {}
 local S1, S2, S3 = {}, {}, {}
@@ -20,8 +21,10 @@ local log_width, log_limit = nil, 0
 for q = 1, n do
   local k = tonumber(ARGV[1 + 3 * q])
   K[q], A[q], B[q] = k, tonumber(ARGV[2 + 3 * q]), tonumber(ARGV[3 + 3 * q])
-  GONE[q] = tonumber(ARGV[3 + 3 * n + 2 * q]) or 0
-  GONE_CUR[q] = tonumber(ARGV[4 + 3 * n + 2 * q]) or 0
+  -- Mostly "0": read as a string first, which costs less than a number.
+  local g, gc = ARGV[3 + 3 * n + 2 * q], ARGV[4 + 3 * n + 2 * q]
+  if g == '0' then GONE[q] = 0 else GONE[q] = tonumber(g) or 0 end
+  if gc == '0' then GONE_CUR[q] = 0 else GONE_CUR[q] = tonumber(gc) or 0 end
   if k == 2 then
     if log_width == nil or B[q] > log_width then log_width = B[q] end
     if A[q] > log_limit then log_limit = A[q] end
@@ -92,7 +95,7 @@ local function log_first(q)
   local cut = now - b
   if GONE[q] > 0 and GONE[q] > cut then cut = GONE[q] end
   if cut <= now - log_width then return oldest, oldest_before end
-  local found = redis.call('ZRANGEBYSCORE', key, '(' .. fmt('%.0f', cut), '+inf', 'LIMIT', 0, 1)[1]
+  local found = redis.call('ZRANGEBYSCORE', key, '(' .. fmt('%d', cut), '+inf', 'LIMIT', 0, 1)[1]
   if not found then return nil, 0 end
   local total, c = string.match(found, '^%d+:(%d+):(%d+)$')
   return found, tonumber(total) - tonumber(c)
@@ -233,16 +236,16 @@ if took then
     local k = K[q]
     if k ~= 2 then
       S1[q], S2[q], S3[q] = N1[q], N2[q], N3[q]
-      words[#words + 1] = fmt('%.0f', N1[q])
-      if k ~= 0 then words[#words + 1] = fmt('%.0f', N2[q]) end
-      if k == 3 then words[#words + 1] = fmt('%.0f', N3[q]) end
+      words[#words + 1] = fmt('%d', N1[q])
+      if k ~= 0 then words[#words + 1] = fmt('%d', N2[q]) end
+      if k == 3 then words[#words + 1] = fmt('%d', N3[q]) end
     end
   end
   local entry
   if log_width then
     -- One entry per request, carrying its cost.
     local total = (newest_total or 0) + cost
-    entry = fmt('%.0f', log_at) .. ':' .. fmt('%016.0f', total) .. ':' .. fmt('%.0f', cost)
+    entry = fmt('%d', log_at) .. ':' .. fmt('%016d', total) .. ':' .. fmt('%d', cost)
     -- A window that was empty starts at the new entry.
     for q = 1, n do
       if K[q] == 2 and not FIRST[q] then FIRST[q], BEFORE[q] = entry, newest_total or 0 end
