@@ -290,7 +290,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
                     .await
             }
             None => {
-                let script = decision_script(limits.gcras.len() == limits.rules.len());
+                let script = decision_script(&limits.rules, false);
                 inner
                     .store
                     .try_eval_script(script, &[&redis_key], &args[..n], &inner.meter, deadline)
@@ -421,7 +421,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         let taken = taken.filter(|t| t.spots != Reservation::none().spots);
         let args = Arg::Bytes(cost.as_bytes());
         let (args, n) = decision_args(&limits.rules, args, time_arg(inner.local_time, now), taken);
-        let script = decision_script(limits.gcras.len() == limits.rules.len());
+        let script = decision_script(&limits.rules, true);
         let reply = inner
             .store
             .eval_script(script, &[&self.redis_key(key)], &args[..n], &inner.meter)

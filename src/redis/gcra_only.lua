@@ -1,8 +1,9 @@
 -- The decision script of a policy whose quotas are all GCRA (kind 0): the same arguments,
 -- storage and reply as gcra.lua, and the same decisions, without the other kinds' machinery
 -- (no closures or tables built per call but the quotas' times), which is most of the server's
--- time per call. tests/redis_properties.rs and the spec tables run every GCRA policy through
--- this script; the other kinds through gcra.lua.
+-- time per call. tests/redis/scripts.rs holds it to gcra.lua. Every GCRA policy runs through
+-- this script; a request on other kinds without warm-up through plain.lua, the rest through
+-- gcra.lua.
 --
 -- KEYS[1]  the key: the quotas' TATs in order, separated by spaces, in microseconds.
 -- ARGV     as gcra.lua: cost ("-u" gives back u units, "+c" charges c whatever the limit),

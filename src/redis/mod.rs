@@ -48,7 +48,7 @@
 //! [`FailMode`] decides (an error about one key is not an outage: see
 //! [`RedisRateLimiter`]): fail open admits the request (the decision [`is_degraded`](crate::Decision::is_degraded),
 //! and no `RateLimit` fields are sent), fail closed answers `503` with `Retry-After: 1`, and
-//! the local fallback ([`FailMode::local`]) decides in this process on each quota scaled to a
+//! the local fallback ([`FailMode::try_local`]) decides in this process on each quota scaled to a
 //! share, a real decision ([`is_local`](crate::Decision::is_local)) answered with its
 //! `RateLimit` fields, or `429` and `Retry-After`. The connection is re-established in the
 //! background; decisions go back to Redis as soon as it answers, from the state it kept.
@@ -62,7 +62,7 @@
 //! // Four instances: during an outage each decides alone, on a quarter of every quota.
 //! let store = RedisStore::connect("redis://127.0.0.1:6379")
 //!     .await?
-//!     .on_failure(FailMode::local(0.25)?);
+//!     .on_failure(FailMode::try_local(0.25)?);
 //! # let _ = store; Ok(()) }
 //! ```
 

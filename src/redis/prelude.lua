@@ -1,5 +1,5 @@
 -- The arguments every decision script reads alike (gcra.lua describes them), and exact
--- integer division; put before gcra.lua and gcra_only.lua.
+-- integer division; put before gcra.lua, gcra_only.lua and plain.lua.
 
 local cost = tonumber(ARGV[1])
 local force = string.byte(ARGV[1]) == 43

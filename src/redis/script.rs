@@ -2,8 +2,10 @@
 //! the replies read back into a [`Decision`].
 //!
 //! * **Scripts.** `prelude.lua` with `gcra.lua` decides any quotas ([`SCRIPT`]), with
-//!   `gcra_only.lua` quotas that are all GCRA ([`GCRA_ONLY`], same arguments and replies);
-//!   `ban.lua` wraps either in the penalty box ([`DECIDE`], [`STRIKE`], [`PEEK`]).
+//!   `gcra_only.lua` quotas that are all GCRA ([`GCRA_ONLY`]), with `plain.lua` a request
+//!   or a report on quotas without warm-up ([`PLAIN`]); the same arguments, storage and
+//!   replies, and [`decision_script`] chooses; `ban.lua` wraps `gcra.lua` in the penalty box
+//!   ([`DECIDE`], [`STRIKE`], [`PEEK`]).
 //! * **Units.** Times and windows travel in whole microseconds ([`MICRO`] ns), numbers below
 //!   2^53 (Lua doubles): [`micros`] rounds a quota to what the script can hold, or says why
 //!   it cannot.
@@ -43,10 +45,22 @@ pub(super) static GCRA_ONLY: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// The decision script for quotas that are all GCRA (`all_gcra`) or not.
-pub(super) fn decision_script(all_gcra: bool) -> &'static Script {
-    if all_gcra {
+/// The decision script of a request or a report (never a refund or a charge) on quotas
+/// without warm-up: the same arguments, storage, reply and decisions as [`SCRIPT`], with
+/// fewer Redis calls and at a fraction of the server's time per call.
+pub(super) static PLAIN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("prelude.lua"),
+        include_str!("plain.lua")
+    ))
+});
+
+/// The script for `rules`: of a request or a report, or (`adjusts`) of a refund or a charge.
+pub(super) fn decision_script(rules: &[Rule], adjusts: bool) -> &'static Script {
+    if rules.iter().all(|r| matches!(r, Rule::Gcra(_))) {
         &GCRA_ONLY
+    } else if !adjusts && !rules.iter().any(|r| matches!(r, Rule::WarmUp(_))) {
+        &PLAIN
     } else {
         &SCRIPT
     }

@@ -14,7 +14,7 @@ use ::redis::{Client, RedisError, Script};
 
 use super::lease::Lease;
 use super::outage::{Line, Outage, SUMMARY_INTERVAL};
-use super::script::{Arg, GCRA_ONLY, SCRIPT};
+use super::script::{Arg, GCRA_ONLY, PLAIN, SCRIPT};
 
 /// The default time allowed for one decision on Redis.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -89,6 +89,10 @@ impl FailMode {
     /// [`FailMode::Local`] at `share` of each quota: `0 < share <= 1`, else
     /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
     ///
+    /// The same as [`FailMode::try_local`]: it returns a `Result` as it always has, where
+    /// the crate's other plain forms panic at the caller's line (crate docs, "Bad
+    /// settings"). Use `try_local` for a share read at run time.
+    ///
     /// ```
     /// use tollgate::redis::FailMode;
     /// // Four instances: each decides alone at a quarter of each quota while Redis is down.
@@ -99,7 +103,22 @@ impl FailMode {
     /// assert!(FailMode::local(f64::NAN).is_err());
     /// ```
     pub fn local(share: f64) -> Result<FailMode, ConfigError> {
-        Share::new(share).map(FailMode::Local)
+        Self::try_local(share)
+    }
+
+    /// [`FailMode::Local`] at `share` of each quota: `0 < share <= 1`, else
+    /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
+    ///
+    /// ```
+    /// use tollgate::redis::FailMode;
+    /// // A share read from the environment: a bad one is an error to report, not a panic.
+    /// let share: f64 = "0.25".parse().unwrap();
+    /// assert_eq!(FailMode::try_local(share), FailMode::local(0.25));
+    /// assert!(FailMode::try_local(0.0).is_err());
+    /// assert!(FailMode::try_local(f64::INFINITY).is_err());
+    /// ```
+    pub fn try_local(share: f64) -> Result<FailMode, ConfigError> {
+        Share::try_new(share).map(FailMode::Local)
     }
 }
 
@@ -110,7 +129,23 @@ pub struct Share(f64);
 impl Share {
     /// `share` of each quota, when `0 < share <= 1`; else
     /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
+    ///
+    /// The same as [`Share::try_new`]: it returns a `Result` as it always has, where the
+    /// crate's other plain forms panic at the caller's line (crate docs, "Bad settings").
     pub fn new(share: f64) -> Result<Share, ConfigError> {
+        Self::try_new(share)
+    }
+
+    /// `share` of each quota, when `0 < share <= 1`; else
+    /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
+    ///
+    /// ```
+    /// use tollgate::redis::Share;
+    /// assert_eq!(Share::try_new(0.5).unwrap().get(), 0.5);
+    /// assert!(Share::try_new(-0.5).is_err());
+    /// assert!(Share::try_new(f64::NAN).is_err());
+    /// ```
+    pub fn try_new(share: f64) -> Result<Share, ConfigError> {
         if share > 0.0 && share <= 1.0 {
             Ok(Share(share))
         } else {
@@ -121,16 +156,30 @@ impl Share {
     /// One `n`-th of each quota, for `n` instances that share one Redis; `n` of 0 is
     /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
     ///
+    /// The same as [`Share::try_one_in`], returning a `Result` as it always has.
+    ///
     /// ```
     /// use tollgate::redis::Share;
     /// assert_eq!(Share::one_in(4).unwrap().get(), 0.25);
     /// assert!(Share::one_in(0).is_err());
     /// ```
     pub fn one_in(n: u32) -> Result<Share, ConfigError> {
+        Self::try_one_in(n)
+    }
+
+    /// One `n`-th of each quota, for `n` instances that share one Redis; `n` of 0 is
+    /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
+    ///
+    /// ```
+    /// use tollgate::redis::Share;
+    /// assert_eq!(Share::try_one_in(3).unwrap().get(), 1.0 / 3.0);
+    /// assert!(Share::try_one_in(0).is_err());
+    /// ```
+    pub fn try_one_in(n: u32) -> Result<Share, ConfigError> {
         if n == 0 {
             return Err(ConfigError::InvalidFallbackShare("1/0".to_owned()));
         }
-        Share::new(1.0 / f64::from(n))
+        Share::try_new(1.0 / f64::from(n))
     }
 
     /// The share, in `(0, 1]`.
@@ -256,12 +305,13 @@ impl RedisStore {
         Ok(Self::with(Connection::Single(manager)))
     }
 
-    /// A store on the server at `url`, connected now, with the decision script loaded.
+    /// A store on the server at `url`, connected now, with the decision scripts loaded.
     pub async fn connect(url: &str) -> Result<Self, RedisError> {
         let client = Client::open(url)?;
         let mut manager = ConnectionManager::new_with_config(client, manager_config()).await?;
         SCRIPT.prepare_invoke().load_async(&mut manager).await?;
         GCRA_ONLY.prepare_invoke().load_async(&mut manager).await?;
+        PLAIN.prepare_invoke().load_async(&mut manager).await?;
         Ok(Self::with(Connection::Single(manager)))
     }
 
@@ -277,6 +327,7 @@ impl RedisStore {
         let mut conn = client.get_async_connection().await?;
         SCRIPT.prepare_invoke().load_async(&mut conn).await?;
         GCRA_ONLY.prepare_invoke().load_async(&mut conn).await?;
+        PLAIN.prepare_invoke().load_async(&mut conn).await?;
         Ok(Self::with(Connection::Cluster(conn)))
     }
 
