@@ -421,8 +421,11 @@ pub(crate) struct Lag {
 }
 
 impl Lag {
-    /// From `now` until `until`, sweep as if the clock were `lag` earlier (the larger lag
-    /// and the later end of two that overlap).
+    /// From `now` until `until`, sweep as if the clock were `lag` earlier. Two widenings
+    /// that overlap add up, and the later end holds: a key stored before the first and judged
+    /// by the rules of the second may become idle as much later as both widened together
+    /// (a window narrowed and widened again before the key idles needs the sum of the
+    /// steps up, not the largest).
     pub(crate) fn widen(&self, now: u64, lag: u64, until: u64) {
         if lag == 0 {
             return;
@@ -432,7 +435,7 @@ impl Lag {
             self.until.load(Ordering::Acquire),
         );
         let (lag, until) = if now < was_until {
-            (lag.max(was_lag), until.max(was_until))
+            (lag.saturating_add(was_lag), until.max(was_until))
         } else {
             (lag, until)
         };

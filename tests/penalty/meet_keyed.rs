@@ -153,6 +153,24 @@ proptest! {
     }
 }
 
+/// A log key written under a narrow window, then judged by a window narrowed and widened
+/// again before it is idle, is kept by a sweep as long as its entries count under the widest.
+#[test]
+fn two_changes_before_a_key_idles_keep_it_as_long_as_the_sum_of_their_widening() {
+    let ops = [
+        Op::Flood(1_245, 275),
+        Op::Change(2),
+        Op::Change(3),
+        Op::EvictIdle,
+        Op::Wait(914),
+        Op::Wait(1_038),
+        Op::Flood(1_518, 651),
+    ];
+    if let Err(e) = run(2, &ops) {
+        panic!("{e}");
+    }
+}
+
 /// Four threads flood distinct and shared keys while a fifth moves the clock across the
 /// sweep gap and drops idle keys: the table never holds more than `max_keys`, and one shared
 /// key is never admitted beyond its burst plus what the elapsed time refills.
