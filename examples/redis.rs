@@ -44,7 +44,7 @@ pub async fn instance(url: &str) -> Result<Router, Box<dyn std::error::Error>> {
     // Two instances: while Redis is down, each enforces half the limit on its own.
     let store = RedisStore::connect(url)
         .await?
-        .on_failure(FailMode::local(0.5)?);
+        .on_failure(FailMode::local(0.5));
     let limit = RateLimitLayer::new(Policy::new("api", Quota::per_minute(5)))
         .key(Header::new("x-api-key"))
         .store(store);

@@ -290,7 +290,7 @@ async fn run(label: &'static str, lease: Option<Lease>) -> Run {
     let mut server = Server::start();
     let url = format!("redis://127.0.0.1:{}", server.port);
     let quota = Quota::per_second(RATE).burst(BURST);
-    let share = Share::one_in(INSTANCES as u32).expect("a share");
+    let share = Share::one_in(INSTANCES as u32);
     let mut limiters = Vec::new();
     for _ in 0..INSTANCES {
         let store = RedisStore::connect(&url)

@@ -86,24 +86,22 @@ pub enum FailMode {
 }
 
 impl FailMode {
-    /// [`FailMode::Local`] at `share` of each quota: `0 < share <= 1`, else
-    /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
+    /// [`FailMode::Local`] at `share` of each quota.
     ///
-    /// The same as [`FailMode::try_local`]: it returns a `Result` as it always has, where
-    /// the crate's other plain forms panic at the caller's line (crate docs, "Bad
-    /// settings"). Use `try_local` for a share read at run time.
+    /// # Panics
+    /// At the caller's line unless `0 < share <= 1` (crate docs, "Bad settings"); use
+    /// [`FailMode::try_local`] for a share read at run time.
     ///
     /// ```
     /// use tollgate::redis::FailMode;
     /// // Four instances: each decides alone at a quarter of each quota while Redis is down.
-    /// let mode = FailMode::local(0.25).unwrap();
-    /// assert_eq!(mode, FailMode::local(0.25).unwrap());
-    /// assert!(FailMode::local(0.0).is_err());
-    /// assert!(FailMode::local(1.5).is_err());
-    /// assert!(FailMode::local(f64::NAN).is_err());
+    /// let mode = FailMode::local(0.25);
+    /// assert_eq!(mode, FailMode::try_local(0.25).unwrap());
     /// ```
-    pub fn local(share: f64) -> Result<FailMode, ConfigError> {
-        Self::try_local(share)
+    #[track_caller]
+    #[must_use]
+    pub fn local(share: f64) -> FailMode {
+        FailMode::Local(Share::new(share))
     }
 
     /// [`FailMode::Local`] at `share` of each quota: `0 < share <= 1`, else
@@ -113,7 +111,7 @@ impl FailMode {
     /// use tollgate::redis::FailMode;
     /// // A share read from the environment: a bad one is an error to report, not a panic.
     /// let share: f64 = "0.25".parse().unwrap();
-    /// assert_eq!(FailMode::try_local(share), FailMode::local(0.25));
+    /// assert_eq!(FailMode::try_local(share), Ok(FailMode::local(0.25)));
     /// assert!(FailMode::try_local(0.0).is_err());
     /// assert!(FailMode::try_local(f64::INFINITY).is_err());
     /// ```
@@ -127,13 +125,18 @@ impl FailMode {
 pub struct Share(f64);
 
 impl Share {
-    /// `share` of each quota, when `0 < share <= 1`; else
-    /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
+    /// `share` of each quota.
     ///
-    /// The same as [`Share::try_new`]: it returns a `Result` as it always has, where the
-    /// crate's other plain forms panic at the caller's line (crate docs, "Bad settings").
-    pub fn new(share: f64) -> Result<Share, ConfigError> {
-        Self::try_new(share)
+    /// # Panics
+    /// At the caller's line unless `0 < share <= 1` (crate docs, "Bad settings"); use
+    /// [`Share::try_new`] for a share read at run time.
+    #[track_caller]
+    #[must_use]
+    pub fn new(share: f64) -> Share {
+        match Share::try_new(share) {
+            Ok(share) => share,
+            Err(e) => panic!("tollgate: {e}"),
+        }
     }
 
     /// `share` of each quota, when `0 < share <= 1`; else
@@ -153,18 +156,23 @@ impl Share {
         }
     }
 
-    /// One `n`-th of each quota, for `n` instances that share one Redis; `n` of 0 is
-    /// [`ConfigError::InvalidFallbackShare`](crate::ConfigError::InvalidFallbackShare).
+    /// One `n`-th of each quota, for `n` instances that share one Redis.
     ///
-    /// The same as [`Share::try_one_in`], returning a `Result` as it always has.
+    /// # Panics
+    /// At the caller's line when `n` is 0; use [`Share::try_one_in`] for a count read at run
+    /// time.
     ///
     /// ```
     /// use tollgate::redis::Share;
-    /// assert_eq!(Share::one_in(4).unwrap().get(), 0.25);
-    /// assert!(Share::one_in(0).is_err());
+    /// assert_eq!(Share::one_in(4).get(), 0.25);
     /// ```
-    pub fn one_in(n: u32) -> Result<Share, ConfigError> {
-        Self::try_one_in(n)
+    #[track_caller]
+    #[must_use]
+    pub fn one_in(n: u32) -> Share {
+        match Share::try_one_in(n) {
+            Ok(share) => share,
+            Err(e) => panic!("tollgate: {e}"),
+        }
     }
 
     /// One `n`-th of each quota, for `n` instances that share one Redis; `n` of 0 is

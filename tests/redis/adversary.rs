@@ -266,13 +266,10 @@ async fn ten_instances_at_a_tenth_of_five_per_minute_admit_ten_at_once_then_five
     let (clock, time) = Clock::manual();
     let instances: Vec<RedisRateLimiter<&'static str>> = (0..10)
         .map(|_| {
-            RedisRateLimiter::builder(
-                unreachable(Share::one_in(10).unwrap()),
-                Quota::per_minute(5),
-            )
-            .name("login")
-            .clock(clock.clone())
-            .build()
+            RedisRateLimiter::builder(unreachable(Share::one_in(10)), Quota::per_minute(5))
+                .name("login")
+                .clock(clock.clone())
+                .build()
         })
         .collect();
     // Each instance: burst max(1, ⌊5 / 10⌋) = 1, then one per 2 minutes.
@@ -392,7 +389,7 @@ async fn a_key_error_under_dry_run_lets_the_request_through_and_trips_no_outage(
 async fn a_key_error_under_the_local_fallback_is_refused_and_other_keys_stay_on_redis() {
     use tower::Layer;
     let server = RedisServer::start();
-    let layer = api_layer(&server, FailMode::local(0.5).unwrap()).await;
+    let layer = api_layer(&server, FailMode::local(0.5)).await;
     let port = server.url().rsplit(':').next().unwrap().to_owned();
     poison_name(&port, &redis_name(&layer, "bad"));
     let mut svc = layer.layer(ok_service());
@@ -448,7 +445,7 @@ async fn a_refund_that_meets_a_key_error_is_no_outage_for_other_clients() {
 #[tokio::test]
 async fn a_share_too_small_to_stretch_the_period_still_builds_and_admits_one_in_over_a_century() {
     let (clock, time) = Clock::manual();
-    let share = Share::one_in(u32::MAX).unwrap();
+    let share = Share::one_in(u32::MAX);
     for quota in [
         Quota::per_minute(1),
         Quota::per_day(3).burst(1_000),
@@ -495,7 +492,7 @@ async fn with_leases_and_redis_stopped_no_decision_waits_longer_than_the_timeout
         .await
         .unwrap()
         .timeout(timeout)
-        .on_failure(FailMode::local(0.5).unwrap())
+        .on_failure(FailMode::local(0.5))
         .lease(Lease::new(8, Duration::from_millis(120)));
     let l = RedisRateLimiter::<&'static str>::builder(store, Quota::per_minute(60).burst(20))
         .name("stopped")
@@ -579,7 +576,7 @@ fn whatever_the_lease_state_and_failure_mode_a_decision_with_redis_stopped_waits
                 let mode = match mode {
                     0 => FailMode::Open,
                     1 => FailMode::Closed,
-                    _ => FailMode::local(0.5).unwrap(),
+                    _ => FailMode::local(0.5),
                 };
                 let waits = rt.block_on(async {
                     let (clock, time) = Clock::manual();
@@ -754,7 +751,7 @@ fn the_local_fallback_never_admits_more_than_its_burst_plus_the_share_of_the_rat
                 prop::collection::vec((0..=3u64, 1..=3u32), 1..60),
             ),
             |(count, burst, period_s, per_mille, steps)| {
-                let share = Share::new(per_mille as f64 / 1_000.0).unwrap();
+                let share = Share::new(per_mille as f64 / 1_000.0);
                 let store = stores
                     .borrow_mut()
                     .entry(per_mille)
@@ -861,14 +858,14 @@ fn shares_outside_zero_to_one_are_configuration_errors_and_the_edges_inside_are_
         f64::INFINITY,
         f64::NEG_INFINITY,
     ] {
-        assert!(FailMode::local(bad).is_err(), "{bad}");
-        assert!(Share::new(bad).is_err(), "{bad}");
+        assert!(FailMode::try_local(bad).is_err(), "{bad}");
+        assert!(Share::try_new(bad).is_err(), "{bad}");
     }
     for good in [f64::MIN_POSITIVE, 1e-300, 0.5, 1.0] {
-        assert_eq!(Share::new(good).unwrap().get(), good);
+        assert_eq!(Share::new(good).get(), good);
     }
-    assert!(Share::one_in(0).is_err());
-    assert_eq!(Share::one_in(1).unwrap().get(), 1.0);
+    assert!(Share::try_one_in(0).is_err());
+    assert_eq!(Share::one_in(1).get(), 1.0);
 }
 
 #[tokio::test]

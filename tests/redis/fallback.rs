@@ -27,7 +27,7 @@ fn unreachable(share: f64) -> RedisStore {
     RedisStore::open(&format!("redis://127.0.0.1:{}", free_port()))
         .unwrap()
         .timeout(TIMEOUT)
-        .on_failure(FailMode::local(share).unwrap())
+        .on_failure(FailMode::local(share))
 }
 
 fn limiter(store: RedisStore, quotas: &[Quota], name: &str, clock: Clock) -> RedisRateLimiter<u64> {
@@ -217,7 +217,7 @@ async fn redis_killed_then_restarted_empty_decides_again_with_no_extra_burst_nor
         .await
         .unwrap()
         .timeout(TIMEOUT)
-        .on_failure(FailMode::local(0.5).unwrap())
+        .on_failure(FailMode::local(0.5))
         // Every decision asks Redis: none is answered by a rejection it cached.
         .deny_cache(0);
     let (clock, _time) = Clock::manual();
@@ -275,7 +275,7 @@ async fn redis_paused_falls_back_within_the_timeout_and_resumed_decides_from_its
         .await
         .unwrap()
         .timeout(TIMEOUT)
-        .on_failure(FailMode::local(0.5).unwrap());
+        .on_failure(FailMode::local(0.5));
     let (clock, _time) = Clock::manual();
     let limiter = limiter(store, &[Quota::per_hour(10)], "paused", clock);
     let mut by_redis = 0;
@@ -313,10 +313,30 @@ async fn redis_paused_falls_back_within_the_timeout_and_resumed_decides_from_its
     assert_eq!(d.remaining(), 0);
 }
 
+/// The plain forms panic at the caller's line on a share out of range, as every plain form of
+/// a setting does (crate docs, "Bad settings"); the `try_` forms return the error.
+#[test]
+#[should_panic(expected = "above 0 and at most 1")]
+fn a_plain_local_share_out_of_range_panics() {
+    let _ = FailMode::local(1.5);
+}
+
+#[test]
+#[should_panic(expected = "tollgate:")]
+fn a_plain_share_of_none_in_zero_panics() {
+    let _ = Share::one_in(0);
+}
+
+#[test]
+#[should_panic(expected = "above 0 and at most 1")]
+fn a_plain_share_of_nan_panics() {
+    let _ = Share::new(f64::NAN);
+}
+
 #[test]
 fn shares_outside_zero_to_one_are_a_configuration_error() {
     for bad in [0.0, -0.0, -0.5, 1.000_001, 2.0, f64::NAN, f64::INFINITY] {
-        let err = FailMode::local(bad).unwrap_err();
+        let err = FailMode::try_local(bad).unwrap_err();
         assert!(
             matches!(err, ConfigError::InvalidFallbackShare(_)),
             "{bad}: {err:?}"
@@ -325,19 +345,16 @@ fn shares_outside_zero_to_one_are_a_configuration_error() {
             err.to_string().contains("above 0 and at most 1"),
             "{bad}: {err}"
         );
-        assert!(Share::new(bad).is_err());
+        assert!(Share::try_new(bad).is_err());
     }
     assert!(matches!(
-        Share::one_in(0),
+        Share::try_one_in(0),
         Err(ConfigError::InvalidFallbackShare(_))
     ));
     for good in [f64::MIN_POSITIVE, 0.001, 0.5, 1.0] {
-        assert_eq!(
-            FailMode::local(good).unwrap(),
-            FailMode::Local(Share::new(good).unwrap())
-        );
+        assert_eq!(FailMode::local(good), FailMode::Local(Share::new(good)));
     }
-    assert_eq!(Share::one_in(3).unwrap().get(), 1.0 / 3.0);
+    assert_eq!(Share::one_in(3).get(), 1.0 / 3.0);
 }
 
 /// A quota whose scaled form does not fit the clock (its count rounds down more than its
@@ -399,7 +416,7 @@ async fn an_outage_logs_the_fallback_in_a_few_lines() {
         .await
         .unwrap()
         .timeout(TIMEOUT)
-        .on_failure(FailMode::Local(Share::one_in(4).unwrap()));
+        .on_failure(FailMode::Local(Share::one_in(4)));
     let (clock, _time) = Clock::manual();
     let limiter = limiter(store, &[Quota::per_hour(100)], "logged", clock);
     assert!(!timed(&limiter, 1, 1).await.is_degraded());

@@ -71,7 +71,7 @@ async fn a_key_error_is_refused_even_when_the_store_fails_open() {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let (clock, _time) = Clock::manual();
-    for mode in [FailMode::Open, FailMode::local(0.5).unwrap()] {
+    for mode in [FailMode::Open, FailMode::local(0.5)] {
         let l = limiter(store(&server, mode).await, Quota::per_second(10), &clock);
         poison(&server, &l, 7);
         for _ in 0..30 {

@@ -301,7 +301,7 @@ async fn during_an_outage_the_held_units_and_the_local_share_are_all_that_is_adm
         .await
         .unwrap()
         .timeout(Duration::from_millis(100))
-        .on_failure(tollgate::redis::FailMode::local(0.5).unwrap())
+        .on_failure(tollgate::redis::FailMode::local(0.5))
         .lease(Lease::new(8, Duration::from_secs(10)));
     let limiter = RedisRateLimiter::<&str>::builder(store, Quota::per_minute(60).burst(20))
         .name("outage")

@@ -600,7 +600,7 @@ async fn falling_back(server: &RedisServer, timeout: Duration, lease: Lease) -> 
         .await
         .unwrap()
         .timeout(timeout)
-        .on_failure(tollgate::redis::FailMode::local(0.5).unwrap())
+        .on_failure(tollgate::redis::FailMode::local(0.5))
         .lease(lease)
 }
 

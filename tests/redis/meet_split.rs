@@ -183,7 +183,7 @@ fn failure_policies_and_caches_change_no_decision_while_redis_answers() {
     let all = [
         connect(FailMode::Closed, 0),
         connect(FailMode::Open, 10_000),
-        connect(FailMode::local(0.5).unwrap(), 10_000),
+        connect(FailMode::local(0.5), 10_000),
     ];
     let mut runner = TestRunner::new(Config::with_cases(64));
     let case = std::cell::Cell::new(0u32);

@@ -21,7 +21,7 @@ async fn limiter(server: &RedisServer, probe: Option<Duration>) -> RedisRateLimi
         .await
         .unwrap()
         .timeout(TIMEOUT)
-        .on_failure(FailMode::local(0.5).unwrap());
+        .on_failure(FailMode::local(0.5));
     let store = match probe {
         Some(every) => store.probe_every(every),
         None => store,
@@ -167,7 +167,7 @@ async fn the_store_settings_give_the_same_store_in_every_order() {
     type Setting = fn(RedisStore) -> RedisStore;
     let settings: [Setting; 4] = [
         |s| s.timeout(TIMEOUT),
-        |s| s.on_failure(FailMode::local(0.5).unwrap()),
+        |s| s.on_failure(FailMode::local(0.5)),
         |s| s.probe_every(Duration::from_millis(300)),
         |s| s.lease(Lease::new(8, Duration::from_millis(100))),
     ];
@@ -203,7 +203,7 @@ async fn the_store_settings_give_the_same_store_in_every_order() {
         .probe_every(Duration::from_secs(5))
         .timeout(TIMEOUT)
         .lease(Lease::new(2, Duration::from_secs(1)))
-        .on_failure(FailMode::local(0.5).unwrap())
+        .on_failure(FailMode::local(0.5))
         .probe_every(Duration::from_millis(300))
         .lease(Lease::new(8, Duration::from_millis(100)));
     assert_eq!(format!("{twice:?}"), want);

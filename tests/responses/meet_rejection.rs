@@ -679,7 +679,7 @@ async fn a_local_fallback_rejection_is_counted_once_and_answered_with_the_scaled
     let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))
         .unwrap()
         .timeout(Duration::from_millis(50))
-        .on_failure(FailMode::local(0.5).unwrap());
+        .on_failure(FailMode::local(0.5));
     let (hook, log) = noting();
     let (clock, _time) = Clock::manual();
     let (layer, mut counts) = recorded(|| {

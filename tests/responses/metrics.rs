@@ -619,7 +619,7 @@ mod redis {
         let store = RedisStore::open(&format!("redis://127.0.0.1:{port}"))
             .unwrap()
             .timeout(Duration::from_millis(50))
-            .on_failure(FailMode::local(0.5).unwrap());
+            .on_failure(FailMode::local(0.5));
         let (clock, _time) = Clock::manual();
         let (layer, snap) = recorded(
             || {
