@@ -172,9 +172,9 @@ where
                     taken,
                 } => {
                     let mut response = ready!(future.poll(cx))?;
-                    let taken = taken.take();
-                    // Nothing to give back or settle: the response gets its fields, here.
-                    let plain = match &taken {
+                    // Nothing to give back or settle: the response gets its fields, here, and
+                    // what was taken is read where it lies, not moved out to be dropped.
+                    let plain = match &*taken {
                         None => true,
                         Some(t) => t.settle.is_none() && !response::is_rejection(&response),
                     };
@@ -182,7 +182,7 @@ where
                         RateHeaders::apply_to(headers.take(), &mut response);
                         return Poll::Ready(Ok(response));
                     }
-                    match answered(response, headers.take(), taken) {
+                    match answered(response, headers.take(), taken.take()) {
                         Step::Done(response) => return Poll::Ready(Ok(response)),
                         Step::Next(next) => next,
                     }
