@@ -83,7 +83,7 @@ async fn a_zero_reservation_on_a_full_table_after_a_widened_log_drops_no_key_tha
         time.advance(500 * MS);
         l.handle()
             .unwrap()
-            .set_policy(Policy::new("p", Quota::sliding_log(2, 10 * S)))
+            .apply(&Policy::new("p", Quota::sliding_log(2, 10 * S)))
             .unwrap();
         time.advance(1_500 * MS);
         // A cost-0 request of a new key: it needs a place (a settlement may charge it).
@@ -108,7 +108,7 @@ async fn a_settled_charge_on_a_full_table_after_a_widened_log_drops_no_key_that_
         time.advance(500 * MS);
         l.handle()
             .unwrap()
-            .set_policy(Policy::new("p", Quota::sliding_log(2, 10 * S)))
+            .apply(&Policy::new("p", Quota::sliding_log(2, 10 * S)))
             .unwrap();
         time.advance(1_500 * MS);
         one(
@@ -143,7 +143,7 @@ async fn a_strike_on_a_full_shared_bound_after_a_widened_log_drops_no_key_that_c
     time.advance(500 * MS);
     l.handle()
         .unwrap()
-        .set_policy(Policy::new("p", Quota::sliding_log(2, 10 * S)))
+        .apply(&Policy::new("p", Quota::sliding_log(2, 10 * S)))
         .unwrap();
     time.advance(1_500 * MS);
     assert!(one(&mut rig, "d", 1, FAILED).await);
@@ -268,7 +268,7 @@ mod told {
                                 count = c;
                                 l.handle()
                                     .unwrap()
-                                    .set_policy(Policy::new("p", quota(kind, count)))
+                                    .apply(&Policy::new("p", quota(kind, count)))
                                     .unwrap();
                             }
                         }
@@ -290,7 +290,7 @@ mod told {
                     count = c;
                     l.handle()
                         .unwrap()
-                        .set_policy(Policy::new("p", quota(kind, count)))
+                        .apply(&Policy::new("p", quota(kind, count)))
                         .unwrap();
                 }
             }
@@ -334,7 +334,7 @@ async fn a_quota_lowered_during_a_ban_refuses_the_told_retry_and_tells_the_new_t
     time.advance(500 * MS);
     l.handle()
         .unwrap()
-        .set_policy(Policy::new("p", Quota::per_second(1).burst(1)))
+        .apply(&Policy::new("p", Quota::per_second(1).burst(1)))
         .unwrap();
     time.advance(500 * MS);
     // At 1 s the key is 2 s ahead, over the new burst's 1 s: refused, banned again (2 s),
@@ -465,12 +465,9 @@ mod bounded {
                     bounded
                         .handle()
                         .unwrap()
-                        .set_policy(policy(kind, wide))
+                        .apply(&policy(kind, wide))
                         .unwrap();
-                    free.handle()
-                        .unwrap()
-                        .set_policy(policy(kind, wide))
-                        .unwrap();
+                    free.handle().unwrap().apply(&policy(kind, wide)).unwrap();
                 }
                 Op::EvictIdle => {
                     lim.evict_idle();
@@ -559,7 +556,7 @@ mod racing {
                 tokio::spawn(async move {
                     for i in 0..200 {
                         let n = if i % 2 == 0 { 5 } else { 10 };
-                        handle.set_policy(Policy::new("p", quota(n))).unwrap();
+                        handle.apply(&Policy::new("p", quota(n))).unwrap();
                         tokio::task::yield_now().await;
                     }
                     done.store(true, Ordering::SeqCst);
@@ -732,12 +729,12 @@ async fn stacked_layers_give_back_what_each_took_after_a_change() {
     outer
         .handle()
         .unwrap()
-        .set_policy(Policy::new("p", Quota::per_minute(5)))
+        .apply(&Policy::new("p", Quota::per_minute(5)))
         .unwrap();
     inner
         .handle()
         .unwrap()
-        .set_policy(Policy::new("in", Quota::fixed_window(5, S)))
+        .apply(&Policy::new("in", Quota::fixed_window(5, S)))
         .unwrap();
     for id in slow {
         assert_eq!(rig.answer(id, OK).await, 200);

@@ -327,7 +327,7 @@ mod told {
                                             count = c;
                                             l.handle()
                                                 .unwrap()
-                                                .set_policy(Policy::new(
+                                                .apply(&Policy::new(
                                                     name.clone(),
                                                     quota(kind, count),
                                                 ))
@@ -346,7 +346,7 @@ mod told {
                                     count = c;
                                     l.handle()
                                         .unwrap()
-                                        .set_policy(Policy::new(name.clone(), quota(kind, count)))
+                                        .apply(&Policy::new(name.clone(), quota(kind, count)))
                                         .unwrap();
                                 }
                             }
@@ -500,8 +500,8 @@ mod side_by_side {
                             Op::Wait { ms } => time.advance(Duration::from_millis(ms)),
                             Op::Change { count } => {
                                 let p = policy(&name, quotas(kind, count));
-                                mem.handle().unwrap().set_policy(p.clone()).unwrap();
-                                red.handle().unwrap().set_policy(p).unwrap();
+                                mem.handle().unwrap().apply(&p).unwrap();
+                                red.handle().unwrap().apply(&p).unwrap();
                             }
                         }
                         server.cli(&["PERSIST", &redis_key]);

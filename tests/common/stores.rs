@@ -121,7 +121,7 @@ impl Store for Memory {
             .build()
     }
     fn set_policy(&self, l: &Self::Layer, p: Policy) {
-        l.handle().unwrap().set_policy(p).unwrap();
+        l.handle().unwrap().apply(&p).unwrap();
     }
     fn try_set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) -> Result<(), ConfigError> {
         l.set_quotas(quotas)
@@ -203,7 +203,7 @@ mod on_redis {
                 .build()
         }
         fn set_policy(&self, l: &Self::Layer, p: Policy) {
-            l.handle().unwrap().set_policy(p).unwrap();
+            l.handle().unwrap().apply(&p).unwrap();
         }
         fn try_set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) -> Result<(), ConfigError> {
             l.set_quotas(quotas)
