@@ -23,7 +23,7 @@ use http::{HeaderValue, Response};
 
 pub mod grpc;
 pub(crate) mod refuse;
-mod rejection;
+pub(crate) mod rejection;
 
 use crate::headers;
 use grpc::GrpcMode;

@@ -102,7 +102,7 @@ impl RejectionKind {
 macro_rules! rejection_getters {
     () => {
         /// Why the request was turned away.
-        pub fn kind(&self) -> $crate::response::RejectionKind {
+        pub fn kind(&self) -> $crate::response::rejection::RejectionKind {
             self.kind
         }
 
