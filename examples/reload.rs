@@ -76,7 +76,7 @@ impl Handles {
         let api = RateLimitLayer::new(limits.api.clone()).validate();
         api.map(drop).map_err(|e| format!("api: {e}"))?;
         self.api
-            .set_policy(limits.api)
+            .apply(&limits.api)
             .map_err(|e| format!("api: {e}"))?;
         self.report
             .apply(&limits.report)

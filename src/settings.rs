@@ -6,7 +6,7 @@
 //! [`ShapeSettings::layer`]) and is applied to a running one through its handle
 //! ([`ConcurrencyHandle::apply`](crate::ConcurrencyHandle::apply),
 //! [`ShapeHandle::apply`](crate::ShapeHandle::apply),
-//! [`RateLimitHandle::set_policy`](crate::RateLimitHandle::set_policy)).
+//! [`RateLimitHandle::apply`](crate::RateLimitHandle::apply)).
 //!
 //! # Configuration files
 //! With the `serde` feature, every type here, [`Quota`] and [`Policy`](crate::Policy) implement

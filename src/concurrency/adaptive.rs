@@ -305,6 +305,32 @@ macro_rules! no_load_methods {
     };
 }
 
+/// The [`LimitAlgorithm`] of an algorithm that samples round trips and measures the no-load
+/// latency through its `rounds` field ([`RoundTrips`]), written once: a completed request is
+/// held, ends a measurement (the algorithm's `measured`) or closes a round trip (its
+/// `round`).
+macro_rules! round_trip_algorithm {
+    ($name:ident) => {
+        impl LimitAlgorithm for $name {
+            fn initial_limit(&self) -> usize {
+                to_limit(self.limit)
+            }
+
+            fn bounds(&self) -> (usize, usize) {
+                self.bounds
+            }
+
+            fn update(&mut self, s: Sample) -> usize {
+                match self.rounds.step(&s, self.limit, self.bounds.0) {
+                    Step::Hold(limit) => limit,
+                    Step::Measured { min_rtt, resume } => self.measured(min_rtt, resume),
+                    Step::Round(s, rtt) => self.round(s, rtt),
+                }
+            }
+        }
+    };
+}
+
 // ---------------------------------------------------------------------------------------------
 // AIMD
 
@@ -555,26 +581,19 @@ impl Gradient2 {
     }
 }
 
-impl LimitAlgorithm for Gradient2 {
-    fn initial_limit(&self) -> usize {
+round_trip_algorithm!(Gradient2);
+
+impl Gradient2 {
+    /// A measurement found the no-load latency `min_rtt`: it is the new baseline, and the
+    /// limit resumes where it was.
+    fn measured(&mut self, min_rtt: f64, resume: f64) -> usize {
+        self.long = min_rtt;
+        self.limit = resume;
         to_limit(self.limit)
     }
 
-    fn bounds(&self) -> (usize, usize) {
-        self.bounds
-    }
-
-    fn update(&mut self, s: Sample) -> usize {
-        let (s, rtt) = match self.rounds.step(&s, self.limit, self.bounds.0) {
-            Step::Hold(limit) => return limit,
-            Step::Measured { min_rtt, resume } => {
-                self.long = min_rtt;
-                self.limit = resume;
-                return to_limit(self.limit);
-            }
-            Step::Round(s, rtt) => (s, rtt),
-        };
-
+    /// Judges a round trip `s` of latency `rtt` (seconds) against the long average.
+    fn round(&mut self, s: Sample, rtt: f64) -> usize {
         // The long average: plain during the warm-up, then exponential.
         let count = self.rounds.count;
         if count <= self.rounds.warmup {
@@ -739,32 +758,26 @@ impl Vegas {
     }
 }
 
-impl LimitAlgorithm for Vegas {
-    fn initial_limit(&self) -> usize {
+round_trip_algorithm!(Vegas);
+
+impl Vegas {
+    /// A measurement found the no-load latency `min_rtt`: the limit resumes at what the
+    /// service held without queueing, never above `resume`, where it was.
+    fn measured(&mut self, min_rtt: f64, resume: f64) -> usize {
+        // What the service held without queueing in the round trip before: its
+        // throughput (in flight / latency) times the no-load latency.
+        let (in_flight, rtt) = self.rounds.before_probe;
+        let estimate = if rtt > 0.0 {
+            in_flight as f64 * min_rtt / rtt
+        } else {
+            resume
+        };
+        self.limit = clamp_limit(estimate.min(resume).round(), self.bounds);
         to_limit(self.limit)
     }
 
-    fn bounds(&self) -> (usize, usize) {
-        self.bounds
-    }
-
-    fn update(&mut self, s: Sample) -> usize {
-        let (s, rtt) = match self.rounds.step(&s, self.limit, self.bounds.0) {
-            Step::Hold(limit) => return limit,
-            Step::Measured { min_rtt, resume } => {
-                // What the service held without queueing in the round trip before: its
-                // throughput (in flight / latency) times the no-load latency.
-                let (in_flight, rtt) = self.rounds.before_probe;
-                let estimate = if rtt > 0.0 {
-                    in_flight as f64 * min_rtt / rtt
-                } else {
-                    resume
-                };
-                self.limit = clamp_limit(estimate.min(resume).round(), self.bounds);
-                return to_limit(self.limit);
-            }
-            Step::Round(s, rtt) => (s, rtt),
-        };
+    /// Judges a round trip `s` of latency `rtt` (seconds) by the queue it shows.
+    fn round(&mut self, s: Sample, rtt: f64) -> usize {
         let no_load = &mut self.rounds.no_load;
         if rtt <= 0.0 || rtt < *no_load {
             *no_load = no_load.min(rtt);

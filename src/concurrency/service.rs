@@ -127,18 +127,15 @@ impl<E: KeyExtractor> Shared<E> {
     }
 }
 
-/// The service made by [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer).
-///
-/// Its responses carry a [`ResponseBody`], which holds the request's place until the body is
-/// finished or dropped. `poll_ready` is the inner service's: the permit is taken in `call`,
-/// where the key is known. The inner service must be `Clone` (as axum's are): a request that
-/// waits in the queue takes the service that was driven to readiness with it.
-pub struct ConcurrencyLimit<S, E: KeyExtractor> {
-    inner: S,
-    shared: Arc<Shared<E>>,
+service_shell! {
+    /// The service made by [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer).
+    ///
+    /// Its responses carry a [`ResponseBody`], which holds the request's place until the body
+    /// is finished or dropped. `poll_ready` is the inner service's: the permit is taken in
+    /// `call`, where the key is known. The inner service must be `Clone` (as axum's are): a
+    /// request that waits in the queue takes the service that was driven to readiness with it.
+    pub struct ConcurrencyLimit<S, E: KeyExtractor> => Shared<E>
 }
-
-service_shell!(ConcurrencyLimit<S, E: KeyExtractor> => Shared<E>);
 
 impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for ConcurrencyLimit<S, E>
 where

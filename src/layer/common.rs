@@ -361,8 +361,21 @@ impl<T> Lazy<T> {
 }
 
 /// The service shell of a layer: the inner service and the layer's shared state, `Clone`,
-/// `Debug`, and tower's `get_ref` / `get_mut` / `into_inner`.
+/// `Debug`, and tower's `get_ref` / `get_mut` / `into_inner`. Given the struct (its docs,
+/// `pub struct`, its parameters with their defaults), it writes the struct too.
 macro_rules! service_shell {
+    (
+        $(#[$doc:meta])*
+        pub struct $name:ident <S $(, $p:ident : $bound:path $(= $default:ty)?)*> => $shared:ty
+    ) => {
+        $(#[$doc])*
+        pub struct $name<S $(, $p: $bound $(= $default)?)*> {
+            inner: S,
+            shared: std::sync::Arc<$shared>,
+        }
+
+        $crate::layer::common::service_shell!($name<S $(, $p: $bound)*> => $shared);
+    };
     ($name:ident <S $(, $p:ident : $bound:path)*> => $shared:ty) => {
         impl<S: Clone $(, $p: $bound)*> Clone for $name<S $(, $p)*> {
             fn clone(&self) -> Self {

@@ -424,20 +424,7 @@ impl DryRunRejection {
         self.layer
     }
 
-    /// Why it would have been rejected.
-    pub fn kind(&self) -> RejectionKind {
-        self.kind
-    }
-
-    /// The status the rejection would have had (`429`, `503`, ...).
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-
-    /// How long the client would have been told to wait, when waiting helps.
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
-    }
+    crate::response::rejection_getters!();
 
     /// The policy (tier) name of a rate limit, the name of a concurrency or shaping layer
     /// (`""` without one).

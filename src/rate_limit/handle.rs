@@ -38,7 +38,7 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 /// let layer = RateLimitLayer::new(Policy::new("free", Quota::per_second(10)))
 ///     .tier(Policy::new("pro", Quota::per_second(100)));
 /// let handle = layer.handle().unwrap();
-/// handle.set_policy(Policy::new("pro", Quota::per_second(50).burst(200))).unwrap();
+/// handle.apply(&Policy::new("pro", Quota::per_second(50).burst(200))).unwrap();
 /// assert_eq!(handle.policy("pro").unwrap().quotas()[0].burst_size(), 200);
 /// // Unknown tiers and invalid quotas change nothing.
 /// assert!(handle.set_quotas("gold", [Quota::per_second(1)]).is_err());
@@ -83,13 +83,21 @@ impl RateLimitHandle {
         Some(self.answers.tiers[i].live.load().policy.clone())
     }
 
-    /// Replaces the quotas of the tier with the policy's name by the policy's.
+    /// Applies `policy`: replaces the quotas of the tier with the policy's name by the
+    /// policy's, as [`ConcurrencyHandle::apply`](crate::ConcurrencyHandle::apply) and
+    /// [`ShapeHandle::apply`](crate::ShapeHandle::apply) apply their layers' settings.
     ///
     /// The policy must hold as many quotas as the tier (each replaces the one at its
-    /// position, whose per-key state it keeps).
+    /// position, whose per-key state it keeps); an unknown tier or an invalid quota returns a
+    /// [`ConfigError`] and changes nothing.
+    pub fn apply(&self, policy: &Policy) -> Result<(), ConfigError> {
+        self.set_quotas(policy.name(), policy.quotas.iter().cloned())
+    }
+
+    /// The former name of [`apply`](Self::apply).
+    #[deprecated(note = "use `apply`, the name every handle gives it")]
     pub fn set_policy(&self, policy: Policy) -> Result<(), ConfigError> {
-        let name = policy.name().to_owned();
-        self.set_quotas(&name, policy.quotas)
+        self.apply(&policy)
     }
 
     /// Replaces the quotas of the tier named `tier`.

@@ -61,7 +61,7 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{Rejection, RejectionKind};
+use super::rejection::{Rejection, RejectionKind};
 use crate::headers;
 
 /// When rejections are answered as gRPC statuses. See
@@ -100,15 +100,6 @@ pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// `grpc-retry-pushback-ms`: milliseconds until a retry can succeed (gRPC proposal A6).
 pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
-
-/// Whether a `content-type` value is gRPC's: `application/grpc`, then the end, `+` or `;`.
-#[inline]
-pub(crate) fn is_grpc_content_type(ct: &[u8]) -> bool {
-    const GRPC: &[u8] = b"application/grpc";
-    ct.len() >= GRPC.len()
-        && ct[..GRPC.len()].eq_ignore_ascii_case(GRPC)
-        && matches!(ct.get(GRPC.len()), None | Some(b'+' | b';'))
-}
 
 /// The gRPC status code of a rejection.
 pub(crate) fn code(r: &Rejection<'_>) -> i32 {
@@ -359,29 +350,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn grpc_content_types_are_recognised_and_lookalikes_are_not() {
-        for ct in [
-            "application/grpc",
-            "application/grpc+proto",
-            "application/grpc+json",
-            "application/grpc;charset=utf-8",
-            "Application/GRPC",
-        ] {
-            assert!(is_grpc_content_type(ct.as_bytes()), "{ct}");
-        }
-        for ct in [
-            "application/grpc-web",
-            "application/grpc-web+proto",
-            "application/grpcx",
-            "application/json",
-            "application/grp",
-            "",
-        ] {
-            assert!(!is_grpc_content_type(ct.as_bytes()), "{ct}");
-        }
-    }
 
     fn rejection(kind: RejectionKind, status: StatusCode) -> Rejection<'static> {
         Rejection {

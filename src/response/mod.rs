@@ -14,188 +14,26 @@
 //! read from the request head ([`Protocol::of`]) and can be forced with
 //! [`OnReject::grpc`].
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderValue, Response};
 
 pub mod grpc;
 pub(crate) mod refuse;
+pub(crate) mod rejection;
 
-use crate::decision::Decision;
 use crate::headers;
-use crate::key::RequestHead;
 use grpc::GrpcMode;
 
-/// How a rejection is answered: a plain HTTP response or a gRPC status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Protocol {
-    /// An HTTP status with a short text body.
-    #[default]
-    Http,
-    /// A gRPC trailers-only response: HTTP 200, `grpc-status`, `grpc-message`, no body.
-    Grpc,
-}
+pub(crate) use rejection::{rejection_getters, Recipient};
+pub use rejection::{Protocol, Rejection, RejectionKind};
 
-impl Protocol {
-    /// The protocol of a request: gRPC when its `content-type` is `application/grpc`,
-    /// `application/grpc+proto` (or any `+` subtype) or has parameters after `;`. gRPC-Web
-    /// (`application/grpc-web`) counts as HTTP: its proxy translates plain HTTP errors.
-    ///
-    /// ```
-    /// use tollgate::key::RequestHead;
-    /// use tollgate::response::Protocol;
-    ///
-    /// let req = http::Request::builder().header("content-type", "application/grpc+proto").body(())?;
-    /// assert_eq!(Protocol::of(&RequestHead::new(&req)), Protocol::Grpc);
-    /// let req = http::Request::builder().header("content-type", "application/json").body(())?;
-    /// assert_eq!(Protocol::of(&RequestHead::new(&req)), Protocol::Http);
-    /// # Ok::<(), http::Error>(())
-    /// ```
-    #[inline]
-    pub fn of(head: &RequestHead<'_>) -> Protocol {
-        match head.headers.get(CONTENT_TYPE) {
-            Some(ct) if grpc::is_grpc_content_type(ct.as_bytes()) => Protocol::Grpc,
-            _ => Protocol::Http,
-        }
-    }
-}
-
-/// Why a request was turned away.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RejectionKind {
-    /// A rate limit was reached; the client may retry after `retry_after`.
-    RateLimited,
-    /// The request costs more than a quota's burst: it can never be admitted.
-    CostExceedsBurst,
-    /// No key could be extracted from the request and the layer is set to reject such requests.
-    MissingKey,
-    /// A concurrency limit was reached.
-    Concurrency,
-    /// A shaping or waiting queue was full, or the wait would have been too long.
-    QueueFull,
-    /// The limit's store (Redis) could not be reached in time and the layer is set to fail
-    /// closed: `503 Service Unavailable`.
-    StoreUnavailable,
-    /// The key is banned by a [penalty box](crate::penalty) after repeated rejections, for
-    /// `retry_after` more.
-    Banned,
-}
-
-impl RejectionKind {
-    /// The short machine-readable code of this kind (see [`Rejection::reason`]).
-    pub fn code(self) -> &'static str {
-        match self {
-            RejectionKind::RateLimited => "rate_limited",
-            RejectionKind::CostExceedsBurst => "cost_exceeds_burst",
-            RejectionKind::MissingKey => "missing_key",
-            RejectionKind::Concurrency => "concurrency_limited",
-            RejectionKind::QueueFull => "queue_full",
-            RejectionKind::StoreUnavailable => "store_unavailable",
-            RejectionKind::Banned => "banned",
-        }
-    }
-
-    /// What happened, for kinds the status's reason phrase does not say by itself.
-    fn detail(self) -> Option<&'static str> {
-        match self {
-            RejectionKind::RateLimited | RejectionKind::StoreUnavailable => None,
-            RejectionKind::CostExceedsBurst => Some("the request costs more than the limit allows"),
-            RejectionKind::MissingKey => Some("could not identify the client"),
-            RejectionKind::Concurrency => Some("too many requests in progress"),
-            RejectionKind::QueueFull => Some("the queue is full"),
-            RejectionKind::Banned => Some("banned for a while after repeated rejections"),
-        }
-    }
-}
-
-/// What a rejection hook is told about the request it answers.
-#[derive(Debug, Clone, Copy)]
-pub struct Rejection<'a> {
-    pub(crate) kind: RejectionKind,
-    pub(crate) status: StatusCode,
-    pub(crate) retry_after: Option<Duration>,
-    pub(crate) decision: Option<&'a Decision>,
-    pub(crate) policy: Option<&'a str>,
-    pub(crate) protocol: Protocol,
-    /// The quota that fired, for a rate limit's counts and events.
-    pub(crate) quota: Option<usize>,
-    /// Whether a layer outside decided the request: then the response is marked
-    /// ([`Rejected`]).
-    pub(crate) outer: bool,
-}
-
-impl<'a> Rejection<'a> {
-    /// The rejection of `kind` with `status`, telling the client to wait `retry_after`, by the
-    /// policy (tier or layer) named `policy`, to `to`. The one place a [`Rejection`] is
-    /// assembled; a rate limit adds its decision with [`decided`](Self::decided).
-    #[inline]
-    pub(crate) fn new(
-        kind: RejectionKind,
-        status: StatusCode,
-        retry_after: Option<Duration>,
-        policy: Option<&'a str>,
-        to: Recipient,
-    ) -> Self {
-        Rejection {
-            kind,
-            status,
-            retry_after,
-            decision: None,
-            policy,
-            protocol: to.protocol,
-            quota: None,
-            outer: to.outer,
-        }
-    }
-
-    /// This rejection, made by the rate-limit `decision`, whose quota `quota` fired.
-    #[inline]
-    pub(crate) fn decided(self, decision: &'a Decision, quota: Option<usize>) -> Self {
-        Rejection {
-            decision: Some(decision),
-            quota,
-            ..self
-        }
-    }
-
-    /// Why the request was turned away.
-    pub fn kind(&self) -> RejectionKind {
-        self.kind
-    }
-
-    /// The status the default response would have.
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-
-    /// How long the client should wait before retrying, if waiting helps.
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
-    }
-
-    /// The rate-limit decision, for rate-limit rejections.
-    pub fn decision(&self) -> Option<&'a Decision> {
-        self.decision
-    }
-
-    /// The name of the policy (tier) that decided, for rate-limit rejections.
-    pub fn policy(&self) -> Option<&'a str> {
-        self.policy
-    }
-
-    /// Whether the request was a gRPC call, which the default response answers with a gRPC
-    /// status ([`Protocol::of`]).
-    pub fn protocol(&self) -> Protocol {
-        self.protocol
-    }
-
+/// The responses of a rejection: the default one in the request's protocol, and each form a
+/// hook may pick.
+impl Rejection<'_> {
     /// The gRPC status code the default gRPC response carries: `RESOURCE_EXHAUSTED` (8) for
     /// rate limits, queues and limits per key, `UNAVAILABLE` (14) for a full global
     /// concurrency limit or an unreachable store; see [`grpc`].
@@ -217,75 +55,6 @@ impl<'a> Rejection<'a> {
     /// retrying helps, and an empty body.
     pub fn grpc_response(&self) -> Response<Bytes> {
         grpc::response(self)
-    }
-
-    /// A short machine-readable code for [`kind`](Self::kind), stable across releases:
-    /// `"rate_limited"`, `"cost_exceeds_burst"`, `"missing_key"`, `"concurrency_limited"`,
-    /// `"queue_full"` or `"store_unavailable"`. Put it in a JSON body, a log line or a metric.
-    pub fn reason(&self) -> &'static str {
-        self.kind.code()
-    }
-
-    /// [`retry_after`](Self::retry_after) in whole seconds as `Retry-After` carries it
-    /// (rounded up, at least 1), or `None` when waiting does not help.
-    pub fn retry_after_secs(&self) -> Option<u64> {
-        self.retry_after
-            .map(|d| headers::ceil_secs(d).clamp(1, headers::MAX_INTEGER))
-    }
-
-    /// The one-line text of the default response, without the line break: the status's
-    /// reason phrase, then what happened when the phrase does not say it
-    /// (`"Service Unavailable: too many requests in progress"`). It never contradicts the
-    /// status: it always starts with the status's reason phrase (its code when it has none).
-    pub fn message(&self) -> Cow<'static, str> {
-        match self.static_line() {
-            Some(line) => Cow::Borrowed(line.trim_end_matches('\n')),
-            None => Cow::Owned(self.composed()),
-        }
-    }
-
-    /// The body line of the pairs the crate produces, with its line break, without an
-    /// allocation (rejections are the hot path under a flood).
-    fn static_line(&self) -> Option<&'static str> {
-        use RejectionKind as K;
-        Some(match (self.kind, self.status) {
-            (K::RateLimited, StatusCode::TOO_MANY_REQUESTS) => "Too Many Requests\n",
-            (K::CostExceedsBurst, StatusCode::TOO_MANY_REQUESTS) => {
-                "Too Many Requests: the request costs more than the limit allows\n"
-            }
-            (K::MissingKey, StatusCode::BAD_REQUEST) => {
-                "Bad Request: could not identify the client\n"
-            }
-            (K::MissingKey, StatusCode::UNAUTHORIZED) => {
-                "Unauthorized: could not identify the client\n"
-            }
-            (K::Concurrency, StatusCode::TOO_MANY_REQUESTS) => {
-                "Too Many Requests: too many requests in progress\n"
-            }
-            (K::Concurrency, StatusCode::SERVICE_UNAVAILABLE) => {
-                "Service Unavailable: too many requests in progress\n"
-            }
-            (K::QueueFull, StatusCode::TOO_MANY_REQUESTS) => {
-                "Too Many Requests: the queue is full\n"
-            }
-            (K::QueueFull, StatusCode::SERVICE_UNAVAILABLE) => {
-                "Service Unavailable: the queue is full\n"
-            }
-            (K::StoreUnavailable, StatusCode::SERVICE_UNAVAILABLE) => "Service Unavailable\n",
-            _ => return None,
-        })
-    }
-
-    /// `"<phrase or code>: <detail>"`, for the pairs the static table does not hold.
-    fn composed(&self) -> String {
-        let phrase = self
-            .status
-            .canonical_reason()
-            .unwrap_or(self.status.as_str());
-        match self.kind.detail() {
-            Some(detail) => format!("{phrase}: {detail}"),
-            None => phrase.to_owned(),
-        }
     }
 
     /// A JSON response in the status of the default one, with `Retry-After`:
@@ -423,29 +192,6 @@ impl fmt::Debug for OnReject {
     }
 }
 
-/// Who a rejection answers: the request's protocol, and whether a layer outside already
-/// decided the request (a [`RateLimitLayer`](crate::RateLimitLayer) that admitted it records its
-/// [`Decision`] in the request's extensions before passing it on). Read once from the request
-/// head.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Recipient {
-    pub(crate) protocol: Protocol,
-    /// Only then is the rejection marked ([`Rejected`]): a mark no layer looks for would cost
-    /// an allocation in the response's extensions for nothing.
-    pub(crate) outer: bool,
-}
-
-impl Recipient {
-    /// The recipient of a rejection of the request with head `head`.
-    #[inline]
-    pub(crate) fn of(head: &RequestHead<'_>) -> Self {
-        Recipient {
-            protocol: Protocol::of(head),
-            outer: head.extensions.get::<Decision>().is_some(),
-        }
-    }
-}
-
 /// The mark a rejection the crate builds (or its hook) carries in its response extensions when
 /// a layer outside decided the request: an outer [`RateLimitLayer`](crate::RateLimitLayer) that
 /// admitted the request gives back what it took when it sees it. Private, so a handler's own
@@ -488,7 +234,12 @@ pub(crate) fn reject<B: From<Bytes>>(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use http::StatusCode;
+
     use super::*;
+    use crate::key::RequestHead;
 
     const KINDS: [RejectionKind; 7] = [
         RejectionKind::RateLimited,

@@ -1,3 +1,6 @@
+//! The response futures of the shaping layers: wait for the slot, call the service, add the
+//! header fields.
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -111,43 +114,6 @@ impl<S: Service<Req>, Req> State<S, Req> {
 }
 
 pin_project! {
-    /// The response future of [`Shape`](super::Shape): waits for the request's slot, then the
-    /// inner service's response with the `RateLimit` header fields added; or the rejection.
-    ///
-    /// Dropping it while it waits (the client went away) gives the slot to the next request.
-    pub struct ResponseFuture<S, Req>
-    where
-        S: Service<Req>,
-    {
-        #[pin]
-        state: State<S, Req>,
-        headers: Option<ShapeHeaders>,
-    }
-}
-
-impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
-    pub(crate) fn new(state: State<S, Req>, headers: Option<ShapeHeaders>) -> Self {
-        ResponseFuture { state, headers }
-    }
-}
-
-impl<S, Req, B> Future for ResponseFuture<S, Req>
-where
-    S: Service<Req, Response = Response<B>>,
-{
-    type Output = Result<Response<B>, S::Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let mut response = ready!(this.state.poll_state(cx))?;
-        if let Some(h) = this.headers.take() {
-            h.apply(response.headers_mut());
-        }
-        Poll::Ready(Ok(response))
-    }
-}
-
-pin_project! {
     /// The response future of [`Polite`](super::Polite): waits for the call's slot, then the
     /// inner service's response.
     ///
@@ -172,5 +138,43 @@ impl<S: Service<Req>, Req> Future for PoliteFuture<S, Req> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.project().state.poll_state(cx)
+    }
+}
+
+pin_project! {
+    /// The response future of [`Shape`](super::Shape): a [`PoliteFuture`] (it waits for the
+    /// request's slot, then calls the inner service) whose response gets the `RateLimit`
+    /// header fields; or the rejection.
+    ///
+    /// Dropping it while it waits (the client went away) gives the slot to the next request.
+    pub struct ResponseFuture<S: Service<Req>, Req> {
+        #[pin]
+        shaped: PoliteFuture<S, Req>,
+        headers: Option<ShapeHeaders>,
+    }
+}
+
+impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
+    pub(crate) fn new(state: State<S, Req>, headers: Option<ShapeHeaders>) -> Self {
+        ResponseFuture {
+            shaped: PoliteFuture::new(state),
+            headers,
+        }
+    }
+}
+
+impl<S, Req, B> Future for ResponseFuture<S, Req>
+where
+    S: Service<Req, Response = Response<B>>,
+{
+    type Output = Result<Response<B>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut response = ready!(this.shaped.poll(cx))?;
+        if let Some(h) = this.headers.take() {
+            h.apply(response.headers_mut());
+        }
+        Poll::Ready(Ok(response))
     }
 }

@@ -1,8 +1,6 @@
-use std::sync::Arc;
-
-use arc_swap::ArcSwap;
 use std::task::{Context, Poll};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use tower_service::Service;
@@ -104,13 +102,10 @@ impl<E: KeyExtractor> Shared<E> {
     }
 }
 
-/// The service made by [`ShapeLayer`](super::ShapeLayer).
-pub struct Shape<S, E: KeyExtractor> {
-    inner: S,
-    shared: Arc<Shared<E>>,
+service_shell! {
+    /// The service made by [`ShapeLayer`](super::ShapeLayer).
+    pub struct Shape<S, E: KeyExtractor> => Shared<E>
 }
-
-service_shell!(Shape<S, E: KeyExtractor> => Shared<E>);
 
 impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for Shape<S, E>
 where

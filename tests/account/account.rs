@@ -93,7 +93,7 @@ async fn a_refund_gives_back_what_it_took_not_todays_interval(s: &impl Store) {
     for _ in 0..10 {
         in_flight.push(rig.send("login", 1).await.unwrap());
     }
-    s.set_policy(&l, Policy::new("sized", Quota::per_minute(5)));
+    s.apply(&l, Policy::new("sized", Quota::per_minute(5)));
     for id in in_flight {
         rig.answer(id, OK).await;
     }
@@ -113,7 +113,7 @@ async fn a_settled_debt_stands_when_the_burst_is_lowered(s: &impl Store) {
     let id = rig.send("api", 1).await.unwrap();
     rig.answer(id, settles(250)).await;
     // 250 tokens at 600 ms: 150 s ahead.
-    s.set_policy(&l, Policy::new("debt", Quota::per_minute(100).burst(50)));
+    s.apply(&l, Policy::new("debt", Quota::per_minute(100).burst(50)));
     let d = s.check(&s.limiter(&l, "debt"), "api").await;
     assert_eq!(d.reset_after(), 150 * S);
     // The next one fits the new tolerance (30 s) once 150.6 s - 30 s have passed.

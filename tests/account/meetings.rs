@@ -80,7 +80,7 @@ async fn a_zero_reservation_on_a_full_table_after_a_widened_log_drops_no_key_tha
         time.advance(500 * MS);
         l.handle()
             .unwrap()
-            .set_policy(Policy::new("p", Quota::sliding_log(2, 10 * S)))
+            .apply(&Policy::new("p", Quota::sliding_log(2, 10 * S)))
             .unwrap();
         time.advance(1_500 * MS);
         // A cost-0 request of a new key: it needs a place (a settlement may charge it).
@@ -105,7 +105,7 @@ async fn a_settled_charge_on_a_full_table_after_a_widened_log_drops_no_key_that_
         time.advance(500 * MS);
         l.handle()
             .unwrap()
-            .set_policy(Policy::new("p", Quota::sliding_log(2, 10 * S)))
+            .apply(&Policy::new("p", Quota::sliding_log(2, 10 * S)))
             .unwrap();
         time.advance(1_500 * MS);
         one(
@@ -140,7 +140,7 @@ async fn a_strike_on_a_full_shared_bound_after_a_widened_log_drops_no_key_that_c
     time.advance(500 * MS);
     l.handle()
         .unwrap()
-        .set_policy(Policy::new("p", Quota::sliding_log(2, 10 * S)))
+        .apply(&Policy::new("p", Quota::sliding_log(2, 10 * S)))
         .unwrap();
     time.advance(1_500 * MS);
     assert!(one(&mut rig, "d", 1, FAILED).await);
@@ -285,7 +285,7 @@ pub(crate) mod told {
                             ops.next();
                             if !(raise_only && c < count) {
                                 count = c;
-                                s.set_policy(&l, Policy::new(name.to_owned(), quota(kind, count)));
+                                s.apply(&l, Policy::new(name.to_owned(), quota(kind, count)));
                             }
                         }
                         time.advance(Duration::from_millis(retry * 500));
@@ -304,7 +304,7 @@ pub(crate) mod told {
                         continue;
                     }
                     count = c;
-                    s.set_policy(&l, Policy::new(name.to_owned(), quota(kind, count)));
+                    s.apply(&l, Policy::new(name.to_owned(), quota(kind, count)));
                 }
             }
             s.keep(&limiter, "k").await;
@@ -377,7 +377,7 @@ async fn a_quota_lowered_during_a_ban_refuses_the_told_retry_and_tells_the_new_t
     time.advance(500 * MS);
     l.handle()
         .unwrap()
-        .set_policy(Policy::new("p", Quota::per_second(1).burst(1)))
+        .apply(&Policy::new("p", Quota::per_second(1).burst(1)))
         .unwrap();
     time.advance(500 * MS);
     // At 1 s the key is 2 s ahead, over the new burst's 1 s: refused, banned again (2 s),
@@ -509,12 +509,9 @@ mod bounded {
                     bounded
                         .handle()
                         .unwrap()
-                        .set_policy(policy(kind, wide))
+                        .apply(&policy(kind, wide))
                         .unwrap();
-                    free.handle()
-                        .unwrap()
-                        .set_policy(policy(kind, wide))
-                        .unwrap();
+                    free.handle().unwrap().apply(&policy(kind, wide)).unwrap();
                 }
                 Op::EvictIdle => {
                     lim.evict_idle();
@@ -598,7 +595,7 @@ mod racing {
                 tokio::spawn(async move {
                     for i in 0..200 {
                         let n = if i % 2 == 0 { 5 } else { 10 };
-                        handle.set_policy(Policy::new("p", quota(n))).unwrap();
+                        handle.apply(&Policy::new("p", quota(n))).unwrap();
                         tokio::task::yield_now().await;
                     }
                     done.store(true, Ordering::SeqCst);
@@ -737,8 +734,8 @@ async fn a_debt_stands_through_a_burst_flip(s: &impl Store) {
     let mut rig = Rig::new(|h| l.layer(h));
     let id = rig.send("api", 1).await.unwrap();
     rig.answer(id, settles(250)).await;
-    s.set_policy(&l, Policy::new("flip", Quota::per_minute(100).burst(50)));
-    s.set_policy(&l, Policy::new("flip", Quota::per_minute(100)));
+    s.apply(&l, Policy::new("flip", Quota::per_minute(100).burst(50)));
+    s.apply(&l, Policy::new("flip", Quota::per_minute(100)));
     let d = s.check(&s.limiter(&l, "flip"), "api").await;
     assert_eq!(d.reset_after(), 150 * S);
     assert_eq!(d.retry_after(), Some(90_600 * MS));
@@ -774,12 +771,12 @@ async fn stacked_layers_give_back_what_each_took_after_a_change() {
     outer
         .handle()
         .unwrap()
-        .set_policy(Policy::new("p", Quota::per_minute(5)))
+        .apply(&Policy::new("p", Quota::per_minute(5)))
         .unwrap();
     inner
         .handle()
         .unwrap()
-        .set_policy(Policy::new("in", Quota::fixed_window(5, S)))
+        .apply(&Policy::new("in", Quota::fixed_window(5, S)))
         .unwrap();
     for id in slow {
         assert_eq!(rig.answer(id, OK).await, 200);

@@ -259,8 +259,8 @@ mod side_by_side {
                             Op::Wait { ms } => time.advance(Duration::from_millis(ms)),
                             Op::Change { count } => {
                                 let p = policy(&name, quotas(kind, count));
-                                mem.handle().unwrap().set_policy(p.clone()).unwrap();
-                                red.handle().unwrap().set_policy(p).unwrap();
+                                mem.handle().unwrap().apply(&p).unwrap();
+                                red.handle().unwrap().apply(&p).unwrap();
                             }
                         }
                         server.cli(&["PERSIST", &redis_key]);

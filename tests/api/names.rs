@@ -139,3 +139,36 @@ fn a_layer_setter_never_panics_and_validate_names_the_setting() {
     let layer = ShapeLayer::new(Quota::per_second(1)).max_keys(0);
     assert_eq!(layer.validate().unwrap_err(), ConfigError::ZeroMaxKeys);
 }
+
+#[test]
+fn every_handle_applies_its_settings_with_apply_and_the_former_set_policy_does_the_same() {
+    use tollgate::{Policy, RateLimitLayer};
+    let layer = RateLimitLayer::new(Policy::new("free", Quota::per_second(10)))
+        .tier(Policy::new("pro", Quota::per_second(100)));
+    let handle = layer.handle().unwrap();
+    handle
+        .apply(&Policy::new("pro", Quota::per_second(50).burst(200)))
+        .unwrap();
+    assert_eq!(
+        handle.policy("pro").unwrap().quotas(),
+        [Quota::per_second(50).burst(200)]
+    );
+    #[allow(deprecated)]
+    handle
+        .set_policy(Policy::new("free", Quota::per_second(20)))
+        .unwrap();
+    assert_eq!(
+        handle.policy("free").unwrap().quotas(),
+        [Quota::per_second(20)]
+    );
+    // An unknown tier changes nothing, by either name.
+    let gold = Policy::new("gold", Quota::per_second(1));
+    assert_eq!(
+        handle.apply(&gold).unwrap_err(),
+        ConfigError::UnknownTier("gold".into())
+    );
+    #[allow(deprecated)]
+    let former = handle.set_policy(gold).unwrap_err();
+    assert_eq!(former, ConfigError::UnknownTier("gold".into()));
+    assert_eq!(handle.policies().len(), 2);
+}

@@ -121,7 +121,7 @@ pub trait Store {
     /// A limiter of `quotas` on this store, without a layer, named `name`.
     fn build(&self, quotas: &[Quota], name: &str, clock: &Clock) -> Self::Limiter;
     /// Replaces the layer's policy.
-    fn set_policy(&self, l: &Self::Layer, p: Policy);
+    fn apply(&self, l: &Self::Layer, p: Policy);
     /// Replaces the quotas of a limiter.
     fn set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) {
         self.try_set_quotas(l, quotas).unwrap();
@@ -183,8 +183,8 @@ impl Store for Memory {
             .fold(b, |b, q| b.quota(q.clone()))
             .build()
     }
-    fn set_policy(&self, l: &Self::Layer, p: Policy) {
-        l.handle().unwrap().set_policy(p).unwrap();
+    fn apply(&self, l: &Self::Layer, p: Policy) {
+        l.handle().unwrap().apply(&p).unwrap();
     }
     fn try_set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) -> Result<(), ConfigError> {
         l.set_quotas(quotas)
@@ -285,8 +285,8 @@ mod on_redis {
                 .fold(b, |b, q| b.quota(q.clone()))
                 .build()
         }
-        fn set_policy(&self, l: &Self::Layer, p: Policy) {
-            l.handle().unwrap().set_policy(p).unwrap();
+        fn apply(&self, l: &Self::Layer, p: Policy) {
+            l.handle().unwrap().apply(&p).unwrap();
         }
         fn try_set_quotas(&self, l: &Self::Limiter, quotas: Vec<Quota>) -> Result<(), ConfigError> {
             l.set_quotas(quotas)

@@ -389,7 +389,7 @@ mod layer {
         assert_eq!(served(&app, "/a", "ann").await, 2);
         assert_eq!(served(&app, "/b", "pro-bob").await, 10);
         handle
-            .set_policy(Policy::new("free", Quota::per_second(4)))
+            .apply(&Policy::new("free", Quota::per_second(4)))
             .unwrap();
         // ann spent 1 s of time; at 4/s the whole tolerance is 1 s: nothing free.
         assert_eq!(served(&app, "/b", "ann").await, 0);

@@ -136,8 +136,8 @@ async fn run(store: &RedisStore, case: u32, shape: u8, ops: &[Op]) -> Result<(),
             Op::Wait(n) => time.advance(ms(n)),
             Op::Change(v) => {
                 let p = policy(&name, shape, v);
-                memory.handle().unwrap().set_policy(p.clone()).unwrap();
-                redis.handle().unwrap().set_policy(p).unwrap();
+                memory.handle().unwrap().apply(&p).unwrap();
+                redis.handle().unwrap().apply(&p).unwrap();
             }
         }
         for key in KEYS {

@@ -135,7 +135,7 @@ async fn run(
                 for (l, name) in &layers {
                     let qs = quotas(burst);
                     let p = Policy::new(name.clone(), qs[0].clone()).quota(qs[1].clone());
-                    l.handle().unwrap().set_policy(p).unwrap();
+                    l.handle().unwrap().apply(&p).unwrap();
                 }
             }
         }

@@ -12,5 +12,6 @@ mod http;
 mod meet_names;
 mod meet_rejection;
 mod metrics;
+mod one_record;
 mod rejection;
 mod websocket;
