@@ -15,9 +15,30 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::{ArcSwap, Guard};
 
-use super::memory::Limits;
 use crate::algo::gcra::Gcra;
+use crate::algo::Rule;
 use crate::decision::MAX_QUOTAS;
+use crate::quota::Quota;
+
+/// A set of quotas and the numbers the algorithms take from them, swapped as one.
+pub(super) struct Limits {
+    pub(super) quotas: Arc<[Quota]>,
+    /// The quotas as GCRA when every quota is one (else empty).
+    pub(super) gcras: Box<[Gcra]>,
+    pub(super) rules: Box<[Rule]>,
+}
+
+impl Limits {
+    pub(super) fn new(quotas: Vec<Quota>) -> Self {
+        let rules: Box<[Rule]> = quotas.iter().map(Quota::rule).collect();
+        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
+        Limits {
+            quotas: quotas.into(),
+            gcras,
+            rules,
+        }
+    }
+}
 
 /// The quotas in force (see the module documentation).
 pub(super) struct Live {

@@ -20,29 +20,8 @@ use crate::algo::{Gcra, Many, Mixed, One, Rule, Slot, Two};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reservation};
 use crate::keyed::{Absent, Bound, Entry, OnFull, Table};
-use crate::quota::Quota;
 
-use super::live::Live;
-
-/// A set of quotas and the numbers the algorithms take from them, swapped as one.
-pub(super) struct Limits {
-    pub(super) quotas: Arc<[Quota]>,
-    /// The quotas as GCRA when every quota is one (else empty).
-    pub(super) gcras: Box<[Gcra]>,
-    pub(super) rules: Box<[Rule]>,
-}
-
-impl Limits {
-    pub(super) fn new(quotas: Vec<Quota>) -> Self {
-        let rules: Box<[Rule]> = quotas.iter().map(Quota::rule).collect();
-        let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
-        Limits {
-            quotas: quotas.into(),
-            gcras,
-            rules,
-        }
-    }
-}
+use super::live::{Limits, Live};
 
 /// The keys' state of one shape, in a bounded table ([`MemoryStore`]) or in one slot for the
 /// single key of a zero-sized key type ([`Direct`]): what a limiter does with either.

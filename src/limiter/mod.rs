@@ -19,8 +19,8 @@ mod live;
 mod memory;
 pub(crate) mod wait;
 
-use live::Live;
-use memory::{Limits, State};
+use live::{Limits, Live};
+use memory::State;
 pub use wait::InsufficientCapacity;
 use wait::Lines;
 
