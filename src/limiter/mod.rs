@@ -503,8 +503,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> wait::Admit<K> for RateLimiter<K> {
 }
 
 /// The memory store of a layer: each tier's limiter is a `RateLimiter`, and a layer's decision
-/// is [`RateLimiter::check_n`] (or [`reserve_n`](RateLimiter::reserve_n) when it settles),
-/// made at once.
+/// is [`RateLimiter::check_n`] (or `reserve_n` when it settles), made at once.
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> crate::store::Backend<K>
     for crate::store::Memory
 {
