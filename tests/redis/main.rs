@@ -15,6 +15,7 @@ mod lease_model;
 mod meet_lua;
 mod meet_split;
 mod namespace;
+mod plain_meets;
 mod probe;
 mod scripts;
 mod store;
