@@ -590,9 +590,9 @@ if took then
     newest_t, newest_total, newest_c = log_at, total, logged
   end
   save()
-elseif cost > 0 then
-  -- A rejection writes nothing, but a sliding window widened since the key last changed may
-  -- see its entries for longer than its expiry says: the expiry follows.
+elseif cost >= 0 then
+  -- A rejection or a report writes nothing, but a sliding window widened since the key last
+  -- changed may see its entries for longer than its expiry says: the expiry follows.
   local replaced = false
   for q = 1, n do
     if gone[q] > 0 then replaced = true end

@@ -277,9 +277,9 @@ if took then
       redis.call('SET', key, text, 'PX', ttl)
     end
   end
-elseif cost > 0 then
-  -- A rejection writes nothing, but a sliding window widened since the key last changed may
-  -- see its entries for longer than its expiry says: the expiry follows.
+else
+  -- A rejection or a report writes nothing, but a sliding window widened since the key last
+  -- changed may see its entries for longer than its expiry says: the expiry follows.
   local replaced = false
   for q = 1, n do
     if GONE[q] > 0 then replaced = true end

@@ -111,12 +111,15 @@ fn both_scripts_on_one_key_decide_as_memory_through_live_changes_and_reports() {
             &(
                 prop::collection::vec(spec(), 1..=3),
                 prop::collection::vec(op(), 1..60),
+                // The clock's start: near 0 nothing left a window before a change.
+                prop_oneof![Just(0u64), 0u64..100_000],
             ),
-            |(specs, ops)| {
+            |(specs, ops, start)| {
                 case_no.set(case_no.get() + 1);
                 let name = format!("plain-meets-{}", case_no.get());
                 let first = quotas(&specs, 0);
                 let (clock, time) = Clock::manual();
+                time.advance(Duration::from_millis(start));
                 let build = |penalty: bool| {
                     let mut b = RedisRateLimiter::<u8>::builder(store.clone(), first[0].clone())
                         .name(name.clone())
@@ -167,4 +170,136 @@ fn both_scripts_on_one_key_decide_as_memory_through_live_changes_and_reports() {
             },
         )
         .unwrap();
+}
+
+/// A limiter of `quotas` named `name` on `store`, on `clock`, plain or with a penalty box
+/// that never bans (so that the general script decides).
+fn limiter(
+    store: &RedisStore,
+    name: &str,
+    clock: &Clock,
+    quotas: &[Quota],
+    penalty: bool,
+) -> RedisRateLimiter<u8> {
+    let mut b = RedisRateLimiter::<u8>::builder(store.clone(), quotas[0].clone())
+        .name(name.to_owned())
+        .clock(clock.clone());
+    for q in &quotas[1..] {
+        b = b.quota(q.clone());
+    }
+    if penalty {
+        b = b.penalty_box(PenaltyBox::new(
+            1_000_000,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        ));
+    }
+    b.build()
+}
+
+/// The sliding quotas a widening test runs over: a log, a counter, each next to a fixed
+/// window, 2 per `secs` seconds.
+fn sliding(secs: u64) -> [Vec<Quota>; 2] {
+    let w = Duration::from_secs(secs);
+    [
+        vec![Quota::fixed_window(5, w), Quota::sliding_log(2, w)],
+        vec![Quota::fixed_window(5, w), Quota::sliding_window(2, w)],
+    ]
+}
+
+/// The key's time to live in ms, on the server's clock (-2: no key).
+async fn pttl(server: &RedisServer, limiter: &RedisRateLimiter<u8>, key: u8) -> i64 {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("PTTL")
+        .arg(limiter.redis_key(&key))
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// Fills key 0 under 1 s windows on one script, widens them to 10 s on every limiter, then
+/// runs `then` (a request of that cost, or nothing) on the other or the same script; returns each
+/// limiter's key time to live in ms and the state's reset time as memory reports it.
+async fn widened_then(
+    penalty_first: bool,
+    penalty_then: bool,
+    then: Option<u32>,
+) -> Vec<(i64, Duration)> {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+        .deny_cache(0);
+    let mut out = Vec::new();
+    for (i, (narrow, wide)) in sliding(1).into_iter().zip(sliding(10)).enumerate() {
+        let (clock, time) = Clock::manual();
+        // Far from the clock's start, so that the change has a time before it.
+        time.advance(Duration::from_secs(100));
+        let name = format!("widened-{i}");
+        let first = limiter(&store, &name, &clock, &narrow, penalty_first);
+        let second = limiter(&store, &name, &clock, &narrow, penalty_then);
+        let memory = RateLimiter::<u8>::builder(narrow[0].clone())
+            .quota(narrow[1].clone())
+            .clock(clock.clone())
+            .build();
+        assert!(first.check_n(&0, 2).await.is_allowed());
+        assert!(memory.check_n(&0, 2).is_allowed());
+        for l in [&first, &second] {
+            l.set_quotas(wide.clone()).unwrap();
+        }
+        memory.set_quotas(wide.clone()).unwrap();
+        if let Some(then) = then {
+            let got = second.check_n(&0, then).await;
+            let want = memory.check_n(&0, then);
+            assert_eq!(seen(&got), seen(&want));
+        }
+        let counts = memory.peek(&0).states()[1].reset_after();
+        out.push((pttl(&server, &second, 0).await, counts));
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_rejection_after_a_widening_keeps_the_key_while_its_requests_count_on_both_scripts() {
+    for (a, b) in [(false, false), (false, true), (true, false), (true, true)] {
+        for (ttl, counts) in widened_then(a, b, Some(1)).await {
+            // The log's entry counts for 10 s, the counter's count for 20 s (current and
+            // previous window); Redis's clock went on a little while the test ran.
+            let counts = counts.as_millis() as i64;
+            assert!(
+                ttl > counts - 1_000 && ttl <= counts,
+                "scripts {a}/{b}: the key lives {ttl} ms, its requests count {counts} ms"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_report_after_a_widening_keeps_the_key_while_its_requests_count_on_both_scripts() {
+    for (a, b) in [(false, false), (false, true), (true, false), (true, true)] {
+        for (ttl, counts) in widened_then(a, b, Some(0)).await {
+            let counts = counts.as_millis() as i64;
+            assert!(
+                ttl > counts - 1_000 && ttl <= counts,
+                "scripts {a}/{b}: the key lives {ttl} ms, its requests count {counts} ms"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "known: widening a sliding window with set_quotas cannot reach the keys in Redis; \
+            a key that no script touches after the change expires when the narrower window \
+            said, while its requests still count under the wider one (the memory store keeps \
+            it): its next request is decided as a new key's"]
+async fn an_idle_key_outlives_a_widening_while_its_requests_count() {
+    for (ttl, counts) in widened_then(false, false, None).await {
+        let counts = counts.as_millis() as i64;
+        assert!(
+            ttl > counts - 1_000 && ttl <= counts,
+            "the key lives {ttl} ms, its requests count {counts} ms"
+        );
+    }
 }
