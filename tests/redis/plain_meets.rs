@@ -303,3 +303,143 @@ async fn an_idle_key_outlives_a_widening_while_its_requests_count() {
         );
     }
 }
+
+mod through_layers {
+    //! Two layers of one name on one Redis, one plain and one with a penalty box that never
+    //! bans, take turns on the same keys: requests on either script, refunds and settlements
+    //! on the general one, live changes; one memory layer keeps the account they must keep.
+
+    use super::*;
+    use common::account::rig::{manual, settles, Reply, Rig, FAILED, OK};
+    use common::stores;
+    use tollgate::{Policy, RateLimitLayer};
+    use tower::Layer;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A request of `cost` for key `k` through the penalty-box layer (true) or the plain
+        /// one, held in flight when admitted.
+        Send(bool, usize, u32),
+        /// The request in flight at this index (modulo) is answered: a success (given back),
+        /// a failure (counted), or a failure settling `n`.
+        Answer(usize, Option<u32>, bool),
+        Wait(u64),
+        Change(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            5 => (any::<bool>(), 0usize..2, 0u32..4).prop_map(|(b, k, c)| Op::Send(b, k, c)),
+            4 => (0usize..8, 0u32..9, any::<bool>())
+                .prop_map(|(i, n, ok)| Op::Answer(i, Some(n), ok)),
+            1 => (0usize..8).prop_map(|i| Op::Answer(i, None, false)),
+            3 => prop_oneof![0u64..300, 0u64..4_000].prop_map(Op::Wait),
+            1 => (0usize..4).prop_map(Op::Change),
+        ]
+    }
+
+    const KEYS: [&str; 2] = ["a", "b"];
+
+    fn policy(name: &str, specs: &[Spec], v: usize) -> Policy {
+        let qs = quotas(specs, v);
+        qs[1..]
+            .iter()
+            .fold(Policy::new(name.to_owned(), qs[0].clone()), |p, q| {
+                p.quota(q.clone())
+            })
+    }
+
+    async fn run(
+        store: &RedisStore,
+        case: u32,
+        specs: &[Spec],
+        ops: &[Op],
+    ) -> Result<(), TestCaseError> {
+        let (clock, time) = manual();
+        let name = format!("plain-layers-{case}");
+        let first = quotas(specs, 0);
+        let memory = stores::layer(&first, &name, &clock);
+        let plain: RateLimitLayer<_, _> = stores::layer(&first, &name, &clock).store(store.clone());
+        let boxed = stores::layer(&first, &name, &clock)
+            .store(store.clone())
+            .penalty_box(PenaltyBox::new(
+                1_000_000,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            ));
+        let mem_limiter = memory.limiter(&name).unwrap().unwrap();
+        let redis_limiter = plain.limiter(&name).unwrap().unwrap();
+        let mut m = Rig::new(|h| memory.clone().layer(h));
+        let mut rigs = [
+            Rig::new(|h| plain.clone().layer(h)),
+            Rig::new(|h| boxed.clone().layer(h)),
+        ];
+        // (memory id, which Redis layer, its id) of each admitted request in flight.
+        let mut flying: Vec<(u64, usize, u64)> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Send(b, k, cost) => {
+                    let w = usize::from(b);
+                    let x = m.send(KEYS[k], cost).await;
+                    let y = rigs[w].send(KEYS[k], cost).await;
+                    prop_assert_eq!(x.is_some(), y.is_some(), "op {}: admitted", i);
+                    if let (Some(x), Some(y)) = (x, y) {
+                        flying.push((x, w, y));
+                    }
+                }
+                Op::Answer(j, settle, ok) => {
+                    if flying.is_empty() {
+                        continue;
+                    }
+                    let (x, w, y) = flying.remove(j % flying.len());
+                    let reply: Reply = match (settle, ok) {
+                        (_, true) => OK,
+                        (None, false) => FAILED,
+                        (Some(n), false) => settles(n),
+                    };
+                    let (a, b) = (m.answer(x, reply).await, rigs[w].answer(y, reply).await);
+                    prop_assert_eq!(a, b, "op {}: answer", i);
+                }
+                Op::Wait(n) => time.advance(Duration::from_millis(n)),
+                Op::Change(v) => {
+                    let p = policy(&name, specs, v);
+                    memory.handle().unwrap().apply(&p).unwrap();
+                    plain.handle().unwrap().apply(&p).unwrap();
+                    boxed.handle().unwrap().apply(&p).unwrap();
+                }
+            }
+            for key in KEYS {
+                let k = stores::key(key);
+                let (a, b) = (mem_limiter.peek(&k), redis_limiter.peek(&k).await);
+                prop_assert!(!b.is_degraded(), "op {}: Redis failed", i);
+                prop_assert_eq!(seen(&a), seen(&b), "op {}: peek of {}", i, key);
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn both_scripts_keep_the_memory_account_through_refunds_settlements_and_changes() {
+        let server = RedisServer::start();
+        let rt = twins::runtime();
+        let store = rt
+            .block_on(RedisStore::connect(&server.url()))
+            .unwrap()
+            .timeout(Duration::from_secs(5))
+            .deny_cache(0);
+        let mut runner = TestRunner::new(Config::with_cases(128));
+        let case = std::cell::Cell::new(0u32);
+        runner
+            .run(
+                &(
+                    prop::collection::vec(spec(), 1..=3),
+                    prop::collection::vec(op(), 1..50),
+                ),
+                |(specs, ops)| {
+                    case.set(case.get() + 1);
+                    rt.block_on(run(&store, case.get(), &specs, &ops))
+                },
+            )
+            .unwrap();
+    }
+}
