@@ -340,7 +340,7 @@ mod through_layers {
 
     const KEYS: [&str; 2] = ["a", "b"];
 
-    fn policy(name: &str, specs: &[Spec], v: usize) -> Policy {
+    pub(super) fn policy(name: &str, specs: &[Spec], v: usize) -> Policy {
         let qs = quotas(specs, v);
         qs[1..]
             .iter()
@@ -438,6 +438,114 @@ mod through_layers {
                 |(specs, ops)| {
                     case.set(case.get() + 1);
                     rt.block_on(run(&store, case.get(), &specs, &ops))
+                },
+            )
+            .unwrap();
+    }
+}
+
+mod stacked {
+    //! A layer of window quotas on Redis (its requests on the script of quotas without
+    //! warm-up) outside a layer in memory that rejects what its own small quota does not
+    //! hold: what the inner layer turns away, the outer gives back (through the general
+    //! script), and the outer account stays the memory twin's, through live changes.
+
+    use super::through_layers::policy;
+    use super::*;
+    use common::account::rig::{manual, Rig};
+    use common::stores;
+    use tower::Layer;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Send(usize, u32),
+        Wait(u64),
+        Change(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0usize..2, 0u32..4).prop_map(|(k, c)| Op::Send(k, c)),
+            3 => prop_oneof![0u64..300, 0u64..4_000].prop_map(Op::Wait),
+            1 => (0usize..4).prop_map(Op::Change),
+        ]
+    }
+
+    const KEYS: [&str; 2] = ["a", "b"];
+
+    async fn run(
+        store: &RedisStore,
+        case: u32,
+        specs: &[Spec],
+        inner: &[Spec],
+        ops: &[Op],
+    ) -> Result<(), TestCaseError> {
+        let (clock, time) = manual();
+        let name = format!("plain-stacked-{case}");
+        let first = quotas(specs, 0);
+        let small = quotas(inner, 0);
+        let memory = stores::layer(&first, &name, &clock);
+        let redis = stores::layer(&first, &name, &clock).store(store.clone());
+        let (inner_m, inner_r) = (
+            stores::layer(&small, "inner", &clock),
+            stores::layer(&small, "inner", &clock),
+        );
+        let mem_limiter = memory.limiter(&name).unwrap().unwrap();
+        let redis_limiter = redis.limiter(&name).unwrap().unwrap();
+        let mut m = Rig::new(|h| memory.clone().layer(inner_m.clone().layer(h)));
+        let mut r = Rig::new(|h| redis.clone().layer(inner_r.clone().layer(h)));
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Send(k, cost) => {
+                    let x = m.send(KEYS[k], cost).await;
+                    let y = r.send(KEYS[k], cost).await;
+                    prop_assert_eq!(x.is_some(), y.is_some(), "op {}: admitted", i);
+                    if let (Some(x), Some(y)) = (x, y) {
+                        // Counted: a failure keeps what it took.
+                        let (a, b) = (
+                            m.answer(x, common::account::rig::FAILED).await,
+                            r.answer(y, common::account::rig::FAILED).await,
+                        );
+                        prop_assert_eq!(a, b, "op {}: answer", i);
+                    }
+                }
+                Op::Wait(n) => time.advance(Duration::from_millis(n)),
+                Op::Change(v) => {
+                    let p = policy(&name, specs, v);
+                    memory.handle().unwrap().apply(&p).unwrap();
+                    redis.handle().unwrap().apply(&p).unwrap();
+                }
+            }
+            for key in KEYS {
+                let k = stores::key(key);
+                let (a, b) = (mem_limiter.peek(&k), redis_limiter.peek(&k).await);
+                prop_assert!(!b.is_degraded(), "op {}: Redis failed", i);
+                prop_assert_eq!(seen(&a), seen(&b), "op {}: peek of {}", i, key);
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn an_outer_window_layer_on_redis_gives_back_what_an_inner_layer_rejects_as_memory_does() {
+        let server = RedisServer::start();
+        let rt = twins::runtime();
+        let store = rt
+            .block_on(RedisStore::connect(&server.url()))
+            .unwrap()
+            .timeout(Duration::from_secs(5));
+        let mut runner = TestRunner::new(Config::with_cases(128));
+        let case = std::cell::Cell::new(0u32);
+        runner
+            .run(
+                &(
+                    prop::collection::vec(spec(), 1..=3),
+                    prop::collection::vec(spec(), 1..=2),
+                    prop::collection::vec(op(), 1..50),
+                ),
+                |(specs, inner, ops)| {
+                    case.set(case.get() + 1);
+                    rt.block_on(run(&store, case.get(), &specs, &inner, &ops))
                 },
             )
             .unwrap();
