@@ -8,6 +8,9 @@
 //! Windows are seconds long, so that the keys' times to live (on the server's clock) outlast
 //! the test's steps (on the manual clock).
 //!
+//! Further modules: the same through layers (refunds, settlements), under a layer that rejects
+//! inside, and with a penalty box that bans.
+//!
 //! Pins docs/design.md section 3 ("Redis"): both stores keep the same account, whichever
 //! script writes a key and whichever reads it next.
 #![cfg(feature = "redis")]
@@ -546,6 +549,99 @@ mod stacked {
                 |(specs, inner, ops)| {
                     case.set(case.get() + 1);
                     rt.block_on(run(&store, case.get(), &specs, &inner, &ops))
+                },
+            )
+            .unwrap();
+    }
+}
+
+mod banned {
+    //! A layer of window quotas with a penalty box that bans, on Redis (the general script
+    //! inside the penalty box) and in memory: the same requests are admitted, banned and
+    //! counted, through live changes.
+
+    use super::through_layers::policy;
+    use super::*;
+    use common::account::rig::{manual, Rig, FAILED, OK};
+    use common::stores;
+    use tower::Layer;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A request of `cost` for key `k`, answered at once: a failure (counted) or not.
+        Send(usize, u32, bool),
+        Wait(u64),
+        Change(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0usize..2, 0u32..4, any::<bool>()).prop_map(|(k, c, f)| Op::Send(k, c, f)),
+            3 => prop_oneof![0u64..300, 0u64..4_000].prop_map(Op::Wait),
+            1 => (0usize..4).prop_map(Op::Change),
+        ]
+    }
+
+    const KEYS: [&str; 2] = ["a", "b"];
+
+    async fn run(
+        store: &RedisStore,
+        case: u32,
+        specs: &[Spec],
+        ops: &[Op],
+    ) -> Result<(), TestCaseError> {
+        let (clock, time) = manual();
+        let name = format!("plain-banned-{case}");
+        let first = quotas(specs, 0);
+        let penalty = PenaltyBox::new(2, Duration::from_secs(3), Duration::from_secs(2));
+        let memory = stores::layer(&first, &name, &clock).penalty_box(penalty.clone());
+        let redis = stores::layer(&first, &name, &clock)
+            .store(store.clone())
+            .penalty_box(penalty);
+        let mut m = Rig::new(|h| memory.clone().layer(h));
+        let mut r = Rig::new(|h| redis.clone().layer(h));
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Send(k, cost, failed) => {
+                    let x = m.send(KEYS[k], cost).await;
+                    let y = r.send(KEYS[k], cost).await;
+                    prop_assert_eq!(x.is_some(), y.is_some(), "op {}: admitted", i);
+                    if let (Some(x), Some(y)) = (x, y) {
+                        let reply = if failed { FAILED } else { OK };
+                        let (a, b) = (m.answer(x, reply).await, r.answer(y, reply).await);
+                        prop_assert_eq!(a, b, "op {}: answer", i);
+                    }
+                }
+                Op::Wait(n) => time.advance(Duration::from_millis(n)),
+                Op::Change(v) => {
+                    let p = policy(&name, specs, v);
+                    memory.handle().unwrap().apply(&p).unwrap();
+                    redis.handle().unwrap().apply(&p).unwrap();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_window_policy_with_a_penalty_box_bans_on_redis_as_in_memory() {
+        let server = RedisServer::start();
+        let rt = twins::runtime();
+        let store = rt
+            .block_on(RedisStore::connect(&server.url()))
+            .unwrap()
+            .timeout(Duration::from_secs(5));
+        let mut runner = TestRunner::new(Config::with_cases(128));
+        let case = std::cell::Cell::new(0u32);
+        runner
+            .run(
+                &(
+                    prop::collection::vec(spec(), 1..=3),
+                    prop::collection::vec(op(), 1..50),
+                ),
+                |(specs, ops)| {
+                    case.set(case.get() + 1);
+                    rt.block_on(run(&store, case.get(), &specs, &ops))
                 },
             )
             .unwrap();
