@@ -3,7 +3,8 @@
 //! Redis limiters of one name, one plain and one with a penalty box that never bans, take
 //! turns on the same keys, with reports (cost 0) and live changes of the quotas (windows
 //! widened and narrowed, counts raised and lowered while keys hold state), and decide as one
-//! memory limiter on the same manual clock does, to the request and to every report.
+//! memory limiter on the same manual clock does, to the request and to every report; on a
+//! store that lends units (`Lease`) too, which a policy with a window quota never does.
 //!
 //! Windows are seconds long, so that the keys' times to live (on the server's clock) outlast
 //! the test's steps (on the manual clock).
@@ -24,7 +25,7 @@ use common::twins;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tollgate::penalty::PenaltyBox;
-use tollgate::redis::{RedisRateLimiter, RedisStore};
+use tollgate::redis::{Lease, RedisRateLimiter, RedisStore};
 use tollgate::{Clock, Decision, Outcome, Quota, RateLimiter};
 
 #[derive(Debug, Clone)]
@@ -116,15 +117,26 @@ fn both_scripts_on_one_key_decide_as_memory_through_live_changes_and_reports() {
                 prop::collection::vec(op(), 1..60),
                 // The clock's start: near 0 nothing left a window before a change.
                 prop_oneof![Just(0u64), 0u64..100_000],
+                // The plain limiter's store lends units (which window quotas never do).
+                any::<bool>(),
             ),
-            |(specs, ops, start)| {
+            |(specs, ops, start, leased)| {
                 case_no.set(case_no.get() + 1);
                 let name = format!("plain-meets-{}", case_no.get());
                 let first = quotas(&specs, 0);
                 let (clock, time) = Clock::manual();
                 time.advance(Duration::from_millis(start));
+                let windows = specs.iter().any(|s| s.0 != 0);
+                let lending = store
+                    .clone()
+                    .lease(Lease::new(8, Duration::from_millis(100)));
                 let build = |penalty: bool| {
-                    let mut b = RedisRateLimiter::<u8>::builder(store.clone(), first[0].clone())
+                    let on = if leased && windows && !penalty {
+                        &lending
+                    } else {
+                        &store
+                    };
+                    let mut b = RedisRateLimiter::<u8>::builder(on.clone(), first[0].clone())
                         .name(name.clone())
                         .clock(clock.clone());
                     for q in &first[1..] {
