@@ -10,7 +10,7 @@
 //! the test's steps (on the manual clock).
 //!
 //! Further modules: the same through layers (refunds, settlements), under a layer that rejects
-//! inside, and with a penalty box that bans.
+//! inside, with a penalty box that bans, and in dry-run mode.
 //!
 //! Pins docs/design.md section 3 ("Redis"): both stores keep the same account, whichever
 //! script writes a key and whichever reads it next.
@@ -637,6 +637,113 @@ mod banned {
 
     #[test]
     fn a_window_policy_with_a_penalty_box_bans_on_redis_as_in_memory() {
+        let server = RedisServer::start();
+        let rt = twins::runtime();
+        let store = rt
+            .block_on(RedisStore::connect(&server.url()))
+            .unwrap()
+            .timeout(Duration::from_secs(5));
+        let mut runner = TestRunner::new(Config::with_cases(128));
+        let case = std::cell::Cell::new(0u32);
+        runner
+            .run(
+                &(
+                    prop::collection::vec(spec(), 1..=3),
+                    prop::collection::vec(op(), 1..50),
+                ),
+                |(specs, ops)| {
+                    case.set(case.get() + 1);
+                    rt.block_on(run(&store, case.get(), &specs, &ops))
+                },
+            )
+            .unwrap();
+    }
+}
+
+mod dry_run {
+    //! A dry-run layer of window quotas on Redis lets every request through and keeps the
+    //! account a dry-run layer in memory keeps: what it would have admitted is taken (and
+    //! given back or settled through the general script), what it would have rejected takes
+    //! nothing, through live changes.
+
+    use super::through_layers::policy;
+    use super::*;
+    use common::account::rig::{manual, settles, Reply, Rig, FAILED, OK};
+    use common::stores;
+    use tower::Layer;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A request of `cost` for key `k`, answered at once: a success (given back), a
+        /// failure (counted), or a failure settling `n`.
+        Send(usize, u32, Option<u32>, bool),
+        Wait(u64),
+        Change(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0usize..2, 0u32..4, prop::option::of(0u32..9), any::<bool>())
+                .prop_map(|(k, c, n, ok)| Op::Send(k, c, n, ok)),
+            3 => prop_oneof![0u64..300, 0u64..4_000].prop_map(Op::Wait),
+            1 => (0usize..4).prop_map(Op::Change),
+        ]
+    }
+
+    const KEYS: [&str; 2] = ["a", "b"];
+
+    async fn run(
+        store: &RedisStore,
+        case: u32,
+        specs: &[Spec],
+        ops: &[Op],
+    ) -> Result<(), TestCaseError> {
+        let (clock, time) = manual();
+        let name = format!("plain-dry-{case}");
+        let first = quotas(specs, 0);
+        let memory = stores::layer(&first, &name, &clock).dry_run(true);
+        let redis = stores::layer(&first, &name, &clock)
+            .store(store.clone())
+            .dry_run(true);
+        let mem_limiter = memory.limiter(&name).unwrap().unwrap();
+        let redis_limiter = redis.limiter(&name).unwrap().unwrap();
+        let mut m = Rig::new(|h| memory.clone().layer(h));
+        let mut r = Rig::new(|h| redis.clone().layer(h));
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Send(k, cost, settle, ok) => {
+                    let x = m.send(KEYS[k], cost).await;
+                    let y = r.send(KEYS[k], cost).await;
+                    prop_assert!(x.is_some() && y.is_some(), "op {}: let through", i);
+                    if let (Some(x), Some(y)) = (x, y) {
+                        let reply: Reply = match (settle, ok) {
+                            (_, true) => OK,
+                            (None, false) => FAILED,
+                            (Some(n), false) => settles(n),
+                        };
+                        let (a, b) = (m.answer(x, reply).await, r.answer(y, reply).await);
+                        prop_assert_eq!(a, b, "op {}: answer", i);
+                    }
+                }
+                Op::Wait(n) => time.advance(Duration::from_millis(n)),
+                Op::Change(v) => {
+                    let p = policy(&name, specs, v);
+                    memory.handle().unwrap().apply(&p).unwrap();
+                    redis.handle().unwrap().apply(&p).unwrap();
+                }
+            }
+            for key in KEYS {
+                let k = stores::key(key);
+                let (a, b) = (mem_limiter.peek(&k), redis_limiter.peek(&k).await);
+                prop_assert!(!b.is_degraded(), "op {}: Redis failed", i);
+                prop_assert_eq!(seen(&a), seen(&b), "op {}: peek of {}", i, key);
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_dry_run_window_layer_on_redis_keeps_the_memory_account() {
         let server = RedisServer::start();
         let rt = twins::runtime();
         let store = rt
