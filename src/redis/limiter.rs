@@ -434,8 +434,14 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// raised: the next request asks Redis.
     ///
     /// The new quotas must be as many as the limiter was built with, each of the kind of the
-    /// one it replaces, and valid for the store (whole microseconds); otherwise this returns a [`ConfigError`] and the quotas in force
-    /// stay.
+    /// one it replaces, and valid for the store (whole microseconds); otherwise this returns a
+    /// [`ConfigError`] and the quotas in force stay.
+    ///
+    /// A widened sliding window (log or counter) reaches a key's expiry in Redis only when a
+    /// request or a report (`peek`) next touches the key: a key left idle from the change on
+    /// expires when the narrower window said, though its last requests would still count
+    /// under the wider one, and its next request starts afresh. The memory store keeps such a
+    /// key. Such a key may so be admitted up to its limit again within the wider window.
     ///
     /// An unnamed limiter keeps the key names of the quotas it was built with (they are
     /// fixed when it is built; moving them would drop every key's state). A process built
