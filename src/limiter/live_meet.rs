@@ -279,3 +279,68 @@ fn a_request_that_can_never_pass_carries_no_wait_under_several_gcra_quotas() {
     assert_eq!(d.outcome(), crate::Outcome::Exceeds);
     assert_eq!(d.retry_after(), None);
 }
+
+/// Threads checking a key while another flips its quota between a lower limit and a higher
+/// one, the clock standing still: however the checks and changes interleave, in the
+/// two-word shape (fixed window, sliding counter) and the GCRA shapes, on a table's key
+/// and on the single key of `()`, no more is ever admitted than the higher limit allows.
+#[test]
+fn checks_racing_changes_never_admit_more_than_the_higher_limit() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let s = Duration::from_secs(1);
+    let pairs = [
+        (Quota::fixed_window(3, s), Quota::fixed_window(6, s)),
+        (Quota::sliding_window(3, s), Quota::sliding_window(6, s)),
+        (Quota::per_minute(1).burst(3), Quota::per_minute(1).burst(6)),
+    ];
+    for (low, high) in pairs {
+        for round in 0..20 {
+            let (clock, time) = Clock::manual();
+            time.advance(Duration::from_secs(10));
+            let keyed = limiter::<u8>(
+                std::slice::from_ref(&low),
+                &clock,
+                4,
+                OnFull::EvictNearestIdle,
+            );
+            let direct = limiter::<()>(
+                std::slice::from_ref(&low),
+                &clock,
+                1,
+                OnFull::EvictNearestIdle,
+            );
+            let (kept, kept_direct) = (AtomicU32::new(0), AtomicU32::new(0));
+            let done = AtomicBool::new(false);
+            std::thread::scope(|scope| {
+                for _ in 0..2 {
+                    scope.spawn(|| {
+                        while !done.load(Ordering::Relaxed) {
+                            if keyed.check(&1).is_allowed() {
+                                kept.fetch_add(1, Ordering::Relaxed);
+                            }
+                            if direct.check(&()).is_allowed() {
+                                kept_direct.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    });
+                }
+                for i in 0..200 {
+                    let q = if (i + round) % 2 == 0 { &high } else { &low };
+                    keyed.set_quotas([q.clone()]).unwrap();
+                    direct.set_quotas([q.clone()]).unwrap();
+                    std::thread::yield_now();
+                }
+                done.store(true, Ordering::Relaxed);
+            });
+            let (k, d) = (kept.into_inner(), kept_direct.into_inner());
+            assert!(k <= 6 && d <= 6, "{low:?}/{high:?}: {k} and {d} admitted");
+            // Under the higher limit, the key is spent to it, whatever it took before.
+            keyed.set_quotas([high.clone()]).unwrap();
+            direct.set_quotas([high.clone()]).unwrap();
+            let more = (0..10).filter(|_| keyed.check(&1).is_allowed()).count() as u32;
+            let more_direct = (0..10).filter(|_| direct.check(&()).is_allowed()).count() as u32;
+            assert_eq!(k + more, 6, "{low:?}/{high:?}");
+            assert_eq!(d + more_direct, 6, "{low:?}/{high:?}");
+        }
+    }
+}
