@@ -344,3 +344,47 @@ fn checks_racing_changes_never_admit_more_than_the_higher_limit() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// A table of one key that refuses new keys tells a refused key when to come back: the
+    /// time the tracked key goes idle. Through live changes of any shape (windows widened
+    /// after the key stored its idle time, warm-up curves changed), a refused key that comes
+    /// back at that time, nothing else happening, finds room.
+    #[test]
+    fn a_key_refused_for_want_of_room_finds_room_when_it_was_told(
+        kind in 0usize..7,
+        ops in prop::collection::vec(op(), 1..100),
+    ) {
+        let policies = policies().swap_remove(kind);
+        let (clock, time) = Clock::manual();
+        time.advance(Duration::from_secs(10));
+        let bounded = limiter::<u8>(&policies[0], &clock, 1, OnFull::RejectNewKeys);
+        for (step, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Check(key, cost) => {
+                    let d = bounded.check_n(&key, cost);
+                    if d.is_store_full() {
+                        let Some(wait) = d.retry_after() else { continue };
+                        if wait > Duration::from_secs(3600) {
+                            continue;
+                        }
+                        time.advance(wait);
+                        let again = bounded.check_n(&key, 0);
+                        prop_assert!(
+                            !again.is_store_full(),
+                            "step {}: told {:?}, still full: {:?}", step, wait, again
+                        );
+                    }
+                }
+                Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
+                Op::Change(p) => bounded.set_quotas(policies[p].clone()).unwrap(),
+                Op::Evict => {
+                    bounded.evict_idle();
+                }
+                Op::Refund(_) | Op::Settle(_) => {}
+            }
+        }
+    }
+}
