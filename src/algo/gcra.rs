@@ -133,10 +133,7 @@ pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (
     let n = gcras.len().min(tats.len());
     let v = all_or_nothing(n, |i| gcras[i].step(tats[i], now, cost));
     let allowed = v.outcome == Outcome::Allowed && cost > 0;
-    let mut taken = Reservation::none();
     if allowed {
-        taken.cost = cost;
-        taken.spots = v.spots;
         for (tat, words) in tats.iter_mut().zip(&v.words) {
             *tat = words[0];
         }
@@ -145,8 +142,7 @@ pub(crate) fn decide(gcras: &[Gcra], tats: &mut [u64], now: u64, cost: u32) -> (
     for (i, (g, &tat)) in gcras.iter().zip(tats.iter()).enumerate() {
         quotas[i] = QuotaState::of(g, tat, now);
     }
-    let decision = Decision::new(v.outcome, v.retry_after, quotas, n, taken);
-    (decision, allowed)
+    (super::concluded(&v, cost, quotas, n), allowed)
 }
 
 /// The single-quota case, on one word: returns the decision and the new time to store when

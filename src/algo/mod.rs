@@ -452,7 +452,12 @@ fn decision_two(rule: &Rule, step: Step, words: Words, now: u64, cost: u32) -> D
 /// The decision of verdict `v` on a request of `cost`, with the states of the `n` quotas
 /// after it: what an admission took, and a wait only when limited.
 #[inline]
-fn concluded(v: &Verdict, cost: u32, quotas: [QuotaState; MAX_QUOTAS], n: usize) -> Decision {
+pub(super) fn concluded(
+    v: &Verdict,
+    cost: u32,
+    quotas: [QuotaState; MAX_QUOTAS],
+    n: usize,
+) -> Decision {
     let mut taken = Reservation::none();
     if v.outcome == Outcome::Allowed && cost > 0 {
         taken.cost = cost;

@@ -16,6 +16,8 @@ use crate::quota::Quota;
 use crate::store::OnFull;
 
 mod live;
+#[cfg(test)]
+mod live_meet;
 mod memory;
 pub(crate) mod wait;
 
