@@ -327,7 +327,7 @@ mod through_layers {
     use super::*;
     use common::account::rig::{manual, settles, Reply, Rig, FAILED, OK};
     use common::stores;
-    use tollgate::{Policy, RateLimitLayer};
+    use tollgate::{Policy, RateLimitHandle, RateLimitLayer};
     use tower::Layer;
 
     #[derive(Debug, Clone)]
@@ -362,6 +362,47 @@ mod through_layers {
             .fold(Policy::new(name.to_owned(), qs[0].clone()), |p, q| {
                 p.quota(q.clone())
             })
+    }
+
+    /// A store on `server` for the cases of one test, run on `rt`; with `deny_cache` off where
+    /// two instances take turns on one key (a rejection cached by one would stand, as its
+    /// docs allow, after the other admitted).
+    pub(super) fn connected(
+        rt: &tokio::runtime::Runtime,
+        server: &RedisServer,
+        deny_cache: bool,
+    ) -> RedisStore {
+        let store = rt
+            .block_on(RedisStore::connect(&server.url()))
+            .unwrap()
+            .timeout(Duration::from_secs(5));
+        if deny_cache {
+            store
+        } else {
+            store.deny_cache(0)
+        }
+    }
+
+    /// The quotas of version `v` applied to every layer of one name.
+    pub(super) fn apply_to<const N: usize>(handles: [RateLimitHandle; N], p: &Policy) {
+        for h in handles {
+            h.apply(p).unwrap();
+        }
+    }
+
+    /// After op `i`, every key reads the same on both stores.
+    pub(super) async fn peeks_agree(
+        memory: &RateLimiter<Box<[u8]>>,
+        redis: &RedisRateLimiter<Box<[u8]>>,
+        i: usize,
+    ) -> Result<(), TestCaseError> {
+        for key in KEYS {
+            let k = stores::key(key);
+            let (a, b) = (memory.peek(&k), redis.peek(&k).await);
+            prop_assert!(!b.is_degraded(), "op {}: Redis failed", i);
+            prop_assert_eq!(seen(&a), seen(&b), "op {}: peek of {}", i, key);
+        }
+        Ok(())
     }
 
     async fn run(
@@ -418,17 +459,17 @@ mod through_layers {
                 Op::Wait(n) => time.advance(Duration::from_millis(n)),
                 Op::Change(v) => {
                     let p = policy(&name, specs, v);
-                    memory.handle().unwrap().apply(&p).unwrap();
-                    plain.handle().unwrap().apply(&p).unwrap();
-                    boxed.handle().unwrap().apply(&p).unwrap();
+                    apply_to(
+                        [
+                            memory.handle().unwrap(),
+                            plain.handle().unwrap(),
+                            boxed.handle().unwrap(),
+                        ],
+                        &p,
+                    );
                 }
             }
-            for key in KEYS {
-                let k = stores::key(key);
-                let (a, b) = (mem_limiter.peek(&k), redis_limiter.peek(&k).await);
-                prop_assert!(!b.is_degraded(), "op {}: Redis failed", i);
-                prop_assert_eq!(seen(&a), seen(&b), "op {}: peek of {}", i, key);
-            }
+            peeks_agree(&mem_limiter, &redis_limiter, i).await?;
         }
         Ok(())
     }
@@ -437,11 +478,7 @@ mod through_layers {
     fn both_scripts_keep_the_memory_account_through_refunds_settlements_and_changes() {
         let server = RedisServer::start();
         let rt = twins::runtime();
-        let store = rt
-            .block_on(RedisStore::connect(&server.url()))
-            .unwrap()
-            .timeout(Duration::from_secs(5))
-            .deny_cache(0);
+        let store = connected(&rt, &server, false);
         let mut runner = TestRunner::new(Config::with_cases(128));
         let case = std::cell::Cell::new(0u32);
         runner
@@ -465,7 +502,7 @@ mod stacked {
     //! hold: what the inner layer turns away, the outer gives back (through the general
     //! script), and the outer account stays the memory twin's, through live changes.
 
-    use super::through_layers::policy;
+    use super::through_layers::{apply_to, connected, peeks_agree, policy};
     use super::*;
     use common::account::rig::{manual, Rig};
     use common::stores;
@@ -527,16 +564,10 @@ mod stacked {
                 Op::Wait(n) => time.advance(Duration::from_millis(n)),
                 Op::Change(v) => {
                     let p = policy(&name, specs, v);
-                    memory.handle().unwrap().apply(&p).unwrap();
-                    redis.handle().unwrap().apply(&p).unwrap();
+                    apply_to([memory.handle().unwrap(), redis.handle().unwrap()], &p);
                 }
             }
-            for key in KEYS {
-                let k = stores::key(key);
-                let (a, b) = (mem_limiter.peek(&k), redis_limiter.peek(&k).await);
-                prop_assert!(!b.is_degraded(), "op {}: Redis failed", i);
-                prop_assert_eq!(seen(&a), seen(&b), "op {}: peek of {}", i, key);
-            }
+            peeks_agree(&mem_limiter, &redis_limiter, i).await?;
         }
         Ok(())
     }
@@ -545,10 +576,7 @@ mod stacked {
     fn an_outer_window_layer_on_redis_gives_back_what_an_inner_layer_rejects_as_memory_does() {
         let server = RedisServer::start();
         let rt = twins::runtime();
-        let store = rt
-            .block_on(RedisStore::connect(&server.url()))
-            .unwrap()
-            .timeout(Duration::from_secs(5));
+        let store = connected(&rt, &server, true);
         let mut runner = TestRunner::new(Config::with_cases(128));
         let case = std::cell::Cell::new(0u32);
         runner
@@ -572,7 +600,7 @@ mod banned {
     //! inside the penalty box) and in memory: the same requests are admitted, banned and
     //! counted, through live changes.
 
-    use super::through_layers::policy;
+    use super::through_layers::{apply_to, connected, policy};
     use super::*;
     use common::account::rig::{manual, Rig, FAILED, OK};
     use common::stores;
@@ -627,8 +655,7 @@ mod banned {
                 Op::Wait(n) => time.advance(Duration::from_millis(n)),
                 Op::Change(v) => {
                     let p = policy(&name, specs, v);
-                    memory.handle().unwrap().apply(&p).unwrap();
-                    redis.handle().unwrap().apply(&p).unwrap();
+                    apply_to([memory.handle().unwrap(), redis.handle().unwrap()], &p);
                 }
             }
         }
@@ -639,10 +666,7 @@ mod banned {
     fn a_window_policy_with_a_penalty_box_bans_on_redis_as_in_memory() {
         let server = RedisServer::start();
         let rt = twins::runtime();
-        let store = rt
-            .block_on(RedisStore::connect(&server.url()))
-            .unwrap()
-            .timeout(Duration::from_secs(5));
+        let store = connected(&rt, &server, true);
         let mut runner = TestRunner::new(Config::with_cases(128));
         let case = std::cell::Cell::new(0u32);
         runner
@@ -666,7 +690,7 @@ mod dry_run {
     //! given back or settled through the general script), what it would have rejected takes
     //! nothing, through live changes.
 
-    use super::through_layers::policy;
+    use super::through_layers::{apply_to, connected, peeks_agree, policy};
     use super::*;
     use common::account::rig::{manual, settles, Reply, Rig, FAILED, OK};
     use common::stores;
@@ -728,16 +752,10 @@ mod dry_run {
                 Op::Wait(n) => time.advance(Duration::from_millis(n)),
                 Op::Change(v) => {
                     let p = policy(&name, specs, v);
-                    memory.handle().unwrap().apply(&p).unwrap();
-                    redis.handle().unwrap().apply(&p).unwrap();
+                    apply_to([memory.handle().unwrap(), redis.handle().unwrap()], &p);
                 }
             }
-            for key in KEYS {
-                let k = stores::key(key);
-                let (a, b) = (mem_limiter.peek(&k), redis_limiter.peek(&k).await);
-                prop_assert!(!b.is_degraded(), "op {}: Redis failed", i);
-                prop_assert_eq!(seen(&a), seen(&b), "op {}: peek of {}", i, key);
-            }
+            peeks_agree(&mem_limiter, &redis_limiter, i).await?;
         }
         Ok(())
     }
@@ -746,10 +764,7 @@ mod dry_run {
     fn a_dry_run_window_layer_on_redis_keeps_the_memory_account() {
         let server = RedisServer::start();
         let rt = twins::runtime();
-        let store = rt
-            .block_on(RedisStore::connect(&server.url()))
-            .unwrap()
-            .timeout(Duration::from_secs(5));
+        let store = connected(&rt, &server, true);
         let mut runner = TestRunner::new(Config::with_cases(128));
         let case = std::cell::Cell::new(0u32);
         runner
