@@ -301,13 +301,7 @@ mod tests {
         where
             K: std::hash::Hash + Eq + Clone + Send + Sync,
         {
-            quotas[1..]
-                .iter()
-                .fold(RateLimiter::builder(quotas[0].clone()), |b, q| {
-                    b.quota(q.clone())
-                })
-                .clock(clock.clone())
-                .build()
+            crate::limiter::test_builder(quotas, clock).build()
         }
 
         fn gcras(quotas: &[Quota]) -> Vec<Gcra> {

@@ -110,12 +110,7 @@ fn limiter<K>(quotas: &[Quota], clock: &Clock, max_keys: usize, on_full: OnFull)
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync,
 {
-    quotas[1..]
-        .iter()
-        .fold(RateLimiter::builder(quotas[0].clone()), |b, q| {
-            b.quota(q.clone())
-        })
-        .clock(clock.clone())
+    super::test_builder(quotas, clock)
         .max_keys(max_keys)
         .on_full(on_full)
         .build()

@@ -677,13 +677,7 @@ mod tests {
     where
         K: std::hash::Hash + Eq + Clone + Send + Sync,
     {
-        quotas[1..]
-            .iter()
-            .fold(RateLimiter::builder(quotas[0].clone()), |b, q| {
-                b.quota(q.clone())
-            })
-            .clock(clock.clone())
-            .build()
+        crate::limiter::test_builder(quotas, clock).build()
     }
 
     proptest! {

@@ -18,6 +18,21 @@ use crate::store::OnFull;
 mod live;
 #[cfg(test)]
 mod live_meet;
+
+/// A builder of every quota of `quotas` (at least one) on `clock`, for the unit tests of the
+/// limiter's files.
+#[cfg(test)]
+fn test_builder<K: Hash + Eq + Clone + Send + Sync>(
+    quotas: &[Quota],
+    clock: &Clock,
+) -> RateLimiterBuilder<K> {
+    quotas[1..]
+        .iter()
+        .fold(RateLimiter::builder(quotas[0].clone()), |b, q| {
+            b.quota(q.clone())
+        })
+        .clock(clock.clone())
+}
 mod memory;
 pub(crate) mod wait;
 
