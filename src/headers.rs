@@ -426,13 +426,19 @@ impl RenderedKey {
         };
         for (remaining, reset) in items {
             let slot = key.items.get_mut(key.len)?;
-            *slot = (
-                remaining.min(MAX_INTEGER),
-                ceil_secs(reset).min(MAX_INTEGER),
-            );
+            *slot = Self::item(remaining, reset);
             key.len += 1;
         }
         Some(key)
+    }
+
+    /// One item as the key holds it: clamped as rendered, the reset in whole seconds.
+    #[inline]
+    fn item(remaining: u64, reset: Duration) -> (u64, u64) {
+        (
+            remaining.min(MAX_INTEGER),
+            ceil_secs(reset).min(MAX_INTEGER),
+        )
     }
 
     /// Whether this is the key of `items` for the policy `id` ([`RenderedKey::of`]), read
@@ -447,7 +453,7 @@ impl RenderedKey {
             let Some(&(r, t)) = self.items[..self.len].get(len) else {
                 return false;
             };
-            if r != remaining.min(MAX_INTEGER) || t != ceil_secs(reset).min(MAX_INTEGER) {
+            if (r, t) != Self::item(remaining, reset) {
                 return false;
             }
             len += 1;
