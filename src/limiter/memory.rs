@@ -250,13 +250,15 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         now: u64,
         cost: u32,
     ) -> Decision {
-        let mut gcras = [Gcra::new(1, 1); crate::decision::MAX_QUOTAS];
         match &self.0 {
             Shape::One(s) => s.decide(key, &live.one(), clock, now, cost),
-            Shape::Many(s) => match live.gcras(&mut gcras) {
-                Some(n) => s.decide(key, &gcras[..n], clock, now, cost),
-                None => s.decide(key, &live.load().gcras, clock, now, cost),
-            },
+            Shape::Many(s) => {
+                let mut gcras = [Gcra::new(1, 1); crate::decision::MAX_QUOTAS];
+                match live.gcras(&mut gcras) {
+                    Some(n) => s.decide(key, &gcras[..n], clock, now, cost),
+                    None => s.decide(key, &live.load().gcras, clock, now, cost),
+                }
+            }
             _ => self.decide(&live.load(), key, clock, now, cost),
         }
     }
