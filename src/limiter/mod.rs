@@ -12,27 +12,15 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Reservation, MAX_QUOTAS};
 use crate::error::ConfigError;
 use crate::keyed::{Bound, Room};
+use crate::penalty::{Penalties, PenaltyBox};
 use crate::quota::Quota;
-use crate::store::OnFull;
+use crate::store::backend::{Answer, Never, Refunding, Settling};
+use crate::store::{Backend, Memory, OnFull};
 
 mod live;
 #[cfg(test)]
 mod live_meet;
 
-/// A builder of every quota of `quotas` (at least one) on `clock`, for the unit tests of the
-/// limiter's files.
-#[cfg(test)]
-fn test_builder<K: Hash + Eq + Clone + Send + Sync>(
-    quotas: &[Quota],
-    clock: &Clock,
-) -> RateLimiterBuilder<K> {
-    quotas[1..]
-        .iter()
-        .fold(RateLimiter::builder(quotas[0].clone()), |b, q| {
-            b.quota(q.clone())
-        })
-        .clock(clock.clone())
-}
 mod memory;
 pub(crate) mod wait;
 
@@ -521,11 +509,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> wait::Admit<K> for RateLimiter<K> {
 
 /// The memory store of a layer: each tier's limiter is a `RateLimiter`, and a layer's decision
 /// is [`RateLimiter::check_n`] (or `reserve_n` when it settles), made at once.
-impl<K: Hash + Eq + Clone + Send + Sync + 'static> crate::store::Backend<K>
-    for crate::store::Memory
-{
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
     type Limiter = RateLimiter<K>;
-    type Later = crate::store::backend::Never;
+    type Later = Never;
     const LOCAL_PENALTIES: bool = true;
 
     fn make_limiter(
@@ -535,7 +521,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> crate::store::Backend<K>
         clock: Option<&Clock>,
         max_keys: Option<usize>,
         on_full: Option<OnFull>,
-        _penalty: Option<&crate::penalty::PenaltyBox>,
+        _penalty: Option<&PenaltyBox>,
     ) -> Result<RateLimiter<K>, ConfigError> {
         let (first, rest) = policy.quotas.split_first().ok_or(ConfigError::NoQuota)?;
         let mut builder = RateLimiter::<K>::builder(first.clone())
@@ -555,32 +541,24 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> crate::store::Backend<K>
     }
 
     #[inline]
-    fn decide(
-        limiter: &RateLimiter<K>,
-        key: &K,
-        cost: u32,
-    ) -> crate::store::backend::Answer<crate::store::backend::Never> {
-        crate::store::backend::Answer::Now(limiter.check_n(key, cost))
+    fn decide(limiter: &RateLimiter<K>, key: &K, cost: u32) -> Answer<Never> {
+        Answer::Now(limiter.check_n(key, cost))
     }
 
     fn share_bound(
         limiters: &[RateLimiter<K>],
         max_keys: usize,
-        penalty: Option<(&crate::penalty::PenaltyBox, Clock)>,
-    ) -> Option<crate::penalty::Penalties<K>> {
-        let bound = std::sync::Arc::new(crate::keyed::Bound::new(max_keys));
+        penalty: Option<(&PenaltyBox, Clock)>,
+    ) -> Option<Penalties<K>> {
+        let bound = Arc::new(Bound::new(max_keys));
         for limiter in limiters {
             limiter.share_bound(&bound);
         }
-        penalty.map(|(p, clock)| crate::penalty::Penalties::sharing(p, clock, &bound))
+        penalty.map(|(p, clock)| Penalties::sharing(p, clock, &bound))
     }
 
-    fn reserve(
-        limiter: &RateLimiter<K>,
-        key: &K,
-        cost: u32,
-    ) -> crate::store::backend::Answer<crate::store::backend::Never> {
-        crate::store::backend::Answer::Now(limiter.reserve_n(key, cost))
+    fn reserve(limiter: &RateLimiter<K>, key: &K, cost: u32) -> Answer<Never> {
+        Answer::Now(limiter.reserve_n(key, cost))
     }
 
     fn refund(
@@ -588,7 +566,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> crate::store::Backend<K>
         key: K,
         taken: Reservation,
         _local: bool,
-    ) -> Option<crate::store::backend::Refunding> {
+    ) -> Option<Refunding> {
         limiter.refund(&key, &taken, taken.cost);
         None
     }
@@ -603,7 +581,22 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> crate::store::Backend<K>
         taken: Reservation,
         actual: u32,
         _local: bool,
-    ) -> crate::store::backend::Answer<crate::store::backend::Settling> {
-        crate::store::backend::Answer::Now(limiter.settle(&key, &taken, actual))
+    ) -> Answer<Settling> {
+        Answer::Now(limiter.settle(&key, &taken, actual))
     }
+}
+
+/// A builder of every quota of `quotas` (at least one) on `clock`, for the unit tests of the
+/// limiter's files.
+#[cfg(test)]
+fn test_builder<K: Hash + Eq + Clone + Send + Sync>(
+    quotas: &[Quota],
+    clock: &Clock,
+) -> RateLimiterBuilder<K> {
+    quotas[1..]
+        .iter()
+        .fold(RateLimiter::builder(quotas[0].clone()), |b, q| {
+            b.quota(q.clone())
+        })
+        .clock(clock.clone())
 }
