@@ -278,22 +278,8 @@ if took then
     end
   end
 else
-  -- A rejection or a report writes nothing, but a sliding window widened since the key last
-  -- changed may see its entries for longer than its expiry says: the expiry follows.
-  local replaced = false
-  for q = 1, n do
-    if GONE[q] > 0 then replaced = true end
-  end
-  if replaced then
-    local horizon = 0
-    for q = 1, n do
-      local h = idle_at(q)
-      if h > horizon then horizon = h end
-    end
-    local ttl = math.ceil((horizon - now) / 1000)
-    local left = redis.call('PTTL', key)
-    if ttl > 0 and left >= 0 and left < ttl then redis.call('PEXPIRE', key, ttl) end
-  end
+  -- A rejection or a report writes nothing; the expiry follows a widened window.
+  follow_widening(GONE, idle_at)
 end
 if outcome ~= 1 then retry = 0 end
 
