@@ -770,6 +770,34 @@ async fn a_flushed_script_is_loaded_again_by_the_next_decision() {
     assert_eq!(server.calls("evalsha"), 4);
 }
 
+/// Every decision script is loaded again after a flush: a policy of window kinds (the script
+/// of quotas without warm-up) and one with warm-up (the general script) decide on, counting
+/// from what Redis kept.
+#[tokio::test]
+async fn a_flushed_script_of_every_kind_is_loaded_again_by_the_next_decision() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let window = Duration::from_secs(3_600);
+    let plain = RedisRateLimiter::<()>::builder(store.clone(), Quota::sliding_log(10, window))
+        .quota(Quota::fixed_window(20, window))
+        .name("plain")
+        .build();
+    let general = RedisRateLimiter::<()>::builder(
+        store,
+        Quota::per_hour(10).warm_up(Duration::from_secs(60), 3),
+    )
+    .name("general")
+    .build();
+    let plain_before = plain.check(&()).await.remaining();
+    let general_before = general.check(&()).await.remaining();
+    server.cli(&["SCRIPT", "FLUSH"]).unwrap();
+    for (limiter, before) in [(&plain, plain_before), (&general, general_before)] {
+        let d = limiter.check(&()).await;
+        assert!(d.is_allowed() && !d.is_degraded(), "{d:?}");
+        assert!(d.remaining() < before, "{before} -> {}", d.remaining());
+    }
+}
+
 #[tokio::test]
 async fn rates_finer_than_a_microsecond_are_a_configuration_error() {
     let store = RedisStore::open("redis://127.0.0.1:1").unwrap();
