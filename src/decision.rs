@@ -60,9 +60,10 @@ impl QuotaState {
     /// has now, and `reset` nanoseconds until it is back to its full limit.
     #[inline]
     pub(crate) fn counted(limit: u64, remaining: u64, reset: u64) -> Self {
+        let limit = limit.min(u64::from(u32::MAX));
         QuotaState {
             interval: 0,
-            tolerance: (limit.min(u64::from(u32::MAX)) << 32) | remaining.min(limit),
+            tolerance: (limit << 32) | remaining.min(limit),
             ahead: reset,
         }
     }
@@ -115,43 +116,67 @@ impl QuotaState {
 ///
 /// A decision is `#[must_use]`: an admitted one has already taken its cost, so dropping it
 /// unread (`limiter.check(&key);`) spends quota in silence.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 #[must_use = "an admitted decision has taken its cost: read it (is_allowed) or drop it with `let _ =`"]
 pub struct Decision {
     outcome: Outcome,
-    retry_after: u64,
+    /// How many of `quotas` the policy has.
     len: u8,
-    /// Made without the store: by its failure policy, or by its local fallback.
-    degraded: bool,
-    /// Made by a store's local fallback, on the scaled quotas (and degraded).
-    local: bool,
-    /// A new key turned away because the store is full: no fault of the key's own traffic.
-    full: bool,
+    /// [`DEGRADED`], [`LOCAL`] and [`FULL`].
+    flags: u8,
+    /// What an admission took (0: nothing, and always 0 unless allowed).
+    cost: u32,
     quotas: [QuotaState; MAX_QUOTAS],
-    /// What an admission took, for a refund or a settlement: not part of what the decision
-    /// says, and not compared.
-    taken: Reservation,
+    /// Allowed: where the cost landed in each quota (see [`Reservation`]), for a refund or a
+    /// settlement. Otherwise, only the wait in nanoseconds, in `after[0][0]`: a decision that
+    /// took nothing has no spots, and an admitted one no wait, so the two share the words.
+    after: [[u64; 2]; MAX_QUOTAS],
 }
 
+/// Made without the store: by its failure policy, or by its local fallback.
+const DEGRADED: u8 = 1;
+/// Made by a store's local fallback, on the scaled quotas (and degraded).
+const LOCAL: u8 = 2;
+/// A new key turned away because the store is full: no fault of the key's own traffic.
+const FULL: u8 = 4;
+
+impl std::fmt::Debug for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decision")
+            .field("outcome", &self.outcome)
+            .field("retry_after", &self.wait())
+            .field("degraded", &self.is_degraded())
+            .field("local", &self.is_local())
+            .field("full", &self.is_store_full())
+            .field("quotas", &self.states())
+            .field("taken", &self.taken())
+            .finish()
+    }
+}
+
+/// What a decision says is compared; what an admission took is not.
 impl PartialEq for Decision {
     fn eq(&self, other: &Self) -> bool {
         self.outcome == other.outcome
-            && self.retry_after == other.retry_after
+            && self.wait() == other.wait()
             && self.len == other.len
-            && self.degraded == other.degraded
-            && self.local == other.local
-            && self.full == other.full
-            && self.quotas == other.quotas
+            && self.flags == other.flags
+            && self.states() == other.states()
     }
 }
 
 impl Eq for Decision {}
 
 impl Decision {
-    /// This decision, recording that its admission took `taken`.
+    /// This decision, recording that its admission took `taken` (nothing when it was not
+    /// admitted).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn with_taken(self, taken: Reservation) -> Decision {
-        Decision { taken, ..self }
+    pub(crate) fn with_taken(mut self, taken: Reservation) -> Decision {
+        if self.is_allowed() {
+            self.cost = taken.cost;
+            self.after = taken.spots;
+        }
+        self
     }
 
     /// A decision of `outcome` (waiting `retry_after` nanoseconds when limited or banned) on
@@ -164,29 +189,56 @@ impl Decision {
         len: usize,
         taken: Reservation,
     ) -> Decision {
+        let (cost, after) = if outcome == Outcome::Allowed {
+            (taken.cost, taken.spots)
+        } else {
+            let mut after = [[0; 2]; MAX_QUOTAS];
+            after[0][0] = retry_after;
+            (0, after)
+        };
         Decision {
             outcome,
-            retry_after,
             len: len.min(MAX_QUOTAS) as u8,
-            degraded: false,
-            local: false,
-            full: false,
+            flags: 0,
+            cost,
             quotas,
-            taken,
+            after,
+        }
+    }
+
+    /// The wait in nanoseconds that the decision was made with (0 when allowed).
+    #[inline]
+    fn wait(&self) -> u64 {
+        if self.outcome == Outcome::Allowed {
+            0
+        } else {
+            self.after[0][0]
+        }
+    }
+
+    /// What the admission took (nothing unless allowed).
+    #[inline]
+    fn taken(&self) -> Reservation {
+        if self.outcome == Outcome::Allowed {
+            Reservation {
+                cost: self.cost,
+                spots: self.after,
+            }
+        } else {
+            Reservation::none()
         }
     }
 
     /// This decision, made without the store (by its failure policy).
-    pub(crate) fn made_degraded(self) -> Decision {
-        Decision {
-            degraded: true,
-            ..self
-        }
+    pub(crate) fn made_degraded(mut self) -> Decision {
+        self.flags |= DEGRADED;
+        self
     }
 
     /// This decision, for a new key turned away because the store is full.
-    pub(crate) fn made_full(self) -> Decision {
-        Decision { full: true, ..self }
+    pub(crate) fn made_full(mut self) -> Decision {
+        self.flags |= FULL;
+        self
     }
 
     /// Whether the request was admitted.
@@ -252,16 +304,13 @@ impl Decision {
 
     /// The decision recorded for a request that a layer let through without deciding.
     pub(crate) fn unlimited() -> Decision {
-        Decision {
-            outcome: Outcome::Allowed,
-            retry_after: 0,
-            len: 0,
-            degraded: false,
-            local: false,
-            full: false,
-            quotas: [QuotaState::default(); MAX_QUOTAS],
-            taken: Reservation::none(),
-        }
+        Decision::new(
+            Outcome::Allowed,
+            0,
+            [QuotaState::default(); MAX_QUOTAS],
+            0,
+            Reservation::none(),
+        )
     }
 
     /// When [`Outcome::Limited`], how long until the same request would be admitted (the
@@ -269,7 +318,7 @@ impl Decision {
     /// left of the ban. `None` when allowed, and when the request can never be admitted.
     pub fn retry_after(&self) -> Option<Duration> {
         match self.outcome {
-            Outcome::Limited | Outcome::Banned => Some(Duration::from_nanos(self.retry_after)),
+            Outcome::Limited | Outcome::Banned => Some(Duration::from_nanos(self.wait())),
             _ => None,
         }
     }
@@ -293,7 +342,7 @@ impl Decision {
     ///   answers it as any decision (fields, `429`, `Retry-After`).
     #[inline]
     pub fn is_degraded(&self) -> bool {
-        self.degraded
+        self.flags & DEGRADED != 0
     }
 
     /// Whether this decision was made by the local fallback of a Redis store
@@ -304,7 +353,7 @@ impl Decision {
     /// scaled quotas.
     #[inline]
     pub fn is_local(&self) -> bool {
-        self.local
+        self.flags & LOCAL != 0
     }
 
     /// The state of each quota, in the order the policy lists them.
@@ -316,25 +365,20 @@ impl Decision {
     /// whether a cost above a scaled burst is above the policy's too (never admissible);
     /// otherwise it is limited for `retry_after` nanoseconds, when the store may be back.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn made_locally(self, keep_exceeds: bool, retry_after: u64) -> Decision {
-        let (outcome, retry_after) = match self.outcome {
-            Outcome::Exceeds if !keep_exceeds => (Outcome::Limited, retry_after),
-            o => (o, self.retry_after),
-        };
-        Decision {
-            outcome,
-            retry_after,
-            degraded: true,
-            local: true,
-            ..self
+    pub(crate) fn made_locally(mut self, keep_exceeds: bool, retry_after: u64) -> Decision {
+        if self.outcome == Outcome::Exceeds && !keep_exceeds {
+            self.outcome = Outcome::Limited;
+            self.after[0][0] = retry_after;
         }
+        self.flags |= DEGRADED | LOCAL;
+        self
     }
 
     /// Whether this is a new key turned away because the store was full of active keys
     /// ([`OnFull::RejectNewKeys`](crate::store::OnFull::RejectNewKeys)): a refusal for the
     /// server's state, which a [penalty box](crate::penalty) does not count as a strike.
     pub fn is_store_full(&self) -> bool {
-        self.full
+        self.flags & FULL != 0
     }
 
     /// A decision a remote store made and sent back: its outcome, the wait in nanoseconds and
@@ -490,13 +534,275 @@ impl Reservation {
     /// What the admission `d` of a request of `cost` took: its reservation, or the cost
     /// alone when the store that decided did not say where it landed.
     pub(crate) fn of(d: &Decision, cost: u32) -> Self {
-        if d.taken.cost == cost {
-            d.taken
+        if d.is_allowed() && d.cost == cost {
+            Reservation {
+                cost,
+                spots: d.after,
+            }
         } else {
             Reservation {
                 cost,
                 ..Reservation::none()
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The decision whose wait and reservation share their words, and whose flags are bits,
+    //! held to a model of the plain layout it replaces: every field on its own.
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A quota's state as plain numbers: GCRA `(interval, tolerance, ahead)` or a window's
+    /// `(limit, remaining, reset)`.
+    #[derive(Debug, Clone, Copy)]
+    enum ModelState {
+        Timed(u64, u64, u64),
+        Counted(u64, u64, u64),
+    }
+
+    impl ModelState {
+        fn limit(self) -> u64 {
+            match self {
+                ModelState::Timed(i, t, _) => t / i,
+                ModelState::Counted(l, _, _) => l.min(u64::from(u32::MAX)),
+            }
+        }
+        fn remaining(self) -> u64 {
+            match self {
+                ModelState::Timed(i, t, a) => t.saturating_sub(a) / i,
+                ModelState::Counted(l, r, _) => r.min(l).min(u64::from(u32::MAX)),
+            }
+        }
+        fn ahead(self) -> u64 {
+            match self {
+                ModelState::Timed(_, _, a) | ModelState::Counted(_, _, a) => a,
+            }
+        }
+        fn state(self) -> QuotaState {
+            match self {
+                ModelState::Timed(i, t, a) => QuotaState::timed(i, t, a),
+                ModelState::Counted(l, r, a) => QuotaState::counted(l, r, a),
+            }
+        }
+    }
+
+    /// The decision as the plain layout held it.
+    #[derive(Debug, Clone)]
+    struct Model {
+        outcome: Outcome,
+        retry_after: u64,
+        degraded: bool,
+        local: bool,
+        full: bool,
+        states: Vec<ModelState>,
+        taken: Reservation,
+    }
+
+    fn outcome() -> impl Strategy<Value = Outcome> {
+        prop_oneof![
+            Just(Outcome::Allowed),
+            Just(Outcome::Limited),
+            Just(Outcome::Exceeds),
+            Just(Outcome::Banned)
+        ]
+    }
+
+    fn model_state() -> impl Strategy<Value = ModelState> {
+        let time = prop_oneof![0..1_000u64, 0..u64::MAX, Just(u64::MAX)];
+        prop_oneof![
+            (1..5_000_000_000u64, 1..=u64::from(u32::MAX), time.clone())
+                .prop_map(|(i, burst, a)| ModelState::Timed(i, i.saturating_mul(burst), a)),
+            (0..u64::MAX, 0..u64::MAX, time.clone())
+                .prop_map(|(l, r, a)| ModelState::Counted(l, r, a)),
+            (0..50u64, 0..60u64, time).prop_map(|(l, r, a)| ModelState::Counted(l, r, a)),
+        ]
+    }
+
+    fn model() -> impl Strategy<Value = Model> {
+        (
+            outcome(),
+            0..u64::MAX,
+            proptest::collection::vec(model_state(), 0..=MAX_QUOTAS),
+            0..3u32,
+            any::<[[u64; 2]; MAX_QUOTAS]>(),
+        )
+            .prop_map(|(outcome, retry_after, states, cost, spots)| {
+                // What the stores make: a reservation only for an admission at a cost.
+                let taken = if outcome == Outcome::Allowed && cost > 0 {
+                    Reservation { cost, spots }
+                } else {
+                    Reservation::none()
+                };
+                Model {
+                    outcome,
+                    retry_after,
+                    degraded: false,
+                    local: false,
+                    full: false,
+                    states,
+                    taken,
+                }
+            })
+    }
+
+    fn built(m: &Model) -> Decision {
+        let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+        for (q, s) in quotas.iter_mut().zip(&m.states) {
+            *q = s.state();
+        }
+        Decision::new(m.outcome, m.retry_after, quotas, m.states.len(), m.taken)
+    }
+
+    /// What any change of flags does to the model, as the plain layout did it.
+    #[derive(Debug, Clone, Copy)]
+    enum Change {
+        Degraded,
+        Full,
+        Locally(bool, u64),
+    }
+
+    fn change() -> impl Strategy<Value = Change> {
+        prop_oneof![
+            Just(Change::Degraded),
+            Just(Change::Full),
+            (any::<bool>(), 0..u64::MAX).prop_map(|(k, r)| Change::Locally(k, r)),
+        ]
+    }
+
+    fn apply(m: &mut Model, d: Decision, c: Change) -> Decision {
+        match c {
+            Change::Degraded => {
+                m.degraded = true;
+                d.made_degraded()
+            }
+            Change::Full => {
+                m.full = true;
+                d.made_full()
+            }
+            Change::Locally(keep, retry) => {
+                if m.outcome == Outcome::Exceeds && !keep {
+                    m.outcome = Outcome::Limited;
+                    m.retry_after = retry;
+                }
+                m.degraded = true;
+                m.local = true;
+                d.made_locally(keep, retry)
+            }
+        }
+    }
+
+    fn says_the_same(d: &Decision, m: &Model, cost: u32) -> Result<(), TestCaseError> {
+        prop_assert_eq!(d.outcome(), m.outcome);
+        prop_assert_eq!(d.is_allowed(), m.outcome == Outcome::Allowed);
+        prop_assert_eq!(d.is_unlimited(), m.states.is_empty());
+        prop_assert_eq!(
+            (d.is_degraded(), d.is_local(), d.is_store_full()),
+            (m.degraded, m.local, m.full)
+        );
+        let retry = match m.outcome {
+            Outcome::Limited | Outcome::Banned => Some(Duration::from_nanos(m.retry_after)),
+            _ => None,
+        };
+        prop_assert_eq!(d.retry_after(), retry);
+        prop_assert_eq!(d.states().len(), m.states.len());
+        for (s, ms) in d.states().iter().zip(&m.states) {
+            prop_assert_eq!(s.limit(), ms.limit());
+            prop_assert_eq!(s.remaining(), ms.remaining());
+            prop_assert_eq!(s.reset_after(), Duration::from_nanos(ms.ahead()));
+            prop_assert_eq!(s.reset_after_nanos(), ms.ahead());
+        }
+        // The most restrictive: fewest remaining, then longest to reset, then first listed.
+        let mut best: Option<ModelState> = None;
+        for &s in &m.states {
+            let tighter = best.is_none_or(|b| {
+                (s.remaining(), std::cmp::Reverse(s.ahead()))
+                    < (b.remaining(), std::cmp::Reverse(b.ahead()))
+            });
+            if tighter {
+                best = Some(s);
+            }
+        }
+        let most = d.most_restrictive();
+        prop_assert_eq!(most.map(|s| s.limit()), best.map(ModelState::limit));
+        prop_assert_eq!(most.map(|s| s.remaining()), best.map(ModelState::remaining));
+        prop_assert_eq!(
+            most.map(|s| s.reset_after_nanos()),
+            best.map(ModelState::ahead)
+        );
+        prop_assert_eq!(d.limit(), best.map_or(u64::MAX, ModelState::limit));
+        prop_assert_eq!(d.remaining(), best.map_or(u64::MAX, ModelState::remaining));
+        let reset = m.states.iter().map(|s| s.ahead()).max().unwrap_or(0);
+        prop_assert_eq!(d.reset_after(), Duration::from_nanos(reset));
+        // What the admission took, as the plain layout gave it back.
+        let plain = if m.taken.cost == cost {
+            m.taken
+        } else {
+            Reservation {
+                cost,
+                ..Reservation::none()
+            }
+        };
+        prop_assert_eq!(Reservation::of(d, cost), plain);
+        Ok(())
+    }
+
+    #[test]
+    fn a_decision_is_forty_bytes_a_quota_and_eight_more() {
+        assert_eq!(std::mem::size_of::<QuotaState>(), 24);
+        assert_eq!(std::mem::size_of::<Decision>(), 40 * MAX_QUOTAS + 8);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn a_decision_says_what_the_plain_layout_said_and_gives_back_what_was_taken(
+            mut m in model(),
+            changes in proptest::collection::vec(change(), 0..4),
+            cost in 0..3u32,
+        ) {
+            let mut d = built(&m);
+            says_the_same(&d, &m, cost)?;
+            says_the_same(&d, &m, m.taken.cost)?;
+            for c in changes {
+                d = apply(&mut m, d, c);
+                says_the_same(&d, &m, cost)?;
+                says_the_same(&d, &m, m.taken.cost)?;
+            }
+        }
+
+        #[test]
+        fn decisions_are_equal_when_they_say_the_same_whatever_they_took(
+            m in model(),
+            spots in any::<[[u64; 2]; MAX_QUOTAS]>(),
+        ) {
+            let d = built(&m);
+            let mut other = m.clone();
+            if other.outcome == Outcome::Allowed {
+                other.taken.spots = spots;
+            }
+            prop_assert_eq!(d, built(&other));
+            let mut later = m.clone();
+            later.retry_after = later.retry_after.wrapping_add(1);
+            // The wait is part of what a decision says unless it was admitted.
+            prop_assert_eq!(d == built(&later), m.outcome == Outcome::Allowed);
+        }
+
+        #[test]
+        fn a_store_gives_its_reservation_to_an_admission_only(
+            m in model(),
+            spots in any::<[[u64; 2]; MAX_QUOTAS]>(),
+            cost in 1..3u32,
+        ) {
+            let d = built(&m).with_taken(Reservation { cost, spots });
+            let mut expect = m.clone();
+            if m.outcome == Outcome::Allowed {
+                expect.taken = Reservation { cost, spots };
+            }
+            says_the_same(&d, &expect, cost)?;
         }
     }
 }
