@@ -27,9 +27,13 @@ impl Log {
     /// entries hold.
     #[inline]
     pub(crate) fn in_window(&self, now: u64, width: u64, gone: u64) -> (usize, u64) {
-        let first = self
-            .entries
-            .partition_point(|&(t, _)| t.saturating_add(width) <= now || (gone > 0 && t <= gone));
+        let out = |t: u64| t.saturating_add(width) <= now || (gone > 0 && t <= gone);
+        let first = match self.entries.front() {
+            // The oldest entry still counts, and so do all the later ones: no search.
+            Some(&(t, _)) if !out(t) => return (0, self.total() - self.base),
+            Some(_) => self.entries.partition_point(|&(t, _)| out(t)),
+            None => 0,
+        };
         (first, self.total() - self.before(first))
     }
 

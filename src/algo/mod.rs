@@ -150,6 +150,7 @@ impl Rule {
     }
 
     /// The figures of the quota for a key in this state at `now`.
+    #[inline]
     pub(crate) fn state(&self, words: Words, log: &Log, now: u64) -> QuotaState {
         match self {
             Rule::Gcra(g) => QuotaState::of(g, words[0], now),

@@ -176,9 +176,13 @@ impl Curve {
         };
         let fits = |n: u64| cost(n).is_some_and(|c| c <= budget);
         let a = self.above(deficit);
-        // The requests that spend every stored permit above the threshold.
+        // The requests that spend every stored permit above the threshold: their surcharge is
+        // the whole integral above it (`cost(whole)`, without asking where they stop).
         let whole = a.div_ceil(self.interval_units.max(1));
-        if let Some(c) = cost(whole).filter(|&c| c <= budget) {
+        let all_above = whole
+            .checked_mul(t)
+            .and_then(|c| c.checked_add(self.surcharge_to(a).saturating_mul(self.unit)));
+        if let Some(c) = all_above.filter(|&c| c <= budget) {
             return whole.saturating_add((budget - c) / t);
         }
         // `fits(0)` holds (nothing costs nothing) and `fits(whole)` does not.
@@ -264,16 +268,23 @@ pub(crate) struct WarmGcra {
     pub(crate) curve: Curve,
     /// `tau = burst × T`.
     pub(crate) tolerance: u64,
+    /// `tau / T`, kept so that no decision divides for it.
+    burst: u64,
 }
 
 impl WarmGcra {
     pub(crate) fn new(curve: Curve, tolerance: u64) -> Self {
-        WarmGcra { curve, tolerance }
+        WarmGcra {
+            curve,
+            tolerance,
+            burst: tolerance / curve.interval.max(1),
+        }
     }
 
     /// The burst, in requests (`q` in `RateLimit-Policy`).
+    #[inline]
     pub(crate) fn burst(&self) -> u64 {
-        self.tolerance / self.curve.interval
+        self.burst
     }
 
     /// The state as of `now`: an idle key regains permits and its `tat` moves up to `now`.
