@@ -301,3 +301,61 @@ fn a_settled_charge_is_one_log_entry_capped_at_the_largest_limit() {
     assert_eq!(decide(&rules, &mut st, S, 1).0.outcome(), Outcome::Limited);
     assert!(decide(&rules, &mut st, 2 * S, 1).0.is_allowed());
 }
+
+proptest! {
+    /// The sliding counter decides and reports by the exact products whether or not the
+    /// previous window weighs (the test without a weight is the fixed window's, with no
+    /// product): in a window opened at `start` with counts `prev` and `cur`, a request of `c`
+    /// passes iff `(cur + c)·width + prev·(width − e) <= limit·width`, and `remaining` is
+    /// `limit − cur − ⌈prev·(width − e) / width⌉`.
+    #[test]
+    fn the_counter_decides_by_the_exact_products_with_or_without_a_previous_weight(
+        limit in 1u64..=u64::from(u32::MAX),
+        width in prop_oneof![1u64..1_000, 1u64..u64::MAX / 4],
+        start in 1u64..1_000_000,
+        prev in prop_oneof![Just(0u64), 0u64..=u64::from(u32::MAX)],
+        cur in prop_oneof![0u64..10, 0u64..=u64::from(u32::MAX)],
+        into in 0u64..u64::MAX,
+        c in prop_oneof![0u32..10, any::<u32>()],
+    ) {
+        prop_assume!(prev > 0 || cur > 0);
+        let now = start + into % width;
+        let rule = counter(limit, width);
+        let words = [start, (prev << 32) | cur];
+        let w = u128::from(width);
+        let weighted = u128::from(prev) * u128::from(width - (now - start));
+        let fits = u64::from(c) <= limit
+            && u128::from(cur + u64::from(c)) * w + weighted <= u128::from(limit) * w;
+        let step = rule.step(words, &Log::EMPTY, now, c);
+        prop_assert_eq!(matches!(step, Step::Allow { .. }), fits, "{:?}", step);
+        let used = u128::from(cur) + weighted.div_ceil(w);
+        let remaining = u128::from(limit).saturating_sub(used) as u64;
+        prop_assert_eq!(rule.state(words, &Log::EMPTY, now).remaining(), remaining);
+    }
+
+    /// A log's window holds the entries whose time is within it: the lookup that skips the
+    /// search when the oldest entry counts finds what the search finds.
+    #[test]
+    fn a_log_counts_the_entries_of_its_window_with_or_without_a_search(
+        gaps in prop::collection::vec((0u64..50, 1u64..4), 0..40),
+        width in 1u64..200,
+        gone in prop_oneof![Just(0u64), 0u64..2_000],
+        after in 0u64..300,
+    ) {
+        let mut log = Log::default();
+        let mut now = 1;
+        let mut entries = Vec::new();
+        for (gap, cost) in gaps {
+            now += gap;
+            log.admit(now, cost, u64::MAX / 2, u64::MAX);
+            entries.push((now, cost));
+        }
+        let at = now + after;
+        let counted: u64 = entries
+            .iter()
+            .filter(|(t, _)| t + width > at && !(gone > 0 && *t <= gone))
+            .map(|e| e.1)
+            .sum();
+        prop_assert_eq!(log.in_window(at, width, gone).1, counted);
+    }
+}

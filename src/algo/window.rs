@@ -211,7 +211,14 @@ impl Window {
         let w = u128::from(self.width);
         let limit = u128::from(self.limit);
         let weighted = self.weighted(start, prev, now);
-        if u128::from(cur + c) * w + weighted <= limit * w {
+        // Without a previous window's weight (a key in its first window, or back from a
+        // gap) the test is the fixed window's, with no product.
+        let fits = if weighted == 0 {
+            cur + c <= self.limit || w == 0
+        } else {
+            u128::from(cur + c) * w + weighted <= limit * w
+        };
+        if fits {
             return Step::Allow {
                 words: [start, pack(prev, cur + c)],
                 spot: [start, 0],
@@ -249,8 +256,10 @@ impl Window {
     pub(super) fn counter_state(&self, words: Words, now: u64) -> QuotaState {
         let (start, prev, cur) = self.counter_current(words, now);
         let weighted = self.weighted(start, prev, now);
-        // The same quotient in 64 bits when the product fits, without a 128-bit division.
+        // The same quotient in 64 bits when the product fits, without a 128-bit division,
+        // and none at all without a weight.
         let weight = match u64::try_from(weighted) {
+            Ok(0) => 0,
             Ok(x) => u128::from(x.div_ceil(self.width.max(1))),
             Err(_) => weighted.div_ceil(u128::from(self.width)),
         };
