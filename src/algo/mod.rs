@@ -390,6 +390,22 @@ pub(crate) fn decide(
     now: u64,
     cost: u32,
 ) -> (Decision, bool) {
+    let mut d = Decision::unlimited();
+    let changed = decide_into(rules, state, now, cost, &mut d);
+    (d, changed)
+}
+
+/// [`decide`], writing the decision into `d` (where its caller keeps it, so that the many
+/// words of a decision made under a key's lock are not copied out through the lock's
+/// closure). Returns whether `state` changed.
+#[inline]
+fn decide_into(
+    rules: &[Rule],
+    state: &mut KeyState,
+    now: u64,
+    cost: u32,
+    d: &mut Decision,
+) -> bool {
     let n = rules.len().min(MAX_QUOTAS);
     let v = all_or_nothing(n, |i| rules[i].step(state.words[i], &state.log, now, cost));
     let allowed = v.outcome == Outcome::Allowed && cost > 0;
@@ -403,7 +419,8 @@ pub(crate) fn decide(
     for (i, r) in rules.iter().enumerate().take(n) {
         quotas[i] = r.state(state.words[i], &state.log, now);
     }
-    (concluded(&v, cost, quotas, n), allowed)
+    *d = concluded(&v, cost, quotas, n);
+    allowed
 }
 
 /// The decision of a policy of one quota kept in two words (any kind but the sliding log,
@@ -616,7 +633,9 @@ impl Slot for Mixed {
     }
 
     fn step(&self, rules: &[Rule], now: u64, cost: u32) -> Decision {
-        self.change(rules, |state| decide(rules, state, now, cost).0)
+        let mut d = Decision::unlimited();
+        self.change(rules, |state| decide_into(rules, state, now, cost, &mut d));
+        d
     }
 
     #[inline]
