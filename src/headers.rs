@@ -183,24 +183,31 @@ pub(crate) fn append_fields(
 #[cold]
 #[inline(never)]
 fn find_duplicate(headers: &HeaderMap) {
-    if let Some(name) = duplicate(headers) {
+    // The values from both ends: the last one taken, the others are the earlier ones, without
+    // counting them first.
+    let mut values = headers.get_all(POLICY_NAME).into_iter();
+    let Some(added) = values.next_back() else {
+        return;
+    };
+    if let Some(name) = duplicate(values, added) {
         warn_duplicate(&name);
     }
 }
 
-/// An item name of the last `RateLimit-Policy` value that an earlier value has too.
+/// An item name of `added` (a `RateLimit-Policy` value) that one of the `earlier` values has
+/// too.
 ///
 /// Stacked layers append the same values to every response, so a pair of values found
 /// without a common name is remembered (on this thread, the last [`CLEAN_PAIRS`]) and not
 /// read again. The pairs hold their values: a value at the same address, of the same length,
 /// is the same bytes.
-fn duplicate(headers: &HeaderMap) -> Option<Vec<u8>> {
-    let values = headers.get_all(&RATELIMIT_POLICY);
-    let added = values.iter().next_back()?;
-    let earlier = values.iter().count() - 1;
+fn duplicate<'v>(
+    earlier: impl Iterator<Item = &'v HeaderValue>,
+    added: &HeaderValue,
+) -> Option<Vec<u8>> {
     CLEAN.with(|clean| {
         let mut clean = clean.borrow_mut();
-        for v in values.iter().take(earlier) {
+        for v in earlier {
             let known = clean
                 .iter()
                 .flatten()
@@ -635,10 +642,7 @@ mod tests {
         let db = HeaderValue::from_static(r#""db";q=8;qu="concurrent-requests""#);
         let api_again = HeaderValue::from_static(r#""db2";q=1, "api";q=5;w=1"#);
         for _ in 0..3 {
-            let mut headers = HeaderMap::new();
-            headers.append(&RATELIMIT_POLICY, api.clone());
-            headers.append(&RATELIMIT_POLICY, db.clone());
-            assert_eq!(duplicate(&headers), None);
+            assert_eq!(duplicate([&api].into_iter(), &db), None);
         }
         let known = CLEAN.with(|c| {
             c.borrow()
@@ -649,22 +653,14 @@ mod tests {
         });
         assert_eq!(known, 1);
         // The same earlier value with another one added: read, and its name found.
-        let mut headers = HeaderMap::new();
-        headers.append(&RATELIMIT_POLICY, api.clone());
-        headers.append(&RATELIMIT_POLICY, db.clone());
-        headers.append(&RATELIMIT_POLICY, api_again);
-        assert_eq!(duplicate(&headers), Some(b"api".to_vec()));
+        assert_eq!(
+            duplicate([&api, &db].into_iter(), &api_again),
+            Some(b"api".to_vec())
+        );
         // Equal bytes at another address are read again, never taken for a remembered value.
-        let mut headers = HeaderMap::new();
-        headers.append(
-            &RATELIMIT_POLICY,
-            HeaderValue::from_str(r#""db";q=1"#).unwrap(),
-        );
-        headers.append(
-            &RATELIMIT_POLICY,
-            HeaderValue::from_str(r#""db";q=2"#).unwrap(),
-        );
-        assert_eq!(duplicate(&headers), Some(b"db".to_vec()));
+        let db1 = HeaderValue::from_str(r#""db";q=1"#).unwrap();
+        let db2 = HeaderValue::from_str(r#""db";q=2"#).unwrap();
+        assert_eq!(duplicate([&db1].into_iter(), &db2), Some(b"db".to_vec()));
     }
 
     #[test]
