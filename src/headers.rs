@@ -183,24 +183,34 @@ pub(crate) fn append_fields(
 #[cold]
 #[inline(never)]
 fn find_duplicate(headers: &HeaderMap) {
-    if let Some(name) = duplicate(headers) {
+    if let Some(name) = last_value_duplicate(headers) {
         warn_duplicate(&name);
     }
 }
 
-/// An item name of the last `RateLimit-Policy` value that an earlier value has too.
+/// An item name of the last `RateLimit-Policy` value of `headers` that an earlier value has
+/// too. The values are read from both ends: the last one taken, the others are the earlier
+/// ones, without counting them first.
+fn last_value_duplicate(headers: &HeaderMap) -> Option<Vec<u8>> {
+    let mut values = headers.get_all(POLICY_NAME).into_iter();
+    let added = values.next_back()?;
+    duplicate(values, added)
+}
+
+/// An item name of `added` (a `RateLimit-Policy` value) that one of the `earlier` values has
+/// too.
 ///
 /// Stacked layers append the same values to every response, so a pair of values found
 /// without a common name is remembered (on this thread, the last [`CLEAN_PAIRS`]) and not
 /// read again. The pairs hold their values: a value at the same address, of the same length,
 /// is the same bytes.
-fn duplicate(headers: &HeaderMap) -> Option<Vec<u8>> {
-    let values = headers.get_all(&RATELIMIT_POLICY);
-    let added = values.iter().next_back()?;
-    let earlier = values.iter().count() - 1;
+fn duplicate<'v>(
+    earlier: impl Iterator<Item = &'v HeaderValue>,
+    added: &HeaderValue,
+) -> Option<Vec<u8>> {
     CLEAN.with(|clean| {
         let mut clean = clean.borrow_mut();
-        for v in values.iter().take(earlier) {
+        for v in earlier {
             let known = clean
                 .iter()
                 .flatten()
@@ -635,10 +645,7 @@ mod tests {
         let db = HeaderValue::from_static(r#""db";q=8;qu="concurrent-requests""#);
         let api_again = HeaderValue::from_static(r#""db2";q=1, "api";q=5;w=1"#);
         for _ in 0..3 {
-            let mut headers = HeaderMap::new();
-            headers.append(&RATELIMIT_POLICY, api.clone());
-            headers.append(&RATELIMIT_POLICY, db.clone());
-            assert_eq!(duplicate(&headers), None);
+            assert_eq!(duplicate([&api].into_iter(), &db), None);
         }
         let known = CLEAN.with(|c| {
             c.borrow()
@@ -649,22 +656,14 @@ mod tests {
         });
         assert_eq!(known, 1);
         // The same earlier value with another one added: read, and its name found.
-        let mut headers = HeaderMap::new();
-        headers.append(&RATELIMIT_POLICY, api.clone());
-        headers.append(&RATELIMIT_POLICY, db.clone());
-        headers.append(&RATELIMIT_POLICY, api_again);
-        assert_eq!(duplicate(&headers), Some(b"api".to_vec()));
+        assert_eq!(
+            duplicate([&api, &db].into_iter(), &api_again),
+            Some(b"api".to_vec())
+        );
         // Equal bytes at another address are read again, never taken for a remembered value.
-        let mut headers = HeaderMap::new();
-        headers.append(
-            &RATELIMIT_POLICY,
-            HeaderValue::from_str(r#""db";q=1"#).unwrap(),
-        );
-        headers.append(
-            &RATELIMIT_POLICY,
-            HeaderValue::from_str(r#""db";q=2"#).unwrap(),
-        );
-        assert_eq!(duplicate(&headers), Some(b"db".to_vec()));
+        let db1 = HeaderValue::from_str(r#""db";q=1"#).unwrap();
+        let db2 = HeaderValue::from_str(r#""db";q=2"#).unwrap();
+        assert_eq!(duplicate([&db1].into_iter(), &db2), Some(b"db".to_vec()));
     }
 
     #[test]
@@ -880,6 +879,50 @@ mod tests {
         use proptest::prelude::*;
 
         proptest! {
+            /// Against the model of reading every item name of every value: whatever pairs
+            /// this thread found clean before (the same values appended again, in another
+            /// order, under others), a name the last value shares with an earlier one is
+            /// found, and none is found where there is none.
+            #[test]
+            fn a_name_the_last_policy_value_shares_with_an_earlier_one_is_always_found(
+                seq in proptest::collection::vec(
+                    proptest::collection::vec(0usize..6, 1..5),
+                    1..40,
+                )
+            ) {
+                // Six values, each appended as the same bytes at the same address every time,
+                // as a layer appends its own: names drawn from a few, so that some share one.
+                let texts = [
+                    r#""a";q=1;w=1"#,
+                    r#""b";q=2;w=1, "c";q=3;w=1"#,
+                    r#""c";q=1;qu="concurrent-requests""#,
+                    r#""d";q=1;w=1"#,
+                    r#""e";q=1;w=1, "a";q=9;w=9"#,
+                    r#""f";q=1;w=1"#,
+                ];
+                let values: Vec<HeaderValue> =
+                    texts.iter().map(|t| HeaderValue::from_static(t)).collect();
+                let names = |v: &HeaderValue| -> Vec<Vec<u8>> {
+                    PolicyNames(v.as_bytes()).map(<[u8]>::to_vec).collect()
+                };
+                for stack in seq {
+                    let mut headers = HeaderMap::new();
+                    for &i in &stack {
+                        headers.append(POLICY_NAME, values[i].clone());
+                    }
+                    let (last, earlier) = stack.split_last().expect("not empty");
+                    let added = names(&values[*last]);
+                    let shared = earlier
+                        .iter()
+                        .any(|&i| names(&values[i]).iter().any(|n| added.contains(n)));
+                    let found = last_value_duplicate(&headers);
+                    prop_assert_eq!(found.is_some(), shared, "stack {:?}", stack);
+                    if let Some(name) = found {
+                        prop_assert!(added.contains(&name));
+                    }
+                }
+            }
+
             /// Against the model of no cache at all: whatever came before on this thread (more
             /// items or fewer, a prefix, more than the cache holds, values that repeat), the
             /// value handed out is the one rendered for the items asked.

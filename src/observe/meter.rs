@@ -114,9 +114,16 @@ mod on {
 
         #[inline]
         pub(crate) fn count(&self, v: Verdict, quota: Option<usize>) {
+            self.count_with(v, || quota);
+        }
+
+        /// [`count`](Self::count), with the quota that fired found only when it is counted
+        /// (a limit or a cost that never fits).
+        #[inline]
+        pub(crate) fn count_with(&self, v: Verdict, quota: impl FnOnce() -> Option<usize>) {
             let per_quota = match v {
-                Verdict::Limited => quota.and_then(|q| self.limited.get(q)),
-                Verdict::NeverFits => quota.and_then(|q| self.never_fits.get(q)),
+                Verdict::Limited => quota().and_then(|q| self.limited.get(q)),
+                Verdict::NeverFits => quota().and_then(|q| self.never_fits.get(q)),
                 _ => None,
             };
             per_quota.unwrap_or(&self.plain[index(v)]).increment(1);
@@ -333,6 +340,9 @@ mod on {
 
         #[inline(always)]
         pub(crate) fn count(&self, _: Verdict, _: Option<usize>) {}
+
+        #[inline(always)]
+        pub(crate) fn count_with(&self, _: Verdict, _: impl FnOnce() -> Option<usize>) {}
 
         #[inline(always)]
         pub(crate) fn keys(&self, _: bool, _: impl FnOnce() -> Option<usize>) {}

@@ -10,11 +10,11 @@ use super::{Names, Verdict};
 
 /// Logs a rejection at `DEBUG` (target `tollgate::reject`), or a would-be rejection of a
 /// dry-run layer at `INFO` (target `tollgate::dry_run`). `key` is given only when the layer
-/// traces keys.
+/// traces keys; `quota`, the quota that fired, is found only when the event is logged.
 #[inline]
 pub(crate) fn rejected(
     names: &Names,
-    quota: Option<usize>,
+    quota: impl FnOnce() -> Option<usize>,
     outcome: Verdict,
     status: StatusCode,
     retry_after: Option<Duration>,
@@ -33,7 +33,7 @@ pub(crate) fn rejected(
     cold(|| {
         let layer = names.layer.as_str();
         let policy = &*names.policy;
-        let quota = names.quota(quota).map(|q| &**q);
+        let quota = names.quota(quota()).map(|q| &**q);
         let outcome = outcome.as_str();
         let status = status.as_u16();
         let retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));

@@ -17,7 +17,7 @@ use crate::algo::Rule;
 use crate::decision::{Decision, Outcome, Reservation};
 use crate::headers::{append_fields, Legacy, PolicyHeaders};
 use crate::key::RequestHead;
-use crate::observe::{self, DecisionMeter, Names, Observe, Verdict};
+use crate::observe::{DecisionMeter, Names, Observe, Verdict};
 use crate::response::refuse::Refuser;
 use crate::response::{OnReject, Recipient, Rejection, RejectionKind};
 use crate::store::backend::Backend;
@@ -184,14 +184,11 @@ impl Answers {
             Outcome::Banned => (RejectionKind::Banned, self.ban_status),
             _ => (RejectionKind::RateLimited, StatusCode::TOO_MANY_REQUESTS),
         };
-        let quota = if blind {
-            None
-        } else {
-            observe::fired(decision, cost)
-        };
+        // The quota that fired is found only if a count or an event asks for it.
+        let cost = (!blind).then_some(cost);
         let to = Recipient::of(&RequestHead::new(req));
         let r = Rejection::new(kind, status, decision.retry_after(), Some(&tier.name), to)
-            .decided(decision, quota);
+            .decided(decision, cost);
         let refuser = Refuser {
             names: &tier.names,
             meter: &tier.meter,

@@ -359,7 +359,7 @@ mod tests {
             decision: None,
             policy: None,
             protocol: crate::response::Protocol::Grpc,
-            quota: None,
+            cost: None,
             outer: false,
         }
     }

@@ -259,7 +259,7 @@ mod tests {
             decision: None,
             policy: None,
             protocol: Protocol::Http,
-            quota: None,
+            cost: None,
             outer: false,
         }
     }

@@ -41,11 +41,11 @@ impl Refuser<'_> {
     ) -> Option<Response<B>> {
         let verdict = verdict(r);
         let dry_run = self.observe.dry_run;
-        self.meter.count(verdict, r.quota);
+        self.meter.count_with(verdict, || r.quota());
         let key = key.filter(|_| self.observe.trace_keys);
         observe::rejected(
             self.names,
-            r.quota,
+            || r.quota(),
             verdict,
             r.status,
             r.retry_after,
@@ -53,7 +53,8 @@ impl Refuser<'_> {
             key,
         );
         if dry_run {
-            let record = DryRunRejection::new(self.names, r.quota, r.kind, r.status, r.retry_after);
+            let record =
+                DryRunRejection::new(self.names, r.quota(), r.kind, r.status, r.retry_after);
             record.record(ext);
             return None;
         }

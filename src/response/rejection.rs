@@ -144,8 +144,10 @@ pub struct Rejection<'a> {
     pub(crate) decision: Option<&'a Decision>,
     pub(crate) policy: Option<&'a str>,
     pub(crate) protocol: Protocol,
-    /// The quota that fired, for a rate limit's counts and events.
-    pub(crate) quota: Option<usize>,
+    /// The cost of the request a rate limit refused, when a quota of its decision fired: the
+    /// quota is found from it ([`quota`](Self::quota)) only when a count or an event takes it,
+    /// which a plain rejection never does.
+    pub(crate) cost: Option<u32>,
     /// Whether a layer outside decided the request: then the response is marked
     /// (`Rejected`, in the parent module).
     pub(crate) outer: bool,
@@ -170,19 +172,26 @@ impl<'a> Rejection<'a> {
             decision: None,
             policy,
             protocol: to.protocol,
-            quota: None,
+            cost: None,
             outer: to.outer,
         }
     }
 
-    /// This rejection, made by the rate-limit `decision`, whose quota `quota` fired.
+    /// This rejection, made by the rate-limit `decision` of a request of `cost`; `None` when
+    /// no quota fired (the store could not be asked).
     #[inline]
-    pub(crate) fn decided(self, decision: &'a Decision, quota: Option<usize>) -> Self {
+    pub(crate) fn decided(self, decision: &'a Decision, cost: Option<u32>) -> Self {
         Rejection {
             decision: Some(decision),
-            quota,
+            cost,
             ..self
         }
+    }
+
+    /// The quota that fired, for a rate limit's counts and events
+    /// ([`observe::fired`](crate::observe::fired)).
+    pub(crate) fn quota(&self) -> Option<usize> {
+        crate::observe::fired(self.decision?, self.cost?)
     }
 
     rejection_getters!();
