@@ -63,6 +63,22 @@
 //! ```
 //! (the `Collected` total over 200 000 is the instructions of one check, the loop's few
 //! included, as in the timed loops).
+//!
+//! Wall time on a shared machine: with `RATE_LIMIT_WALL=<group>` (any group), the binary makes
+//! both limiters of the group as it does, then times them in turns: 300 rounds, each a batch of
+//! 20 000 checks (on each thread, for the two-thread groups) of each crate with the result
+//! moved through `black_box` as the timed loops do, then of each with only the result's address
+//! given to `black_box` (every byte of it still written, but not copied: tollgate's `Decision`
+//! is 184 bytes, governor's `Result` a few words). Each round starts with the next of the four;
+//! the keys go on round-robin from batch to batch. It prints each one's fastest batch, its 10th
+//! percentile and its median, in ns per check, and the ratios. Batches a few hundred
+//! microseconds long, interleaved, meet the same load on both sides, and the fastest ones are
+//! those no other process interrupted: on a loaded machine these ratios repeat where
+//! criterion's, a few seconds of one crate and then of the other, do not.
+//!
+//! ```text
+//! RATE_LIMIT_WALL=keyed_500k target/release/deps/rate_limit-<hash>
+//! ```
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
@@ -552,9 +568,217 @@ fn instructions(row: &str) {
     println!("{row}: {admitted} of {N} admitted");
 }
 
+/// Checks `keys` round-robin `n` times from `*at`, leaving `*at` where the next batch starts;
+/// returns the admissions. `check` is one crate's check of a key.
+#[inline(always)]
+fn batch<K>(keys: &[K], at: &mut usize, n: u64, check: impl Fn(&K) -> bool) -> u64 {
+    let mut admitted = 0u64;
+    let mut i = *at;
+    for _ in 0..n {
+        admitted += u64::from(check(black_box(&keys[i])));
+        i += 1;
+        if i == keys.len() {
+            i = 0;
+        }
+    }
+    *at = i;
+    admitted
+}
+
+/// The limiters of one group, both crates, made and filled as the group makes them.
+enum Pair {
+    Direct(
+        tollgate::RateLimiter<()>,
+        governor::DefaultDirectRateLimiter,
+    ),
+    Keyed(
+        tollgate::RateLimiter<IpAddr>,
+        governor::DefaultKeyedRateLimiter<IpAddr>,
+        Vec<IpAddr>,
+    ),
+}
+
+impl Pair {
+    fn new(group: &str) -> (Pair, bool, bool) {
+        let keyed = |n: usize, tg: tollgate::Quota, gv: governor::Quota| {
+            let keys: Vec<IpAddr> = (0..n as u32)
+                .map(|i| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 | i)))
+                .collect();
+            let t = tollgate::RateLimiter::<IpAddr>::new(tg);
+            let g = governor::RateLimiter::keyed(gv);
+            for k in &keys {
+                assert!(t.check(k).is_allowed());
+                assert!(g.check_key(k).is_ok());
+            }
+            Pair::Keyed(t, g, keys)
+        };
+        let direct = |tg: tollgate::Quota, gv: governor::Quota, spend: bool| {
+            let t = tollgate::RateLimiter::<()>::new(tg);
+            let g = governor::RateLimiter::direct(gv);
+            if spend {
+                assert!(t.check(&()).is_allowed());
+                assert!(g.check().is_ok());
+            }
+            Pair::Direct(t, g)
+        };
+        // (the limiters, whether checks are admitted, on two threads)
+        match group {
+            "direct" => (direct(tollgate_open(), governor_open(), false), true, false),
+            "contended_2_threads" => (direct(tollgate_open(), governor_open(), false), true, true),
+            "rejecting" => (
+                direct(tollgate_closed(), governor_closed(), true),
+                false,
+                false,
+            ),
+            "rejecting_contended_2_threads" => (
+                direct(tollgate_closed(), governor_closed(), true),
+                false,
+                true,
+            ),
+            "keyed_10k" => (
+                keyed(KEYS, tollgate_keyed_open(), governor_keyed_open()),
+                true,
+                false,
+            ),
+            "keyed_500k" => (
+                keyed(500_000, tollgate_keyed_open(), governor_keyed_open()),
+                true,
+                false,
+            ),
+            "keyed_10k_idle" => (
+                keyed(
+                    KEYS,
+                    tollgate::Quota::per_second(1_000_000_000),
+                    governor::Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()),
+                ),
+                true,
+                false,
+            ),
+            "rejecting_keyed" => {
+                let Pair::Keyed(t, g, keys) = keyed(KEYS, tollgate_closed(), governor_closed())
+                else {
+                    unreachable!()
+                };
+                // The flooder's key alone is checked, among 10 000 tracked ones.
+                (Pair::Keyed(t, g, vec![keys[KEYS / 2]]), false, false)
+            }
+            _ => panic!("RATE_LIMIT_WALL: no group {group}"),
+        }
+    }
+
+    /// Times a batch of `n` checks (on each of two threads with `two`) of one crate, whose
+    /// results are read by value or through a reference (`BY_REF`); returns ns per check and
+    /// the admissions.
+    fn time<const BY_REF: bool>(
+        &self,
+        tollgate: bool,
+        two: bool,
+        at: &mut usize,
+        n: u64,
+    ) -> (f64, u64) {
+        if two {
+            let Pair::Direct(t, g) = self else {
+                panic!("the two-thread groups check one key")
+            };
+            let mut refused = 0;
+            // Wall time / 2, over `n` checks on each thread.
+            let wall = if tollgate {
+                two_threads(
+                    n,
+                    || seen::<BY_REF, _>(t.check(black_box(&()))).is_allowed(),
+                    &mut refused,
+                )
+            } else {
+                two_threads(n, || seen::<BY_REF, _>(g.check()).is_ok(), &mut refused)
+            };
+            return (wall.as_nanos() as f64 / n as f64, 2 * n - refused);
+        }
+        let one = [()];
+        let start = Instant::now();
+        let admitted = match self {
+            Pair::Direct(t, _) if tollgate => {
+                batch(&one, at, n, |k| seen::<BY_REF, _>(t.check(k)).is_allowed())
+            }
+            Pair::Direct(_, g) => batch(&one, at, n, |_| seen::<BY_REF, _>(g.check()).is_ok()),
+            Pair::Keyed(t, _, keys) if tollgate => {
+                batch(keys, at, n, |k| seen::<BY_REF, _>(t.check(k)).is_allowed())
+            }
+            Pair::Keyed(_, g, keys) => {
+                batch(keys, at, n, |k| seen::<BY_REF, _>(g.check_key(k)).is_ok())
+            }
+        };
+        (start.elapsed().as_nanos() as f64 / n as f64, admitted)
+    }
+}
+
+/// A check's result made visible to the optimizer's blind spot: moved through `black_box` as
+/// the timed loops do, or (`BY_REF`) only its address, which keeps every byte of it written
+/// but copies nothing.
+#[inline(always)]
+fn seen<const BY_REF: bool, T>(result: T) -> T {
+    if BY_REF {
+        black_box(&result);
+        result
+    } else {
+        black_box(result)
+    }
+}
+
+/// The `RATE_LIMIT_WALL` mode (see the module docs).
+fn wall(group: &str) {
+    const ROUNDS: usize = 300;
+    const BATCH: u64 = 20_000;
+    let (pair, admit, two) = Pair::new(group);
+    // tollgate by value, governor by value, tollgate by reference, governor by reference.
+    let mut times: [Vec<f64>; 4] = Default::default();
+    let mut at = [0usize; 4];
+    for round in 0..ROUNDS {
+        for step in 0..4 {
+            // Each round starts with the next of the four, so that none always goes first.
+            let which = (round + step) % 4;
+            let tollgate = which % 2 == 0;
+            let (ns, admitted) = if which < 2 {
+                pair.time::<false>(tollgate, two, &mut at[which], BATCH)
+            } else {
+                pair.time::<true>(tollgate, two, &mut at[which], BATCH)
+            };
+            let all = if two { 2 * BATCH } else { BATCH };
+            let expected = if admit { all } else { 0 };
+            assert_eq!(admitted, expected, "{group}: a check went the wrong way");
+            times[which].push(ns);
+        }
+    }
+    for v in times.iter_mut() {
+        v.sort_by(f64::total_cmp);
+    }
+    let at = |v: &[f64], q: usize| v[v.len() * q / 100];
+    for (name, tg, gv) in [
+        ("by value", &times[0], &times[1]),
+        ("by reference", &times[2], &times[3]),
+    ] {
+        println!(
+            "{group}, result read {name}: ns per check, tollgate / governor = ratio: \
+             fastest {:.2} / {:.2} = {:.2}; p10 {:.2} / {:.2} = {:.2}; median {:.2} / {:.2} = {:.2}",
+            tg[0],
+            gv[0],
+            tg[0] / gv[0],
+            at(tg, 10),
+            at(gv, 10),
+            at(tg, 10) / at(gv, 10),
+            at(tg, 50),
+            at(gv, 50),
+            at(tg, 50) / at(gv, 50),
+        );
+    }
+}
+
 fn main() {
     if let Ok(row) = std::env::var("RATE_LIMIT_INSTRUCTIONS") {
         instructions(&row);
+        return;
+    }
+    if let Ok(group) = std::env::var("RATE_LIMIT_WALL") {
+        wall(&group);
         return;
     }
     benches();

@@ -87,12 +87,22 @@ impl Live {
         (n > 0 && self.read(&mut out[..n])).then_some(n)
     }
 
-    /// The single GCRA quota in force, of a policy of one GCRA quota.
+    /// The single GCRA quota in force, of a policy of one GCRA quota: [`read`](Self::read)
+    /// of one quota, kept in registers.
     #[inline]
     pub(super) fn one(&self) -> Gcra {
-        let mut out = [Gcra::new(1, 1)];
-        if self.gcras > 0 && self.read(&mut out) {
-            out[0]
+        let before = self.seq.load(Ordering::Acquire);
+        let w = &self.words[0];
+        let g = Gcra::from_words([
+            w[0].load(Ordering::Relaxed),
+            w[1].load(Ordering::Relaxed),
+            w[2].load(Ordering::Relaxed),
+        ]);
+        // As in `read`.
+        fence(Ordering::Acquire);
+        let after = self.seq.load(Ordering::Relaxed);
+        if before == after && before & 1 == 0 && self.gcras > 0 {
+            g
         } else {
             self.slow_one()
         }

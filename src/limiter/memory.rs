@@ -338,14 +338,24 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         .is_some()
     }
 
-    /// The single key's slot of a single GCRA quota, decided inline.
+    /// The keys of a policy of one GCRA quota, which a check decides inline; none for any
+    /// other shape.
     #[inline]
-    pub(super) fn direct_one(&self) -> Option<&One> {
+    pub(super) fn one_gcra(&self) -> Option<OneGcra<'_, K>> {
         match &self.0 {
-            Shape::DirectOne(d) => Some(&d.slot),
+            Shape::DirectOne(d) => Some(OneGcra::Direct(&d.slot)),
+            Shape::One(s) => Some(OneGcra::Table(s)),
             _ => None,
         }
     }
+}
+
+/// The keys of a policy of one GCRA quota (see [`State::one_gcra`]).
+pub(super) enum OneGcra<'a, K> {
+    /// The single key's slot: its whole state is one word.
+    Direct(&'a One),
+    /// The table of keys.
+    Table(&'a MemoryStore<K, One>),
 }
 
 /// The keys' room in a bound shared with other tables (see `keyed::Room`).
