@@ -474,16 +474,18 @@ local function log_give_back(t, u)
   end
   if left == u or #es == 0 then return end
   local running = es[1][2] - tonumber(string.match(es[1][4], ':(%d+)$'))
-  local add = {}
-  for _, e in ipairs(es) do
-    redis.call('ZREM', key, e[4])
+  local old, add = {}, {}
+  for i, e in ipairs(es) do
+    old[i] = e[4]
     if e[3] > 0 then
       running = running + e[3]
       add[#add + 1] = e[1]
       add[#add + 1] = member(e[1], running, e[3])
     end
   end
-  if #add > 0 then redis.call('ZADD', key, unpack(add)) end
+  -- A few calls of many members each, in slices: unpack gives at most a few thousand values.
+  for i = 1, #old, 1000 do redis.call('ZREM', key, unpack(old, i, math.min(i + 999, #old))) end
+  for i = 1, #add, 1000 do redis.call('ZADD', key, unpack(add, i, math.min(i + 999, #add))) end
 end
 
 -- ---- refund ----

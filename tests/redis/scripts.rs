@@ -351,3 +351,72 @@ async fn the_script_of_quotas_without_warm_up_decides_as_the_general_one() {
         "{vanished} of 16 000 steps lost a key to the server's clock"
     );
 }
+
+/// A refund rewrites the running totals of every log entry after the one it gives back from:
+/// with thousands of them (more values than Lua's `unpack` gives at once), the log keeps
+/// every other entry and its totals, instead of the script failing halfway with the entries
+/// it had already removed gone.
+#[tokio::test]
+async fn a_refund_before_thousands_of_log_entries_keeps_the_others() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(GENERAL)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A log of 10 000 per 100 s; 5 000 requests of cost 1, one µs apart.
+    let quota = ["1", "2", "10000", "100000000"];
+    let entries = 5_000u64;
+    for from in (1..=entries).step_by(250) {
+        let mut pipe = redis::pipe();
+        for i in from..from + 250 {
+            let now = (1_000_000_000 + i).to_string();
+            pipe.cmd("EVALSHA")
+                .arg(&sha)
+                .arg(1)
+                .arg("log")
+                .arg("1")
+                .arg(&now);
+            pipe.arg(&quota[..]).arg(&["0", "0", "0"][..]).ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+    }
+    // The first request gives its unit back, from its reservation (its entry's time).
+    let reply: Vec<i64> = redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(1)
+        .arg("log")
+        .arg(&["-1", "1000006000"][..])
+        .arg(&quota[..])
+        .arg(&["1", "0", "0", "1000000001", "0"][..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(reply, [0, 0, 10_000 - 4_999, 100_000_000 - 1_000]);
+    let members: i64 = redis::cmd("ZCARD")
+        .arg("log")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The words member and every entry but the first.
+    assert_eq!(members, 1 + 4_999);
+    let newest: Vec<String> = redis::cmd("ZRANGE")
+        .arg("log")
+        .arg(-1)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(newest, ["1000005000:0000000000004999:1"]);
+    let oldest: Vec<String> = redis::cmd("ZRANGE")
+        .arg("log")
+        .arg(1)
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(oldest, ["1000000002:0000000000000001:1"]);
+}
