@@ -285,9 +285,12 @@ if took then
     local total = (newest_total or 0) + cost
     at = fmt('%d', log_at)
     entry = at .. ':' .. fmt('%016d', total) .. ':' .. ARGV[1]
-    -- A window that was empty starts at the new entry.
+    -- A window that was empty starts at the new entry, unless the entry's time is gone from
+    -- it (a change of quotas made on a clock ahead of the server's).
     for q = 1, n do
-      if K[q] == '2' and not FIRST[q] then FIRST[q], BEFORE[q] = entry, newest_total or 0 end
+      if K[q] == '2' and not FIRST[q] and (GONE[q] == 0 or log_at > GONE[q]) then
+        FIRST[q], BEFORE[q] = entry, newest_total or 0
+      end
     end
     newest_t, newest_total = log_at, total
   end
