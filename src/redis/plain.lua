@@ -15,7 +15,8 @@
 -- KEYS[1]  the key, as gcra.lua keeps it.
 -- ARGV     as gcra.lua: cost (0 only reports), now or "", the number of quotas n, then per
 --          quota its kind (0 to 3) and two numbers; then 0 (no reservation), and for each
---          quota what had left its windows at the changes of quotas (gone, gone_cur).
+--          quota what had left its windows at the changes of quotas (gone, gone_cur); zeros
+--          at the end may be left out.
 -- Returns  as gcra.lua.
 
 -- (prelude.lua, before this: cost, force, now, n, key, idiv)
@@ -32,10 +33,10 @@ local log_width, log_limit = nil, 0
 for q = 1, n do
   local k, a, b = ARGV[1 + 3 * q], ARGV[2 + 3 * q] + 0, ARGV[3 + 3 * q] + 0
   K[q], A[q], B[q], S1[q], S2[q], S3[q] = k, a, b, 0, 0, 0
-  -- Mostly "0": compared as a string first, which costs less than a number.
+  -- Mostly "0" or left out: compared as a string first, which costs less than a number.
   local g, gc = ARGV[3 + 3 * n + 2 * q], ARGV[4 + 3 * n + 2 * q]
-  if g == '0' then GONE[q] = 0 else GONE[q] = tonumber(g) or 0 end
-  if gc == '0' then GONE_CUR[q] = 0 else GONE_CUR[q] = tonumber(gc) or 0 end
+  if g == '0' or not g then GONE[q] = 0 else GONE[q] = tonumber(g) or 0 end
+  if gc == '0' or not gc then GONE_CUR[q] = 0 else GONE_CUR[q] = tonumber(gc) or 0 end
   if k == '2' then
     if log_width == nil or b > log_width then log_width = b end
     if a > log_limit then log_limit = a end
