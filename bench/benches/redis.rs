@@ -19,9 +19,12 @@
 //!   turns with the floor, a floor slice (`redis-benchmark -n` [`SLICE_FLOOR_REQUESTS`],
 //!   about a third of a second) and then the kind for as long, so that both see the same
 //!   load of the machine, which on a shared one moves within a second. A round's ratio is
-//!   the kind's decisions per second over its slices to the floor's over its own; printed
-//!   per round, and as the median with the least and the most. `REDIS_BENCH=kinds` runs
-//!   these rounds alone.
+//!   the kind's decisions per second over its slices to the floor's over its own; its CPU
+//!   ratio, the CPU time a floor request costs (the server's main thread and
+//!   `redis-benchmark`) over what a decision costs (the server's main thread and the thread
+//!   of this runtime), which the load of the machine moves far less than it moves rates.
+//!   Printed per round, and as the median with the least and the most. `REDIS_BENCH=kinds`
+//!   runs these rounds alone.
 //!
 //! * **client floor**: the same 64 tasks sending `EVALSHA` of `return 1` through one
 //!   multiplexed `redis` connection, as the store does: what the client and one connection cost
@@ -105,6 +108,8 @@ struct Figures {
     p99_ms: f64,
     /// The server's own time per `EVALSHA` in the run (`INFO commandstats`), µs.
     server_us: f64,
+    /// The CPU time of `redis-benchmark` for the floor, s (0 for the others).
+    client_cpu_s: f64,
 }
 
 /// Zeroes the server's command statistics.
@@ -140,12 +145,14 @@ fn evalsha_totals(port: u16) -> (f64, f64) {
 fn floor(port: u16, requests: &str) -> Figures {
     let sha = cli(port, &["SCRIPT", "LOAD", "return 1"]);
     reset_stats(port);
+    let children = children_cpu_s();
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-c", &CALLERS.to_string(), "-n", requests, "--csv"])
         .args(["EVALSHA", sha.trim(), "0"])
         .output()
         .expect("redis-benchmark (apt-get install -y redis-server)");
+    let client_cpu_s = children_cpu_s() - children;
     let csv = String::from_utf8_lossy(&out.stdout);
     // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
     let row = csv
@@ -162,7 +169,39 @@ fn floor(port: u16, requests: &str) -> Figures {
         p50_ms: cols[3],
         p99_ms: cols[5],
         server_us: evalsha_stats(port).1,
+        client_cpu_s,
     }
+}
+
+/// The CPU time, in s, of this process's children that have ended (`/proc/self/stat`, in
+/// clock ticks of 10 ms).
+fn children_cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<f64> = after
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    // Fields 16 and 17 of the file (cutime, cstime), counted from the state, field 3.
+    (fields.get(13).unwrap_or(&0.0) + fields.get(14).unwrap_or(&0.0)) / 100.0
+}
+
+/// The CPU time, in s, of a thread (`/proc/<path>/schedstat`, in ns): the server's main
+/// thread, which runs every command, or `thread-self`, which runs the tokio runtime here.
+fn thread_cpu_s(path: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{path}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |ns| ns / 1e9)
+}
+
+/// The redis-server's process id.
+fn server_pid(port: u16) -> String {
+    cli(port, &["INFO", "server"])
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .map(|p| p.trim().to_owned())
+        .unwrap_or_default()
 }
 
 /// Runs `CALLERS` tasks calling `call(task)` for `period`; the latencies in µs and the time.
@@ -202,6 +241,7 @@ fn figures(mut lat: Vec<u32>, took: Duration, server_us: f64) -> Figures {
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
         server_us,
+        client_cpu_s: 0.0,
     }
 }
 
@@ -366,15 +406,28 @@ impl Kind {
     }
 }
 
-/// One round of `kind`: [`SLICES`] turns of a floor slice and the kind for as long. Returns
-/// the ratio of the kind's decisions per second to the floor's, and the server's µs per call
-/// of each.
-async fn round(port: u16, kind: &Kind) -> (f64, f64, f64) {
+/// What one round of a kind measured, against its floor.
+#[derive(Clone, Copy)]
+struct Round {
+    /// The kind's decisions per second over the floor's.
+    ratio: f64,
+    /// The CPU time (the server's and the client's) of a floor request over a decision's.
+    cpu_ratio: f64,
+    /// The server's µs per call of the kind, and of the floor.
+    server_us: f64,
+    floor_us: f64,
+}
+
+/// One round of `kind`: [`SLICES`] turns of a floor slice and the kind for as long.
+async fn round(port: u16, server: &str, kind: &Kind) -> Round {
     let _warm = kind.run(Duration::from_millis(200)).await;
     let (mut floor_n, mut floor_s, mut floor_calls, mut floor_us) = (0.0, 0.0, 0.0, 0.0);
     let (mut kind_n, mut kind_s, mut kind_calls, mut kind_us) = (0.0, 0.0, 0.0, 0.0);
+    let (mut floor_cpu, mut kind_cpu) = (0.0, 0.0);
     for _ in 0..SLICES {
+        let server_cpu = thread_cpu_s(server);
         let f = floor(port, SLICE_FLOOR_REQUESTS);
+        floor_cpu += thread_cpu_s(server) - server_cpu + f.client_cpu_s;
         let requests: f64 = SLICE_FLOOR_REQUESTS.parse().expect("a number");
         let took = requests / f.per_sec;
         floor_n += requests;
@@ -383,18 +436,21 @@ async fn round(port: u16, kind: &Kind) -> (f64, f64, f64) {
         floor_calls += calls;
         floor_us += us;
         reset_stats(port);
+        let (server_cpu, own_cpu) = (thread_cpu_s(server), thread_cpu_s("thread-self"));
         let (lat, elapsed) = kind.run(Duration::from_secs_f64(took)).await;
+        kind_cpu += thread_cpu_s(server) - server_cpu + thread_cpu_s("thread-self") - own_cpu;
         kind_n += lat.len() as f64;
         kind_s += elapsed.as_secs_f64();
         let (calls, us) = evalsha_totals(port);
         kind_calls += calls;
         kind_us += us;
     }
-    (
-        (kind_n / kind_s) / (floor_n / floor_s),
-        kind_us / kind_calls,
-        floor_us / floor_calls,
-    )
+    Round {
+        ratio: (kind_n / kind_s) / (floor_n / floor_s),
+        cpu_ratio: (floor_cpu / floor_n) / (kind_cpu / kind_n),
+        server_us: kind_us / kind_calls,
+        floor_us: floor_us / floor_calls,
+    }
 }
 
 /// The median, least and most of `v`.
@@ -511,11 +567,12 @@ fn kinds_against_the_floor(port: u16, rt: &tokio::runtime::Runtime) {
         .enumerate()
         .map(|(i, (_, quotas))| rt.block_on(Kind::new(port, &format!("kind{i}"), quotas)))
         .collect();
-    let mut rounds: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); kinds.len()];
+    let server = server_pid(port);
+    let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); kinds.len()];
     for r in 0..ROUNDS {
         for j in 0..kinds.len() {
             let i = (r + j) % kinds.len();
-            rounds[i].push(rt.block_on(round(port, &runners[i])));
+            rounds[i].push(rt.block_on(round(port, &server, &runners[i])));
         }
     }
     println!();
@@ -525,18 +582,38 @@ fn kinds_against_the_floor(port: u16, rt: &tokio::runtime::Runtime) {
          [least, most], then every round:"
     );
     println!(
-        "{:<48} {:>22} {:>22} {:>18}",
-        "", "ratio to the floor", "server µs per call", "floor server µs"
+        "{:<48} {:>22} {:>22} {:>22} {:>18}",
+        "", "ratio to the floor", "CPU ratio", "server µs per call", "floor server µs"
     );
     for ((label, _), r) in kinds.iter().zip(&rounds) {
-        let ratio = spread(&r.iter().map(|x| x.0).collect::<Vec<_>>());
-        let us = spread(&r.iter().map(|x| x.1).collect::<Vec<_>>());
-        let floor_us = spread(&r.iter().map(|x| x.2).collect::<Vec<_>>());
+        let ratio = spread(&r.iter().map(|x| x.ratio).collect::<Vec<_>>());
+        let cpu = spread(&r.iter().map(|x| x.cpu_ratio).collect::<Vec<_>>());
+        let us = spread(&r.iter().map(|x| x.server_us).collect::<Vec<_>>());
+        let floor_us = spread(&r.iter().map(|x| x.floor_us).collect::<Vec<_>>());
         println!(
-            "{:<48} {:>6.2} [{:.2}, {:.2}] {:>8.2} [{:.2}, {:.2}] {:>8.2} [{:.2}, {:.2}]",
-            label, ratio.0, ratio.1, ratio.2, us.0, us.1, us.2, floor_us.0, floor_us.1, floor_us.2
+            "{:<48} {:>6.2} [{:.2}, {:.2}] {:>8.2} [{:.2}, {:.2}] {:>8.2} [{:.2}, {:.2}] {:>8.2} \
+             [{:.2}, {:.2}]",
+            label,
+            ratio.0,
+            ratio.1,
+            ratio.2,
+            cpu.0,
+            cpu.1,
+            cpu.2,
+            us.0,
+            us.1,
+            us.2,
+            floor_us.0,
+            floor_us.1,
+            floor_us.2
         );
-        let each: Vec<String> = r.iter().map(|x| format!("{:.2}", x.0)).collect();
-        println!("{:<48} rounds: {}", "", each.join(" "));
+        let each = |f: fn(&Round) -> f64| {
+            r.iter()
+                .map(|x| format!("{:.2}", f(x)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        println!("{:<48} rounds: {}", "", each(|x| x.ratio));
+        println!("{:<48} CPU:    {}", "", each(|x| x.cpu_ratio));
     }
 }
