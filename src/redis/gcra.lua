@@ -26,7 +26,7 @@
 -- then     for a refund with a reservation, each quota's spot (src/gcra.rs `Reservation`):
 --          GCRA and warm-up the slice start, end; fixed window its end, 0; counter its start,
 --          0; log the entry's time, 0
---          Arguments after the quotas' numbers that are left out at the end read as 0.
+--          Arguments left out at the end (after any warm-up settings) read as 0.
 --
 -- Returns {outcome, retry_after, remaining_1, reset_after_1, ..., remaining_n, reset_after_n}
 -- with outcome 0 = allowed, 1 = limited, 2 = never admissible; times in microseconds; an

@@ -6,9 +6,9 @@
 -- tests/redis/scripts.rs holds it to gcra.lua on random sequences.
 --
 -- What the server spends, counted under callgrind (BENCHMARKS.md, "Redis throughput"): a
--- number given to redis.call is printed by Redis with '%.17g', about 4 000 instructions, twice
--- string.format('%d'), where a string constant costs nothing, so every argument goes as a
--- string; a pattern match with captures costs about twice a plain find and two subs, so log
+-- number given to redis.call is printed by Redis with '%.17g', about 4 000 instructions for a
+-- time in µs, twice string.format('%d'), where a string constant costs nothing, so every
+-- argument goes as a string; a pattern match with captures costs about twice a plain find and two subs, so log
 -- entries are cut at their fixed offsets; the per-quota tables are sized by their
 -- constructors, and an admission writes its new state over the old.
 --
