@@ -26,6 +26,7 @@
 -- then     for a refund with a reservation, each quota's spot (src/gcra.rs `Reservation`):
 --          GCRA and warm-up the slice start, end; fixed window its end, 0; counter its start,
 --          0; log the entry's time, 0
+--          Arguments left out at the end (after any warm-up settings) read as 0.
 --
 -- Returns {outcome, retry_after, remaining_1, reset_after_1, ..., remaining_n, reset_after_n}
 -- with outcome 0 = allowed, 1 = limited, 2 = never admissible; times in microseconds; an
@@ -174,9 +175,9 @@ local newest_t, newest_total, newest_c
 local newest_known = false
 if log_width then
   -- What no window can see any more goes first: entries with t + width <= now.
-  redis.call('ZREMRANGEBYSCORE', key, '(-inf', now - log_width)
+  redis.call('ZREMRANGEBYSCORE', key, '(-inf', fmt(now - log_width))
   -- A log written by an earlier version (one member per unit, without costs) is forgotten.
-  local top = redis.call('ZRANGE', key, -1, -1)
+  local top = redis.call('ZRANGE', key, '-1', '-1')
   if top[1] and string.byte(top[1]) ~= 119 then
     if string.match(top[1], '^%d+:%d+:%d+$') then
       newest_t, newest_total, newest_c = entry(top[1])
@@ -206,7 +207,7 @@ end
 -- The newest log entry: time, running total, cost (nil when the log is empty).
 local function log_newest()
   if not newest_known then
-    local top = redis.call('ZRANGE', key, -1, -1)
+    local top = redis.call('ZRANGE', key, '-1', '-1')
     newest_t, newest_total, newest_c = nil, nil, nil
     if top[1] and string.byte(top[1]) ~= 119 then
       newest_t, newest_total, newest_c = entry(top[1])
@@ -228,7 +229,7 @@ local function log_window(q, width)
   if not first then
     local cut = now - width
     if gone[q] > 0 and gone[q] > cut then cut = gone[q] end
-    local found = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cut), '+inf', 'LIMIT', 0, 1)
+    local found = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cut), '+inf', 'LIMIT', '0', '1')
     if not found[1] then return nil, nil, 0 end
     local _, total, c = entry(found[1])
     first, before = found[1], total - c
@@ -319,10 +320,12 @@ local function step(q, c)
     local hi = redis.call('ZCARD', key) - 1
     while lo < hi do
       local mid = lo + idiv(hi - lo, 2)
-      local _, total = entry(redis.call('ZRANGE', key, mid, mid)[1])
+      local at = fmt(mid)
+      local _, total = entry(redis.call('ZRANGE', key, at, at)[1])
       if total >= goal then hi = mid else lo = mid + 1 end
     end
-    local t = entry(redis.call('ZRANGE', key, lo, lo)[1])
+    local at = fmt(lo)
+    local t = entry(redis.call('ZRANGE', key, at, at)[1])
     local r = t + b - now
     if r < 1 then r = 1 end
     return 'deny', r
@@ -440,9 +443,9 @@ local function save()
       redis.call('ZADD', key, '-inf', 'w' .. text)
       raw = text
     end
-    redis.call('PEXPIRE', key, ttl)
+    redis.call('PEXPIRE', key, fmt(ttl))
   else
-    redis.call('SET', key, table.concat(words, ' '), 'PX', ttl)
+    redis.call('SET', key, table.concat(words, ' '), 'PX', fmt(ttl))
   end
 end
 
@@ -453,7 +456,7 @@ local function log_give_back(t, u)
   window_first, window_before = {}, {}
   local list
   if t then
-    list = redis.call('ZRANGEBYSCORE', key, t, '+inf')
+    list = redis.call('ZRANGEBYSCORE', key, fmt(t), '+inf')
   else
     list = redis.call('ZRANGEBYSCORE', key, '(-inf', '+inf')
   end
@@ -474,16 +477,18 @@ local function log_give_back(t, u)
   end
   if left == u or #es == 0 then return end
   local running = es[1][2] - tonumber(string.match(es[1][4], ':(%d+)$'))
-  local add = {}
-  for _, e in ipairs(es) do
-    redis.call('ZREM', key, e[4])
+  local old, add = {}, {}
+  for i, e in ipairs(es) do
+    old[i] = e[4]
     if e[3] > 0 then
       running = running + e[3]
-      add[#add + 1] = e[1]
+      add[#add + 1] = fmt(e[1])
       add[#add + 1] = member(e[1], running, e[3])
     end
   end
-  if #add > 0 then redis.call('ZADD', key, unpack(add)) end
+  -- A few calls of many members each, in slices: unpack gives at most a few thousand values.
+  for i = 1, #old, 1000 do redis.call('ZREM', key, unpack(old, i, math.min(i + 999, #old))) end
+  for i = 1, #add, 1000 do redis.call('ZADD', key, unpack(add, i, math.min(i + 999, #add))) end
 end
 
 -- ---- refund ----
@@ -585,7 +590,7 @@ if took then
     if force and logged > log_limit then logged = log_limit end
     local _, total = log_newest()
     total = (total or 0) + logged
-    redis.call('ZADD', key, log_at, member(log_at, total, logged))
+    redis.call('ZADD', key, fmt(log_at), member(log_at, total, logged))
     -- Members of one time sort by their running total: the new entry is the newest.
     newest_t, newest_total, newest_c = log_at, total, logged
   end

@@ -1,37 +1,63 @@
 -- The decision script of a request or a report (a cost of 0 or more; never a refund or a
 -- charge, which gcra.lua makes) on quotas without warm-up: GCRA, fixed window, sliding log,
--- sliding counter. The same arguments, storage, reply and decisions as gcra.lua, without its
--- per-call closures and tables and with fewer Redis calls: a sliding log's words member and
--- its oldest entry come in one read, and an admission writes the words member and the new
--- entry in one. tests/redis/scripts.rs holds it to gcra.lua on random sequences.
+-- sliding counter. The same arguments, storage, reply and decisions as gcra.lua, with fewer
+-- Redis calls and less work per call: a sliding log's words member and its oldest entry come
+-- in one read, and an admission writes the words member and the new entry in one.
+-- tests/redis/scripts.rs holds it to gcra.lua on random sequences.
+--
+-- What the server spends, counted under callgrind (BENCHMARKS.md, "Redis throughput"): a
+-- number given to redis.call is printed by Redis with '%.17g', about 4 000 instructions for a
+-- time in µs, twice string.format('%d'), where a string constant costs nothing, so every
+-- argument goes as a string; a pattern match with captures costs about twice a plain find and two subs, so log
+-- entries are cut at their fixed offsets; the per-quota tables are sized by their
+-- constructors, and an admission writes its new state over the old.
 --
 -- KEYS[1]  the key, as gcra.lua keeps it.
 -- ARGV     as gcra.lua: cost (0 only reports), now or "", the number of quotas n, then per
 --          quota its kind (0 to 3) and two numbers; then 0 (no reservation), and for each
---          quota what had left its windows at the changes of quotas (gone, gone_cur).
+--          quota what had left its windows at the changes of quotas (gone, gone_cur); zeros
+--          at the end may be left out.
 -- Returns  as gcra.lua.
 
 -- (prelude.lua, before this: cost, force, now, n, key, idiv)
 
 -- Integers below 2^53 print alike with '%d' (a C long) and gcra.lua's '%.0f', at half the cost.
-local fmt = string.format
-local K, A, B, GONE, GONE_CUR = {}, {}, {}, {}, {}
-local S1, S2, S3 = {}, {}, {}
+local fmt, find, sub = string.format, string.find, string.sub
+-- Per quota (at most four; more only grow the tables): its kind as sent ('0' to '3'), its two
+-- numbers, what had left its windows, and its words (GCRA: TAT; fixed: end, used; counter:
+-- start, prev, cur).
+local K, A, B = {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}
+local GONE, GONE_CUR = {0, 0, 0, 0}, {0, 0, 0, 0}
+local S1, S2, S3 = {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}
 local log_width, log_limit = nil, 0
 for q = 1, n do
-  local k = tonumber(ARGV[1 + 3 * q])
-  K[q], A[q], B[q] = k, tonumber(ARGV[2 + 3 * q]), tonumber(ARGV[3 + 3 * q])
-  -- Mostly "0": read as a string first, which costs less than a number.
+  local k, a, b = ARGV[1 + 3 * q], ARGV[2 + 3 * q] + 0, ARGV[3 + 3 * q] + 0
+  K[q], A[q], B[q], S1[q], S2[q], S3[q] = k, a, b, 0, 0, 0
+  -- Mostly "0" or left out: compared as a string first, which costs less than a number.
   local g, gc = ARGV[3 + 3 * n + 2 * q], ARGV[4 + 3 * n + 2 * q]
-  if g == '0' then GONE[q] = 0 else GONE[q] = tonumber(g) or 0 end
-  if gc == '0' then GONE_CUR[q] = 0 else GONE_CUR[q] = tonumber(gc) or 0 end
-  if k == 2 then
-    if log_width == nil or B[q] > log_width then log_width = B[q] end
-    if A[q] > log_limit then log_limit = A[q] end
+  if g == '0' or not g then GONE[q] = 0 else GONE[q] = tonumber(g) or 0 end
+  if gc == '0' or not gc then GONE_CUR[q] = 0 else GONE_CUR[q] = tonumber(gc) or 0 end
+  if k == '2' then
+    if log_width == nil or b > log_width then log_width = b end
+    if a > log_limit then log_limit = a end
   end
 end
 
 -- ---- state ----
+
+-- A log entry "<time>:<total, 16 digits>:<cost>" (gcra.lua): its time, and the running
+-- total of costs through it; nil for a member of another layout.
+local function entry_at(m)
+  local p = find(m, ':', 1, true)
+  if not p or string.byte(m, p + 17) ~= 58 then return nil end
+  return sub(m, 1, p - 1) + 0, sub(m, p + 1, p + 16) + 0
+end
+
+-- The running total of costs before a log entry.
+local function entry_before(m)
+  local p = find(m, ':', 1, true)
+  return sub(m, p + 1, p + 16) - sub(m, p + 18)
+end
 
 local raw
 -- The newest log entry (time, running total), and the oldest one still in the widest window
@@ -40,71 +66,71 @@ local newest_t, newest_total
 local oldest, oldest_before
 if log_width then
   -- What no window can see any more goes first: entries with t + width <= now.
-  redis.call('ZREMRANGEBYSCORE', key, '(-inf', now - log_width)
-  local top = redis.call('ZRANGE', key, -1, -1)[1]
-  if top and string.byte(top) ~= 119 then
-    local t, total = string.match(top, '^(%d+):(%d+):%d+$')
-    if t then
-      newest_t, newest_total = tonumber(t), tonumber(total)
+  redis.call('ZREMRANGEBYSCORE', key, '(-inf', fmt('%d', now - log_width))
+  local top = redis.call('ZRANGE', key, '-1', '-1')[1]
+  if top then
+    if string.byte(top) == 119 then
+      -- The words member alone (score -inf): the log is empty.
+      raw = sub(top, 2)
     else
+      newest_t, newest_total = entry_at(top)
       -- A log written by an earlier version (one member per unit, without costs) is forgotten.
-      redis.call('DEL', key)
+      if not newest_t then redis.call('DEL', key) end
     end
   end
   if newest_t then
     -- The words member sorts first (score -inf), then the oldest entry.
-    local low = redis.call('ZRANGE', key, 0, 1)
-    local i = 1
-    if string.byte(low[1]) == 119 then
-      raw = string.sub(low[1], 2)
-      i = 2
+    local low = redis.call('ZRANGE', key, '0', '1')
+    oldest = low[1]
+    if string.byte(oldest) == 119 then
+      raw = sub(oldest, 2)
+      oldest = low[2]
     end
-    oldest = low[i]
-    local total, c = string.match(oldest, '^%d+:(%d+):(%d+)$')
-    oldest_before = tonumber(total) - tonumber(c)
-  else
-    local w = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf')[1]
-    if w then raw = string.sub(w, 2) end
+    oldest_before = entry_before(oldest)
   end
 else
   raw = redis.call('GET', key)
 end
-do
-  local pos = 1
-  local flat = {}
-  if raw then
-    for word in string.gmatch(raw, '%d+') do
-      flat[pos] = tonumber(word)
-      pos = pos + 1
-    end
-  end
-  pos = 1
-  for q = 1, n do
+if raw then
+  -- The words in order, to each quota but the logs.
+  local q, i, pos = 1, 1, 1
+  while true do
+    while q <= n and K[q] == '2' do q = q + 1 end
+    if q > n then break end
+    local sp = find(raw, ' ', pos, true)
+    local word
+    if sp then word = sub(raw, pos, sp - 1) else word = sub(raw, pos) end
+    if word == '' then break end
+    word = word + 0
+    if i == 1 then S1[q] = word elseif i == 2 then S2[q] = word else S3[q] = word end
     local k = K[q]
-    if k ~= 2 then
-      S1[q], S2[q], S3[q] = flat[pos] or 0, flat[pos + 1] or 0, flat[pos + 2] or 0
-      if k == 0 then pos = pos + 1 elseif k == 1 then pos = pos + 2 else pos = pos + 3 end
+    if (k == '0' and i == 1) or (k == '1' and i == 2) or i == 3 then
+      q, i = q + 1, 1
+    else
+      i = i + 1
     end
+    if not sp then break end
+    pos = sp + 1
   end
 end
 
--- The first entry of log quota q's window (member, running total before it), or nil.
-local function log_first(q)
-  if not newest_t then return nil, 0 end
-  local b = B[q]
-  local cut = now - b
-  if GONE[q] > 0 and GONE[q] > cut then cut = GONE[q] end
-  if cut <= now - log_width then return oldest, oldest_before end
-  local found = redis.call('ZRANGEBYSCORE', key, '(' .. fmt('%d', cut), '+inf', 'LIMIT', 0, 1)[1]
-  if not found then return nil, 0 end
-  local total, c = string.match(found, '^%d+:(%d+):(%d+)$')
-  return found, tonumber(total) - tonumber(c)
-end
-
--- The first entry of each log quota's window, and the running total before it.
-local FIRST, BEFORE = {}, {}
-for q = 1, n do
-  if K[q] == 2 then FIRST[q], BEFORE[q] = log_first(q) end
+-- The first entry of each log quota's window and the running total before it (nil, 0: none).
+local FIRST, BEFORE
+if log_width then
+  FIRST, BEFORE = {false, false, false, false}, {0, 0, 0, 0}
+  for q = 1, n do
+    if K[q] == '2' and newest_t then
+      local cut = now - B[q]
+      if GONE[q] > 0 and GONE[q] > cut then cut = GONE[q] end
+      if cut <= now - log_width then
+        FIRST[q], BEFORE[q] = oldest, oldest_before
+      else
+        local found = redis.call('ZRANGEBYSCORE', key, '(' .. fmt('%d', cut), '+inf',
+          'LIMIT', '0', '1')[1]
+        if found then FIRST[q], BEFORE[q] = found, entry_before(found) end
+      end
+    end
+  end
 end
 
 -- Sliding counter q at now: start, prev, cur; what had left the windows of replaced quotas
@@ -119,6 +145,7 @@ local function counter_current(q, width)
   return now, 0, 0
 end
 
+-- The weight of the previous window at now, times the width.
 local function counter_weighted(start, prev, width)
   local e = now - start
   if e < 0 then e = 0 end
@@ -133,12 +160,10 @@ if newest_t and newest_t > log_at then log_at = newest_t end
 -- ---- decision ----
 
 local outcome, retry = 0, 0
--- Per quota, the words after an admission and its spot.
-local N1, N2, N3, SPOT = {}, {}, {}, {}
 for q = 1, n do
   local k, a, b = K[q], A[q], B[q]
   local deny = nil
-  if k == 0 then
+  if k == '0' then
     local inc = cost * a
     if inc > b then
       outcome = 2
@@ -146,49 +171,41 @@ for q = 1, n do
       local base = S1[q]
       if now > base then base = now end
       local ahead = base + inc - now
-      if ahead <= b then
-        N1[q], N2[q], N3[q], SPOT[q] = base + inc, 0, 0, base
-      else
-        deny = ahead - b
-      end
+      if ahead > b then deny = ahead - b end
     end
   elseif cost > a then
     outcome = 2
-  elseif k == 1 then
+  elseif k == '1' then
     local e, used = S1[q], S2[q]
     if not (used > 0 and now < e) then e, used = now + b, 0 end
-    if used + cost <= a then
-      N1[q], N2[q], N3[q], SPOT[q] = e, used + cost, 0, e
-    else
+    if used + cost > a then
       deny = e - now
       if deny < 1 then deny = 1 end
     end
-  elseif k == 2 then
+  elseif k == '2' then
     local first, before = FIRST[q], BEFORE[q]
     local cnt = 0
     if first then cnt = newest_total - before end
-    if cnt + cost <= a then
-      SPOT[q] = log_at
-    else
+    if cnt + cost > a then
       -- The oldest entries of the window holding cnt + cost - a must leave it first: the
       -- first whose running total reaches before + cnt + cost - a, found by rank.
       local goal = before + cnt + cost - a
       local lo = redis.call('ZRANK', key, first)
       local hi = redis.call('ZCARD', key) - 1
       while lo < hi do
-        local mid = lo + idiv(hi - lo, 2)
-        local total = string.match(redis.call('ZRANGE', key, mid, mid)[1], '^%d+:(%d+):')
-        if tonumber(total) >= goal then hi = mid else lo = mid + 1 end
+        local mid = fmt('%d', lo + idiv(hi - lo, 2))
+        local m = redis.call('ZRANGE', key, mid, mid)[1]
+        local p = find(m, ':', 1, true)
+        if sub(m, p + 1, p + 16) + 0 >= goal then hi = mid + 0 else lo = mid + 1 end
       end
-      local t = tonumber(string.match(redis.call('ZRANGE', key, lo, lo)[1], '^(%d+):'))
-      deny = t + b - now
+      local at = fmt('%d', lo)
+      local m = redis.call('ZRANGE', key, at, at)[1]
+      deny = sub(m, 1, find(m, ':', 1, true) - 1) + b - now
       if deny < 1 then deny = 1 end
     end
   else
     local start, prev, cur = counter_current(q, b)
-    if (cur + cost) * b + counter_weighted(start, prev, b) <= a * b then
-      N1[q], N2[q], N3[q], SPOT[q] = start, prev, cur + cost, start
-    else
+    if (cur + cost) * b + counter_weighted(start, prev, b) > a * b then
       local function first_fit(count, room)
         if count == 0 then return 0 end
         local keep = idiv(room * b, count)
@@ -214,9 +231,9 @@ end
 -- When quota q's state is idle again.
 local function idle_at(q)
   local k, b = K[q], B[q]
-  if k == 0 then return S1[q]
-  elseif k == 1 then if S2[q] > 0 then return S1[q] end return 0
-  elseif k == 2 then
+  if k == '0' then return S1[q]
+  elseif k == '1' then if S2[q] > 0 then return S1[q] end return 0
+  elseif k == '2' then
     if newest_t and (GONE[q] == 0 or newest_t > GONE[q]) then return newest_t + b end
     return 0
   else
@@ -230,25 +247,51 @@ local function idle_at(q)
 end
 
 local took = outcome == 0 and cost > 0
+-- What an admission took, per quota its spot (two numbers, gcra.lua), after the figures.
+local spots
 if took then
-  local words = {}
+  -- Every quota admitted: its words become the state after the admission.
+  spots = {0, 0, 0, 0, 0, 0, 0, 0}
+  local words, w = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 0
   for q = 1, n do
-    local k = K[q]
-    if k ~= 2 then
-      S1[q], S2[q], S3[q] = N1[q], N2[q], N3[q]
-      words[#words + 1] = fmt('%d', N1[q])
-      if k ~= 0 then words[#words + 1] = fmt('%d', N2[q]) end
-      if k == 3 then words[#words + 1] = fmt('%d', N3[q]) end
+    local k, b = K[q], B[q]
+    if k == '0' then
+      local base = S1[q]
+      if now > base then base = now end
+      S1[q] = base + cost * A[q]
+      spots[2 * q - 1], spots[2 * q] = base, S1[q]
+      w = w + 1
+      words[w] = fmt('%d', S1[q])
+    elseif k == '1' then
+      local e, used = S1[q], S2[q]
+      if not (used > 0 and now < e) then e, used = now + b, 0 end
+      S1[q], S2[q] = e, used + cost
+      spots[2 * q - 1], spots[2 * q] = e, 0
+      words[w + 1], words[w + 2] = fmt('%d', e), fmt('%d', used + cost)
+      w = w + 2
+    elseif k == '2' then
+      spots[2 * q - 1], spots[2 * q] = log_at, 0
+    else
+      local start, prev, cur = counter_current(q, b)
+      S1[q], S2[q], S3[q] = start, prev, cur + cost
+      spots[2 * q - 1], spots[2 * q] = start, 0
+      words[w + 1], words[w + 2], words[w + 3] = fmt('%d', start), fmt('%d', prev),
+        fmt('%d', cur + cost)
+      w = w + 3
     end
   end
-  local entry
+  local entry, at
   if log_width then
-    -- One entry per request, carrying its cost.
+    -- One entry per request, carrying its cost (ARGV[1], an integer as the store sends it).
     local total = (newest_total or 0) + cost
-    entry = fmt('%d', log_at) .. ':' .. fmt('%016d', total) .. ':' .. fmt('%d', cost)
-    -- A window that was empty starts at the new entry.
+    at = fmt('%d', log_at)
+    entry = at .. ':' .. fmt('%016d', total) .. ':' .. ARGV[1]
+    -- A window that was empty starts at the new entry, unless the entry's time is gone from
+    -- it (a change of quotas made on a clock ahead of the server's).
     for q = 1, n do
-      if K[q] == 2 and not FIRST[q] then FIRST[q], BEFORE[q] = entry, newest_total or 0 end
+      if K[q] == '2' and not FIRST[q] and (GONE[q] == 0 or log_at > GONE[q]) then
+        FIRST[q], BEFORE[q] = entry, newest_total or 0
+      end
     end
     newest_t, newest_total = log_at, total
   end
@@ -257,7 +300,6 @@ if took then
     local h = idle_at(q)
     if h > horizon then horizon = h end
   end
-  local text = table.concat(words, ' ')
   if horizon <= now then
     redis.call('DEL', key)
   else
@@ -265,12 +307,14 @@ if took then
     -- 1 ms).
     local ttl = math.ceil((horizon - now) / 1000)
     if ttl < 1 then ttl = 1 end
+    ttl = fmt('%d', ttl)
+    local text = table.concat(words, ' ', 1, w)
     if log_width then
       if text ~= raw then
         if raw then redis.call('ZREM', key, 'w' .. raw) end
-        redis.call('ZADD', key, '-inf', 'w' .. text, log_at, entry)
+        redis.call('ZADD', key, '-inf', 'w' .. text, at, entry)
       else
-        redis.call('ZADD', key, log_at, entry)
+        redis.call('ZADD', key, at, entry)
       end
       redis.call('PEXPIRE', key, ttl)
     else
@@ -288,20 +332,20 @@ local reply = {outcome, retry}
 for q = 1, n do
   local k, a, b = K[q], A[q], B[q]
   local remaining, reset
-  if k == 0 then
+  if k == '0' then
     local ahead = S1[q] - now
     if ahead < 0 then ahead = 0 end
     remaining = 0
     if b > ahead then remaining = idiv(b - ahead, a) end
     reset = ahead
-  elseif k == 1 then
+  elseif k == '1' then
     local e, used = S1[q], S2[q]
     if not (used > 0 and now < e) then e, used = now + b, 0 end
     reset = 0
     if used > 0 then reset = e - now end
     -- More used than the count after a lower count was set while serving: none remaining.
     remaining = a - used
-  elseif k == 2 then
+  elseif k == '2' then
     local cnt = 0
     if FIRST[q] then cnt = newest_total - BEFORE[q] end
     reset = 0
@@ -320,9 +364,6 @@ for q = 1, n do
   reply[2 + 2 * q] = reset
 end
 if took then
-  for q = 1, n do
-    reply[#reply + 1] = SPOT[q]
-    if K[q] == 0 then reply[#reply + 1] = N1[q] else reply[#reply + 1] = 0 end
-  end
+  for i = 1, 2 * n do reply[2 + 2 * n + i] = spots[i] end
 end
 return reply

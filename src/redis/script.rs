@@ -192,7 +192,9 @@ pub(super) fn rule_args(r: &Rule) -> (u64, u64, u64) {
 /// GCRA), then the cost of the reservation `taken` that a refund gives back from (0:
 /// none), then for each warm-up quota in order its period in microseconds and its cold
 /// factor, then for each quota what had left its windows at changes of quotas (see
-/// `Window::replacing`), then `taken`'s spots. Returns them with how many are used.
+/// `Window::replacing`), then `taken`'s spots. Returns them with how many are used: without
+/// a reservation or a warm-up quota, not the zeros after the quotas' numbers, which the
+/// scripts read as 0.
 pub(super) fn decision_args<'a>(
     rules: &[Rule],
     cost: Arg<'a>,
@@ -232,6 +234,13 @@ pub(super) fn decision_args<'a>(
             args[used] = Arg::Int(spot[0]);
             args[used + 1] = Arg::Int(spot[1]);
             used += 2;
+        }
+    } else if !rules.iter().any(|r| matches!(r, Rule::WarmUp(_))) {
+        // The zeros that end a request's arguments (no reservation, nothing gone) are not
+        // sent: every script reads a missing one as 0, and each one sent costs the server
+        // about a thousand instructions. A warm-up quota's settings, read by position, stay.
+        while used > 3 + 3 * rules.len() && matches!(args[used - 1], Arg::Int(0)) {
+            used -= 1;
         }
     }
     (args, used)

@@ -2,11 +2,13 @@
 //! alike, store the same value and give the key the same time to live.
 //!
 //! * The GCRA-only script: requests, refunds, charges and reports over one to four GCRA
-//!   quotas, with quotas held to their tolerance.
+//!   quotas, with quotas held to their tolerance, with and without the zeros that end a
+//!   request's arguments (which the store leaves out).
 //! * The script of quotas without warm-up: requests and reports over one to four quotas of
 //!   GCRA, fixed windows, sliding logs and sliding counters, some of them changed while
 //!   serving (what had left their windows), with refunds and charges made by the general
-//!   script on both keys between them, as the store sends them.
+//!   script on both keys between them, as the store sends them, with and without the zeros
+//!   that end a request's arguments.
 //!
 //! Pins docs/design.md section 1 ("GCRA decision") and section 4 (the scripts).
 #![cfg(feature = "redis")]
@@ -97,6 +99,16 @@ impl Rng {
     }
 }
 
+/// Half the time, leaves out the zeros that end `args` after the `n` quotas' numbers, as the
+/// store sends a request: every script reads them as 0.
+fn maybe_trim(args: &mut Vec<String>, n: usize, rng: &mut Rng) {
+    if rng.below(2) == 0 {
+        while args.len() > 3 + 3 * n && args.last().is_some_and(|a| a == "0") {
+            args.pop();
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_gcra_only_script_decides_as_the_general_one() {
     let server = RedisServer::start();
@@ -148,6 +160,8 @@ async fn the_gcra_only_script_decides_as_the_general_one() {
             args.extend(std::iter::repeat_n("0".to_owned(), 2 * n));
             if let Some((_, spots)) = &reservation {
                 args.extend(spots.iter().map(|s| s.to_string()));
+            } else {
+                maybe_trim(&mut args, n, &mut rng);
             }
             // Both scripts back to back in one transaction, so that they run a moment apart on
             // the server's clock, then what each stored and until when.
@@ -284,6 +298,8 @@ async fn the_script_of_quotas_without_warm_up_decides_as_the_general_one() {
             }
             if let Some((_, spots)) = &reservation {
                 args.extend(spots.iter().map(|s| s.to_string()));
+            } else {
+                maybe_trim(&mut args, n, &mut rng);
             }
             let (g, p, g_stored, p_stored, g_expiry, p_expiry, start, end): Side =
                 redis::cmd("EVALSHA")
@@ -350,4 +366,73 @@ async fn the_script_of_quotas_without_warm_up_decides_as_the_general_one() {
         vanished < 100,
         "{vanished} of 16 000 steps lost a key to the server's clock"
     );
+}
+
+/// A refund rewrites the running totals of every log entry after the one it gives back from:
+/// with thousands of them (more values than Lua's `unpack` gives at once), the log keeps
+/// every other entry and its totals, instead of the script failing halfway with the entries
+/// it had already removed gone.
+#[tokio::test]
+async fn a_refund_before_thousands_of_log_entries_keeps_the_others() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(GENERAL)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A log of 10 000 per 100 s; 5 000 requests of cost 1, one µs apart.
+    let quota = ["1", "2", "10000", "100000000"];
+    let entries = 5_000u64;
+    for from in (1..=entries).step_by(250) {
+        let mut pipe = redis::pipe();
+        for i in from..from + 250 {
+            let now = (1_000_000_000 + i).to_string();
+            pipe.cmd("EVALSHA")
+                .arg(&sha)
+                .arg(1)
+                .arg("log")
+                .arg("1")
+                .arg(&now);
+            pipe.arg(&quota[..]).arg(&["0", "0", "0"][..]).ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+    }
+    // The first request gives its unit back, from its reservation (its entry's time).
+    let reply: Vec<i64> = redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(1)
+        .arg("log")
+        .arg(&["-1", "1000006000"][..])
+        .arg(&quota[..])
+        .arg(&["1", "0", "0", "1000000001", "0"][..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(reply, [0, 0, 10_000 - 4_999, 100_000_000 - 1_000]);
+    let members: i64 = redis::cmd("ZCARD")
+        .arg("log")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The words member and every entry but the first.
+    assert_eq!(members, 1 + 4_999);
+    let newest: Vec<String> = redis::cmd("ZRANGE")
+        .arg("log")
+        .arg(-1)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(newest, ["1000005000:0000000000004999:1"]);
+    let oldest: Vec<String> = redis::cmd("ZRANGE")
+        .arg("log")
+        .arg(1)
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(oldest, ["1000000002:0000000000000001:1"]);
 }
