@@ -256,8 +256,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         }
     }
 
-    /// As [`decide_live`](Self::decide_live), but a cost of 0 needs a place for the key like any other
-    /// cost (see `MemoryStore::reserve`).
+    /// As [`decide_live`](Self::decide_live), with the quotas in `limits`, but a cost of 0
+    /// needs a place for the key like any other cost (see `MemoryStore::reserve`).
     pub(super) fn reserve(
         &self,
         limits: &Limits,
