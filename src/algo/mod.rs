@@ -38,6 +38,12 @@ pub(crate) use log::Log;
 pub(crate) use step::{all_or_nothing, Slot, Step, Verdict, Words};
 pub(crate) use window::Window;
 
+/// How many words [`Rule::words`] gives: a warm-up quota's, the most of the kinds it keeps.
+pub(crate) const RULE_WORDS: usize = 10;
+const TAG_FIXED_WINDOW: u64 = 1;
+const TAG_SLIDING_WINDOW: u64 = 2;
+const TAG_WARM_UP: u64 = 3;
+
 /// One quota, reduced to the numbers its kind needs, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Rule {
@@ -96,6 +102,48 @@ impl Rule {
     #[inline]
     pub(crate) fn in_two_words(&self) -> bool {
         !matches!(self, Rule::SlidingLog(_))
+    }
+
+    /// The numbers of a quota kept in two words, other than GCRA (a fixed window, a sliding
+    /// counter, a warm-up quota), as a tag and words, to keep a copy in atomics;
+    /// [`from_words`](Self::from_words) gives the quota back. The tag of the other kinds is 0,
+    /// which gives back none.
+    pub(crate) fn words(&self) -> (u64, [u64; RULE_WORDS]) {
+        let mut out = [0; RULE_WORDS];
+        let tag = match self {
+            Rule::FixedWindow(w) => {
+                out[..4].copy_from_slice(&w.words());
+                TAG_FIXED_WINDOW
+            }
+            Rule::SlidingWindow(w) => {
+                out[..4].copy_from_slice(&w.words());
+                TAG_SLIDING_WINDOW
+            }
+            Rule::WarmUp(g) => {
+                out.copy_from_slice(&g.words());
+                TAG_WARM_UP
+            }
+            Rule::Gcra(_) | Rule::SlidingLog(_) => 0,
+        };
+        (tag, out)
+    }
+
+    /// The quota whose [`words`](Self::words) are `tag` and the words `word(0)`,
+    /// `word(1)`, …, into `out` (none for the tag 0): only the words of its kind are read,
+    /// and it is written in place, not moved whole.
+    #[inline]
+    pub(crate) fn from_words(tag: u64, word: impl Fn(usize) -> u64, out: &mut Option<Rule>) {
+        let window = || Window::from_words([word(0), word(1), word(2), word(3)]);
+        match tag {
+            TAG_FIXED_WINDOW => *out = Some(Rule::FixedWindow(window())),
+            TAG_SLIDING_WINDOW => *out = Some(Rule::SlidingWindow(window())),
+            TAG_WARM_UP => {
+                *out = Some(Rule::WarmUp(WarmGcra::from_words(std::array::from_fn(
+                    word,
+                ))))
+            }
+            _ => *out = None,
+        }
     }
 
     /// When a key whose state under this quota alone is `words` becomes equal to one never

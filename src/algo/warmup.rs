@@ -281,6 +281,44 @@ impl WarmGcra {
         }
     }
 
+    /// The quota's numbers as words, to keep a copy in atomics; [`from_words`](Self::from_words)
+    /// gives the quota back.
+    #[inline]
+    pub(crate) const fn words(&self) -> [u64; 10] {
+        let c = &self.curve;
+        [
+            c.interval,
+            c.unit,
+            c.interval_units,
+            c.period,
+            c.cold_factor,
+            c.threshold,
+            c.zone,
+            c.max,
+            self.tolerance,
+            self.burst,
+        ]
+    }
+
+    /// The quota whose [`words`](Self::words) are `w`.
+    #[inline]
+    pub(crate) const fn from_words(w: [u64; 10]) -> Self {
+        WarmGcra {
+            curve: Curve {
+                interval: w[0],
+                unit: w[1],
+                interval_units: w[2],
+                period: w[3],
+                cold_factor: w[4],
+                threshold: w[5],
+                zone: w[6],
+                max: w[7],
+            },
+            tolerance: w[8],
+            burst: w[9],
+        }
+    }
+
     /// The burst, in requests (`q` in `RateLimit-Policy`).
     #[inline]
     pub(crate) fn burst(&self) -> u64 {

@@ -86,6 +86,24 @@ impl Window {
         }
     }
 
+    /// The quota's numbers as words, to keep a copy in atomics; [`from_words`](Self::from_words)
+    /// gives the quota back.
+    #[inline]
+    pub(crate) const fn words(&self) -> [u64; 4] {
+        [self.limit, self.width, self.gone, self.gone_cur]
+    }
+
+    /// The quota whose [`words`](Self::words) are `w`.
+    #[inline]
+    pub(crate) const fn from_words(w: [u64; 4]) -> Self {
+        Window {
+            limit: w[0],
+            width: w[1],
+            gone: w[2],
+            gone_cur: w[3],
+        }
+    }
+
     /// The end of a window opened at `start`, never past the clock's range.
     #[inline]
     fn end(&self, start: u64) -> u64 {

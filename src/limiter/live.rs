@@ -53,6 +53,8 @@ pub(super) struct Live {
     /// Held by a change from reading the quotas it replaces to publishing the new ones, so
     /// that two changes at once never replace the same quotas.
     writer: Mutex<()>,
+    /// The numbers of a policy's single quota kept in two words, other than GCRA.
+    two: TwoRule,
 }
 
 impl Live {
@@ -68,8 +70,10 @@ impl Live {
             words: Default::default(),
             gcras,
             writer: Mutex::new(()),
+            two: TwoRule::default(),
         };
         live.write_words(&live.limits.load());
+        live.two.write(&live.limits.load());
         live
     }
 
@@ -144,6 +148,7 @@ impl Live {
         // Orders the odd number before the words: a reader that sees a new word sees it.
         fence(Ordering::Release);
         self.write_words(&new);
+        self.two.write(&new);
         self.limits.store(Arc::new(new));
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
         Ok(())
@@ -155,6 +160,87 @@ impl Live {
                 word.store(value, Ordering::Relaxed);
             }
         }
+    }
+}
+
+impl Live {
+    /// `f` of the single quota in force, of a policy of one quota kept in two words other
+    /// than GCRA (a fixed window, a sliding counter, a warm-up quota): read without loading
+    /// the quotas, unless a change was being written or the policy is of another shape
+    /// (then its first quota, from [`load`](Self::load)).
+    #[inline]
+    pub(super) fn with_two<T>(&self, f: impl FnOnce(&Rule) -> T) -> T {
+        let mut two = None;
+        self.two.read(&mut two);
+        let limits;
+        let rule = match &two {
+            Some(rule) => rule,
+            None => {
+                limits = self.load();
+                &limits.rules[0]
+            }
+        };
+        f(rule)
+    }
+}
+
+/// The numbers of a policy's single quota kept in two words, other than GCRA, in atomics
+/// under their own sequence number (see the module documentation): a decision of a fixed
+/// window, a sliding counter or a warm-up quota reads them without loading the `ArcSwap`.
+/// The tag says the kind, so that a reader takes the words as the quota that wrote them; it
+/// is 0 (read the `ArcSwap`) while the policy is of any other shape.
+#[derive(Default)]
+struct TwoRule {
+    /// Even while `tag` and `words` hold the quota in force; odd while a change writes them.
+    seq: AtomicU64,
+    /// [`Rule::words`]'s tag.
+    tag: AtomicU64,
+    words: [AtomicU64; crate::algo::RULE_WORDS],
+}
+
+impl TwoRule {
+    /// Publishes the quota of `limits`, or the tag 0 when it is not one quota of these kinds.
+    /// Changes are written one at a time (under [`Live`]'s writer lock, or at its making).
+    fn write(&self, limits: &Limits) {
+        let (tag, words) = match &*limits.rules {
+            [rule] => rule.words(),
+            _ => (0, [0; crate::algo::RULE_WORDS]),
+        };
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        // Orders the odd number before the words: a reader that sees a new word sees it.
+        fence(Ordering::Release);
+        self.tag.store(tag, Ordering::Relaxed);
+        for (word, value) in self.words.iter().zip(words) {
+            word.store(value, Ordering::Relaxed);
+        }
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// The quota published, into `out`; none when there is none or a change was written
+    /// while reading it.
+    #[inline]
+    fn read(&self, out: &mut Option<Rule>) {
+        let before = self.seq.load(Ordering::Acquire);
+        Rule::from_words(
+            self.tag.load(Ordering::Relaxed),
+            |i| self.words[i].load(Ordering::Relaxed),
+            out,
+        );
+        // Orders the loads of the words before the second reading of the sequence.
+        fence(Ordering::Acquire);
+        let after = self.seq.load(Ordering::Relaxed);
+        if before != after || before & 1 != 0 {
+            *out = None;
+        }
+    }
+
+    /// The quota published, if one is and no change was written while reading it.
+    #[cfg(test)]
+    fn get(&self) -> Option<Rule> {
+        let mut out = None;
+        self.read(&mut out);
+        out
     }
 }
 
@@ -357,6 +443,205 @@ mod tests {
                                 direct.set_quotas(policies[i].clone()).unwrap();
                                 keyed.set_quotas(policies[i].clone()).unwrap();
                                 in_force = gcras(&policies[i]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod two_tests {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::quota::Quota;
+
+    fn limits(quotas: &[Quota]) -> Limits {
+        Limits::new(quotas.to_vec())
+    }
+
+    fn second() -> Duration {
+        Duration::from_secs(1)
+    }
+
+    #[test]
+    fn the_quota_in_two_words_read_without_a_guard_is_the_quota_in_force() {
+        for (a, b) in [
+            (
+                Quota::fixed_window(5, second()),
+                Quota::fixed_window(9, Duration::from_millis(300)),
+            ),
+            (
+                Quota::sliding_window(5, second()),
+                Quota::sliding_window(2, Duration::from_secs(7)),
+            ),
+            (
+                Quota::new(5, second()).warm_up(Duration::from_secs(60), 3),
+                Quota::new(40, second()).burst(7).warm_up(second(), 5),
+            ),
+        ] {
+            let live = Live::new(limits(&[a]));
+            assert_eq!(live.two.get(), Some(live.load().rules[0]));
+            let mut new = limits(&[b]);
+            Rule::replacing(&mut new.rules, &live.load().rules, 5_000_000_000);
+            let want = new.rules[0];
+            live.replace(|_| Ok::<_, ()>(new)).unwrap();
+            assert_eq!(live.two.get(), Some(want));
+            assert_eq!(live.two.get(), Some(live.load().rules[0]));
+        }
+    }
+
+    #[test]
+    fn a_policy_of_another_shape_reads_no_quota_in_two_words() {
+        let window = Quota::fixed_window(5, second());
+        for other in [
+            vec![Quota::per_second(5)],
+            vec![Quota::sliding_log(5, second())],
+            vec![window.clone(), Quota::per_second(5)],
+            vec![
+                window.clone(),
+                Quota::fixed_window(50, Duration::from_secs(60)),
+            ],
+        ] {
+            assert_eq!(Live::new(limits(&other)).two.get(), None, "{other:?}");
+            // A change to another kind or another number of quotas (which `set_quotas`
+            // refuses, but the words must not outlive) leaves the words, and back again.
+            let live = Live::new(limits(std::slice::from_ref(&window)));
+            live.replace(|_| Ok::<_, ()>(limits(&other))).unwrap();
+            assert_eq!(live.two.get(), None, "{other:?}");
+            live.replace(|_| Ok::<_, ()>(limits(std::slice::from_ref(&window))))
+                .unwrap();
+            assert_eq!(live.two.get(), Some(window.rule()));
+        }
+        let live = Live::new(limits(std::slice::from_ref(&window)));
+        assert_eq!(live.replace(|_| Err("no")), Err("no"));
+        assert_eq!(live.two.get(), Some(window.rule()));
+    }
+
+    /// Readers racing a writer that moves among a fixed window, a warm-up quota (ten words)
+    /// and a GCRA quota only ever read one quota whole, of its own kind, or none for GCRA.
+    #[test]
+    fn readers_racing_changes_read_one_quota_in_two_words_whole() {
+        let policies = [
+            vec![Quota::fixed_window(5, second())],
+            vec![Quota::new(40, second()).burst(7).warm_up(second(), 5)],
+            vec![Quota::per_minute(9)],
+            vec![Quota::sliding_window(3, Duration::from_secs(9))],
+        ];
+        let rules: Vec<Rule> = policies.iter().map(|p| p[0].rule()).collect();
+        let live = Live::new(limits(&policies[0]));
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    while !done.load(Ordering::Relaxed) {
+                        if let Some(rule) = live.two.get() {
+                            assert!(rules.contains(&rule), "torn read {rule:?}");
+                            assert!(!matches!(rule, Rule::Gcra(_)));
+                        }
+                    }
+                });
+            }
+            for i in 0..20_000 {
+                let next = &policies[i % policies.len()];
+                live.replace(|_| Ok::<_, ()>(limits(next))).unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+    }
+
+    mod model {
+        use std::time::Duration;
+
+        use proptest::prelude::*;
+
+        use crate::algo::{self, KeyState};
+        use crate::{Clock, Quota, RateLimiter};
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Check(u32),
+            Wait(u64),
+            /// Puts the policy of this index in force.
+            Change(usize),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (0u32..4).prop_map(Op::Check),
+                2 => (0u64..700).prop_map(Op::Wait),
+                1 => (0usize..4).prop_map(Op::Change),
+            ]
+        }
+
+        /// Four policies of one quota of each kind kept in two words, to change among.
+        fn policies() -> [[Quota; 4]; 3] {
+            let ms = Duration::from_millis;
+            [
+                [
+                    Quota::fixed_window(5, ms(1000)),
+                    Quota::fixed_window(2, ms(300)),
+                    Quota::fixed_window(8, ms(2500)),
+                    Quota::fixed_window(3, ms(700)),
+                ],
+                [
+                    Quota::sliding_window(5, ms(1000)),
+                    Quota::sliding_window(2, ms(300)),
+                    Quota::sliding_window(8, ms(2500)),
+                    Quota::sliding_window(3, ms(700)),
+                ],
+                [
+                    Quota::per_second(5).warm_up(ms(3000), 3),
+                    Quota::per_second(20).burst(2).warm_up(ms(500), 4),
+                    Quota::per_second(1).burst(4).warm_up(ms(8000), 2),
+                    Quota::per_minute(90).burst(3).warm_up(ms(1000), 3),
+                ],
+            ]
+        }
+
+        fn build<K>(quota: &Quota, clock: &Clock) -> RateLimiter<K>
+        where
+            K: std::hash::Hash + Eq + Clone + Send + Sync,
+        {
+            crate::limiter::test_builder(std::slice::from_ref(quota), clock).build()
+        }
+
+        proptest! {
+            /// A change of quota judges the very next check, on the path that reads a quota
+            /// kept in two words without loading the quotas: the single key of `()` and a key
+            /// of a table decide as the general state does under the quota in force (read
+            /// from the whole set), for a fixed window, a sliding counter and a warm-up.
+            #[test]
+            fn every_check_of_a_quota_in_two_words_is_judged_by_the_quota_in_force_at_once(
+                ops in prop::collection::vec(op(), 1..80)
+            ) {
+                for policies in policies() {
+                    let (clock, time) = Clock::manual();
+                    time.advance(Duration::from_secs(10));
+                    let direct = build::<()>(&policies[0], &clock);
+                    let keyed = build::<u8>(&policies[0], &clock);
+                    let (mut a, mut b) = (KeyState::default(), KeyState::default());
+                    for op in &ops {
+                        match *op {
+                            Op::Check(cost) => {
+                                let now = clock.now();
+                                let rules = direct.inner.live.load().rules.clone();
+                                prop_assert_eq!(&rules, &keyed.inner.live.load().rules);
+                                prop_assert!(direct.inner.live.two.get().is_some());
+                                let (want, _) = algo::decide(&rules, &mut a, now, cost);
+                                let (again, _) = algo::decide(&rules, &mut b, now, cost);
+                                prop_assert_eq!(want, again);
+                                prop_assert_eq!(direct.check_n(&(), cost), want);
+                                prop_assert_eq!(keyed.check_n(&3, cost), want);
+                            }
+                            Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
+                            Op::Change(i) => {
+                                direct.set_quotas([policies[i].clone()]).unwrap();
+                                keyed.set_quotas([policies[i].clone()]).unwrap();
                             }
                         }
                     }

@@ -225,22 +225,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         })
     }
 
-    /// Decides a request of `cost` for `key` at `now` (read from `clock`).
-    #[inline]
-    pub(super) fn decide(
-        &self,
-        limits: &Limits,
-        key: &K,
-        clock: &Clock,
-        now: u64,
-        cost: u32,
-    ) -> Decision {
-        with_slots!(&self.0, limits, |s, rules| s
-            .decide(key, rules, clock, now, cost))
-    }
-
-    /// As [`decide`](Self::decide), with the quotas read from `live`: a policy of GCRA
-    /// quotas only takes their numbers without loading the whole set.
+    /// Decides a request of `cost` for `key` at `now` (read from `clock`), with the quotas
+    /// read from `live`: a policy of GCRA quotas only, or of one quota kept in two words,
+    /// takes its numbers without loading the whole set. One call per shape, so that each
+    /// shape's decision is inlined here.
     #[inline]
     pub(super) fn decide_live(
         &self,
@@ -259,12 +247,17 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
                     None => s.decide(key, &live.load().gcras, clock, now, cost),
                 }
             }
-            _ => self.decide(&live.load(), key, clock, now, cost),
+            Shape::Two(s) => live.with_two(|rule| s.decide(key, rule, clock, now, cost)),
+            Shape::DirectTwo(d) => live.with_two(|rule| d.decide(key, rule, clock, now, cost)),
+            Shape::Mixed(s) => s.decide(key, &live.load().rules, clock, now, cost),
+            Shape::DirectOne(d) => d.decide(key, &live.one(), clock, now, cost),
+            Shape::DirectMany(d) => d.decide(key, &live.load().gcras, clock, now, cost),
+            Shape::DirectMixed(d) => d.decide(key, &live.load().rules, clock, now, cost),
         }
     }
 
-    /// As [`decide`](Self::decide), but a cost of 0 needs a place for the key like any other
-    /// cost (see `MemoryStore::reserve`).
+    /// As [`decide_live`](Self::decide_live), with the quotas in `limits`, but a cost of 0
+    /// needs a place for the key like any other cost (see `MemoryStore::reserve`).
     pub(super) fn reserve(
         &self,
         limits: &Limits,
