@@ -280,6 +280,38 @@ mod tests {
         std::str::from_utf8(resp.body()).unwrap_or("<not utf-8>")
     }
 
+    /// A layer's own rejection is built in the service's body type; it is the public
+    /// default response, head and body, in either protocol and with or without a wait.
+    #[test]
+    fn a_layers_rejection_without_a_hook_is_the_default_response() {
+        let statuses = [
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::BAD_REQUEST,
+            StatusCode::FORBIDDEN,
+        ];
+        for kind in KINDS {
+            for status in statuses {
+                for protocol in [Protocol::Http, Protocol::Grpc] {
+                    for retry_after in [None, Some(Duration::from_millis(1500))] {
+                        let r = Rejection {
+                            protocol,
+                            retry_after,
+                            ..rejection(kind, status)
+                        };
+                        let sent: Response<Vec<u8>> = reject(None, &r, false);
+                        let default = r.default_response();
+                        let case = format!("{kind:?} {status} {protocol:?} {retry_after:?}");
+                        assert_eq!(sent.status(), default.status(), "{case}");
+                        assert_eq!(sent.headers(), default.headers(), "{case}");
+                        assert_eq!(&sent.body()[..], &default.body()[..], "{case}");
+                        assert!(sent.extensions().get::<Rejected>().is_none(), "{case}");
+                    }
+                }
+            }
+        }
+    }
+
     /// The bodies of the (kind, status) pairs the layers produce, exactly.
     #[test]
     fn the_default_body_of_every_produced_rejection_starts_with_its_status() {
