@@ -120,9 +120,11 @@ pub(crate) struct Answers {
 
 impl Answers {
     /// Everything after the decision of `cost` (for `key`, when the layer traces keys): an
-    /// admitted request gets the decision in its extensions and the header fields for its
-    /// response (`Ok`); a rejected one gets its response (`Err`), or in dry-run mode the
-    /// would-be rejection in its extensions and `Ok`.
+    /// admitted request gets the decision in its extensions (`Ok`); a rejected one gets its
+    /// response (`Err`), or in dry-run mode the would-be rejection in its extensions and `Ok`.
+    /// A request that goes on takes the header fields of [`fields`](Self::fields) to its
+    /// response, asked for where the response future is built, so that they are not moved
+    /// through this answer first.
     #[inline]
     pub(crate) fn finish<ReqBody, B: From<Bytes>>(
         &self,
@@ -131,20 +133,8 @@ impl Answers {
         cost: u32,
         key: Option<&dyn std::fmt::Debug>,
         req: &mut Request<ReqBody>,
-    ) -> Result<Option<RateHeaders>, Response<B>> {
+    ) -> Result<(), Response<B>> {
         let tier = &self.tiers[tier];
-        let dry_run = self.observe.dry_run;
-        // A decision of the failure policy knows nothing of the quotas: no fields that would
-        // say otherwise. One of the local fallback is a real decision on the scaled quotas:
-        // its fields say what it decided. An admission that will be settled renders its
-        // fields when it is (see `Settle`); a blind one took nothing and is not settled.
-        let blind = decision.is_degraded() && !decision.is_local();
-        let settles = self.settle.is_some() && decision.is_allowed() && !blind;
-        let headers = if blind || settles || (dry_run && !self.dry_run_headers) {
-            None
-        } else {
-            self.rate_headers(tier, decision)
-        };
         if decision.is_allowed() {
             let verdict = if decision.is_local() {
                 Verdict::LocalAllowed
@@ -155,9 +145,32 @@ impl Answers {
             };
             tier.meter.count(verdict, None);
             crate::decision::record_admitted(req.extensions_mut(), decision);
-            return Ok(headers);
+            return Ok(());
         }
-        self.rejected(tier, decision, cost, key, req, headers)
+        self.rejected(tier, decision, cost, key, req)
+    }
+
+    /// The header fields `decision` on tier `tier` adds to the response of a request that
+    /// goes on ([`finish`](Self::finish) said `Ok`), if it adds any now.
+    #[inline]
+    pub(crate) fn fields(&self, tier: usize, decision: &Decision) -> Option<RateHeaders> {
+        self.fields_of(&self.tiers[tier], decision)
+    }
+
+    /// The same as [`fields`](Self::fields), on the tier itself.
+    #[inline]
+    fn fields_of(&self, tier: &Tier, decision: &Decision) -> Option<RateHeaders> {
+        // A decision of the failure policy knows nothing of the quotas: no fields that would
+        // say otherwise. One of the local fallback is a real decision on the scaled quotas:
+        // its fields say what it decided. An admission that will be settled renders its
+        // fields when it is (see `Settle`); a blind one took nothing and is not settled.
+        let blind = decision.is_degraded() && !decision.is_local();
+        let settles = self.settle.is_some() && decision.is_allowed() && !blind;
+        if blind || settles || (self.observe.dry_run && !self.dry_run_headers) {
+            None
+        } else {
+            self.rate_headers(tier, decision)
+        }
     }
 
     /// The rejection of a request, or in dry-run mode its record.
@@ -169,8 +182,7 @@ impl Answers {
         cost: u32,
         key: Option<&dyn std::fmt::Debug>,
         req: &mut Request<ReqBody>,
-        headers: Option<RateHeaders>,
-    ) -> Result<Option<RateHeaders>, Response<B>> {
+    ) -> Result<(), Response<B>> {
         let blind = decision.is_degraded() && !decision.is_local();
         let (kind, status) = match decision.outcome() {
             _ if blind => (
@@ -198,10 +210,11 @@ impl Answers {
         match refuser.refuse(&r, key, req.extensions_mut()) {
             None => {
                 crate::decision::record_admitted(req.extensions_mut(), decision);
-                Ok(headers)
+                Ok(())
             }
             Some(mut resp) => {
-                if let Some(h) = headers {
+                // Rendered where they go, once the rejection is known to answer.
+                if let Some(h) = self.fields_of(tier, decision) {
                     h.apply(resp.headers_mut());
                 }
                 Err(resp)

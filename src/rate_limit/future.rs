@@ -243,9 +243,9 @@ where
         .answers
         .finish(*d.tier, &decision, *d.cost, key, &mut request)
     {
-        Ok(headers) => Kind::Inner {
+        Ok(()) => Kind::Inner {
+            headers: d.answers.fields(*d.tier, &decision),
             future: service.call(request),
-            headers,
             taken,
         },
         Err(response) => Kind::Ready {

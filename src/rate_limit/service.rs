@@ -60,13 +60,14 @@ where
         if let Some(banned) = shared.banned(tier, &key) {
             // Neither the handler nor the quotas see a banned key's requests.
             let traced = shared.traced(&key);
-            return match shared
-                .answers()
-                .finish(tier, &banned, cost, traced, &mut req)
-            {
+            let answers = shared.answers();
+            return match answers.finish(tier, &banned, cost, traced, &mut req) {
                 Err(resp) => ResponseFuture::ready(resp),
                 // A banned decision is never admitted; were it, the request would pass.
-                Ok(headers) => ResponseFuture::inner(self.inner.call(req), headers, None),
+                Ok(()) => {
+                    let headers = answers.fields(tier, &banned);
+                    ResponseFuture::inner(self.inner.call(req), headers, None)
+                }
             };
         }
         let limiter = &shared.limiters()[tier];
@@ -93,8 +94,9 @@ where
                     .answers()
                     .finish(tier, decision, cost, traced, &mut req)
                 {
-                    Ok(headers) => {
+                    Ok(()) => {
                         let taken = took.then(|| shared.taken(tier, key, cost, Some(decision)));
+                        let headers = shared.answers().fields(tier, decision);
                         ResponseFuture::inner(self.inner.call(req), headers, taken)
                     }
                     Err(resp) => ResponseFuture::ready(resp),

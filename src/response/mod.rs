@@ -44,9 +44,16 @@ impl Rejection<'_> {
     /// The default response in the request's protocol: for HTTP the status, a one-line text
     /// body and `Retry-After`; for gRPC see [`grpc_response`](Self::grpc_response).
     pub fn default_response(&self) -> Response<Bytes> {
+        self.default_response_of()
+    }
+
+    /// [`default_response`](Self::default_response) with its body in the service's type: a
+    /// layer's own rejection is built once, not built and then mapped.
+    #[inline]
+    fn default_response_of<B: From<Bytes>>(&self) -> Response<B> {
         match self.protocol {
-            Protocol::Http => self.http_response(),
-            Protocol::Grpc => self.grpc_response(),
+            Protocol::Http => self.http_response_of(),
+            Protocol::Grpc => self.grpc_response().map(B::from),
         }
     }
 
@@ -83,6 +90,12 @@ impl Rejection<'_> {
     /// The plain HTTP response whatever the request: the status, the one-line
     /// [`message`](Self::message) as a plain-text body, and `Retry-After` when waiting helps.
     pub fn http_response(&self) -> Response<Bytes> {
+        self.http_response_of()
+    }
+
+    /// [`http_response`](Self::http_response) with its body in the service's type.
+    #[inline]
+    fn http_response_of<B: From<Bytes>>(&self) -> Response<B> {
         let body = match self.static_line() {
             Some(line) => Bytes::from_static(line.as_bytes()),
             None => Bytes::from(self.composed() + "\n"),
@@ -90,8 +103,8 @@ impl Rejection<'_> {
         self.response(body, TEXT_PLAIN)
     }
 
-    fn response(&self, body: Bytes, content_type: HeaderValue) -> Response<Bytes> {
-        let mut resp = Response::new(body);
+    fn response<B: From<Bytes>>(&self, body: Bytes, content_type: HeaderValue) -> Response<B> {
+        let mut resp = Response::new(B::from(body));
         *resp.status_mut() = self.status;
         // No `reserve`: the first insertion makes room for six fields (the type, Retry-After
         // and the RateLimit fields fit), and costs less than reserving the same room ahead.
@@ -212,7 +225,7 @@ pub(crate) fn reject<B: From<Bytes>>(
     r: &Rejection<'_>,
     mark: bool,
 ) -> Response<B> {
-    let resp = match hook {
+    let mut resp = match hook {
         Some(h) => {
             let mut resp = h.call(r);
             if let Some(wait) = r.retry_after {
@@ -221,11 +234,10 @@ pub(crate) fn reject<B: From<Bytes>>(
                         .insert(RETRY_AFTER, headers::retry_after_value(wait));
                 }
             }
-            resp
+            resp.map(B::from)
         }
-        None => r.default_response(),
+        None => r.default_response_of(),
     };
-    let mut resp = resp.map(B::from);
     if mark {
         resp.extensions_mut().insert(Rejected);
     }
@@ -266,6 +278,38 @@ mod tests {
 
     fn body(resp: &Response<Bytes>) -> &str {
         std::str::from_utf8(resp.body()).unwrap_or("<not utf-8>")
+    }
+
+    /// A layer's own rejection is built in the service's body type; it is the public
+    /// default response, head and body, in either protocol and with or without a wait.
+    #[test]
+    fn a_layers_rejection_without_a_hook_is_the_default_response() {
+        let statuses = [
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::BAD_REQUEST,
+            StatusCode::FORBIDDEN,
+        ];
+        for kind in KINDS {
+            for status in statuses {
+                for protocol in [Protocol::Http, Protocol::Grpc] {
+                    for retry_after in [None, Some(Duration::from_millis(1500))] {
+                        let r = Rejection {
+                            protocol,
+                            retry_after,
+                            ..rejection(kind, status)
+                        };
+                        let sent: Response<Vec<u8>> = reject(None, &r, false);
+                        let default = r.default_response();
+                        let case = format!("{kind:?} {status} {protocol:?} {retry_after:?}");
+                        assert_eq!(sent.status(), default.status(), "{case}");
+                        assert_eq!(sent.headers(), default.headers(), "{case}");
+                        assert_eq!(&sent.body()[..], &default.body()[..], "{case}");
+                        assert!(sent.extensions().get::<Rejected>().is_none(), "{case}");
+                    }
+                }
+            }
+        }
     }
 
     /// The bodies of the (kind, status) pairs the layers produce, exactly.
