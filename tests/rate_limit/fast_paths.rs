@@ -1,0 +1,311 @@
+//! The shortcuts of a check against the long way round: a policy of one quota decided in the
+//! check itself (the single GCRA quota's word in place, a table's lookup inlined), a quota
+//! read without loading the policy, a window found without a search and a decision written
+//! in place, each held to the same quota beside two GCRA quotas that never bind (the general
+//! state), to a key of a table that never forgets, to a bounded table turning new keys away,
+//! and to the account model (tests/common/account.rs): on every kind, with times on the
+//! windows' edges, costs of 0 and above the limit, live changes that narrow and widen, and
+//! threads racing changes and checks.
+//!
+//! Pins docs/design.md section 1 ("Other kinds") and section 3 ("A live quota change",
+//! "Keyed state").
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate::store::OnFull;
+use tollgate::{Clock, Decision, Outcome, Quota, RateLimiter};
+
+use crate::common::account::rig::manual;
+use crate::common::account::{Account, Kind};
+
+const MS: u64 = 1_000_000;
+/// The clock's reading right after `manual()` (1 000 s past its start, read one nanosecond on).
+const START: u64 = 1_000_000_000_001;
+
+/// Quota kinds: 0 GCRA, 1 fixed window, 2 sliding log, 3 sliding counter, 4 warm-up.
+const KINDS: u8 = 5;
+
+/// The model's quota of `kind` (0 to 3) in setting `v` (0 to 2): every width and interval a
+/// multiple of 100 ms, so that waits on a 100 ms grid land on the windows' edges.
+fn model_kind(kind: u8, v: u8) -> Kind {
+    let (limit, width) = [(4, 400), (6, 800), (2, 200)][usize::from(v % 3)];
+    let (limit, width) = (limit, width * MS);
+    match kind {
+        0 => Kind::Gcra {
+            interval: width / limit,
+            burst: limit,
+        },
+        1 => Kind::Fixed { limit, width },
+        2 => Kind::Log { limit, width },
+        _ => Kind::Counter { limit, width },
+    }
+}
+
+/// The crate's quota of `kind` in setting `v`; a warm-up quota keeps one curve and changes
+/// its rate and burst (a change of curve after a sweep is the known exception of
+/// `RateLimiter::set_quotas`).
+fn quota(kind: u8, v: u8) -> Quota {
+    if kind == 4 {
+        let (rate, burst) = [(5, 4), (10, 6), (2, 2)][usize::from(v % 3)];
+        return Quota::per_second(rate)
+            .burst(burst)
+            .warm_up(Duration::from_millis(800), 3);
+    }
+    model_kind(kind, v).quota()
+}
+
+/// Two GCRA quotas that never bind a cost a quota of [`quota`] can admit: beside it they
+/// put the policy in the general state and leave its decisions alone.
+fn padded(kind: u8, v: u8) -> Vec<Quota> {
+    vec![
+        quota(kind, v),
+        Quota::new(1, Duration::from_nanos(1)).burst(u32::MAX),
+        Quota::new(1_000, Duration::from_nanos(1_000)).burst(u32::MAX - 1),
+    ]
+}
+
+fn build<K: std::hash::Hash + Eq + Clone + Send + Sync>(
+    quotas: Vec<Quota>,
+    clock: &Clock,
+    max_keys: Option<usize>,
+) -> RateLimiter<K> {
+    let mut b = RateLimiter::<K>::builder(quotas[0].clone()).clock(clock.clone());
+    for q in &quotas[1..] {
+        b = b.quota(q.clone());
+    }
+    if let Some(n) = max_keys {
+        b = b.max_keys(n).on_full(OnFull::RejectNewKeys);
+    }
+    b.build()
+}
+
+/// What a decision says of its first quota: outcome, wait, and that quota's limit, remaining
+/// and reset.
+fn first(d: &Decision) -> (Outcome, Option<Duration>, u64, u64, Duration) {
+    let s = d.states()[0];
+    (
+        d.outcome(),
+        d.retry_after(),
+        s.limit(),
+        s.remaining(),
+        s.reset_after(),
+    )
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A request of this cost for this key.
+    Check(u8, u32),
+    /// Steps of 100 ms, then a nanosecond more or less (`-1`, `0`, `1`).
+    Wait(u64, i8),
+    /// The quota in this setting, at once for every limiter and the model.
+    Change(u8),
+    /// Idle keys forgotten.
+    Evict,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (
+            0u8..4,
+            prop_oneof![6 => 0u32..4, 1 => 5u32..8, 1 => Just(u32::MAX)]
+        )
+            .prop_map(|(k, c)| Op::Check(k, c)),
+        4 => (0u64..9, prop_oneof![6 => Just(0i8), 1 => Just(-1i8), 1 => Just(1i8)])
+            .prop_map(|(n, d)| Op::Wait(n, d)),
+        1 => (0u8..3).prop_map(Op::Change),
+        1 => Just(Op::Evict),
+    ]
+}
+
+/// One history of `ops` on a quota of `kind` in setting `start`, decided by:
+/// * the `()` key (key 0 only) and a key of a table: the policy of one quota, the shortcuts;
+/// * the same quota beside two that never bind: the general state;
+/// * a table of at most two keys that turns new keys away, against a table that never
+///   forgets fed the same requests but those turned away;
+/// * for kinds 0 to 3, an account of the model per key.
+///
+/// All say the same, request by request, and at every step a peek of key 0 agrees.
+fn the_shortcuts_decide_as_the_general_state(
+    kind: u8,
+    start: u8,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let (clock, time) = manual();
+    let one: RateLimiter<()> = build(vec![quota(kind, start)], &clock, None);
+    let table: RateLimiter<u8> = build(vec![quota(kind, start)], &clock, None);
+    let general: RateLimiter<u8> = build(padded(kind, start), &clock, None);
+    let bounded: RateLimiter<u8> = build(vec![quota(kind, start)], &clock, Some(2));
+    let mirror: RateLimiter<u8> = build(vec![quota(kind, start)], &clock, None);
+    let mut models: Vec<Account> = (0..4)
+        .map(|_| Account::new(vec![model_kind(kind, start)]))
+        .collect();
+    let mut now = START;
+    for (i, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::Check(key, cost) => {
+                let d = table.check_n(&key, cost);
+                if key == 0 {
+                    let o = one.check_n(&(), cost);
+                    prop_assert_eq!(first(&o), first(&d), "op {}: the () key", i);
+                    prop_assert_eq!(o.states(), d.states(), "op {}", i);
+                }
+                let g = general.check_n(&key, cost);
+                prop_assert_eq!(first(&g), first(&d), "op {}: the general state", i);
+                let b = bounded.check_n(&key, cost);
+                if b.is_store_full() {
+                    prop_assert!(!b.is_allowed() && cost > 0, "op {}: {:?}", i, b);
+                } else {
+                    let m = mirror.check_n(&key, cost);
+                    prop_assert_eq!(first(&b), first(&m), "op {}: the bounded table", i);
+                }
+                if kind < 4 {
+                    let (said, _) = models[usize::from(key)].admit(now, cost);
+                    prop_assert_eq!(d.is_allowed(), said.allowed, "op {}: model", i);
+                    prop_assert_eq!(d.states()[0].remaining(), said.remaining[0], "op {}", i);
+                }
+            }
+            Op::Wait(steps, nudge) => {
+                let ns = (steps * 100 * MS).saturating_add_signed(i64::from(nudge));
+                time.advance(Duration::from_nanos(ns));
+                now += ns;
+            }
+            Op::Change(v) => {
+                one.set_quotas([quota(kind, v)]).unwrap();
+                table.set_quotas([quota(kind, v)]).unwrap();
+                general.set_quotas(padded(kind, v)).unwrap();
+                bounded.set_quotas([quota(kind, v)]).unwrap();
+                mirror.set_quotas([quota(kind, v)]).unwrap();
+                for m in &mut models {
+                    m.set_quotas(now, vec![model_kind(kind, v)]);
+                }
+            }
+            Op::Evict => {
+                let (x, y) = (one.evict_idle(), table.evict_idle());
+                prop_assert!(y <= 4 && x <= 1 && (x == 0 || y > 0), "{} {}", x, y);
+                general.evict_idle();
+                prop_assert!(bounded.evict_idle() <= 2);
+            }
+        }
+        let d = table.peek(&0);
+        prop_assert_eq!(first(&one.peek(&())), first(&d), "op {}: peek", i);
+        prop_assert_eq!(first(&general.peek(&0)), first(&d), "op {}: peek", i);
+        prop_assert_eq!(
+            first(&bounded.peek(&0)),
+            first(&mirror.peek(&0)),
+            "op {}",
+            i
+        );
+        if kind < 4 {
+            let said = models[0].peek(now);
+            prop_assert_eq!(d.is_allowed(), said.allowed, "op {}: model peek", i);
+            prop_assert_eq!(d.states()[0].remaining(), said.remaining[0], "op {}", i);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn the_shortcuts_of_every_kind_decide_as_the_general_state_and_the_model(
+        kind in 0u8..KINDS,
+        start in 0u8..3,
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        the_shortcuts_decide_as_the_general_state(kind, start, ops)?;
+    }
+}
+
+/// A request exactly at a window's end and a log entry exactly at the window's start: the
+/// fixed window opens a new window, the log's oldest entry no longer counts, the counter
+/// moves the current count to the previous window, on the shortcut and the general state.
+#[test]
+fn a_request_exactly_at_a_windows_end_is_judged_by_the_next_window() {
+    for kind in 1u8..4 {
+        let (clock, time) = manual();
+        let one: RateLimiter<()> = build(vec![quota(kind, 0)], &clock, None);
+        let general: RateLimiter<()> = build(padded(kind, 0), &clock, None);
+        // Setting 0: 4 in 400 ms. Two at 0, two at 100 ms: full.
+        for step in [0, 100] {
+            time.advance(Duration::from_millis(step));
+            for _ in 0..2 {
+                assert!(one.check(&()).is_allowed());
+                assert!(general.check(&()).is_allowed());
+            }
+        }
+        // One nanosecond before the end of the window opened at 0: still full.
+        time.advance(Duration::from_nanos(300 * MS - 1));
+        let (o, g) = (one.check(&()), general.check(&()));
+        assert_eq!(first(&o), first(&g), "kind {kind}");
+        assert!(!o.is_allowed(), "kind {kind}");
+        // Exactly at its end: the fixed window is new, the log's entries at 0 have left.
+        time.advance(Duration::from_nanos(1));
+        let (o, g) = (one.peek(&()), general.peek(&()));
+        assert_eq!(first(&o), first(&g), "kind {kind}");
+        let remaining = o.states()[0].remaining();
+        match kind {
+            // A new window: all 4.
+            1 => assert_eq!(remaining, 4),
+            // The two at 0 are out of [400, 800): the two at 100 ms still count.
+            2 => assert_eq!(remaining, 2),
+            // The current window [0, 400) becomes the previous one, wholly overlapping the
+            // sliding window at its start: 4 weigh 4.
+            _ => assert_eq!(remaining, 0),
+        }
+        let (o, g) = (one.check_n(&(), 2), general.check_n(&(), 2));
+        assert_eq!(first(&o), first(&g), "kind {kind}");
+        assert_eq!(o.is_allowed(), kind != 3, "kind {kind}");
+    }
+}
+
+/// Threads check fresh keys of a table and peek the `()` key while another replaces the
+/// quota back and forth: every decision is the one of the old quota or of the new one,
+/// whole, never numbers of both, for every kind.
+#[test]
+fn checks_racing_live_changes_are_judged_by_one_quota_whole() {
+    for kind in 0..KINDS {
+        let (a, b) = (quota(kind, 0), quota(kind, 1));
+        let (clock, _time) = manual();
+        // Each quota's answer to a fresh key's first request, and to a peek of the `()` key
+        // after a request of 2 under `a`.
+        let answers = |q: &Quota| {
+            let fresh: RateLimiter<u64> = build(vec![q.clone()], &clock, None);
+            let slot: RateLimiter<()> = build(vec![a.clone()], &clock, None);
+            assert!(slot.check_n(&(), 2).is_allowed());
+            slot.set_quotas([q.clone()]).unwrap();
+            (first(&fresh.check(&0)), first(&slot.peek(&())))
+        };
+        let (fa, fb) = (answers(&a), answers(&b));
+        assert_ne!(fa.0, fb.0, "kind {kind}: the two quotas must answer apart");
+        assert_ne!(fa.1, fb.1, "kind {kind}");
+        let table: RateLimiter<u64> = build(vec![a.clone()], &clock, None);
+        let slot: RateLimiter<()> = build(vec![a.clone()], &clock, None);
+        assert!(slot.check_n(&(), 2).is_allowed());
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for t in 0..2u64 {
+                let (table, slot, done) = (&table, &slot, &done);
+                s.spawn(move || {
+                    let mut key = t << 40;
+                    while !done.load(Ordering::Relaxed) {
+                        key += 1;
+                        let d = first(&table.check(&key));
+                        assert!(d == fa.0 || d == fb.0, "kind {kind}: {d:?}");
+                        let p = first(&slot.peek(&()));
+                        assert!(p == fa.1 || p == fb.1, "kind {kind}: {p:?}");
+                    }
+                });
+            }
+            for i in 0..4_000 {
+                let q = if i % 2 == 0 { &b } else { &a };
+                table.set_quotas([q.clone()]).unwrap();
+                slot.set_quotas([q.clone()]).unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+    }
+}
