@@ -511,3 +511,60 @@ fn a_change_of_interval_admits_no_more_at_once_than_the_larger_burst() {
     counts[1] += admitted(&general);
     assert_eq!(counts, [6, 6]);
 }
+
+/// Threads admitting on one key (the `()` key's word, and keys of a table) while another
+/// flips the single GCRA quota between 1 per 100 ms (burst 4) and 1 per 200 ms (burst 6):
+/// each admission moves the key's time by the interval of the quota that judged it (told
+/// by its limit), none is lost (the key's time afterwards is the sum), and the sum never
+/// passes the larger burst's tolerance (1.2 s).
+#[test]
+fn admissions_racing_changes_of_the_single_gcra_quota_each_move_the_key_by_their_own_interval() {
+    let a = Quota::new(1, Duration::from_millis(100)).burst(4);
+    let b = Quota::new(1, Duration::from_millis(200)).burst(6);
+    let interval = |limit: u64| match limit {
+        4 => 100 * MS,
+        6 => 200 * MS,
+        other => panic!("a limit of neither quota: {other}"),
+    };
+    let (clock, _time) = manual();
+    let one: RateLimiter<()> = build(vec![a.clone()], &clock, None);
+    let table: RateLimiter<u32> = build(vec![a.clone()], &clock, None);
+    for round in 0..150u32 {
+        let moved = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                let (one, table, moved) = (&one, &table, &moved);
+                s.spawn(move || {
+                    for _ in 0..8 {
+                        let d = if round == 0 {
+                            one.check(&())
+                        } else {
+                            table.check(&round)
+                        };
+                        if d.is_allowed() {
+                            let t = interval(d.states()[0].limit());
+                            moved.fetch_add(t, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+            for i in 0..8 {
+                let q = if (round + i) % 2 == 0 { &b } else { &a };
+                one.set_quotas([q.clone()]).unwrap();
+                table.set_quotas([q.clone()]).unwrap();
+            }
+        });
+        let after = if round == 0 {
+            one.peek(&())
+        } else {
+            table.peek(&round)
+        };
+        let moved = moved.load(Ordering::Relaxed);
+        assert_eq!(
+            after.states()[0].reset_after(),
+            Duration::from_nanos(moved),
+            "round {round}"
+        );
+        assert!(moved <= 1_200 * MS, "round {round}: {moved}");
+    }
+}
