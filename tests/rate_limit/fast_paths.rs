@@ -25,6 +25,7 @@ use crate::common::account::rig::{manual, settles, Rig, FAILED, OK};
 use crate::common::account::{Account, Kind, Taken};
 
 const MS: u64 = 1_000_000;
+const MSD: Duration = Duration::from_millis(1);
 /// The clock's reading right after `manual()` (1 000 s past its start, read one nanosecond on).
 const START: u64 = 1_000_000_000_001;
 
@@ -129,15 +130,25 @@ fn op() -> impl Strategy<Value = Op> {
 /// * the same quota beside two that never bind: the general state;
 /// * a table of at most two keys that turns new keys away, against a table that never
 ///   forgets fed the same requests but those turned away;
-/// * for kinds 0 to 3, an account of the model per key.
+/// * for kinds 0 to 3, an account of the model per key (the clock 1 000 s on).
 ///
-/// All say the same, request by request, and at every step a peek of key 0 agrees.
+/// All say the same, request by request, and at every step a peek of key 0 agrees, with the
+/// clock 1 000 s on, at its first instant (`at` 0) or in its last hour (`at` 2).
 fn the_shortcuts_decide_as_the_general_state(
     kind: u8,
     start: u8,
+    at: u8,
     ops: Vec<Op>,
 ) -> Result<(), TestCaseError> {
     let (clock, time) = manual();
+    match at {
+        // The clock's first instant: 0, the time a key never seen stores.
+        0 => time.set(Duration::ZERO),
+        // Its last hour.
+        2 => time.set(Duration::from_nanos(u64::MAX - 3_600_000_000_000)),
+        _ => {}
+    }
+    let modelled = kind < 4 && at == 1;
     let one: RateLimiter<()> = build(vec![quota(kind, start)], &clock, None);
     let table: RateLimiter<u8> = build(vec![quota(kind, start)], &clock, None);
     let general: RateLimiter<u8> = build(padded(kind, start), &clock, None);
@@ -165,7 +176,7 @@ fn the_shortcuts_decide_as_the_general_state(
                     let m = mirror.check_n(&key, cost);
                     prop_assert_eq!(first(&b), first(&m), "op {}: the bounded table", i);
                 }
-                if kind < 4 {
+                if modelled {
                     let (said, _) = models[usize::from(key)].admit(now, cost);
                     prop_assert_eq!(d.is_allowed(), said.allowed, "op {}: model", i);
                     prop_assert_eq!(d.states()[0].remaining(), said.remaining[0], "op {}", i);
@@ -176,6 +187,10 @@ fn the_shortcuts_decide_as_the_general_state(
                 time.advance(Duration::from_nanos(ns));
                 now += ns;
             }
+            // A sliding window's state recorded at the clock's first reading does not stay
+            // gone at a change (the ignored test
+            // `what_left_a_sliding_window_at_a_change_stays_gone_from_the_clocks_first_instant`).
+            Op::Change(_) if at == 0 && matches!(kind, 2 | 3) => {}
             Op::Change(v) => {
                 one.set_quotas([quota(kind, v)]).unwrap();
                 table.set_quotas([quota(kind, v)]).unwrap();
@@ -204,7 +219,7 @@ fn the_shortcuts_decide_as_the_general_state(
             "op {}",
             i
         );
-        if kind < 4 {
+        if modelled {
             let said = models[0].peek(now);
             prop_assert_eq!(d.is_allowed(), said.allowed, "op {}: model peek", i);
             prop_assert_eq!(d.states()[0].remaining(), said.remaining[0], "op {}", i);
@@ -220,9 +235,10 @@ proptest! {
     fn the_shortcuts_of_every_kind_decide_as_the_general_state_and_the_model(
         kind in 0u8..KINDS,
         start in 0u8..3,
+        at in prop_oneof![1 => Just(0u8), 4 => Just(1u8), 1 => Just(2u8)],
         ops in prop::collection::vec(op(), 1..80),
     ) {
-        the_shortcuts_decide_as_the_general_state(kind, start, ops)?;
+        the_shortcuts_decide_as_the_general_state(kind, start, at, ops)?;
     }
 }
 
@@ -603,4 +619,48 @@ fn admissions_racing_changes_of_the_single_gcra_quota_each_move_the_key_by_their
         );
         assert!(moved <= 1_200 * MS, "round {round}: {moved}");
     }
+}
+
+/// What had left a sliding window when a change came stays gone (`RateLimiter::set_quotas`),
+/// with the clock's first reading (0) as with any other: a log entry at 0, gone from a window
+/// of 400 ms at 400 ms, must not count again when the window widens to 800 ms; a counter's
+/// count of a window opened at 0, gone from windows of 200 ms at 400 ms, must not count
+/// again when they widen to 400 ms. Both stay gone when the first request comes 1 ns later,
+/// but at 0 they count again: the time a change records as gone (`Window::gone`,
+/// `gone_cur`, and the scripts' arguments) is 0 there, which also means "nothing gone". A
+/// key forgotten while idle between the two changes is new again instead, so forgetting
+/// it changes the next decision (found by
+/// `the_shortcuts_of_every_kind_decide_as_the_general_state_and_the_model`, the clock at
+/// its first instant). Every tollgate clock can read 0: a manual clock before it is moved,
+/// tokio's and the system clock at their first instant.
+#[test]
+#[ignore = "known: what left a sliding window at a change stays gone unless it was recorded at 0"]
+fn what_left_a_sliding_window_at_a_change_stays_gone_from_the_clocks_first_instant() {
+    let mut remaining = Vec::new();
+    for first_at in [1, 0] {
+        // The log: an entry at the first request, 4 in 400 ms, then 4 in 800 ms.
+        let (clock, time) = Clock::manual();
+        time.set(Duration::from_nanos(first_at));
+        let log: RateLimiter<()> = build(vec![Quota::sliding_log(4, 400 * MSD)], &clock, None);
+        assert!(log.check(&()).is_allowed());
+        time.advance(400 * MSD);
+        log.set_quotas([Quota::sliding_log(4, 800 * MSD)]).unwrap();
+        remaining.push(log.peek(&()).remaining());
+        // The counter: 6 in 800 ms, then 2 in 200 ms and 4 in 400 ms, both at 400 ms.
+        let (clock, time) = Clock::manual();
+        time.set(Duration::from_nanos(first_at));
+        let counter: RateLimiter<()> =
+            build(vec![Quota::sliding_window(6, 800 * MSD)], &clock, None);
+        assert!(counter.check(&()).is_allowed());
+        time.advance(400 * MSD);
+        counter
+            .set_quotas([Quota::sliding_window(2, 200 * MSD)])
+            .unwrap();
+        counter
+            .set_quotas([Quota::sliding_window(4, 400 * MSD)])
+            .unwrap();
+        remaining.push(counter.peek(&()).remaining());
+    }
+    // The log's and the counter's, with the first request at 1 ns, then at 0.
+    assert_eq!(remaining, [4, 4, 4, 4]);
 }
