@@ -664,3 +664,132 @@ fn what_left_a_sliding_window_at_a_change_stays_gone_from_the_clocks_first_insta
     // The log's and the counter's, with the first request at 1 ns, then at 0.
     assert_eq!(remaining, [4, 4, 4, 4]);
 }
+
+#[derive(Debug, Clone)]
+enum Stacked {
+    /// A request of this cost, answered 200 at once when it reaches the handler.
+    Send(u32),
+    /// As [`Op::Wait`].
+    Wait(u64, i8),
+    /// As [`Op::Change`], for the outer layer.
+    Change(u8),
+}
+
+fn stacked() -> impl Strategy<Value = Stacked> {
+    prop_oneof![
+        6 => prop_oneof![6 => 0u32..4, 1 => 5u32..8, 1 => Just(u32::MAX)].prop_map(Stacked::Send),
+        4 => (0u64..9, prop_oneof![6 => Just(0i8), 1 => Just(-1i8), 1 => Just(1i8)])
+            .prop_map(|(n, d)| Stacked::Wait(n, d)),
+        1 => (0u8..3).prop_map(Stacked::Change),
+    ]
+}
+
+/// An outer layer of one quota of `kind` over an inner keyed layer (3 per 300 ms, fixed
+/// window): the outer without keys (the `()` key's shortcut), keyed (a table's), and keyed
+/// beside two quotas that never bind (the general state). A request the inner layer rejects
+/// gives back what the outer took, at once: each outer keeps the account of the model that
+/// refunds the whole cost at the rejection, and the three admit alike.
+async fn the_give_back_of_an_inner_rejection_on_the_shortcuts(
+    kind: u8,
+    start: u8,
+    steps: Vec<Stacked>,
+) -> Result<(), TestCaseError> {
+    let (clock, time) = manual();
+    let outer = |quotas: Vec<Quota>| {
+        RateLimitLayer::new(policy(&quotas))
+            .clock(clock.clone())
+            .cost(cost_of)
+    };
+    let inner = || {
+        RateLimitLayer::new(Policy::new(
+            "i",
+            Quota::fixed_window(3, Duration::from_millis(300)),
+        ))
+        .clock(clock.clone())
+        .cost(cost_of)
+        .key(Header::new("x-key"))
+    };
+    let global = outer(vec![quota(kind, start)]);
+    let keyed = outer(vec![quota(kind, start)]).key(Header::new("x-key"));
+    let padded_keyed = outer(padded(kind, start)).key(Header::new("x-key"));
+    let (one, table, general) = (
+        global.limiter("p").unwrap().unwrap(),
+        keyed.limiter("p").unwrap().unwrap(),
+        padded_keyed.limiter("p").unwrap().unwrap(),
+    );
+    let mut rigs = (
+        Rig::new(|h| global.layer(inner().layer(h))),
+        Rig::new(|h| keyed.layer(inner().layer(h))),
+        Rig::new(|h| padded_keyed.layer(inner().layer(h))),
+    );
+    let reference = inner();
+    let reference = reference.limiter("i").unwrap().unwrap();
+    let mut model = Account::new(vec![model_kind(kind, start)]);
+    let mut now = START;
+    let key: Box<[u8]> = b"k"[..].into();
+    for (i, s) in steps.into_iter().enumerate() {
+        match s {
+            Stacked::Send(cost) => {
+                let x = rigs.0.send("k", cost).await;
+                let y = rigs.1.send("k", cost).await;
+                let z = rigs.2.send("k", cost).await;
+                prop_assert_eq!(x.is_some(), y.is_some(), "step {}: send {}", i, cost);
+                prop_assert_eq!(z.is_some(), y.is_some(), "step {}: send {}", i, cost);
+                if let (Some(x), Some(y), Some(z)) = (x, y, z) {
+                    prop_assert_eq!(rigs.0.answer(x, OK).await, 200);
+                    prop_assert_eq!(rigs.1.answer(y, OK).await, 200);
+                    prop_assert_eq!(rigs.2.answer(z, OK).await, 200);
+                }
+                // The inner layer is asked only when the outer admitted.
+                let (said, t) = model.admit(now, cost);
+                if kind < 4 {
+                    if said.allowed {
+                        let passed = reference.check_n(&key, cost).is_allowed();
+                        prop_assert_eq!(y.is_some(), passed, "step {}: inner", i);
+                        if !passed {
+                            if let Some(t) = &t {
+                                model.refund(now, t, cost);
+                            }
+                        }
+                    } else {
+                        prop_assert!(y.is_none(), "step {}: model refused", i);
+                    }
+                }
+            }
+            Stacked::Wait(steps, nudge) => {
+                let ns = (steps * 100 * MS).saturating_add_signed(i64::from(nudge));
+                time.advance(Duration::from_nanos(ns));
+                now += ns;
+            }
+            Stacked::Change(v) => {
+                one.set_quotas([quota(kind, v)]).unwrap();
+                table.set_quotas([quota(kind, v)]).unwrap();
+                general.set_quotas(padded(kind, v)).unwrap();
+                model.set_quotas(now, vec![model_kind(kind, v)]);
+            }
+        }
+        let d = table.peek(&key);
+        prop_assert_eq!(first(&one.peek(&())), first(&d), "step {}: the () key", i);
+        prop_assert_eq!(first(&general.peek(&key)), first(&d), "step {}: general", i);
+        if kind < 4 {
+            let said = model.peek(now);
+            prop_assert_eq!(d.is_allowed(), said.allowed, "step {}: model", i);
+            prop_assert_eq!(d.states()[0].remaining(), said.remaining[0], "step {}", i);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn an_inner_rejection_gives_back_on_the_shortcuts_as_on_the_general_state_and_the_model(
+        kind in 0u8..KINDS,
+        start in 0u8..3,
+        steps in prop::collection::vec(stacked(), 1..60),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(the_give_back_of_an_inner_rejection_on_the_shortcuts(kind, start, steps))?;
+    }
+}
