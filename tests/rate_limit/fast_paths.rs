@@ -793,3 +793,54 @@ proptest! {
         rt.block_on(the_give_back_of_an_inner_rejection_on_the_shortcuts(kind, start, steps))?;
     }
 }
+
+/// Threads admitting on one key (the `()` key's slot, and keys of a table) while another
+/// flips a fixed window, sliding log or sliding counter between 4 and 6 per window, at one
+/// instant: never more than 6 admitted, and none lost (what remains afterwards, under the
+/// quota left in force, is its limit less the admissions).
+#[test]
+fn admissions_racing_changes_of_a_window_quota_count_each_once() {
+    for kind in 1u8..4 {
+        let (a, b) = (quota(kind, 0), quota(kind, 1));
+        let (clock, _time) = manual();
+        let one: RateLimiter<()> = build(vec![a.clone()], &clock, None);
+        let table: RateLimiter<u32> = build(vec![a.clone()], &clock, None);
+        for round in 0..60u32 {
+            let admitted = std::sync::atomic::AtomicU64::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    let (one, table, admitted) = (&one, &table, &admitted);
+                    s.spawn(move || {
+                        for _ in 0..6 {
+                            let d = if round == 0 {
+                                one.check(&())
+                            } else {
+                                table.check(&round)
+                            };
+                            admitted.fetch_add(u64::from(d.is_allowed()), Ordering::Relaxed);
+                        }
+                    });
+                }
+                for i in 0..8 {
+                    let q = if (round + i) % 2 == 0 { &b } else { &a };
+                    one.set_quotas([q.clone()]).unwrap();
+                    table.set_quotas([q.clone()]).unwrap();
+                }
+            });
+            // The last change put `b` (6 per window) in force in odd rounds, `a` (4) in even.
+            let limit = if round % 2 == 1 { 6 } else { 4 };
+            let after = if round == 0 {
+                one.peek(&())
+            } else {
+                table.peek(&round)
+            };
+            let admitted = admitted.load(Ordering::Relaxed);
+            assert!(admitted <= 6, "kind {kind}, round {round}: {admitted}");
+            assert_eq!(
+                after.states()[0].remaining(),
+                limit - admitted.min(limit),
+                "kind {kind}, round {round}"
+            );
+        }
+    }
+}
