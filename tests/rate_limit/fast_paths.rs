@@ -48,17 +48,24 @@ fn model_kind(kind: u8, v: u8) -> Kind {
     }
 }
 
-/// The crate's quota of `kind` in setting `v`; a warm-up quota keeps one curve and changes
-/// its rate and burst (a change of curve after a sweep is the known exception of
-/// `RateLimiter::set_quotas`).
+/// The crate's quota of `kind` in setting `v`. A warm-up quota (4) keeps one curve and
+/// changes its rate and burst; kind 5 is a warm-up quota whose settings change its curve too
+/// (warm-up period and cold factor), which is only tested on keys never forgotten (a change
+/// of curve after a sweep is the known exception of `RateLimiter::set_quotas`).
 fn quota(kind: u8, v: u8) -> Quota {
-    if kind == 4 {
-        let (rate, burst) = [(5, 4), (10, 6), (2, 2)][usize::from(v % 3)];
-        return Quota::per_second(rate)
+    let (rate, burst) = [(5, 4), (10, 6), (2, 2)][usize::from(v % 3)];
+    match kind {
+        4 => Quota::per_second(rate)
             .burst(burst)
-            .warm_up(Duration::from_millis(800), 3);
+            .warm_up(Duration::from_millis(800), 3),
+        5 => {
+            let (period, cold) = [(800, 3), (300, 2), (1_500, 7)][usize::from(v % 3)];
+            Quota::per_second(rate)
+                .burst(burst)
+                .warm_up(Duration::from_millis(period), cold)
+        }
+        _ => model_kind(kind, v).quota(),
     }
-    model_kind(kind, v).quota()
 }
 
 /// Two GCRA quotas that never bind a cost a quota of [`quota`] can admit: beside it they
@@ -129,7 +136,8 @@ fn op() -> impl Strategy<Value = Op> {
 /// * the `()` key (key 0 only) and a key of a table: the policy of one quota, the shortcuts;
 /// * the same quota beside two that never bind: the general state;
 /// * a table of at most two keys that turns new keys away, against a table that never
-///   forgets fed the same requests but those turned away;
+///   forgets fed the same requests but those turned away (but for a warm-up curve that
+///   changes, kind 5, which is never swept);
 /// * for kinds 0 to 3, an account of the model per key (the clock 1 000 s on).
 ///
 /// All say the same, request by request, and at every step a peek of key 0 agrees, with the
@@ -170,7 +178,9 @@ fn the_shortcuts_decide_as_the_general_state(
                 let g = general.check_n(&key, cost);
                 prop_assert_eq!(first(&g), first(&d), "op {}: the general state", i);
                 let b = bounded.check_n(&key, cost);
-                if b.is_store_full() {
+                if kind == 5 {
+                    // The bounded table forgets idle keys by itself.
+                } else if b.is_store_full() {
                     prop_assert!(!b.is_allowed() && cost > 0, "op {}: {:?}", i, b);
                 } else {
                     let m = mirror.check_n(&key, cost);
@@ -201,6 +211,7 @@ fn the_shortcuts_decide_as_the_general_state(
                     m.set_quotas(now, vec![model_kind(kind, v)]);
                 }
             }
+            Op::Evict if kind == 5 => {}
             Op::Evict => {
                 // How many keys each still tracks: the slot may count itself a moment after
                 // a table forgot the same history (as in meet_slot.rs).
@@ -213,12 +224,10 @@ fn the_shortcuts_decide_as_the_general_state(
         let d = table.peek(&0);
         prop_assert_eq!(first(&one.peek(&())), first(&d), "op {}: peek", i);
         prop_assert_eq!(first(&general.peek(&0)), first(&d), "op {}: peek", i);
-        prop_assert_eq!(
-            first(&bounded.peek(&0)),
-            first(&mirror.peek(&0)),
-            "op {}",
-            i
-        );
+        if kind != 5 {
+            let (b, m) = (first(&bounded.peek(&0)), first(&mirror.peek(&0)));
+            prop_assert_eq!(b, m, "op {}: the bounded table", i);
+        }
         if modelled {
             let said = models[0].peek(now);
             prop_assert_eq!(d.is_allowed(), said.allowed, "op {}: model peek", i);
@@ -233,7 +242,7 @@ proptest! {
 
     #[test]
     fn the_shortcuts_of_every_kind_decide_as_the_general_state_and_the_model(
-        kind in 0u8..KINDS,
+        kind in 0u8..=KINDS,
         start in 0u8..3,
         at in prop_oneof![1 => Just(0u8), 4 => Just(1u8), 1 => Just(2u8)],
         ops in prop::collection::vec(op(), 1..80),
