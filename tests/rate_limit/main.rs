@@ -6,6 +6,7 @@
 mod common;
 
 mod adversarial;
+mod fast_paths;
 mod kinds;
 mod kinds_redis;
 mod limiter;
