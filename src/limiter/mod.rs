@@ -430,7 +430,13 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// refund or a settlement gives back what its own request took, as it was
     /// measured then (see [`settle`](crate::rate_limit::settle#what-a-refund-gives-back)).
     /// So no sequence of changes admits more over any span than the most generous quota in
-    /// force over it allows, and forgetting idle keys ([`evict_idle`](Self::evict_idle))
+    /// force over it allows, each request counted at the price it was charged: a GCRA key is
+    /// never further ahead of now than the burst period of the quota that judges it, and the
+    /// requests admitted before a change of interval keep their own interval. Counted in
+    /// requests, a change to a slower interval can therefore admit more at one instant than
+    /// either quota alone (4 under one per 100 ms with a burst of 4, then 4 more under one per
+    /// 200 ms with a burst of 6: 400 ms + 800 ms of the new 1.2 s), and a change to a faster
+    /// interval fewer. A window kind's promise holds in requests. Forgetting idle keys ([`evict_idle`](Self::evict_idle))
     /// changes no decision under any later change, but one: a warm-up key forgotten while
     /// idle and then judged by a new warm-up curve (rate, period or cold factor) starts fully
     /// cold, where a kept key regains its stored permits in the new curve's units, so the two
