@@ -17,5 +17,6 @@ mod meet_split;
 mod namespace;
 mod plain_meets;
 mod probe;
+mod script_versions;
 mod scripts;
 mod store;
