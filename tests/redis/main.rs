@@ -12,6 +12,7 @@ mod key_errors;
 mod lease;
 mod lease_hostile;
 mod lease_model;
+mod long_log;
 mod meet_lua;
 mod meet_split;
 mod namespace;
