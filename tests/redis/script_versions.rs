@@ -588,3 +588,44 @@ async fn a_log_of_twelve_thousand_entries_gives_back_from_either_end_and_the_mid
     assert!(g_log == p_log, "{}", first_difference(&g_log, &p_log));
     assert_eq!(g_log.last(), Some(&(later, LIMIT, LIMIT - used)));
 }
+
+/// A policy decided by `plain.lua` cannot gain a warm-up quota while serving, nor one decided
+/// by the general script for its warm-up quota lose it: a key's words are laid out by kind
+/// (a warm-up quota has two, GCRA one), so either change would have the other script read a
+/// word of one quota as another's. The quotas in force stay, and so does every key's count.
+#[tokio::test]
+async fn a_redis_policy_neither_gains_nor_loses_a_warm_up_quota_while_serving() {
+    use std::time::Duration;
+    use tollgate::redis::{RedisRateLimiter, RedisStore};
+    use tollgate::{Clock, ConfigError, Quota};
+
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(5));
+    let (clock, _time) = Clock::manual();
+    let window = Quota::fixed_window(5, Duration::from_secs(60));
+    let plain = Quota::per_minute(3);
+    let warm = Quota::per_minute(3).warm_up(Duration::from_secs(60), 3);
+    for (name, from, to) in [("gains", &plain, &warm), ("loses", &warm, &plain)] {
+        let limiter = RedisRateLimiter::<u8>::builder(store.clone(), window.clone())
+            .quota(from.clone())
+            .name(name)
+            .clock(clock.clone())
+            .build();
+        let first = limiter.check(&1).await;
+        assert!(first.is_allowed(), "{name}");
+        assert!(
+            matches!(
+                limiter.set_quotas([window.clone(), to.clone()]),
+                Err(ConfigError::NotChangeable(_))
+            ),
+            "{name}"
+        );
+        assert_eq!(limiter.quotas()[1].kind(), from.kind(), "{name}");
+        // The window still counts the first request.
+        let now = limiter.peek(&1).await;
+        assert_eq!(now.states()[0].remaining(), 4, "{name}");
+    }
+}
