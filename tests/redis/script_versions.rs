@@ -128,7 +128,7 @@ struct Met {
 /// charge or a warm-up quota); both keys must give the same replies, hold the same values
 /// and get the same times to live. What had left replaced windows is strictly before the
 /// request's time, or when `ahead`, anywhere up to a window after it (quotas changed on a
-/// clock ahead of the server's).
+/// clock ahead of the server's). Times count from near 0 or from the Unix epoch.
 async fn replay(seed: u64, warm_up: bool, ahead: bool, first: Pick<'_>, second: Pick<'_>) -> Met {
     let server = RedisServer::start();
     let client = redis::Client::open(server.url()).unwrap();
@@ -168,7 +168,10 @@ async fn replay(seed: u64, warm_up: bool, ahead: bool, first: Pick<'_>, second: 
             .filter(|q| q.0 == 4)
             .map(|q| (q.1 * (1 + rng.below(40)), 1 + rng.below(5)))
             .collect();
-        let mut now = 1_000_000_000 + rng.below(1_000_000);
+        // Times from a clock started near 0, or from the Unix epoch (µs of a 2025 date, where
+        // a time takes 16 digits).
+        let base = [1_000_000_000, 1_764_000_000_000_000][rng.below(2) as usize];
+        let mut now = base + rng.below(1_000_000);
         // What had left a replaced window.
         let left = |rng: &mut Rng, width: u64| {
             if ahead {
