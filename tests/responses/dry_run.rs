@@ -303,7 +303,7 @@ async fn a_dry_run_shaper_delays_nothing_and_refuses_nothing_but_keeps_the_sched
 }
 
 /// A test's own subscriber, for as long as the test holds it.
-struct Capturing {
+pub(super) struct Capturing {
     _default: tracing::subscriber::DefaultGuard,
 }
 
@@ -312,11 +312,11 @@ static CAPTURING: Mutex<()> = Mutex::new(());
 /// Runs this file's tests one at a time: each makes decisions that emit events, and tracing
 /// decides which call sites are enabled once for every thread, so a call site first reached by
 /// one test while another installs its subscriber can stay off for the latter.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
+pub(super) fn serial() -> std::sync::MutexGuard<'static, ()> {
     CAPTURING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn capture(level: tracing::Level) -> (Captured, Capturing) {
+pub(super) fn capture(level: tracing::Level) -> (Captured, Capturing) {
     let out = Captured::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(level)

@@ -6,6 +6,7 @@
 mod common;
 
 mod dry_run;
+mod fired_quota;
 mod grpc;
 mod hostile_responses;
 mod http;

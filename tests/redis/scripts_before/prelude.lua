@@ -1,0 +1,42 @@
+-- The arguments every decision script reads alike (gcra.lua describes them), and exact
+-- integer division, and the expiry that follows a widened window; put before gcra.lua,
+-- gcra_only.lua and plain.lua.
+
+local cost = tonumber(ARGV[1])
+local force = string.byte(ARGV[1]) == 43
+local now
+if ARGV[2] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[2])
+end
+local n = tonumber(ARGV[3])
+local key = KEYS[1]
+
+-- floor(a / b) for integers a >= 0, b > 0 below 2^53, exactly.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+-- A rejection or a report writes nothing, but a sliding window widened since the key last
+-- changed (`gone[q] > 0` for some of the `n` quotas) may see its entries for longer than its
+-- expiry says: the expiry follows the latest time a quota goes idle (`idle_at(q)`), in whole
+-- milliseconds, and is never shortened.
+local function follow_widening(gone, idle_at)
+  local replaced = false
+  for q = 1, n do
+    if gone[q] > 0 then replaced = true end
+  end
+  if not replaced then return end
+  local horizon = 0
+  for q = 1, n do
+    local h = idle_at(q)
+    if h > horizon then horizon = h end
+  end
+  local ttl = math.ceil((horizon - now) / 1000)
+  local left = redis.call('PTTL', key)
+  if ttl > 0 and left >= 0 and left < ttl then redis.call('PEXPIRE', key, ttl) end
+end
