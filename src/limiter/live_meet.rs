@@ -1,7 +1,8 @@
 //! Live quota changes where they meet the two-word shape (a policy of one fixed window,
 //! sliding counter or warm-up quota, in a table and as the single key of `()`), refunds and
 //! settlements, and the bounded table: every decision is that of a key of a table that never
-//! forgets, judged by the quotas in force.
+//! forgets, judged by the quotas in force, and new after a change when it was idle under the
+//! quotas the change replaced.
 
 use std::time::Duration;
 
@@ -116,13 +117,23 @@ where
         .build()
 }
 
-/// A key of a table that never forgets: its state under the rules in force.
+/// A key of a table that never forgets: its state under the rules in force, made new at a
+/// change of quotas when it is idle under the quotas it replaces.
 #[derive(Default)]
 struct Model {
     keys: [KeyState; 3],
 }
 
 impl Model {
+    /// Makes every key idle at `now` under `rules` new.
+    fn renew_idle(&mut self, rules: &[Rule], now: u64) {
+        for key in &mut self.keys {
+            if key.idle_at(rules) <= now {
+                *key = KeyState::default();
+            }
+        }
+    }
+
     fn check(&mut self, rules: &[Rule], key: u8, now: u64, cost: u32) -> Decision {
         algo::decide(rules, &mut self.keys[usize::from(key)], now, cost).0
     }
@@ -206,6 +217,10 @@ proptest! {
                     under.direct.set_quotas(q.clone()).unwrap();
                     under.keyed.set_quotas(q.clone()).unwrap();
                     under.bounded.set_quotas(q.clone()).unwrap();
+                    // A key idle under the quotas in force is a new key under the new ones.
+                    for model in &mut under.models {
+                        model.renew_idle(&rules, now);
+                    }
                     let mut new = Limits::new(q).rules.to_vec();
                     Rule::replacing(&mut new, &rules, now);
                     rules = new;

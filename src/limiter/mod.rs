@@ -430,11 +430,17 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// refund or a settlement gives back what its own request took, as it was
     /// measured then (see [`settle`](crate::rate_limit::settle#what-a-refund-gives-back)).
     /// So no sequence of changes admits more over any span than the most generous quota in
-    /// force over it allows, and forgetting idle keys ([`evict_idle`](Self::evict_idle))
-    /// changes no decision under any later change, but one: a warm-up key forgotten while
-    /// idle and then judged by a new warm-up curve (rate, period or cold factor) starts fully
-    /// cold, where a kept key regains its stored permits in the new curve's units, so the two
-    /// can differ by a fraction of an interval.
+    /// force over it allows.
+    ///
+    /// A key idle under the quotas in force when the change comes (its state equal to one
+    /// never seen) is a new key under the new quotas, whether it is still tracked or not. So
+    /// forgetting idle keys ([`evict_idle`](Self::evict_idle)) changes no decision under any
+    /// later change, and a Redis key that expired while idle under the quotas in force
+    /// decides as one kept in memory. Most kinds need nothing for it; a change of a warm-up
+    /// curve (its rate, period or cold factor) makes every idle key new before the new curve
+    /// judges any request, where a kept key would otherwise regain its stored permits at the
+    /// new curve's pace and not be fully cold yet. Only such a change visits every tracked
+    /// key; any other change costs the same whatever the number of keys.
     ///
     /// Requests already decided keep their decision; waiters of
     /// [`until_ready`](Self::until_ready) decide again under the new quotas when their turn
