@@ -355,6 +355,74 @@ fn checks_racing_changes_never_admit_more_than_the_higher_limit() {
     }
 }
 
+/// Threads checking keys idle under the curve in force while another flips between two
+/// warm-up curves of one rate and burst, the clock standing still: a change makes a key new
+/// only while it is idle, under the key's own lock, never once a racing check has admitted it,
+/// so no key is admitted more than the burst, on a table's keys and on the single key of `()`,
+/// and every key is admitted at least once.
+#[test]
+fn checks_racing_changes_of_curve_never_admit_more_than_the_burst() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let s = Duration::from_secs(1);
+    let a = Quota::per_second(5).burst(4).warm_up(2 * s, 3);
+    let b = Quota::per_second(5).burst(4).warm_up(5 * s, 2);
+    for round in 0..10 {
+        let (clock, time) = Clock::manual();
+        time.advance(Duration::from_secs(10));
+        let keyed = limiter::<u8>(
+            std::slice::from_ref(&a),
+            &clock,
+            8,
+            OnFull::EvictNearestIdle,
+        );
+        let direct = limiter::<()>(
+            std::slice::from_ref(&a),
+            &clock,
+            1,
+            OnFull::EvictNearestIdle,
+        );
+        for k in 0..4 {
+            assert!(keyed.check(&k).is_allowed());
+        }
+        assert!(direct.check(&()).is_allowed());
+        // Idle under the curve in force: the next change makes every key new.
+        time.advance(Duration::from_secs(60));
+        let kept: [AtomicU32; 5] = Default::default();
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for t in 0..2u8 {
+                let (keyed, direct, kept, done) = (&keyed, &direct, &kept, &done);
+                scope.spawn(move || {
+                    // Every key is checked a few times, however late the thread starts.
+                    for n in 0u32.. {
+                        if n >= 16 && done.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let k = (n as u8 ^ t) % 4;
+                        if keyed.check(&k).is_allowed() {
+                            kept[usize::from(k)].fetch_add(1, Ordering::Relaxed);
+                        }
+                        if direct.check(&()).is_allowed() {
+                            kept[4].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+            for i in 0..200 {
+                let q = if (i + round) % 2 == 0 { &b } else { &a };
+                keyed.set_quotas([q.clone()]).unwrap();
+                direct.set_quotas([q.clone()]).unwrap();
+                std::thread::yield_now();
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+        for (k, n) in kept.iter().enumerate() {
+            let n = n.load(Ordering::Relaxed);
+            assert!((1..=4).contains(&n), "key {k}: {n} admitted");
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
 

@@ -514,3 +514,59 @@ fn a_warm_up_key_swept_before_a_change_of_curve_decides_as_a_kept_one() {
     kept.set_quotas([after()]).unwrap();
     assert_eq!(swept.check(&7), kept.check(&7));
 }
+
+/// A change of warm-up curve makes a key idle under the curve in force a new key, and keeps a
+/// key that is not: on every shape (the quota alone or beside another, in a table or as the
+/// single key of `()`), the idle key is no longer tracked and decides as a key never seen
+/// under the new curve, and a table of one key that refuses new keys has room again; a key
+/// still warm is tracked and judged from what it stored.
+#[test]
+fn a_warm_up_key_idle_at_a_change_of_curve_is_a_new_key_on_every_shape() {
+    let s = Duration::from_secs(1);
+    let before = Quota::per_second(2).burst(2).warm_up(5 * s, 2);
+    let after = Quota::per_second(4).burst(4).warm_up(3 * s, 3);
+    let loose = Quota::per_second(1_000).burst(1_000);
+    for extra in [vec![], vec![loose]] {
+        let with = |q: &Quota| [vec![q.clone()], extra.clone()].concat();
+        let (clock, time) = Clock::manual();
+        let fresh: RateLimiter<u8> = limiter(&with(&after), &clock);
+        let keyed: RateLimiter<u8> = limiter(&with(&before), &clock);
+        let direct: RateLimiter<()> = limiter(&with(&before), &clock);
+        let bounded: RateLimiter<u8> = with(&before)[1..]
+            .iter()
+            .fold(RateLimiter::builder(before.clone()), |b, q| {
+                b.quota(q.clone())
+            })
+            .clock(clock.clone())
+            .max_keys(1)
+            .on_full(tollgate::store::OnFull::RejectNewKeys)
+            .build();
+        // An earlier change of curve makes the table sweep late for a while (a kept key may
+        // go idle later under a new curve than it stored), so a full table keeps an idle key.
+        bounded.set_quotas(with(&after)).unwrap();
+        bounded.set_quotas(with(&before)).unwrap();
+        // Warm, then idle under the first curve (back to cold within its 5 s period).
+        assert!(keyed.check_n(&1, 2).is_allowed());
+        assert!(direct.check_n(&(), 2).is_allowed());
+        assert!(bounded.check_n(&1, 2).is_allowed());
+        time.advance(6 * s);
+        assert!(bounded.check(&2).is_store_full(), "{extra:?}");
+        keyed.set_quotas(with(&after)).unwrap();
+        direct.set_quotas(with(&after)).unwrap();
+        bounded.set_quotas(with(&after)).unwrap();
+        assert_eq!((keyed.len(), direct.len(), bounded.len()), (0, 0, 0));
+        let new = fresh.peek(&9);
+        assert_eq!(keyed.peek(&1), new, "{extra:?}");
+        assert_eq!(direct.peek(&()), new, "{extra:?}");
+        assert!(bounded.check(&2).is_allowed(), "{extra:?}");
+        // A key still warm at the change is kept, and judged from what it stored: warmer
+        // than a new key, it pays less for its next request.
+        assert!(keyed.check_n(&1, 2).is_allowed());
+        assert!(direct.check_n(&(), 2).is_allowed());
+        time.advance(s);
+        keyed.set_quotas(with(&before)).unwrap();
+        direct.set_quotas(with(&before)).unwrap();
+        assert_eq!((keyed.len(), direct.len()), (1, 1), "{extra:?}");
+        assert_eq!(keyed.peek(&1), direct.peek(&()), "{extra:?}");
+    }
+}
