@@ -585,6 +585,21 @@ impl<S> Kept<S> {
     fn horizon(&self) -> u64 {
         self.horizon.load(Ordering::Acquire)
     }
+
+    /// Makes the key one never seen if `idle` says its state is idle, under the key's lock;
+    /// whether it did.
+    fn renew_if(&self, idle: impl FnOnce(&S) -> bool) -> bool
+    where
+        S: Default,
+    {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let renew = idle(&state);
+        if renew {
+            *state = S::default();
+            self.horizon.store(0, Ordering::Release);
+        }
+        renew
+    }
 }
 
 impl Two {
@@ -601,6 +616,13 @@ impl Two {
     #[inline]
     fn change<T>(&self, rule: &Rule, f: impl FnOnce(&mut Words) -> T) -> T {
         self.0.measure_and_replace(f, |w| rule.idle_at_two(*w))
+    }
+
+    /// Makes the key one never seen if it is idle at `now` under `rule` (judged from its
+    /// words, not from the idle time kept beside them, which an earlier quota may have set);
+    /// whether it did.
+    pub(crate) fn renew_if_idle(&self, rule: &Rule, now: u64) -> bool {
+        self.0.renew_if(|w| rule.idle_at_two(*w) <= now)
     }
 }
 
@@ -666,6 +688,12 @@ impl Mixed {
     #[inline]
     fn change<T>(&self, rules: &[Rule], f: impl FnOnce(&mut KeyState) -> T) -> T {
         self.0.measure_and_replace(f, |s| s.idle_at(rules))
+    }
+
+    /// Makes the key one never seen if it is idle at `now` under every quota of `rules`
+    /// (see [`Two::renew_if_idle`]); whether it did.
+    pub(crate) fn renew_if_idle(&self, rules: &[Rule], now: u64) -> bool {
+        self.0.renew_if(|s| s.idle_at(rules) <= now)
     }
 }
 

@@ -96,7 +96,9 @@ impl Curve {
         }
     }
 
-    /// The deficit after `idle` nanoseconds without a request.
+    /// The deficit after `idle` nanoseconds without a request. A deficit beyond `max` (stored
+    /// under a curve with a larger one, before a change) is no stored permit at all: it
+    /// regains from `max`, so that a key is fully cold [`cold_in`](Self::cold_in) after it.
     #[inline]
     pub(crate) fn regain(&self, deficit: u64, idle: u64) -> u64 {
         let idle = idle / self.unit;
@@ -104,7 +106,7 @@ impl Curve {
             return deficit;
         }
         let gained = mul_div(idle.min(self.period), self.max, self.period);
-        deficit.saturating_sub(gained)
+        deficit.min(self.max).saturating_sub(gained)
     }
 
     /// Nanoseconds until a key with `deficit`, idle from now on, is fully cold (the same as a
@@ -553,6 +555,21 @@ mod tests {
         assert_eq!(c.cold_in(warm), 3 * S);
         assert_eq!(c.cold_in(1), 1);
         assert_eq!(c.cold_in(0), 0);
+    }
+
+    /// A deficit stored under a curve with a larger `max`, judged after a change by a curve
+    /// with a smaller one, is no stored permit: the key is fully cold once `cold_in` says so
+    /// (a full period), as a key never seen, never warmer.
+    #[test]
+    fn a_deficit_beyond_max_after_a_change_is_cold_in_one_period() {
+        let big = Curve::new(S / 2, 30 * S, 3, 1);
+        let c = guava();
+        let deficit = big.max;
+        assert!(deficit > c.max);
+        assert_eq!(c.cold_in(deficit), 3 * S);
+        assert_eq!(c.regain(deficit, 3 * S), 0);
+        assert_eq!(c.regain(deficit, 3 * S / 2), c.max - c.threshold);
+        assert_eq!(c.regain(deficit, 0), deficit);
     }
 
     #[test]

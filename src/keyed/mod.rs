@@ -722,6 +722,24 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         self.len()
     }
 
+    /// Drops every entry that `gone` says to drop, each shard under its exclusive lock in
+    /// turn; returns how many were dropped. Dropping lowers no shard's idle hint.
+    pub(crate) fn drop_where(&self, mut gone: impl FnMut(&V) -> bool) -> usize {
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            let mut map = write(&shard.map);
+            let before = map.entries.len();
+            map.entries.retain(|(_, v)| !gone(v));
+            let n = before - map.entries.len();
+            if n > 0 {
+                self.release(n);
+                self.shrink(&mut map);
+                dropped += n;
+            }
+        }
+        dropped
+    }
+
     /// The number of entries of this table, idle ones included until they are swept (the
     /// bound may count others' too).
     pub(crate) fn len(&self) -> usize {

@@ -614,7 +614,8 @@ mod two_tests {
             /// A change of quota judges the very next check, on the path that reads a quota
             /// kept in two words without loading the quotas: the single key of `()` and a key
             /// of a table decide as the general state does under the quota in force (read
-            /// from the whole set), for a fixed window, a sliding counter and a warm-up.
+            /// from the whole set), made new at a change when idle under the quota it
+            /// replaces, for a fixed window, a sliding counter and a warm-up.
             #[test]
             fn every_check_of_a_quota_in_two_words_is_judged_by_the_quota_in_force_at_once(
                 ops in prop::collection::vec(op(), 1..80)
@@ -640,6 +641,13 @@ mod two_tests {
                             }
                             Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
                             Op::Change(i) => {
+                                // A key idle under the quota in force is new under the next.
+                                let rules = direct.inner.live.load().rules.clone();
+                                for s in [&mut a, &mut b] {
+                                    if s.idle_at(&rules) <= clock.now() {
+                                        *s = KeyState::default();
+                                    }
+                                }
                                 direct.set_quotas([policies[i].clone()]).unwrap();
                                 keyed.set_quotas([policies[i].clone()]).unwrap();
                             }

@@ -1,7 +1,8 @@
 //! Live quota changes where they meet the two-word shape (a policy of one fixed window,
 //! sliding counter or warm-up quota, in a table and as the single key of `()`), refunds and
 //! settlements, and the bounded table: every decision is that of a key of a table that never
-//! forgets, judged by the quotas in force.
+//! forgets, judged by the quotas in force, and new after a change when it was idle under the
+//! quotas the change replaced.
 
 use std::time::Duration;
 
@@ -116,13 +117,23 @@ where
         .build()
 }
 
-/// A key of a table that never forgets: its state under the rules in force.
+/// A key of a table that never forgets: its state under the rules in force, made new at a
+/// change of quotas when it is idle under the quotas it replaces.
 #[derive(Default)]
 struct Model {
     keys: [KeyState; 3],
 }
 
 impl Model {
+    /// Makes every key idle at `now` under `rules` new.
+    fn renew_idle(&mut self, rules: &[Rule], now: u64) {
+        for key in &mut self.keys {
+            if key.idle_at(rules) <= now {
+                *key = KeyState::default();
+            }
+        }
+    }
+
     fn check(&mut self, rules: &[Rule], key: u8, now: u64, cost: u32) -> Decision {
         algo::decide(rules, &mut self.keys[usize::from(key)], now, cost).0
     }
@@ -206,6 +217,10 @@ proptest! {
                     under.direct.set_quotas(q.clone()).unwrap();
                     under.keyed.set_quotas(q.clone()).unwrap();
                     under.bounded.set_quotas(q.clone()).unwrap();
+                    // A key idle under the quotas in force is a new key under the new ones.
+                    for model in &mut under.models {
+                        model.renew_idle(&rules, now);
+                    }
                     let mut new = Limits::new(q).rules.to_vec();
                     Rule::replacing(&mut new, &rules, now);
                     rules = new;
@@ -336,6 +351,74 @@ fn checks_racing_changes_never_admit_more_than_the_higher_limit() {
             let more_direct = (0..10).filter(|_| direct.check(&()).is_allowed()).count() as u32;
             assert_eq!(k + more, 6, "{low:?}/{high:?}");
             assert_eq!(d + more_direct, 6, "{low:?}/{high:?}");
+        }
+    }
+}
+
+/// Threads checking keys idle under the curve in force while another flips between two
+/// warm-up curves of one rate and burst, the clock standing still: a change makes a key new
+/// only while it is idle, under the key's own lock, never once a racing check has admitted it,
+/// so no key is admitted more than the burst, on a table's keys and on the single key of `()`,
+/// and every key is admitted at least once.
+#[test]
+fn checks_racing_changes_of_curve_never_admit_more_than_the_burst() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let s = Duration::from_secs(1);
+    let a = Quota::per_second(5).burst(4).warm_up(2 * s, 3);
+    let b = Quota::per_second(5).burst(4).warm_up(5 * s, 2);
+    for round in 0..10 {
+        let (clock, time) = Clock::manual();
+        time.advance(Duration::from_secs(10));
+        let keyed = limiter::<u8>(
+            std::slice::from_ref(&a),
+            &clock,
+            8,
+            OnFull::EvictNearestIdle,
+        );
+        let direct = limiter::<()>(
+            std::slice::from_ref(&a),
+            &clock,
+            1,
+            OnFull::EvictNearestIdle,
+        );
+        for k in 0..4 {
+            assert!(keyed.check(&k).is_allowed());
+        }
+        assert!(direct.check(&()).is_allowed());
+        // Idle under the curve in force: the next change makes every key new.
+        time.advance(Duration::from_secs(60));
+        let kept: [AtomicU32; 5] = Default::default();
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for t in 0..2u8 {
+                let (keyed, direct, kept, done) = (&keyed, &direct, &kept, &done);
+                scope.spawn(move || {
+                    // Every key is checked a few times, however late the thread starts.
+                    for n in 0u32.. {
+                        if n >= 16 && done.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let k = (n as u8 ^ t) % 4;
+                        if keyed.check(&k).is_allowed() {
+                            kept[usize::from(k)].fetch_add(1, Ordering::Relaxed);
+                        }
+                        if direct.check(&()).is_allowed() {
+                            kept[4].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+            for i in 0..200 {
+                let q = if (i + round) % 2 == 0 { &b } else { &a };
+                keyed.set_quotas([q.clone()]).unwrap();
+                direct.set_quotas([q.clone()]).unwrap();
+                std::thread::yield_now();
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+        for (k, n) in kept.iter().enumerate() {
+            let n = n.load(Ordering::Relaxed);
+            assert!((1..=4).contains(&n), "key {k}: {n} admitted");
         }
     }
 }

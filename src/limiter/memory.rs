@@ -299,24 +299,39 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         with_slots!(&self.0, |s| Keys::<K, _>::evict_idle(s, now))
     }
 
-    /// Tells the table that the rules `new` replace `old` at `now`: a key may stay idle
-    /// later than it stored (a window was widened: see `MemoryStore::widen`).
+    /// Tells the keys that the rules `new` replace `old` at `now`, before `new` is in
+    /// force: a key may stay idle later than it stored (a window was widened: see
+    /// `MemoryStore::widen`), and when a warm-up curve changes, every key idle under `old`
+    /// is made new (see [`renews_idle_keys`]).
     pub(super) fn replacing(&self, old: &[Rule], new: &[Rule], now: u64) {
         let widening = || crate::algo::widening(old, new, now);
+        let renew = renews_idle_keys(old, new);
         match &self.0 {
             Shape::Two(s) => {
+                if renew {
+                    s.table.drop_where(|slot| slot.renew_if_idle(&old[0], now));
+                }
                 let (lag, until) = widening();
                 s.widen(now, lag, until);
             }
             Shape::Mixed(s) => {
+                if renew {
+                    s.table.drop_where(|slot| slot.renew_if_idle(old, now));
+                }
                 let (lag, until) = widening();
                 s.widen(now, lag, until);
             }
             Shape::DirectTwo(d) => {
+                if renew {
+                    d.slot.renew_if_idle(&old[0], now);
+                }
                 let (lag, until) = widening();
                 d.lag.widen(now, lag, until);
             }
             Shape::DirectMixed(d) => {
+                if renew {
+                    d.slot.renew_if_idle(old, now);
+                }
                 let (lag, until) = widening();
                 d.lag.widen(now, lag, until);
             }
@@ -341,6 +356,17 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
             _ => None,
         }
     }
+}
+
+/// Whether replacing the rules `old` with `new` must make every key idle under `old` new:
+/// when a warm-up curve changes (its rate, period or cold factor). A kept key's warm-up is
+/// judged by the rules in force, so its stored deficit, regained under the new curve, would
+/// not be the fully cold state that a key forgotten while idle (or expired on Redis) starts
+/// from. Any other change leaves an idle key deciding as a new one, and costs nothing here.
+fn renews_idle_keys(old: &[Rule], new: &[Rule]) -> bool {
+    old.iter()
+        .zip(new)
+        .any(|pair| matches!(pair, (Rule::WarmUp(a), Rule::WarmUp(b)) if a.curve != b.curve))
 }
 
 /// The keys of a policy of one GCRA quota (see [`State::one_gcra`]).

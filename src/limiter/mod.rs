@@ -436,11 +436,17 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// requests, a change to a slower interval can therefore admit more at one instant than
     /// either quota alone (4 under one per 100 ms with a burst of 4, then 4 more under one per
     /// 200 ms with a burst of 6: 400 ms + 800 ms of the new 1.2 s), and a change to a faster
-    /// interval fewer. A window kind's promise holds in requests. Forgetting idle keys ([`evict_idle`](Self::evict_idle))
-    /// changes no decision under any later change, but one: a warm-up key forgotten while
-    /// idle and then judged by a new warm-up curve (rate, period or cold factor) starts fully
-    /// cold, where a kept key regains its stored permits in the new curve's units, so the two
-    /// can differ by a fraction of an interval.
+    /// interval fewer. A window kind's promise holds in requests.
+    ///
+    /// A key idle under the quotas in force when the change comes (its state equal to one
+    /// never seen) is a new key under the new quotas, whether it is still tracked or not. So
+    /// forgetting idle keys ([`evict_idle`](Self::evict_idle)) changes no decision under any
+    /// later change, and a Redis key that expired while idle under the quotas in force
+    /// decides as one kept in memory. Most kinds need nothing for it; a change of a warm-up
+    /// curve (its rate, period or cold factor) makes every idle key new before the new curve
+    /// judges any request, where a kept key would otherwise regain its stored permits at the
+    /// new curve's pace and not be fully cold yet. Only such a change visits every tracked
+    /// key; any other change costs the same whatever the number of keys.
     ///
     /// Requests already decided keep their decision; waiters of
     /// [`until_ready`](Self::until_ready) decide again under the new quotas when their turn

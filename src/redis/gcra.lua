@@ -112,6 +112,8 @@ end
 local function warm_regain(c, deficit, idle)
   if deficit == 0 or idle <= 0 then return deficit end
   if idle > c.period then idle = c.period end
+  -- A deficit beyond max (stored under a larger curve) regains from max, as in memory.
+  if deficit > c.max then deficit = c.max end
   local d = deficit - muldiv(idle, c.max, c.period)
   if d < 0 then d = 0 end
   return d

@@ -197,9 +197,11 @@ fn the_memory_and_redis_layers_keep_the_same_account_with_warm_up() {
     let quotas = |v: [bool; 4]| {
         vec![
             // The change keeps the warm-up curve (rate, period, cold factor) and moves the
-            // burst: a key dropped while idle and then judged by a new curve is a known
-            // difference (`rate_limit::meet_slot::a_warm_up_key_swept_before_a_change_of_curve_decides_as_a_kept_one`,
-            // ignored), which this comparison of the two stores is not about.
+            // burst. Here the Redis key never expires (the clock is manual), while memory
+            // makes a key idle at a change of curve new; and on Redis a key expires when idle
+            // under the curve its last write saw, which a later change of curve does not
+            // follow. A change of curve is compared in `rate_limit::warmup_redis`, with the
+            // Redis keys idle at the change deleted.
             if v[0] {
                 Quota::per_second(5).burst(4).warm_up(2 * S, 3)
             } else {
