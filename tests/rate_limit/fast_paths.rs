@@ -198,10 +198,6 @@ fn the_shortcuts_decide_as_the_general_state(
                 time.advance(Duration::from_nanos(ns));
                 now += ns;
             }
-            // A sliding window's state recorded at the clock's first reading does not stay
-            // gone at a change (the ignored test
-            // `what_left_a_sliding_window_at_a_change_stays_gone_from_the_clocks_first_instant`).
-            Op::Change(_) if at == 0 && matches!(kind, 2 | 3) => {}
             Op::Change(v) => {
                 one.set_quotas([quota(kind, v)]).unwrap();
                 table.set_quotas([quota(kind, v)]).unwrap();
@@ -636,16 +632,16 @@ fn admissions_racing_changes_of_the_single_gcra_quota_each_move_the_key_by_their
 /// with the clock's first reading (0) as with any other: a log entry at 0, gone from a window
 /// of 400 ms at 400 ms, must not count again when the window widens to 800 ms; a counter's
 /// count of a window opened at 0, gone from windows of 200 ms at 400 ms, must not count
-/// again when they widen to 400 ms. Both stay gone when the first request comes 1 ns later,
-/// but at 0 they count again: the time a change records as gone (`Window::gone`,
-/// `gone_cur`, and the scripts' arguments) is 0 there, which also means "nothing gone". A
-/// key forgotten while idle between the two changes is new again instead, so forgetting
-/// it changes the next decision (found by
-/// `the_shortcuts_of_every_kind_decide_as_the_general_state_and_the_model`, the clock at
-/// its first instant). Every tollgate clock can read 0: a manual clock before it is moved,
-/// tokio's and the system clock at their first instant.
+/// again when they widen to 400 ms; likewise when the first request comes 1 ns later. A
+/// change records as gone the times before a bound (`Window::gone`, `gone_cur`, and the
+/// scripts' arguments), so a bound of 0 marks nothing and a bound of 1 marks the clock's
+/// first reading: were the record inclusive with 0 for "nothing gone", what was recorded at
+/// 0 would count again, while a key forgotten while idle between the two changes is new,
+/// and forgetting it would change the next decision (as
+/// `the_shortcuts_of_every_kind_decide_as_the_general_state_and_the_model` found with the
+/// clock at its first instant). Every tollgate clock can read 0: a manual clock before it is
+/// moved, tokio's and the system clock at their first instant.
 #[test]
-#[ignore = "known: what left a sliding window at a change stays gone unless it was recorded at 0"]
 fn what_left_a_sliding_window_at_a_change_stays_gone_from_the_clocks_first_instant() {
     let mut remaining = Vec::new();
     for first_at in [1, 0] {
