@@ -672,6 +672,63 @@ fn what_left_a_sliding_window_at_a_change_stays_gone_from_the_clocks_first_insta
     assert_eq!(remaining, [4, 4, 4, 4]);
 }
 
+/// The same on a Redis store, beside the memory store on one manual clock, with a change
+/// exactly at the width (what was recorded at the first reading is gone) and 1 ns before it
+/// (it still counts): the scripts' bound, in whole microseconds, keeps the entries and
+/// windows the memory store keeps, whether the first request comes at 0 or 1 µs (Redis
+/// keeps times in whole microseconds). Widths in seconds, so that no key expires in Redis
+/// while the test runs.
+#[cfg(feature = "redis")]
+#[test]
+fn what_left_a_sliding_window_at_a_change_stays_gone_from_the_clocks_first_instant_in_redis() {
+    use crate::common::redis_server::RedisServer;
+    use crate::common::twins::{self, Twins};
+    use tollgate::redis::RedisStore;
+
+    let server = RedisServer::start();
+    let rt = twins::runtime();
+    let store = rt.block_on(RedisStore::connect(&server.url())).unwrap();
+    let s = Duration::from_secs(1);
+    let mut remaining = Vec::new();
+    let mut case = 0;
+    for first_at in [0, 1_000] {
+        for early in [0, 1] {
+            let change_at = Duration::from_nanos(400_000_000_000 + first_at - early);
+            // The log: 4 in 400 s, then 4 in 800 s.
+            // The counter: 6 in 800 s, then 2 in 200 s and 4 in 400 s, both at 400 s.
+            let kinds = [
+                (
+                    Quota::sliding_log(4, 400 * s),
+                    vec![vec![Quota::sliding_log(4, 800 * s)]],
+                ),
+                (
+                    Quota::sliding_window(6, 800 * s),
+                    vec![
+                        vec![Quota::sliding_window(2, 200 * s)],
+                        vec![Quota::sliding_window(4, 400 * s)],
+                    ],
+                ),
+            ];
+            for (first, changes) in kinds {
+                case += 1;
+                let twins = Twins::new(&store, format!("zero-{case}"), &[first]);
+                twins.time.set(Duration::from_nanos(first_at));
+                let (r, m) = twins.decide(&rt, Duration::ZERO, 0, 1).unwrap();
+                assert!(r.is_allowed() && m.is_allowed(), "case {case}");
+                twins.time.set(change_at);
+                for quotas in changes {
+                    twins.set_quotas(&quotas);
+                }
+                let (r, m) = twins.decide(&rt, Duration::ZERO, 0, 0).unwrap();
+                assert_eq!(r.remaining(), m.remaining(), "case {case}");
+                remaining.push(m.remaining());
+            }
+        }
+    }
+    // Log and counter, first at 0 then at 1 µs, each changed at the width and 1 ns before.
+    assert_eq!(remaining, [4, 4, 3, 3, 4, 4, 3, 3]);
+}
+
 #[derive(Debug, Clone)]
 enum Stacked {
     /// A request of this cost, answered 200 at once when it reaches the handler.
