@@ -23,11 +23,11 @@ impl Log {
     };
 
     /// The first entry still inside a window of `width` at `now` (times `t` with
-    /// `t + width > now`, and after `gone`: see [`Window::replacing`]), and the cost those
-    /// entries hold.
+    /// `t + width > now`, and not before `gone`: see [`Window::replacing`]), and the cost
+    /// those entries hold.
     #[inline]
     pub(crate) fn in_window(&self, now: u64, width: u64, gone: u64) -> (usize, u64) {
-        let out = |t: u64| t.saturating_add(width) <= now || (gone > 0 && t <= gone);
+        let out = |t: u64| t.saturating_add(width) <= now || t < gone;
         let first = match self.entries.front() {
             // The oldest entry still counts, and so do all the later ones: no search.
             Some(&(t, _)) if !out(t) => return (0, self.total() - self.base),

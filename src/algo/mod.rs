@@ -230,7 +230,7 @@ impl Rule {
             Rule::Gcra(_) => words[0],
             Rule::FixedWindow(w) => w.fixed_idle_at(words),
             Rule::SlidingLog(w) => match log.newest() {
-                Some(t) if w.gone == 0 || t > w.gone => t.saturating_add(w.width),
+                Some(t) if t >= w.gone => t.saturating_add(w.width),
                 _ => 0,
             },
             Rule::SlidingWindow(w) => w.counter_idle_at(words),

@@ -22,6 +22,32 @@ fn all_kinds(limit: u64, width: u64) -> [Rule; 4] {
     ]
 }
 
+/// What a change of quotas marks gone is the times before a bound, so the clock's first
+/// reading (0) is marked gone by a change one width (log) or two widths (counter) after it,
+/// and a bound of 0 marks nothing.
+#[test]
+fn a_change_a_window_after_the_clocks_first_reading_marks_that_reading_gone() {
+    let narrow = Window::new(4, 400);
+    let wide = |now| Window::new(4, 800).replacing(&narrow, now);
+    assert_eq!((wide(399).gone, wide(399).gone_cur), (0, 0));
+    assert_eq!((wide(400).gone, wide(400).gone_cur), (1, 0));
+    assert_eq!((wide(800).gone, wide(800).gone_cur), (401, 1));
+    assert_eq!(wide(u64::MAX).gone, u64::MAX - 399);
+    let mut entries = Log::default();
+    entries.admit(0, 1, u64::MAX / 2, u64::MAX);
+    assert_eq!(entries.in_window(399, 800, wide(399).gone).1, 1);
+    assert_eq!(entries.in_window(400, 800, wide(400).gone).1, 0);
+    // A counter with one request in a window opened at 0.
+    let words = [0, 1];
+    let state = |w: Window, now| {
+        Rule::SlidingWindow(w)
+            .state(words, &Log::EMPTY, now)
+            .remaining()
+    };
+    assert_eq!(state(wide(799), 799), 3);
+    assert_eq!(state(wide(800), 800), 4);
+}
+
 #[test]
 fn a_cost_above_the_count_never_passes_at_any_time_and_takes_nothing() {
     for r in all_kinds(5, S) {
@@ -353,7 +379,7 @@ proptest! {
         let at = now + after;
         let counted: u64 = entries
             .iter()
-            .filter(|(t, _)| t + width > at && !(gone > 0 && *t <= gone))
+            .filter(|(t, _)| t + width > at && *t >= gone)
             .map(|e| e.1)
             .sum();
         prop_assert_eq!(log.in_window(at, width, gone).1, counted);

@@ -39,9 +39,11 @@ use crate::decision::QuotaState;
 /// A window quota: at most `limit` per `width` nanoseconds.
 ///
 /// A quota that replaced others while serving also knows what had left their windows when it
-/// came (what is gone stays gone, see [`Window::replacing`]): a sliding log's entries at or
-/// before `gone`; a sliding-window counter's previous count when its current window opened at
-/// or before `gone`, and both counts when it opened at or before `gone_cur`.
+/// came (what is gone stays gone, see [`Window::replacing`]): a sliding log's entries before
+/// `gone`; a sliding-window counter's previous count when its current window opened before
+/// `gone`, and both counts when it opened before `gone_cur`. Both bounds are exclusive, so 0
+/// (a quota never replaced, or replaced within a width of the clock's first instant) marks
+/// nothing gone, while a change at `width` marks gone a request made at 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Window {
     pub(crate) limit: u64,
@@ -73,15 +75,15 @@ impl Window {
 
     /// This quota in place of `old` (of the same kind) from `now` on: what had left `old`'s
     /// window by `now` stays gone, whatever this window's width. A log entry at or before
-    /// `now - width` had; a counter's previous count had once its current window opened at or
-    /// before `now - width`, and its current count once it opened at or before
-    /// `now - 2 width`.
+    /// `now - width` had (before `now - width + 1`); a counter's previous count had once its
+    /// current window opened at or before `now - width`, and its current count once it opened
+    /// at or before `now - 2 width`.
     pub(crate) fn replacing(self, old: &Window, now: u64) -> Self {
+        // The first time still inside a window of `width` at `now`: what came before is gone.
+        let kept = |width: u64| now.checked_sub(width).map_or(0, |t| t.saturating_add(1));
         Window {
-            gone: old.gone.max(now.saturating_sub(old.width)),
-            gone_cur: old
-                .gone_cur
-                .max(now.saturating_sub(old.width.saturating_mul(2))),
+            gone: old.gone.max(kept(old.width)),
+            gone_cur: old.gone_cur.max(kept(old.width.saturating_mul(2))),
             ..self
         }
     }
@@ -193,10 +195,10 @@ impl Window {
     fn counter_current(&self, words: Words, now: u64) -> (u64, u64, u64) {
         let [start, counts] = words;
         let (mut prev, cur) = unpack(counts);
-        if start <= self.gone_cur && self.gone_cur > 0 {
+        if start < self.gone_cur {
             return (now, 0, 0);
         }
-        if start <= self.gone && self.gone > 0 {
+        if start < self.gone {
             prev = 0;
         }
         if prev == 0 && cur == 0 {
@@ -297,10 +299,10 @@ impl Window {
     pub(super) fn counter_idle_at(&self, words: Words) -> u64 {
         let [start, counts] = words;
         let (mut prev, cur) = unpack(counts);
-        if start <= self.gone_cur && self.gone_cur > 0 {
+        if start < self.gone_cur {
             return 0;
         }
-        if start <= self.gone && self.gone > 0 {
+        if start < self.gone {
             prev = 0;
         }
         if cur > 0 {

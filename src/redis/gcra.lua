@@ -22,7 +22,8 @@
 -- ARGV[5+3n..] for each warm-up quota in order, its warm-up period in microseconds and its
 --          cold factor (src/warmup.rs; its words are the TAT and the deficit of stored permits)
 -- then     for each quota, what had left its windows at the changes of quotas (src/algo/
---          window.rs `Window::replacing`): gone, gone_cur (0 for other kinds)
+--          window.rs `Window::replacing`): gone, gone_cur, times before which it is gone (0:
+--          nothing; 0 for other kinds)
 -- then     for a refund with a reservation, each quota's spot (src/gcra.rs `Reservation`):
 --          GCRA and warm-up the slice start, end; fixed window its end, 0; counter its start,
 --          0; log the entry's time, 0
@@ -219,7 +220,7 @@ local function log_newest()
   return newest_t, newest_total, newest_c
 end
 
--- The first entry of quota q's window (after `gone`): its member and rank, and the cost the
+-- The first entry of quota q's window (not before `gone`): its member and rank, and the cost the
 -- window holds.
 -- The first entry of each log quota's window (member, and the running total before it), read
 -- once: an entry added at the newest end leaves a window's first entry where it was, unless
@@ -230,7 +231,7 @@ local function log_window(q, width)
   local first, before = window_first[q], window_before[q]
   if not first then
     local cut = now - width
-    if gone[q] > 0 and gone[q] > cut then cut = gone[q] end
+    if gone[q] > cut + 1 then cut = gone[q] - 1 end
     local found = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cut), '+inf', 'LIMIT', '0', '1')
     if not found[1] then return nil, nil, 0 end
     local _, total, c = entry(found[1])
@@ -253,8 +254,8 @@ end
 -- of replaced quotas stays gone.
 local function counter_current(q, s, width)
   local start, prev, cur = s[1], s[2], s[3]
-  if gone_cur[q] > 0 and start <= gone_cur[q] then return now, 0, 0 end
-  if gone[q] > 0 and start <= gone[q] then prev = 0 end
+  if start < gone_cur[q] then return now, 0, 0 end
+  if start < gone[q] then prev = 0 end
   if prev == 0 and cur == 0 then return now, 0, 0 end
   if now < start + width then return start, prev, cur end
   if cur > 0 and now < start + 2 * width then return start + width, cur, 0 end
@@ -409,12 +410,12 @@ local function idle_at(q)
   elseif k == 1 then if s[2] > 0 then return s[1] end return 0
   elseif k == 2 then
     local t = log_newest()
-    if t and (gone[q] == 0 or t > gone[q]) then return t + b end
+    if t and t >= gone[q] then return t + b end
     return 0
   else
-    if gone_cur[q] > 0 and s[1] <= gone_cur[q] then return 0 end
+    if s[1] < gone_cur[q] then return 0 end
     local prev = s[2]
-    if gone[q] > 0 and s[1] <= gone[q] then prev = 0 end
+    if s[1] < gone[q] then prev = 0 end
     if s[3] > 0 then return s[1] + 2 * b end
     if prev > 0 then return s[1] + b end
     return 0

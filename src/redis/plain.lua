@@ -121,7 +121,7 @@ if log_width then
   for q = 1, n do
     if K[q] == '2' and newest_t then
       local cut = now - B[q]
-      if GONE[q] > 0 and GONE[q] > cut then cut = GONE[q] end
+      if GONE[q] > cut + 1 then cut = GONE[q] - 1 end
       if cut <= now - log_width then
         FIRST[q], BEFORE[q] = oldest, oldest_before
       else
@@ -137,8 +137,8 @@ end
 -- stays gone.
 local function counter_current(q, width)
   local start, prev, cur = S1[q], S2[q], S3[q]
-  if GONE_CUR[q] > 0 and start <= GONE_CUR[q] then return now, 0, 0 end
-  if GONE[q] > 0 and start <= GONE[q] then prev = 0 end
+  if start < GONE_CUR[q] then return now, 0, 0 end
+  if start < GONE[q] then prev = 0 end
   if prev == 0 and cur == 0 then return now, 0, 0 end
   if now < start + width then return start, prev, cur end
   if cur > 0 and now < start + 2 * width then return start + width, cur, 0 end
@@ -234,12 +234,12 @@ local function idle_at(q)
   if k == '0' then return S1[q]
   elseif k == '1' then if S2[q] > 0 then return S1[q] end return 0
   elseif k == '2' then
-    if newest_t and (GONE[q] == 0 or newest_t > GONE[q]) then return newest_t + b end
+    if newest_t and newest_t >= GONE[q] then return newest_t + b end
     return 0
   else
-    if GONE_CUR[q] > 0 and S1[q] <= GONE_CUR[q] then return 0 end
+    if S1[q] < GONE_CUR[q] then return 0 end
     local prev = S2[q]
-    if GONE[q] > 0 and S1[q] <= GONE[q] then prev = 0 end
+    if S1[q] < GONE[q] then prev = 0 end
     if S3[q] > 0 then return S1[q] + 2 * b end
     if prev > 0 then return S1[q] + b end
     return 0
@@ -289,7 +289,7 @@ if took then
     -- A window that was empty starts at the new entry, unless the entry's time is gone from
     -- it (a change of quotas made on a clock ahead of the server's).
     for q = 1, n do
-      if K[q] == '2' and not FIRST[q] and (GONE[q] == 0 or log_at > GONE[q]) then
+      if K[q] == '2' and not FIRST[q] and log_at >= GONE[q] then
         FIRST[q], BEFORE[q] = entry, newest_total or 0
       end
     end

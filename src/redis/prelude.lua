@@ -22,9 +22,10 @@ local function idiv(a, b)
 end
 
 -- A rejection or a report writes nothing, but a sliding window widened since the key last
--- changed (`gone[q] > 0` for some of the `n` quotas) may see its entries for longer than its
--- expiry says: the expiry follows the latest time a quota goes idle (`idle_at(q)`), in whole
--- milliseconds, and is never shortened.
+-- changed (`gone[q] > 0` for some of the `n` quotas: replaced at least a width after the
+-- clock's first instant) may see its entries for longer than its expiry says: the expiry
+-- follows the latest time a quota goes idle (`idle_at(q)`), in whole milliseconds, and is
+-- never shortened.
 local function follow_widening(gone, idle_at)
   local replaced = false
   for q = 1, n do

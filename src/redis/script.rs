@@ -225,8 +225,9 @@ pub(super) fn decision_args<'a>(
             Rule::SlidingLog(w) | Rule::SlidingWindow(w) => (w.gone, w.gone_cur),
             _ => (0, 0),
         };
-        args[used] = Arg::Int(gone / MICRO);
-        args[used + 1] = Arg::Int(gone_cur / MICRO);
+        // Exclusive bounds: rounded up, they keep the same whole microseconds.
+        args[used] = Arg::Int(gone.div_ceil(MICRO));
+        args[used + 1] = Arg::Int(gone_cur.div_ceil(MICRO));
         used += 2;
     }
     if let Some(t) = taken.filter(|t| t.cost > 0) {

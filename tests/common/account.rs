@@ -84,8 +84,9 @@ impl Taken {
 #[derive(Debug, Clone)]
 pub struct Account {
     pub quotas: Vec<Kind>,
-    /// Per quota, what had left its windows at the changes: (gone, gone_cur), see `set_quotas`.
-    gone: Vec<(u64, u64)>,
+    /// Per quota, the latest times that had left its windows at the changes (None: nothing
+    /// has): (gone, gone_cur), see `set_quotas`.
+    gone: Vec<(Option<u64>, Option<u64>)>,
     words: Vec<Words>,
     /// (time, cost) of every log entry, oldest first.
     log: Vec<(u64, u64)>,
@@ -104,7 +105,7 @@ impl Account {
         let n = quotas.len();
         Account {
             quotas,
-            gone: vec![(0, 0); n],
+            gone: vec![(None, None); n],
             words: vec![Words::default(); n],
             log: Vec::new(),
         }
@@ -120,8 +121,8 @@ impl Account {
             if let Kind::Log { width, .. } | Kind::Counter { width, .. } = *q {
                 let (g, gc) = self.gone[i];
                 self.gone[i] = (
-                    g.max(now.saturating_sub(width)),
-                    gc.max(now.saturating_sub(2 * width)),
+                    g.max(now.checked_sub(width)),
+                    gc.max(now.checked_sub(2 * width)),
                 );
             }
         }
@@ -132,18 +133,23 @@ impl Account {
         let gone = self.gone[i].0;
         self.log
             .iter()
-            .filter(|(t, _)| t.saturating_add(width) > now && (gone == 0 || *t > gone))
+            .filter(|(t, _)| t.saturating_add(width) > now && gone.map_or(true, |g| *t > g))
             .map(|e| e.1)
             .sum()
     }
 
     /// The counter's (start, prev, cur) at `now`.
-    fn counter_at(w: &Words, gone: (u64, u64), width: u64, now: u64) -> (u64, u64, u64) {
+    fn counter_at(
+        w: &Words,
+        gone: (Option<u64>, Option<u64>),
+        width: u64,
+        now: u64,
+    ) -> (u64, u64, u64) {
         let mut w = *w;
-        if gone.1 > 0 && w.a <= gone.1 {
+        if gone.1.is_some_and(|g| w.a <= g) {
             return (now, 0, 0);
         }
-        if gone.0 > 0 && w.a <= gone.0 {
+        if gone.0.is_some_and(|g| w.a <= g) {
             w.prev = 0;
         }
         if w.prev == 0 && w.used == 0 {

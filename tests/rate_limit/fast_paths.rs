@@ -198,10 +198,6 @@ fn the_shortcuts_decide_as_the_general_state(
                 time.advance(Duration::from_nanos(ns));
                 now += ns;
             }
-            // A sliding window's state recorded at the clock's first reading does not stay
-            // gone at a change (the ignored test
-            // `what_left_a_sliding_window_at_a_change_stays_gone_from_the_clocks_first_instant`).
-            Op::Change(_) if at == 0 && matches!(kind, 2 | 3) => {}
             Op::Change(v) => {
                 one.set_quotas([quota(kind, v)]).unwrap();
                 table.set_quotas([quota(kind, v)]).unwrap();
@@ -636,16 +632,16 @@ fn admissions_racing_changes_of_the_single_gcra_quota_each_move_the_key_by_their
 /// with the clock's first reading (0) as with any other: a log entry at 0, gone from a window
 /// of 400 ms at 400 ms, must not count again when the window widens to 800 ms; a counter's
 /// count of a window opened at 0, gone from windows of 200 ms at 400 ms, must not count
-/// again when they widen to 400 ms. Both stay gone when the first request comes 1 ns later,
-/// but at 0 they count again: the time a change records as gone (`Window::gone`,
-/// `gone_cur`, and the scripts' arguments) is 0 there, which also means "nothing gone". A
-/// key forgotten while idle between the two changes is new again instead, so forgetting
-/// it changes the next decision (found by
-/// `the_shortcuts_of_every_kind_decide_as_the_general_state_and_the_model`, the clock at
-/// its first instant). Every tollgate clock can read 0: a manual clock before it is moved,
-/// tokio's and the system clock at their first instant.
+/// again when they widen to 400 ms; likewise when the first request comes 1 ns later. A
+/// change records as gone the times before a bound (`Window::gone`, `gone_cur`, and the
+/// scripts' arguments), so a bound of 0 marks nothing and a bound of 1 marks the clock's
+/// first reading: were the record inclusive with 0 for "nothing gone", what was recorded at
+/// 0 would count again, while a key forgotten while idle between the two changes is new,
+/// and forgetting it would change the next decision (as
+/// `the_shortcuts_of_every_kind_decide_as_the_general_state_and_the_model` found with the
+/// clock at its first instant). Every tollgate clock can read 0: a manual clock before it is
+/// moved, tokio's and the system clock at their first instant.
 #[test]
-#[ignore = "known: what left a sliding window at a change stays gone unless it was recorded at 0"]
 fn what_left_a_sliding_window_at_a_change_stays_gone_from_the_clocks_first_instant() {
     let mut remaining = Vec::new();
     for first_at in [1, 0] {
@@ -674,6 +670,63 @@ fn what_left_a_sliding_window_at_a_change_stays_gone_from_the_clocks_first_insta
     }
     // The log's and the counter's, with the first request at 1 ns, then at 0.
     assert_eq!(remaining, [4, 4, 4, 4]);
+}
+
+/// The same on a Redis store, beside the memory store on one manual clock, with a change
+/// exactly at the width (what was recorded at the first reading is gone) and 1 ns before it
+/// (it still counts): the scripts' bound, in whole microseconds, keeps the entries and
+/// windows the memory store keeps, whether the first request comes at 0 or 1 µs (Redis
+/// keeps times in whole microseconds). Widths in seconds, so that no key expires in Redis
+/// while the test runs.
+#[cfg(feature = "redis")]
+#[test]
+fn what_left_a_sliding_window_at_a_change_stays_gone_from_the_clocks_first_instant_in_redis() {
+    use crate::common::redis_server::RedisServer;
+    use crate::common::twins::{self, Twins};
+    use tollgate::redis::RedisStore;
+
+    let server = RedisServer::start();
+    let rt = twins::runtime();
+    let store = rt.block_on(RedisStore::connect(&server.url())).unwrap();
+    let s = Duration::from_secs(1);
+    let mut remaining = Vec::new();
+    let mut case = 0;
+    for first_at in [0, 1_000] {
+        for early in [0, 1] {
+            let change_at = Duration::from_nanos(400_000_000_000 + first_at - early);
+            // The log: 4 in 400 s, then 4 in 800 s.
+            // The counter: 6 in 800 s, then 2 in 200 s and 4 in 400 s, both at 400 s.
+            let kinds = [
+                (
+                    Quota::sliding_log(4, 400 * s),
+                    vec![vec![Quota::sliding_log(4, 800 * s)]],
+                ),
+                (
+                    Quota::sliding_window(6, 800 * s),
+                    vec![
+                        vec![Quota::sliding_window(2, 200 * s)],
+                        vec![Quota::sliding_window(4, 400 * s)],
+                    ],
+                ),
+            ];
+            for (first, changes) in kinds {
+                case += 1;
+                let twins = Twins::new(&store, format!("zero-{case}"), &[first]);
+                twins.time.set(Duration::from_nanos(first_at));
+                let (r, m) = twins.decide(&rt, Duration::ZERO, 0, 1).unwrap();
+                assert!(r.is_allowed() && m.is_allowed(), "case {case}");
+                twins.time.set(change_at);
+                for quotas in changes {
+                    twins.set_quotas(&quotas);
+                }
+                let (r, m) = twins.decide(&rt, Duration::ZERO, 0, 0).unwrap();
+                assert_eq!(r.remaining(), m.remaining(), "case {case}");
+                remaining.push(m.remaining());
+            }
+        }
+    }
+    // Log and counter, first at 0 then at 1 µs, each changed at the width and 1 ns before.
+    assert_eq!(remaining, [4, 4, 3, 3, 4, 4, 3, 3]);
 }
 
 #[derive(Debug, Clone)]
