@@ -496,7 +496,7 @@ fn step_two(rule: &Rule, words: &Words, now: u64, cost: u32) -> (Step, Words) {
 }
 
 /// The decision of [`step_two`]'s `step`, for a key whose words are `words` after it.
-#[inline]
+#[inline(always)]
 fn decision_two(rule: &Rule, step: Step, words: Words, now: u64, cost: u32) -> Decision {
     let mut taken = Reservation::none();
     let (outcome, retry_after) = match step {

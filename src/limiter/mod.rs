@@ -270,18 +270,22 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     pub fn check_n(&self, key: &K, cost: u32) -> Decision {
         let inner = &*self.inner;
         let now = inner.clock.now();
-        // A policy of one GCRA quota is decided in this function: the global limiter's whole
-        // state is one word, decided in place, and a table's lookup is inlined here. Every
-        // other shape is one call away, out of line (`decide_at`). (Forced into
-        // the caller instead, it saved 15 instructions on the single key but cost 14 on a
-        // table, and a caller that moves the decision right after it was written waited for
-        // the writes: twice the wall time in the bench's loop.)
+        // Every shape is decided in this function: the global limiter's whole state is one
+        // word, decided in place, a table's lookup is inlined here, and so is each other
+        // shape's arm (`State::decide_live`). (Forced into the caller instead, it saved 15
+        // instructions on the single key but cost 14 on a table, and a caller that moves the
+        // decision right after it was written waited for the writes: twice the wall time in
+        // the bench's loop. Every shape but one GCRA quota behind one more call out of line
+        // instead, each paid about 30 instructions for the second frame and the second
+        // match on the shape, and one GCRA quota saved none.)
         let decision = match inner.state.one_gcra() {
             Some(OneGcra::Direct(slot)) => memory::decide_one(slot, &inner.live.one(), now, cost),
             Some(OneGcra::Table(keys)) => {
                 keys.decide(key, &inner.live.one(), &inner.clock, now, cost)
             }
-            None => self.decide_at(key, now, cost),
+            None => inner
+                .state
+                .decide_live(&inner.live, key, &inner.clock, now, cost),
         };
         #[cfg(feature = "metrics")]
         if let Some(meter) = &self.inner.meter {
@@ -293,14 +297,6 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// Reports the state of `key` without consuming anything (`check_n(key, 0)`).
     pub fn peek(&self, key: &K) -> Decision {
         self.check_n(key, 0)
-    }
-
-    #[inline(never)]
-    pub(crate) fn decide_at(&self, key: &K, now: u64, cost: u32) -> Decision {
-        let inner = &*self.inner;
-        inner
-            .state
-            .decide_live(&inner.live, key, &inner.clock, now, cost)
     }
 
     /// Decides a request of `cost` for `key` whose cost may be charged after its response (a
