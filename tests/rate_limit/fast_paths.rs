@@ -328,7 +328,11 @@ fn checks_racing_live_changes_are_judged_by_one_quota_whole() {
                     }
                 });
             }
-            for i in 0..4_000 {
+            // A change of a warm-up curve visits every tracked key (it renews those idle under
+            // the old curve), and the threads add a key at every check: fewer changes keep the
+            // race short.
+            let changes = if kind == 4 { 400 } else { 4_000 };
+            for i in 0..changes {
                 let q = if i % 2 == 0 { &b } else { &a };
                 table.set_quotas([q.clone()]).unwrap();
                 slot.set_quotas([q.clone()]).unwrap();
