@@ -250,25 +250,6 @@ local function fixed_current(s, width)
   return now + width, 0
 end
 
--- Sliding counter: the current window at now (start, prev, cur); what had left the windows
--- of replaced quotas stays gone.
-local function counter_current(q, s, width)
-  local start, prev, cur = s[1], s[2], s[3]
-  if start < gone_cur[q] then return now, 0, 0 end
-  if start < gone[q] then prev = 0 end
-  if prev == 0 and cur == 0 then return now, 0, 0 end
-  if now < start + width then return start, prev, cur end
-  if cur > 0 and now < start + 2 * width then return start + width, cur, 0 end
-  return now, 0, 0
-end
-
-local function counter_weighted(start, prev, width)
-  local e = now - start
-  if e < 0 then e = 0 end
-  if e > width then e = width end
-  return prev * (width - e)
-end
-
 -- The time a request admitted now is logged at: never before the newest entry (a server
 -- clock that stepped back counts as the newest).
 local log_at = now
@@ -333,7 +314,7 @@ local function step(q, c)
     if r < 1 then r = 1 end
     return 'deny', r
   else
-    local start, prev, cur = counter_current(q, s, b)
+    local start, prev, cur = counter_current(s[1], s[2], s[3], gone[q], gone_cur[q], b)
     if force or (cur + c) * b + counter_weighted(start, prev, b) <= a * b then
       return 'allow', {start, prev, cur + c}, {start, 0}
     end
@@ -386,7 +367,7 @@ local function figures(q)
     if remaining < 0 then remaining = 0 end
     return remaining, reset
   else
-    local start, prev, cur = counter_current(q, s, b)
+    local start, prev, cur = counter_current(s[1], s[2], s[3], gone[q], gone_cur[q], b)
     local weighted = counter_weighted(start, prev, b)
     local weight = idiv(weighted + b - 1, b)
     local remaining = a - cur - weight
@@ -532,7 +513,7 @@ if cost < 0 then
     elseif k == 2 then
       log_spot = spot_a[q]
     elseif k == 3 then
-      local start, prev, cur = counter_current(q, s, b)
+      local start, prev, cur = counter_current(s[1], s[2], s[3], gone[q], gone_cur[q], b)
       if prev == 0 and cur == 0 then
         st[q] = {0, 0, 0}
       elseif reserved == 0 then

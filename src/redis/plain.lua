@@ -133,26 +133,6 @@ if log_width then
   end
 end
 
--- Sliding counter q at now: start, prev, cur; what had left the windows of replaced quotas
--- stays gone.
-local function counter_current(q, width)
-  local start, prev, cur = S1[q], S2[q], S3[q]
-  if start < GONE_CUR[q] then return now, 0, 0 end
-  if start < GONE[q] then prev = 0 end
-  if prev == 0 and cur == 0 then return now, 0, 0 end
-  if now < start + width then return start, prev, cur end
-  if cur > 0 and now < start + 2 * width then return start + width, cur, 0 end
-  return now, 0, 0
-end
-
--- The weight of the previous window at now, times the width.
-local function counter_weighted(start, prev, width)
-  local e = now - start
-  if e < 0 then e = 0 end
-  if e > width then e = width end
-  return prev * (width - e)
-end
-
 -- The time a request admitted now is logged at: never before the newest entry.
 local log_at = now
 if newest_t and newest_t > log_at then log_at = newest_t end
@@ -204,7 +184,7 @@ for q = 1, n do
       if deny < 1 then deny = 1 end
     end
   else
-    local start, prev, cur = counter_current(q, b)
+    local start, prev, cur = counter_current(S1[q], S2[q], S3[q], GONE[q], GONE_CUR[q], b)
     if (cur + cost) * b + counter_weighted(start, prev, b) > a * b then
       local function first_fit(count, room)
         if count == 0 then return 0 end
@@ -272,7 +252,7 @@ if took then
     elseif k == '2' then
       spots[2 * q - 1], spots[2 * q] = log_at, 0
     else
-      local start, prev, cur = counter_current(q, b)
+      local start, prev, cur = counter_current(S1[q], S2[q], S3[q], GONE[q], GONE_CUR[q], b)
       S1[q], S2[q], S3[q] = start, prev, cur + cost
       spots[2 * q - 1], spots[2 * q] = start, 0
       words[w + 1], words[w + 2], words[w + 3] = fmt('%d', start), fmt('%d', prev),
@@ -352,7 +332,7 @@ for q = 1, n do
     if cnt > 0 then reset = newest_t + b - now end
     remaining = a - cnt
   else
-    local start, prev, cur = counter_current(q, b)
+    local start, prev, cur = counter_current(S1[q], S2[q], S3[q], GONE[q], GONE_CUR[q], b)
     local weight = idiv(counter_weighted(start, prev, b) + b - 1, b)
     remaining = a - cur - weight
     reset = 0

@@ -1,6 +1,6 @@
 -- The arguments every decision script reads alike (gcra.lua describes them), and exact
--- integer division, and the expiry that follows a widened window; put before gcra.lua,
--- gcra_only.lua and plain.lua.
+-- integer division, the sliding-window counter at now, and the expiry that follows a widened
+-- window; put before gcra.lua, gcra_only.lua and plain.lua.
 
 local cost = tonumber(ARGV[1])
 local force = string.byte(ARGV[1]) == 43
@@ -40,4 +40,25 @@ local function follow_widening(gone, idle_at)
   local ttl = math.ceil((horizon - now) / 1000)
   local left = redis.call('PTTL', key)
   if ttl > 0 and left >= 0 and left < ttl then redis.call('PEXPIRE', key, ttl) end
+end
+
+-- A sliding-window counter at now, from its stored window start and counts: the current
+-- window's start, the previous window's count and its own. What had left the windows of
+-- replaced quotas stays gone: times before `g` (the previous count's window) and before `gc`
+-- (both counts).
+local function counter_current(start, prev, cur, g, gc, width)
+  if start < gc then return now, 0, 0 end
+  if start < g then prev = 0 end
+  if prev == 0 and cur == 0 then return now, 0, 0 end
+  if now < start + width then return start, prev, cur end
+  if cur > 0 and now < start + 2 * width then return start + width, cur, 0 end
+  return now, 0, 0
+end
+
+-- The weight of a counter's previous window at now, times the width.
+local function counter_weighted(start, prev, width)
+  local e = now - start
+  if e < 0 then e = 0 end
+  if e > width then e = width end
+  return prev * (width - e)
 end
