@@ -191,7 +191,7 @@ impl Rule {
         match self {
             Rule::Gcra(g) => g.step(words[0], now, cost),
             Rule::FixedWindow(w) => w.fixed_step(words, now, cost),
-            Rule::SlidingLog(w) => w.log_step(log, now, cost),
+            Rule::SlidingLog(w) => w.log_step(log, now, cost).0,
             Rule::SlidingWindow(w) => w.counter_step(words, now, cost),
             Rule::WarmUp(g) => g.step(warm(words), now, cost),
         }
@@ -294,8 +294,8 @@ impl KeyState {
     /// When the key becomes equal to one never seen.
     pub(crate) fn idle_at(&self, rules: &[Rule]) -> u64 {
         let mut at = 0;
-        for (r, w) in rules.iter().zip(&self.words) {
-            at = at.max(r.idle_at(*w, &self.log));
+        for (i, r) in rules.iter().enumerate().take(MAX_QUOTAS) {
+            at = at.max(r.idle_at(self.words[i], &self.log));
         }
         at
     }
@@ -455,17 +455,38 @@ fn decide_into(
     d: &mut Decision,
 ) -> bool {
     let n = rules.len().min(MAX_QUOTAS);
-    let v = all_or_nothing(n, |i| rules[i].step(state.words[i], &state.log, now, cost));
+    // What each log quota's window holds before the request, found by its step and read
+    // again for its figures, without a second search of the log; and the widest log window
+    // (how long the log keeps its entries) and the largest log limit (the room it may need).
+    let before = state.log.total();
+    let mut held = [0; MAX_QUOTAS];
+    let mut bounds: Option<(u64, u64)> = None;
+    let v = all_or_nothing(n, |i| match &rules[i] {
+        Rule::SlidingLog(w) => {
+            let (step, h) = w.log_step(&state.log, now, cost);
+            held[i] = h;
+            let (width, limit) = bounds.unwrap_or((0, 0));
+            bounds = Some((width.max(w.width), limit.max(w.limit)));
+            step
+        }
+        r => r.step(state.words[i], &Log::EMPTY, now, cost),
+    });
     let allowed = v.outcome == Outcome::Allowed && cost > 0;
     if allowed {
         state.words[..n].copy_from_slice(&v.words[..n]);
-        if let Some((width, limit)) = log_bounds(rules) {
+        if let Some((width, limit)) = bounds {
             state.log.admit(now, u64::from(cost), width, limit);
         }
     }
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
     for (i, r) in rules.iter().enumerate().take(n) {
-        quotas[i] = r.state(state.words[i], &state.log, now);
+        quotas[i] = match r {
+            Rule::SlidingLog(w) => {
+                let held = state.log.held_since(before - held[i], now, w.width, w.gone);
+                w.log_figures(held, state.log.newest().unwrap_or(0), now)
+            }
+            _ => r.state(state.words[i], &Log::EMPTY, now),
+        };
     }
     *d = concluded(&v, cost, quotas, n);
     allowed
@@ -708,6 +729,7 @@ impl Slot for Mixed {
         (d, keep.then(|| Mixed::made(rules, state)))
     }
 
+    #[inline]
     fn step(&self, rules: &[Rule], now: u64, cost: u32) -> Decision {
         let mut d = Decision::unlimited();
         self.change(rules, |state| decide_into(rules, state, now, cost, &mut d));

@@ -339,31 +339,44 @@ impl Window {
 
     // ---- sliding-window log ----
 
-    pub(super) fn log_step(&self, log: &Log, now: u64, cost: u32) -> Step {
+    /// The step of a log quota, and what its window held before the request (see
+    /// [`Log::held_since`]).
+    #[inline]
+    pub(super) fn log_step(&self, log: &Log, now: u64, cost: u32) -> (Step, u64) {
         let c = u64::from(cost);
-        if c > self.limit {
-            return Step::Never;
-        }
         let (first, n) = log.in_window(now, self.width, self.gone);
+        if c > self.limit {
+            return (Step::Never, n);
+        }
         if n.saturating_add(c) <= self.limit {
             // The cost lands in the request's own entry of the log.
-            return Step::Allow {
+            let step = Step::Allow {
                 words: [0, 0],
                 spot: [log.time_of(now), 0],
             };
+            return (step, n);
         }
         // The oldest entries in the window holding `n + c - limit` must leave it first.
         let t = log.reaching(first, n + c - self.limit).unwrap_or(now);
-        Step::Deny {
+        let step = Step::Deny {
             retry_after: t.saturating_add(self.width).saturating_sub(now).max(1),
-        }
+        };
+        (step, n)
     }
 
     pub(super) fn log_state(&self, log: &Log, now: u64) -> QuotaState {
         let (_, n) = log.in_window(now, self.width, self.gone);
-        let reset = match log.newest() {
-            Some(t) if n > 0 => t.saturating_add(self.width).saturating_sub(now),
-            _ => 0,
+        self.log_figures(n, log.newest().unwrap_or(0), now)
+    }
+
+    /// The figures of a log quota whose window holds `n` at `now`, in a log whose newest
+    /// entry is at `newest`.
+    #[inline]
+    pub(super) fn log_figures(&self, n: u64, newest: u64, now: u64) -> QuotaState {
+        let reset = if n > 0 {
+            newest.saturating_add(self.width).saturating_sub(now)
+        } else {
+            0
         };
         QuotaState::counted(self.limit, self.limit.saturating_sub(n), reset)
     }
