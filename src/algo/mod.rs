@@ -729,7 +729,6 @@ impl Slot for Mixed {
         (d, keep.then(|| Mixed::made(rules, state)))
     }
 
-    #[inline]
     fn step(&self, rules: &[Rule], now: u64, cost: u32) -> Decision {
         let mut d = Decision::unlimited();
         self.change(rules, |state| decide_into(rules, state, now, cost, &mut d));
