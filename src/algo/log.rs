@@ -160,8 +160,10 @@ impl Log {
 mod tests {
     use proptest::prelude::*;
 
-    use crate::algo::{all_or_nothing, concluded, decide, KeyState, Rule, Step, Window, Words};
-    use crate::decision::{Outcome, QuotaState, Reservation, MAX_QUOTAS};
+    use crate::algo::{
+        all_or_nothing, concluded, decide, decide_many, KeyState, Rule, Step, Window, Words,
+    };
+    use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 
     /// The log as it was first kept: one entry per admitted request (or settlement), with its
     /// time and cost, dropped once out of the widest window; a refund takes from the newest
@@ -362,7 +364,8 @@ mod tests {
         /// decided, reported and gave back: over requests at one instant and apart, costs
         /// above 1, settlements, refunds of the newest, oldest or a middle admission, live
         /// changes of window and the eviction of idle keys; with one or two log quotas, and
-        /// beside a GCRA quota.
+        /// beside a GCRA quota. A policy of one log quota decides, on its own path, as the
+        /// general decision over every quota does.
         #[test]
         fn a_log_of_one_entry_per_instant_decides_as_one_entry_per_request(
             limits in (1u64..8, 1u64..12),
@@ -388,7 +391,13 @@ mod tests {
                 match op {
                     Op::Decide(gap, cost) => {
                         now += gap;
+                        // The general decision over every quota, on a copy of the state.
+                        let mut general = state.clone();
+                        let mut g = Decision::unlimited();
+                        decide_many(&rules, &mut general, now, cost, &mut g);
                         let (d, _) = decide(&rules, &mut state, now, cost);
+                        prop_assert_eq!(&general, &state);
+                        prop_assert_eq!(format!("{g:?}"), format!("{d:?}"));
                         let ours = (d.outcome(), d.retry_after().map_or(0, |t| t.as_nanos() as u64), d.states().to_vec(), Reservation::of(&d, cost));
                         let theirs = model.decide(&rules, now, cost);
                         prop_assert_eq!(&ours, &theirs, "at {}", now);

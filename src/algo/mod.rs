@@ -229,10 +229,7 @@ impl Rule {
         match self {
             Rule::Gcra(_) => words[0],
             Rule::FixedWindow(w) => w.fixed_idle_at(words),
-            Rule::SlidingLog(w) => match log.newest() {
-                Some(t) if t >= w.gone => t.saturating_add(w.width),
-                _ => 0,
-            },
+            Rule::SlidingLog(w) => w.log_idle_at(log),
             Rule::SlidingWindow(w) => w.counter_idle_at(words),
             Rule::WarmUp(g) => g.idle_at(warm(words)),
         }
@@ -293,6 +290,9 @@ pub(crate) struct KeyState {
 impl KeyState {
     /// When the key becomes equal to one never seen.
     pub(crate) fn idle_at(&self, rules: &[Rule]) -> u64 {
+        if let [Rule::SlidingLog(w)] = rules {
+            return w.log_idle_at(&self.log);
+        }
         let mut at = 0;
         for (i, r) in rules.iter().enumerate().take(MAX_QUOTAS) {
             at = at.max(r.idle_at(self.words[i], &self.log));
@@ -454,6 +454,21 @@ fn decide_into(
     cost: u32,
     d: &mut Decision,
 ) -> bool {
+    match rules {
+        [Rule::SlidingLog(w)] => decide_log(w, &mut state.log, now, cost, d),
+        _ => decide_many(rules, state, now, cost, d),
+    }
+}
+
+/// [`decide_into`] for any policy: every quota asked, all or nothing.
+#[inline]
+pub(super) fn decide_many(
+    rules: &[Rule],
+    state: &mut KeyState,
+    now: u64,
+    cost: u32,
+    d: &mut Decision,
+) -> bool {
     let n = rules.len().min(MAX_QUOTAS);
     // What each log quota's window holds before the request, found by its step and read
     // again for its figures, without a second search of the log; and the widest log window
@@ -490,6 +505,33 @@ fn decide_into(
     }
     *d = concluded(&v, cost, quotas, n);
     allowed
+}
+
+/// [`decide_into`] for a policy of one sliding-log quota: its step, the request's record and
+/// the quota's figures, without the loops over quotas nor the words of other kinds (the same
+/// decision as [`decide_many`]'s).
+#[inline]
+pub(super) fn decide_log(w: &Window, log: &mut Log, now: u64, cost: u32, d: &mut Decision) -> bool {
+    let before = log.total();
+    let (step, held) = w.log_step(log, now, cost);
+    let mut taken = Reservation::none();
+    let (outcome, retry_after) = match step {
+        Step::Allow { spot, .. } => {
+            if cost > 0 {
+                taken.cost = cost;
+                taken.spots[0] = spot;
+                log.admit(now, u64::from(cost), w.width, w.limit);
+            }
+            (Outcome::Allowed, 0)
+        }
+        Step::Deny { retry_after } => (Outcome::Limited, retry_after),
+        Step::Never => (Outcome::Exceeds, 0),
+    };
+    let held = log.held_since(before - held, now, w.width, w.gone);
+    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+    quotas[0] = w.log_figures(held, log.newest().unwrap_or(0), now);
+    *d = Decision::new(outcome, retry_after, quotas, 1, taken);
+    taken.cost > 0
 }
 
 /// The decision of a policy of one quota kept in two words (any kind but the sliding log,

@@ -369,6 +369,16 @@ impl Window {
         self.log_figures(n, log.newest().unwrap_or(0), now)
     }
 
+    /// When a key whose log is `log` becomes equal to one never seen under this log quota:
+    /// when its newest entry leaves the window (at once if it is gone already).
+    #[inline]
+    pub(super) fn log_idle_at(&self, log: &Log) -> u64 {
+        match log.newest() {
+            Some(t) if t >= self.gone => t.saturating_add(self.width),
+            _ => 0,
+        }
+    }
+
     /// The figures of a log quota whose window holds `n` at `now`, in a log whose newest
     /// entry is at `newest`.
     #[inline]
