@@ -97,6 +97,7 @@ impl Log {
     /// that time holds (see [`give_back`](Self::give_back)). The buffer grows by doubling, but
     /// not past `limit` entries (the most requests a window of that count admits) while it
     /// holds fewer.
+    #[inline(always)]
     pub(crate) fn admit(&mut self, now: u64, cost: u64, width: u64, limit: u64) {
         self.trim(now, width);
         if cost == 0 {

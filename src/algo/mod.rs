@@ -289,10 +289,17 @@ pub(crate) struct KeyState {
 
 impl KeyState {
     /// When the key becomes equal to one never seen.
+    #[inline]
     pub(crate) fn idle_at(&self, rules: &[Rule]) -> u64 {
-        if let [Rule::SlidingLog(w)] = rules {
-            return w.log_idle_at(&self.log);
+        match rules {
+            [Rule::SlidingLog(w)] => w.log_idle_at(&self.log),
+            _ => self.idle_at_many(rules),
         }
+    }
+
+    /// [`idle_at`](Self::idle_at) of a policy of any quotas.
+    #[inline(never)]
+    fn idle_at_many(&self, rules: &[Rule]) -> u64 {
         let mut at = 0;
         for (i, r) in rules.iter().enumerate().take(MAX_QUOTAS) {
             at = at.max(r.idle_at(self.words[i], &self.log));

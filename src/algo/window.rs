@@ -341,7 +341,7 @@ impl Window {
 
     /// The step of a log quota, and what its window held before the request (see
     /// [`Log::held_since`]).
-    #[inline]
+    #[inline(always)]
     pub(super) fn log_step(&self, log: &Log, now: u64, cost: u32) -> (Step, u64) {
         let c = u64::from(cost);
         let (first, n) = log.in_window(now, self.width, self.gone);
