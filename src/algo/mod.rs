@@ -38,6 +38,14 @@ pub(crate) use log::Log;
 pub(crate) use step::{all_or_nothing, Slot, Step, Verdict, Words};
 pub(crate) use window::Window;
 
+/// [`Rule::step`] of a log quota: out of line, so that the other kinds' steps, which the
+/// decisions of one quota in two words inline, keep their size (a policy with a log quota
+/// steps its log in [`decide_into`], inlined there).
+#[inline(never)]
+fn log_step(w: &Window, log: &Log, now: u64, cost: u32) -> Step {
+    w.log_step(log, now, cost).0
+}
+
 /// How many words [`Rule::words`] gives: a warm-up quota's, the most of the kinds it keeps.
 pub(crate) const RULE_WORDS: usize = 10;
 const TAG_FIXED_WINDOW: u64 = 1;
@@ -191,7 +199,7 @@ impl Rule {
         match self {
             Rule::Gcra(g) => g.step(words[0], now, cost),
             Rule::FixedWindow(w) => w.fixed_step(words, now, cost),
-            Rule::SlidingLog(w) => w.log_step(log, now, cost).0,
+            Rule::SlidingLog(w) => log_step(w, log, now, cost),
             Rule::SlidingWindow(w) => w.counter_step(words, now, cost),
             Rule::WarmUp(g) => g.step(warm(words), now, cost),
         }
