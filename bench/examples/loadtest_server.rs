@@ -26,6 +26,7 @@
 //! | `conc_tower` | + tower's `GlobalConcurrencyLimitLayer`, never full |
 //! | `shape` | + `ShapeLayer` per IP, never delaying |
 //! | `stacked` | + rate limit per IP, shaping per IP and a global concurrency limit, none reached |
+//! | `stacked_builder` | `stacked` as one `tower::ServiceBuilder` in one `Router::layer`, as the crate's docs recommend |
 //! | `tollgate_dry_run` | `tollgate_429` in dry-run mode: every request would be rejected, none is |
 //! | `<config>_metrics` | `<config>` with a Prometheus recorder installed (build with `--features metrics`): `tollgate`, `tollgate_429`, `tollgate_dry_run`, `shape`, `conc_tollgate`, `stacked` |
 //!
@@ -188,6 +189,13 @@ fn app(config: &str) -> Option<Router> {
             .layer(conc())
             .layer(shape())
             .layer(RateLimitLayer::new(never()).key(key::PeerIp::new())),
+        // The first layer of a `ServiceBuilder` is the outermost: the same order as `stacked`.
+        "stacked_builder" => base.layer(
+            tower::ServiceBuilder::new()
+                .layer(RateLimitLayer::new(never()).key(key::PeerIp::new()))
+                .layer(shape())
+                .layer(conc()),
+        ),
         _ => return None,
     })
 }
