@@ -114,6 +114,73 @@ async fn headers_follow_draft_10_one_item_per_quota() {
     assert_eq!(header(&resp, "x-ratelimit-limit"), None);
 }
 
+/// One rate limit over every route, stacked over a named concurrency limit on one of them
+/// and over two more rate limits on another (which append through the same place in the
+/// code as the outer one): every response, whichever routes came before it, lists each of
+/// its layers' items once, innermost first, and the outer limit's `RateLimit` counts every
+/// request.
+#[tokio::test(start_paused = true)]
+async fn stacked_and_lone_responses_of_one_layer_list_every_item_on_every_request() {
+    let (clock, _time) = Clock::manual();
+    let limit = |name: &'static str| {
+        RateLimitLayer::new(Policy::new(name, Quota::per_second(100))).clock(clock.clone())
+    };
+    let app = Router::new()
+        .route(
+            "/workers",
+            get(|| async { "ok" }).layer(tollgate::ConcurrencyLimitLayer::new(4).name("workers")),
+        )
+        .route(
+            "/limits",
+            get(|| async { "ok" }).layer(
+                ServiceBuilder::new()
+                    .layer(limit("route"))
+                    .layer(limit("inner")),
+            ),
+        )
+        .route("/alone", get(|| async { "ok" }))
+        .route_layer(limit("api"));
+    let paths = [
+        "/workers", "/alone", "/workers", "/workers", "/limits", "/alone", "/limits", "/workers",
+        "/alone", "/alone", "/limits", "/workers",
+    ];
+    let (mut route, mut inner) = (100, 100);
+    for (i, path) in paths.into_iter().enumerate() {
+        let resp = app.clone().oneshot(get_req(path)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{i} {path}");
+        let api = "\"api\";q=100;w=1";
+        let (policy, ratelimit) = match path {
+            "/workers" => (
+                vec!["\"workers\";q=4;qu=\"concurrent-requests\"", api],
+                vec![],
+            ),
+            "/limits" => {
+                route -= 1;
+                inner -= 1;
+                (
+                    vec!["\"inner\";q=100;w=1", "\"route\";q=100;w=1", api],
+                    vec![
+                        format!("\"inner\";r={inner};t=1"),
+                        format!("\"route\";r={route};t=1"),
+                    ],
+                )
+            }
+            _ => (vec![api], vec![]),
+        };
+        let listed = |name: &str| -> Vec<String> {
+            resp.headers()
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(listed("ratelimit-policy"), policy, "{i} {path}");
+        let mut expected = ratelimit;
+        expected.push(format!("\"api\";r={};t=1", 99 - i));
+        assert_eq!(listed("ratelimit"), expected, "{i} {path}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn legacy_headers_only_on_request() {
     let layer = RateLimitLayer::new(Quota::per_minute(5))
