@@ -22,7 +22,9 @@ use std::time::Duration;
 use ::redis::Script;
 
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
-use super::script::{ban_left, penalty_rules, with_penalty_args, Arg, MICRO, PARDON};
+use super::script::{
+    ban_left, penalty_rules, with_penalty_args, Arg, DECIDE, DRY_DECIDE, MICRO, PARDON,
+};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -39,6 +41,9 @@ pub(super) struct Penalty<K> {
     /// strikes, within, ban, max_ban, forget_after (times in microseconds).
     rules: [u64; 5],
     bans: Option<BanCache<K>>,
+    /// The script of a decision: [`DECIDE`], or for a dry run, whose quotas' refusals are no
+    /// strikes, [`DRY_DECIDE`].
+    script: &'static Script,
 }
 
 impl<K: RedisKey + Hash + Eq + Clone> Penalty<K> {
@@ -64,8 +69,15 @@ impl<K: RedisKey + Hash + Eq + Clone> Penalty<K> {
     }
 
     /// The penalty box `p` of the limiter whose keys are named after `scope`, caching bans
-    /// for at most `max_age` ns.
-    pub(super) fn new(p: &PenaltyBox, store: &RedisStore, scope: &str, max_age: u64) -> Self {
+    /// for at most `max_age` ns; `strikes`: whether the quotas' refusals are strikes (not in
+    /// a dry run).
+    pub(super) fn new(
+        p: &PenaltyBox,
+        store: &RedisStore,
+        scope: &str,
+        max_age: u64,
+        strikes: bool,
+    ) -> Self {
         let mut prefix = store.prefix.to_vec();
         prefix.extend_from_slice(b"ban:");
         RedisKey::write_key(&scope.len(), &mut prefix);
@@ -79,7 +91,13 @@ impl<K: RedisKey + Hash + Eq + Clone> Penalty<K> {
             rules: penalty_rules(p),
             bans: (store.deny_cache > 0 && max_age > 0)
                 .then(|| BanCache::new(store.deny_cache, max_age)),
+            script: if strikes { &DECIDE } else { &DRY_DECIDE },
         }
+    }
+
+    /// The script of a decision behind the ban.
+    pub(super) fn script(&self) -> &'static Script {
+        self.script
     }
 
     /// The Redis key of `key`'s penalty state.

@@ -19,7 +19,7 @@ use super::deny::DenyCache;
 use super::fallback::Fallback;
 use super::key::{write_guarded, RedisKey, TagGuard};
 use super::lease::Leases;
-use super::script::{decision_args, decision_of, decision_script, micros, time_arg, Arg, DECIDE};
+use super::script::{decision_args, decision_of, decision_script, micros, time_arg, Arg};
 use super::store::{Failure, RedisStore};
 use crate::algo::gcra::Gcra;
 use crate::algo::Rule;
@@ -286,7 +286,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
                 let keys: [&[u8]; 2] = [&redis_key, &ban_key];
                 inner
                     .store
-                    .try_eval_script(&DECIDE, &keys, &args, &inner.meter, deadline)
+                    .try_eval_script(p.script(), &keys, &args, &inner.meter, deadline)
                     .await
             }
             None => {

@@ -147,6 +147,8 @@ pub struct RedisRateLimiterBuilder<K> {
     name: Cow<'static, str>,
     clock: Option<Clock>,
     penalty: Option<PenaltyBox>,
+    /// Whether it decides for a dry-run layer, whose quotas' refusals are no strikes.
+    dry_run: bool,
     /// Whether its own decisions are counted (not when a layer counts them).
     counted: bool,
     /// Whether the name was given on purpose; if not, the quotas and `keys` join it in the
@@ -207,6 +209,14 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     /// See [`crate::penalty`].
     pub fn penalty_box(mut self, penalty: PenaltyBox) -> Self {
         self.penalty = Some(penalty);
+        self
+    }
+
+    /// For a dry-run layer: the penalty box still answers a ban, but the quotas' refusals are
+    /// no strikes (docs/design.md section 3, "The penalty box punishes the client's own
+    /// traffic").
+    pub(crate) fn dry_run(mut self, on: bool) -> Self {
+        self.dry_run = on;
         self
     }
 
@@ -274,7 +284,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         let penalty = self
             .penalty
             .as_ref()
-            .map(|p| Penalty::new(p, &self.store, &scope, max_age));
+            .map(|p| Penalty::new(p, &self.store, &scope, max_age, !self.dry_run));
         #[cfg(feature = "metrics")]
         let decisions = self.counted.then(|| {
             let policy = crate::Policy::new(self.name.to_string(), limits.quotas[0].clone());
@@ -339,6 +349,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             name: Cow::Borrowed("default"),
             clock: None,
             penalty: None,
+            dry_run: false,
             counted: true,
             named: false,
             keys: Some(std::any::type_name::<K>().to_owned()),

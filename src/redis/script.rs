@@ -5,7 +5,7 @@
 //!   `gcra_only.lua` quotas that are all GCRA ([`GCRA_ONLY`]), with `plain.lua` a request
 //!   or a report on quotas without warm-up ([`PLAIN`]); the same arguments, storage and
 //!   replies, and [`decision_script`] chooses; `ban.lua` wraps `gcra.lua` in the penalty box
-//!   ([`DECIDE`], [`STRIKE`], [`PEEK`]).
+//!   ([`DECIDE`], [`DRY_DECIDE`], [`STRIKE`], [`PEEK`]).
 //! * **Units.** Times and windows travel in whole microseconds ([`MICRO`] ns), numbers below
 //!   2^53 (Lua doubles): [`micros`] rounds a quota to what the script can hold, or says why
 //!   it cannot.
@@ -74,6 +74,19 @@ pub(super) static DECIDE: LazyLock<Script> = LazyLock::new(|| {
         include_str!("prelude.lua"),
         include_str!("gcra.lua"),
         "\nend\nreturn penalize(decide)\n"
+    ))
+});
+
+/// The quota script behind the penalty box's ban, counting no strike: the decisions of a
+/// dry-run layer, whose refusals are not the key's offence (a ban recorded otherwise still
+/// answers).
+pub(super) static DRY_DECIDE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("ban.lua"),
+        "\nlocal function decide()\n",
+        include_str!("prelude.lua"),
+        include_str!("gcra.lua"),
+        "\nend\nreturn penalize(decide, false, true)\n"
     ))
 });
 

@@ -6,6 +6,7 @@
 mod common;
 
 mod adversary;
+mod dry_run_penalty;
 mod fallback;
 mod hostile_settings;
 mod key_errors;
