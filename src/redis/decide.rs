@@ -417,7 +417,8 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         let now = self.now();
         let limits = inner.limits.load_full();
         // A reservation the script did not fill in (a request admitted before its spots
-        // were known) is given back as a lease's units are.
+        // were known) is given back as a lease's units are; one it filled in never has
+        // `none()`'s spots (see `decision_of`).
         let taken = taken.filter(|t| t.spots != Reservation::none().spots);
         let args = Arg::Bytes(cost.as_bytes());
         let (args, n) = decision_args(&limits.rules, args, time_arg(inner.local_time, now), taken);
