@@ -34,7 +34,7 @@ pub(super) struct Inner<K> {
     pub(super) name: Box<str>,
     /// The quotas in force: read once per decision, replaced whole by
     /// [`RedisRateLimiter::set_quotas`](super::limiter::RedisRateLimiter::set_quotas).
-    pub(super) limits: ArcSwap<Limits>,
+    pub(super) limits: Arc<ArcSwap<Limits>>,
     pub(super) store: RedisStore,
     /// `<prefix><name length>:<name>:`, with an unclosed `{` closed.
     pub(super) key_prefix: Box<[u8]>,
@@ -59,6 +59,8 @@ pub(super) struct Inner<K> {
     pub(super) fallback: Fallback<K>,
     /// Held while the limiter lives: its unnamed key names are taken in its store.
     pub(super) _claim: Option<Arc<()>>,
+    /// The walks that lengthen its keys' expiry after a live change.
+    pub(super) walks: super::expiry::Walks,
 }
 
 /// A set of quotas and their numbers for the script, swapped as one.
@@ -465,7 +467,7 @@ const RETURN_AT_ONCE: usize = 256;
 
 /// Runs `calls` concurrently until all are done (each wake polls those left: for a few
 /// hundred at most).
-async fn join_all<F: std::future::Future<Output = ()> + Unpin>(mut calls: Vec<F>) {
+pub(super) async fn join_all<F: std::future::Future<Output = ()> + Unpin>(mut calls: Vec<F>) {
     std::future::poll_fn(|cx| {
         calls.retain_mut(|c| std::pin::Pin::new(c).poll(cx).is_pending());
         if calls.is_empty() {

@@ -12,7 +12,8 @@
 --          mod.rs `KeyState::refund`); without one (units of an expired lease), u emission intervals of
 --          each time, never before now, and the newest log entries. "+c" charges c whatever
 --          the limit (a cost settled after the response): decided as if every quota admitted
---          it, beyond the limit if need be (`KeyState::charge`)
+--          it, beyond the limit if need be (`KeyState::charge`). "~0" reports and lengthens
+--          the key's expiry to when it is idle under these quotas (src/redis/expiry.rs)
 -- ARGV[2]  now in microseconds, or "" to use the server's TIME (shared by every instance)
 -- ARGV[3]  number of quotas n, then for quota i: ARGV[1+3i] kind (0 GCRA, 1 fixed window,
 --          2 sliding log, 3 sliding counter, 4 GCRA with warm-up), ARGV[2+3i], ARGV[3+3i]:

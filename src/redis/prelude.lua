@@ -1,9 +1,14 @@
 -- The arguments every decision script reads alike (gcra.lua describes them), and exact
 -- integer division, the sliding-window counter at now, and the expiry that follows a widened
--- window; put before gcra.lua, gcra_only.lua and plain.lua.
+-- window or a live change; put before gcra.lua, gcra_only.lua and plain.lua.
 
 local cost = tonumber(ARGV[1])
 local force = string.byte(ARGV[1]) == 43
+-- "~0" (a cost that is no number): a report that also lengthens the key's expiry to when it
+-- is idle under the quotas sent, never shortening it, sent to every key of a limit after a
+-- live change under which its requests may count longer (src/redis/expiry.rs).
+local lengthen = cost == nil
+if lengthen then cost = 0 end
 local now
 if ARGV[2] == '' then
   local t = redis.call('TIME')
@@ -23,11 +28,11 @@ end
 
 -- A rejection or a report writes nothing, but a sliding window widened since the key last
 -- changed (`gone[q] > 0` for some of the `n` quotas: replaced at least a width after the
--- clock's first instant) may see its entries for longer than its expiry says: the expiry
--- follows the latest time a quota goes idle (`idle_at(q)`), in whole milliseconds, and is
--- never shortened.
+-- clock's first instant) may see its entries for longer than its expiry says, and so may any
+-- key of a limit changed live (a report "~0"): the expiry follows the latest time a quota
+-- goes idle (`idle_at(q)`), in whole milliseconds, and is never shortened.
 local function follow_widening(gone, idle_at)
-  local replaced = false
+  local replaced = lengthen
   for q = 1, n do
     if gone[q] > 0 then replaced = true end
   end

@@ -13,6 +13,7 @@ mod key_errors;
 mod lease;
 mod lease_hostile;
 mod lease_model;
+mod live_expiry;
 mod long_log;
 mod meet_lua;
 mod meet_split;

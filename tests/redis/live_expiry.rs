@@ -1,0 +1,223 @@
+//! A live change under which a limit's requests count longer (a sliding log or counter
+//! widened, a warm-up curve changed) lengthens the expiry in Redis of every key of the limit,
+//! touched by a request after the change or not, to when the memory store would forget it:
+//! across many `SCAN` batches, for the keys of that limit only (not another limit's whose
+//! name the first one's would match as a pattern, nor a penalty box's), exactly under the
+//! latest quotas when changes follow each other, and alike when several instances make the
+//! same change. A key's time to live runs on the server's clock: each bound allows for the
+//! real time the test takes.
+//!
+//! Pins docs/design.md section 3 ("A live quota change judges what a key stored", "Redis").
+#![cfg(feature = "redis")]
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
+use tollgate::penalty::PenaltyBox;
+use tollgate::redis::{RedisRateLimiter, RedisStore};
+use tollgate::{Clock, Quota, RateLimiter};
+
+const SEC: Duration = Duration::from_secs(1);
+
+async fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(5 * SEC)
+        .deny_cache(0)
+}
+
+fn limiter(
+    store: &RedisStore,
+    name: &str,
+    clock: &Clock,
+    quotas: &[Quota],
+) -> RedisRateLimiter<u32> {
+    quotas[1..]
+        .iter()
+        .fold(
+            RedisRateLimiter::<u32>::builder(store.clone(), quotas[0].clone())
+                .name(name.to_owned())
+                .clock(clock.clone()),
+            |b, q| b.quota(q.clone()),
+        )
+        .build()
+}
+
+/// A sliding log and a sliding counter of 3 per `window`.
+fn windows(window: Duration) -> Vec<Quota> {
+    vec![
+        Quota::sliding_log(3, window),
+        Quota::sliding_window(3, window),
+    ]
+}
+
+/// The times to live of `names`, in ms (-2: no key, -1: no expiry).
+async fn pttls(server: &RedisServer, names: &[Vec<u8>]) -> Vec<i64> {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut pipe = redis::pipe();
+    for n in names {
+        pipe.cmd("PTTL").arg(n);
+    }
+    pipe.query_async(&mut conn).await.unwrap()
+}
+
+/// A manual clock far from its start, so that a change has a time before it.
+fn clock() -> Clock {
+    let (clock, time) = Clock::manual();
+    time.advance(100 * SEC);
+    clock
+}
+
+#[tokio::test]
+async fn every_key_of_a_widened_limit_outlives_its_requests_and_no_other_keys_expiry_moves() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let clock = clock();
+    // A name that is a pattern matching the other limit's ("2:w*:" would match "2:wx:").
+    let widened = limiter(&store, "w*", &clock, &windows(SEC));
+    let other = limiter(&store, "wx", &clock, &windows(SEC));
+    // A penalty box whose key names start as the widened limit's would, after "ban:".
+    let banning = RedisRateLimiter::<u32>::builder(store.clone(), Quota::per_minute(1))
+        .name("w*")
+        .clock(clock.clone())
+        .penalty_box(PenaltyBox::new(1, 60 * SEC, 600 * SEC))
+        .build();
+    // More keys than a few SCAN batches hold.
+    let keys: Vec<u32> = (0..1_700).collect();
+    for &k in &keys {
+        assert!(widened.check(&k).await.is_allowed());
+    }
+    for k in 0..10 {
+        assert!(other.check(&k).await.is_allowed());
+    }
+    assert!(banning.strike(&7).await.is_some());
+    let names: Vec<Vec<u8>> = keys.iter().map(|k| widened.redis_key(k)).collect();
+    let others: Vec<Vec<u8>> = (0..10).map(|k| other.redis_key(&k)).collect();
+    let ban_before = pttls(&server, &[ban_key("w*", 7)]).await[0];
+    assert!(ban_before > 590_000, "{ban_before}");
+
+    widened.set_quotas(windows(10 * SEC)).unwrap();
+    widened.until_expiry_lengthened().await;
+    // The counter's request counts for two widths (its window and the next one's weight).
+    for (k, ttl) in pttls(&server, &names).await.into_iter().enumerate() {
+        assert!(ttl > 18_000 && ttl <= 20_000, "key {k}: {ttl} ms");
+    }
+    for ttl in pttls(&server, &others).await {
+        assert!((0..=2_000).contains(&ttl), "another limit's key: {ttl} ms");
+    }
+    let ban_after = pttls(&server, &[ban_key("w*", 7)]).await[0];
+    assert!(ban_after <= ban_before, "{ban_before} -> {ban_after}");
+}
+
+/// The penalty key of `key` under the limit `name` (src/redis/ban.rs).
+fn ban_key(name: &str, key: u32) -> Vec<u8> {
+    format!("tollgate:ban:{}:{name}:{key}", name.len()).into_bytes()
+}
+
+#[tokio::test]
+async fn changes_that_follow_each_other_leave_each_key_the_expiry_of_the_latest_quotas() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let clock = clock();
+    let first = limiter(&store, "steps", &clock, &windows(SEC));
+    // A second instance of the same limit, making the same changes.
+    let second = limiter(&store, "steps", &clock, &windows(SEC));
+    for k in 0..600 {
+        assert!(first.check(&k).await.is_allowed());
+    }
+    let names: Vec<Vec<u8>> = (0..600).map(|k| first.redis_key(&k)).collect();
+    // Widened twice (the second walk takes over from the first), then narrowed: the keys
+    // live until their requests stop counting under 5 s windows, no longer.
+    for l in [&first, &second] {
+        l.set_quotas(windows(3 * SEC)).unwrap();
+        l.set_quotas(windows(20 * SEC)).unwrap();
+        l.set_quotas(windows(5 * SEC)).unwrap();
+    }
+    for l in [&first, &second] {
+        l.until_expiry_lengthened().await;
+    }
+    for (k, ttl) in pttls(&server, &names).await.into_iter().enumerate() {
+        assert!(ttl > 9_000 && ttl <= 10_000, "key {k}: {ttl} ms");
+    }
+    // Narrowed again: no walk, and no key's expiry shortened (what is kept longer than it
+    // counts decides as a key never seen).
+    first.set_quotas(windows(SEC)).unwrap();
+    first.until_expiry_lengthened().await;
+    for (k, ttl) in pttls(&server, &names).await.into_iter().enumerate() {
+        assert!(ttl > 9_000 && ttl <= 10_000, "key {k}: {ttl} ms");
+    }
+}
+
+/// 10 a minute (one every 6 s, burst 10) warming up over `period` with `cold_factor`.
+fn warm(period: Duration, cold_factor: u32) -> Quota {
+    Quota::per_minute(10).warm_up(period, cold_factor)
+}
+
+/// The time to live, in ms from `now` (µs), of a warm-up key stored as `[tat, deficit]` (µs)
+/// under a curve of `period` (µs) and `cold_factor`: until it is fully cold, when the curve has
+/// regained its deficit (src/algo/warmup.rs `Curve::cold_in`), and 1 µs more (the script's
+/// rounding), in whole ms rounded up.
+fn cold_in_ms(now: u64, [tat, deficit]: [u64; 2], period: u64, cold_factor: u64) -> i64 {
+    let max = period / 2 + 2 * period / (cold_factor + 1);
+    let idle = tat + deficit.min(max) * period / max + 1;
+    i64::try_from((idle - now).div_ceil(1_000)).unwrap()
+}
+
+/// The words of a key written by the general script, in µs.
+async fn words(server: &RedisServer, name: &[u8]) -> [u64; 2] {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let raw: String = redis::cmd("GET")
+        .arg(name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let w: Vec<u64> = raw.split(' ').map(|w| w.parse().unwrap()).collect();
+    [w[0], w[1]]
+}
+
+#[tokio::test]
+async fn a_warm_key_whose_curve_changed_lives_until_the_new_curve_makes_it_cold() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let clock = clock();
+    let redis = limiter(&store, "warm", &clock, &[warm(120 * SEC, 3)]);
+    let memory = RateLimiter::<u32>::builder(warm(120 * SEC, 3))
+        .clock(clock.clone())
+        .build();
+    for _ in 0..10 {
+        assert_eq!(
+            redis.check(&1).await.is_allowed(),
+            memory.check(&1).is_allowed()
+        );
+    }
+    let name = redis.redis_key(&1);
+    let stored = words(&server, &name).await;
+    let ttl_before = pttls(&server, std::slice::from_ref(&name)).await[0];
+    let now = 100_000_000;
+    let cold_before = cold_in_ms(now, stored, 120_000_000, 3);
+    assert!(ttl_before > cold_before - 1_000 && ttl_before <= cold_before);
+    // The cold factor grows (and the period doubles): the deficit is regained about twice as
+    // slowly, and the memory store keeps the key that much longer.
+    let then = warm(240 * SEC, 100);
+    redis.set_quotas([then.clone()]).unwrap();
+    memory.set_quotas([then]).unwrap();
+    redis.until_expiry_lengthened().await;
+    let ttl = pttls(&server, std::slice::from_ref(&name)).await[0];
+    let cold = cold_in_ms(now, stored, 240_000_000, 100);
+    assert!(
+        cold > ttl_before + 10_000,
+        "{cold} ms, {ttl_before} ms before"
+    );
+    assert!(
+        ttl > cold - 1_000 && ttl <= cold,
+        "the key lives {ttl} ms, its deficit is regained in {cold} ms"
+    );
+    // The walk wrote nothing: the key's state is as the requests left it.
+    assert_eq!(words(&server, &name).await, stored);
+    assert_eq!(memory.len(), 1);
+}
