@@ -22,8 +22,8 @@
 //! * **Cancelled** when a later change starts its own walk (which covers every key under the
 //!   quotas then in force), and when the limiter is dropped.
 //! * **Never in a decision's way.** Each call is a `SCAN` of [`BATCH`] keys or one key's
-//!   report, pipelined on the store's connection with the decisions; a failed call is no
-//!   outage.
+//!   report, [`AT_ONCE`] reports at a time on the store's connection, between the decisions;
+//!   a failed call is no outage, and is neither counted nor logged as a decision's.
 //! * **Not on Redis Cluster**, where a `SCAN` reaches one node: the change is logged as not
 //!   reaching idle keys, as it did not before.
 
@@ -46,6 +46,9 @@ pub(super) const MAX_KEYS: u64 = 10_000_000;
 pub(super) const MAX_TIME: Duration = Duration::from_secs(600);
 /// The keys a `SCAN` call asks for (a hint to Redis), lengthened together.
 pub(super) const BATCH: usize = 500;
+/// The reports a walk has on the connection at once: a decision sent meanwhile waits behind
+/// these few at most, not a whole batch.
+const AT_ONCE: usize = 32;
 /// The least time a walk's call is given, whatever the store's timeout for decisions.
 const MIN_WAIT: Duration = Duration::from_secs(1);
 
@@ -197,23 +200,22 @@ impl Walk {
             );
             let args = &args[..n];
             let failures = AtomicU64::new(0);
-            let calls: Vec<_> = keys
-                .iter()
-                .map(|key| {
-                    let (store, failures) = (&self.store, &failures);
-                    Box::pin(async move {
-                        // A key of another layout (another limit's) is left as it is.
-                        if store
-                            .background_script(&SCRIPT, key, args, wait)
-                            .await
-                            .is_err()
-                        {
-                            failures.fetch_add(1, Ordering::Relaxed);
-                        }
+            for chunk in keys.chunks(AT_ONCE) {
+                let calls: Vec<_> = chunk
+                    .iter()
+                    .map(|key| {
+                        let (store, failures) = (&self.store, &failures);
+                        Box::pin(async move {
+                            // A key of another layout (another limit's) is left as it is.
+                            let sent = store.background_script(&SCRIPT, key, args, wait).await;
+                            if sent.is_err() {
+                                failures.fetch_add(1, Ordering::Relaxed);
+                            }
+                        })
                     })
-                })
-                .collect();
-            join_all(calls).await;
+                    .collect();
+                join_all(calls).await;
+            }
             seen += keys.len() as u64;
             failed += failures.into_inner();
             if next == 0 {

@@ -221,3 +221,29 @@ async fn a_warm_key_whose_curve_changed_lives_until_the_new_curve_makes_it_cold(
     assert_eq!(words(&server, &name).await, stored);
     assert_eq!(memory.len(), 1);
 }
+
+/// A walk whose call Redis does not answer stops, says so in one line, and is no outage: the
+/// decisions go on on Redis, and none is logged as failed.
+#[tokio::test]
+async fn a_walk_redis_does_not_answer_stops_with_one_line_and_no_outage() {
+    let (out, _guard) = common::capture::capture(tracing::Level::INFO);
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let clock = clock();
+    let l = limiter(&store, "paused", &clock, &windows(SEC));
+    assert!(l.check(&1).await.is_allowed());
+    server.pause();
+    l.set_quotas(windows(10 * SEC)).unwrap();
+    l.until_expiry_lengthened().await;
+    server.resume();
+    let d = l.check(&1).await;
+    assert!(d.is_allowed() && !d.is_degraded(), "{d:?}");
+    let text = out.text();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("tollgate::redis"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(lines[0].contains("stopped lengthening"), "{text}");
+    assert!(lines[0].contains("SCAN failed"), "{text}");
+}
