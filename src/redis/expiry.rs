@@ -69,6 +69,9 @@ pub(super) fn lengthens(old: &[Rule], new: &[Rule]) -> bool {
 pub(super) struct Walks {
     latest: Arc<AtomicU64>,
     over: Arc<watch::Sender<u64>>,
+    /// The Tokio runtime the limiter was built in, if any: a walk runs there when the change
+    /// is made outside one (a thread that reloads the configuration).
+    built_in: Option<tokio::runtime::Handle>,
 }
 
 impl Default for Walks {
@@ -76,6 +79,7 @@ impl Default for Walks {
         Walks {
             latest: Arc::default(),
             over: Arc::new(watch::channel(0).0),
+            built_in: tokio::runtime::Handle::try_current().ok(),
         }
     }
 }
@@ -93,8 +97,9 @@ pub(super) struct Walk {
 }
 
 impl Walks {
-    /// Starts `walk` in the background, cancelling the walk before it; logs why not when
-    /// there is no Tokio runtime to run it or the store is a cluster.
+    /// Starts `walk` in the background (in the Tokio runtime of the caller, else in the one
+    /// the limiter was built in), cancelling the walk before it; logs why not when there is
+    /// no runtime to run it or the store is a cluster.
     pub(super) fn start(&self, walk: Walk) {
         let mine = self.latest.fetch_add(1, Ordering::AcqRel) + 1;
         let over = Over(self.over.clone(), mine);
@@ -108,13 +113,14 @@ impl Walks {
             );
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let current = tokio::runtime::Handle::try_current().ok();
+        let Some(runtime) = current.or_else(|| self.built_in.clone()) else {
             tracing::warn!(
                 target: "tollgate::redis",
                 policy = &*walk.name,
                 "tollgate: the quotas changed live may make requests count longer, but the \
-                 change was made outside a Tokio runtime, so the keys no request touches keep \
-                 the expiry they had"
+                 limiter was built and changed outside a Tokio runtime, so the keys no request \
+                 touches keep the expiry they had"
             );
             return;
         };

@@ -455,8 +455,9 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// widened, a warm-up curve changed) starts, in the background of the decisions, a walk
     /// over this limit's keys (`SCAN`) that lengthens each key's expiry to when it is idle
     /// under the new quotas (never shortening it), so that a key no request touches is kept
-    /// while its requests count, as the memory store keeps it. The walk needs a Tokio runtime
-    /// where `set_quotas` is called, looks at 10 million keys and runs 10 minutes at most,
+    /// while its requests count, as the memory store keeps it. The walk runs in the Tokio
+    /// runtime `set_quotas` is called in, else in the one the limiter was built in (none: it
+    /// is logged and skipped), looks at 10 million keys and runs 10 minutes at most,
     /// gives way to the walk of a later change, and logs when it is done or stopped; on
     /// Redis Cluster there is none (logged), and a key left idle from the change on expires
     /// when the quotas of its last write said: its next request starts afresh.

@@ -247,3 +247,120 @@ async fn a_walk_redis_does_not_answer_stops_with_one_line_and_no_outage() {
     assert!(lines[0].contains("stopped lengthening"), "{text}");
     assert!(lines[0].contains("SCAN failed"), "{text}");
 }
+
+/// Through a layer: a change of its policy by its handle starts the walk, and a key no
+/// request touches after it lives until its requests stop counting under the wider windows.
+#[tokio::test]
+async fn a_layers_change_by_its_handle_lengthens_the_expiry_of_its_keys() {
+    use tollgate::key::Header;
+    use tollgate::{Policy, RateLimitLayer};
+    use tower::{Layer, ServiceExt};
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let clock = clock();
+    let policy = |w| Policy::new("api", windows(w)[0].clone()).quota(windows(w)[1].clone());
+    let layer = RateLimitLayer::new(policy(SEC))
+        .key(Header::new("x-key"))
+        .clock(clock)
+        .store(store);
+    let svc = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+            bytes::Bytes::new(),
+        )))
+    }));
+    let req = http::Request::get("/")
+        .header("x-key", "k")
+        .body(())
+        .unwrap();
+    assert_eq!(svc.clone().oneshot(req).await.unwrap().status(), 200);
+    layer.handle().unwrap().apply(&policy(10 * SEC)).unwrap();
+    let limiter = layer.limiter("api").unwrap().unwrap();
+    limiter.until_expiry_lengthened().await;
+    let key: Box<[u8]> = b"k"[..].into();
+    let ttl = pttls(&server, &[limiter.redis_key(&key)]).await[0];
+    assert!(ttl > 18_000 && ttl <= 20_000, "{ttl} ms");
+}
+
+mod property {
+    //! Any window quotas, any requests on a few keys, any change of the windows: after the
+    //! walk, every key lives at least until its requests stop counting under the new quotas
+    //! by the memory store's account (each quota's `reset_after`, the time until its state is
+    //! idle), and never longer than under the wider of the old and new windows.
+
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    #[test]
+    fn after_any_change_of_windows_every_key_lives_while_its_requests_count() {
+        let server = RedisServer::start();
+        let rt = common::twins::runtime();
+        let store = rt.block_on(store(&server));
+        let mut runner = TestRunner::new(Config::with_cases(48));
+        let case = std::cell::Cell::new(0u32);
+        let ms = Duration::from_millis;
+        runner
+            .run(
+                &(
+                    (1u32..5, 200u64..3_000, 1u32..5, 200u64..3_000),
+                    prop::collection::vec((0u64..1_500, 0u32..4, 1u32..3), 1..40),
+                    (200u64..8_000, 200u64..8_000),
+                ),
+                |((la, wa, lb, wb), ops, (wa2, wb2))| {
+                    case.set(case.get() + 1);
+                    let quotas = |a: u64, b: u64| {
+                        vec![
+                            Quota::sliding_log(la, ms(a)),
+                            Quota::sliding_window(lb, ms(b)),
+                        ]
+                    };
+                    let (clock, time) = Clock::manual();
+                    time.advance(100 * SEC);
+                    let name = format!("walk-{}", case.get());
+                    let redis =
+                        rt.block_on(async { limiter(&store, &name, &clock, &quotas(wa, wb)) });
+                    let memory = RateLimiter::<u32>::builder(quotas(wa, wb)[0].clone())
+                        .quota(quotas(wa, wb)[1].clone())
+                        .clock(clock.clone())
+                        .build();
+                    for &(gap, key, cost) in &ops {
+                        time.advance(ms(gap));
+                        let r = rt.block_on(redis.check_n(&key, cost));
+                        let m = memory.check_n(&key, cost);
+                        prop_assert_eq!(r.is_allowed(), m.is_allowed());
+                    }
+                    memory.set_quotas(quotas(wa2, wb2)).unwrap();
+                    rt.block_on(async {
+                        redis.set_quotas(quotas(wa2, wb2)).unwrap();
+                        redis.until_expiry_lengthened().await;
+                    });
+                    let names: Vec<Vec<u8>> = (0..4).map(|k| redis.redis_key(&k)).collect();
+                    let ttls = rt.block_on(pttls(&server, &names));
+                    // The longest a key's requests may count under either windows.
+                    let longest = 2 * wa.max(wb).max(wa2).max(wb2);
+                    for (k, ttl) in (0..4u32).zip(ttls) {
+                        let counts = memory
+                            .peek(&k)
+                            .states()
+                            .iter()
+                            .map(|s| s.reset_after())
+                            .max()
+                            .unwrap_or_default();
+                        let counts = i64::try_from(counts.as_millis()).unwrap();
+                        if counts > 0 {
+                            prop_assert!(
+                                ttl > counts - 1_000,
+                                "key {k}: lives {ttl} ms, counts {counts} ms"
+                            );
+                        }
+                        prop_assert!(
+                            ttl <= i64::try_from(longest).unwrap() + 1,
+                            "key {k}: {ttl} ms"
+                        );
+                    }
+                    Ok(())
+                },
+            )
+            .unwrap();
+    }
+}
