@@ -364,3 +364,21 @@ mod property {
             .unwrap();
     }
 }
+
+/// A change made on a thread outside any Tokio runtime (a configuration reload) walks the
+/// keys in the runtime the limiter was built in.
+#[tokio::test]
+async fn a_change_made_outside_a_runtime_walks_in_the_limiters() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let clock = clock();
+    let l = limiter(&store, "reloaded", &clock, &windows(SEC));
+    assert!(l.check(&1).await.is_allowed());
+    let changing = l.clone();
+    std::thread::spawn(move || changing.set_quotas(windows(10 * SEC)).unwrap())
+        .join()
+        .unwrap();
+    l.until_expiry_lengthened().await;
+    let ttl = pttls(&server, &[l.redis_key(&1)]).await[0];
+    assert!(ttl > 18_000 && ttl <= 20_000, "{ttl} ms");
+}
