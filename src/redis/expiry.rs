@@ -12,7 +12,7 @@
 //!
 //! So a change that can lengthen some key's life starts, in the background of the
 //! decisions, a walk over the limit's keys (`SCAN MATCH <the limit's prefix>*`) that sends
-//! each key a report (cost `"~0"`, `prelude.lua`) lengthening its expiry to when it is idle
+//! each key a report (`script::lengthening_args`) lengthening its expiry to when it is idle
 //! under the quotas in force, never shortening it. The same report sent twice (a key that
 //! `SCAN` returns twice, several instances applying the same change) sets the same expiry.
 //!
@@ -35,7 +35,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use super::decide::{join_all, Limits};
-use super::script::{decision_args, time_arg, Arg, SCRIPT};
+use super::script::{lengthening_args, time_arg, SCRIPT};
 use super::store::RedisStore;
 use crate::algo::Rule;
 use crate::clock::Clock;
@@ -198,12 +198,8 @@ impl Walk {
                 Err(e) => return stop(&format!("SCAN failed: {e}"), seen),
             };
             let limits = limits.load_full();
-            let (args, n) = decision_args(
-                &limits.rules,
-                Arg::Bytes(b"~0"),
-                time_arg(self.local_time, self.clock.now()),
-                None,
-            );
+            let time = time_arg(self.local_time, self.clock.now());
+            let (args, n) = lengthening_args(&limits.rules, time);
             let args = &args[..n];
             let failures = AtomicU64::new(0);
             for chunk in keys.chunks(AT_ONCE) {

@@ -4,11 +4,6 @@
 
 local cost = tonumber(ARGV[1])
 local force = string.byte(ARGV[1]) == 43
--- "~0" (a cost that is no number): a report that also lengthens the key's expiry to when it
--- is idle under the quotas sent, never shortening it, sent to every key of a limit after a
--- live change under which its requests may count longer (src/redis/expiry.rs).
-local lengthen = cost == nil
-if lengthen then cost = 0 end
 local now
 if ARGV[2] == '' then
   local t = redis.call('TIME')
@@ -29,10 +24,12 @@ end
 -- A rejection or a report writes nothing, but a sliding window widened since the key last
 -- changed (`gone[q] > 0` for some of the `n` quotas: replaced at least a width after the
 -- clock's first instant) may see its entries for longer than its expiry says, and so may any
--- key of a limit changed live (a report "~0"): the expiry follows the latest time a quota
--- goes idle (`idle_at(q)`), in whole milliseconds, and is never shortened.
+-- key of a limit changed live (a report whose ARGV[4+3n], a refund's reservation, is "~",
+-- sent to every key after a change under which requests may count longer: src/redis/
+-- expiry.rs): the expiry follows the latest time a quota goes idle (`idle_at(q)`), in whole
+-- milliseconds, and is never shortened.
 local function follow_widening(gone, idle_at)
-  local replaced = lengthen
+  local replaced = ARGV[4 + 3 * n] == '~'
   for q = 1, n do
     if gone[q] > 0 then replaced = true end
   end

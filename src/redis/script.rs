@@ -261,6 +261,19 @@ pub(super) fn decision_args<'a>(
     (args, used)
 }
 
+/// The arguments of a report (to [`SCRIPT`]) that lengthens a key's expiry to when it is idle
+/// under `rules`, never shortening it (see `expiry.rs`): a request's of cost 0, with `"~"`
+/// where a refund's reservation goes.
+pub(super) fn lengthening_args<'a>(
+    rules: &[Rule],
+    time: Arg<'a>,
+) -> ([Arg<'a>; 4 + 9 * MAX_QUOTAS], usize) {
+    let (mut args, n) = decision_args(rules, Arg::Int(0), time, None);
+    let at = 3 + 3 * rules.len();
+    args[at] = Arg::Bytes(b"~");
+    (args, n.max(at + 1))
+}
+
 /// The script arguments of a penalty box's rules, in microseconds (at most [`MAX_MICROS`]).
 pub(super) fn penalty_rules(p: &PenaltyBox) -> [u64; 5] {
     let r = p.rules();
