@@ -4,7 +4,8 @@
 //! * **One round trip.** With a penalty box, a decision is one `EVALSHA` of a script made of
 //!   `ban.lua` around the quota script: the ban is checked first (a banned key's request
 //!   consumes nothing), then the quotas decide, then a rejection counts as a strike and may
-//!   ban. The penalty state is a second Redis key, `<prefix>ban:<name length>:<name>:<key>`,
+//!   ban (not for a dry-run layer, whose calls run the same script without the strike:
+//!   `DRY_DECIDE`). The penalty state is a second Redis key, `<prefix>ban:<name length>:<name>:<key>`,
 //!   which never has the name of a quota key (those start with a digit after the prefix).
 //! * **Bans are cached, rejections are not.** A ban Redis announced is answered locally until
 //!   it ends, for at most the store's `deny_cache_max_age` (so that a ban lost with Redis's
