@@ -5,8 +5,8 @@
 //! [`Penalties::strike`] records one from anywhere else, e.g. a failed login found after the
 //! response). A refusal for the server's state is not: a new key turned away because the table
 //! is full ([`Decision::is_store_full`]), a decision of a store's failure policy or local
-//! fallback, a missing key, or a dry run (in memory; on Redis the script still counts a dry
-//! run's refusals). The rules, for each key:
+//! fallback, a missing key, or a dry run (on either store: a dry-run layer still answers a ban
+//! recorded otherwise, and lets the request through). The rules, for each key:
 //!
 //! * **Counting.** The first strike opens a run of `within`; `strikes` strikes inside the run
 //!   ban the key. A strike after the run has ended opens a new run, counting from 1: `strikes - 1`

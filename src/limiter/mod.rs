@@ -538,6 +538,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
         max_keys: Option<usize>,
         on_full: Option<OnFull>,
         _penalty: Option<&PenaltyBox>,
+        _dry_run: bool,
     ) -> Result<RateLimiter<K>, ConfigError> {
         let (first, rest) = policy.quotas.split_first().ok_or(ConfigError::NoQuota)?;
         let mut builder = RateLimiter::<K>::builder(first.clone())

@@ -541,6 +541,7 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
                 self.settings.max_keys,
                 self.settings.on_full,
                 self.settings.penalty.as_ref(),
+                self.common.observe.dry_run,
             )?);
             let names = Names::new(LayerKind::RateLimit, &policy.name, &policy.item_names());
             let observe = self.common.observe;

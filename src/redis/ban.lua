@@ -12,7 +12,8 @@
 --          now in microseconds ("" for the server's TIME), strikes, within, ban, max_ban,
 --          forget_after (times in microseconds)
 --
--- `ban_only` (a peek at the ban alone) answers the ban left instead of the wait.
+-- `ban_only` (a peek at the ban alone) answers the ban left instead of the wait. `no_strike`
+-- (the decisions of a dry run) checks the ban and decides, but a rejection is no strike.
 --
 -- Returns {3, wait, ban} when the key is banned (before the decision, or by the strike this
 -- rejection made), wait being the time until a retry is admitted: the end of the ban, or later
@@ -21,7 +22,7 @@
 -- then on); else what `decide` returns. A ban is checked before the quotas are asked, so
 -- a banned key's request consumes nothing. Every number stays below 2^53.
 
-local function penalize(decide, ban_only)
+local function penalize(decide, ban_only, no_strike)
   local n = #ARGV
   local now
   if ARGV[n - 5] == '' then
@@ -59,7 +60,7 @@ local function penalize(decide, ban_only)
   end
 
   local reply = decide()
-  if reply[1] ~= 1 and reply[1] ~= 2 then
+  if no_strike or (reply[1] ~= 1 and reply[1] ~= 2) then
     return reply
   end
 

@@ -4,7 +4,8 @@
 //! * **One round trip.** With a penalty box, a decision is one `EVALSHA` of a script made of
 //!   `ban.lua` around the quota script: the ban is checked first (a banned key's request
 //!   consumes nothing), then the quotas decide, then a rejection counts as a strike and may
-//!   ban. The penalty state is a second Redis key, `<prefix>ban:<name length>:<name>:<key>`,
+//!   ban (not for a dry-run layer, whose calls run the same script without the strike:
+//!   `DRY_DECIDE`). The penalty state is a second Redis key, `<prefix>ban:<name length>:<name>:<key>`,
 //!   which never has the name of a quota key (those start with a digit after the prefix).
 //! * **Bans are cached, rejections are not.** A ban Redis announced is answered locally until
 //!   it ends, for at most the store's `deny_cache_max_age` (so that a ban lost with Redis's
@@ -22,7 +23,9 @@ use std::time::Duration;
 use ::redis::Script;
 
 use super::key::{guard_fixed_part, write_guarded, RedisKey, TagGuard};
-use super::script::{ban_left, penalty_rules, with_penalty_args, Arg, MICRO, PARDON};
+use super::script::{
+    ban_left, penalty_rules, with_penalty_args, Arg, DECIDE, DRY_DECIDE, MICRO, PARDON,
+};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -39,6 +42,9 @@ pub(super) struct Penalty<K> {
     /// strikes, within, ban, max_ban, forget_after (times in microseconds).
     rules: [u64; 5],
     bans: Option<BanCache<K>>,
+    /// The script of a decision: [`DECIDE`], or for a dry run, whose quotas' refusals are no
+    /// strikes, [`DRY_DECIDE`].
+    script: &'static Script,
 }
 
 impl<K: RedisKey + Hash + Eq + Clone> Penalty<K> {
@@ -64,8 +70,15 @@ impl<K: RedisKey + Hash + Eq + Clone> Penalty<K> {
     }
 
     /// The penalty box `p` of the limiter whose keys are named after `scope`, caching bans
-    /// for at most `max_age` ns.
-    pub(super) fn new(p: &PenaltyBox, store: &RedisStore, scope: &str, max_age: u64) -> Self {
+    /// for at most `max_age` ns; `strikes`: whether the quotas' refusals are strikes (not in
+    /// a dry run).
+    pub(super) fn new(
+        p: &PenaltyBox,
+        store: &RedisStore,
+        scope: &str,
+        max_age: u64,
+        strikes: bool,
+    ) -> Self {
         let mut prefix = store.prefix.to_vec();
         prefix.extend_from_slice(b"ban:");
         RedisKey::write_key(&scope.len(), &mut prefix);
@@ -79,7 +92,13 @@ impl<K: RedisKey + Hash + Eq + Clone> Penalty<K> {
             rules: penalty_rules(p),
             bans: (store.deny_cache > 0 && max_age > 0)
                 .then(|| BanCache::new(store.deny_cache, max_age)),
+            script: if strikes { &DECIDE } else { &DRY_DECIDE },
         }
+    }
+
+    /// The script of a decision behind the ban.
+    pub(super) fn script(&self) -> &'static Script {
+        self.script
     }
 
     /// The Redis key of `key`'s penalty state.

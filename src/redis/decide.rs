@@ -19,7 +19,7 @@ use super::deny::DenyCache;
 use super::fallback::Fallback;
 use super::key::{write_guarded, RedisKey, TagGuard};
 use super::lease::Leases;
-use super::script::{decision_args, decision_of, decision_script, micros, time_arg, Arg, DECIDE};
+use super::script::{decision_args, decision_of, decision_script, micros, time_arg, Arg};
 use super::store::{Failure, RedisStore};
 use crate::algo::gcra::Gcra;
 use crate::algo::Rule;
@@ -34,7 +34,7 @@ pub(super) struct Inner<K> {
     pub(super) name: Box<str>,
     /// The quotas in force: read once per decision, replaced whole by
     /// [`RedisRateLimiter::set_quotas`](super::limiter::RedisRateLimiter::set_quotas).
-    pub(super) limits: ArcSwap<Limits>,
+    pub(super) limits: Arc<ArcSwap<Limits>>,
     pub(super) store: RedisStore,
     /// `<prefix><name length>:<name>:`, with an unclosed `{` closed.
     pub(super) key_prefix: Box<[u8]>,
@@ -59,6 +59,8 @@ pub(super) struct Inner<K> {
     pub(super) fallback: Fallback<K>,
     /// Held while the limiter lives: its unnamed key names are taken in its store.
     pub(super) _claim: Option<Arc<()>>,
+    /// The walks that lengthen its keys' expiry after a live change.
+    pub(super) walks: super::expiry::Walks,
 }
 
 /// A set of quotas and their numbers for the script, swapped as one.
@@ -286,7 +288,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
                 let keys: [&[u8]; 2] = [&redis_key, &ban_key];
                 inner
                     .store
-                    .try_eval_script(&DECIDE, &keys, &args, &inner.meter, deadline)
+                    .try_eval_script(p.script(), &keys, &args, &inner.meter, deadline)
                     .await
             }
             None => {
@@ -417,7 +419,8 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         let now = self.now();
         let limits = inner.limits.load_full();
         // A reservation the script did not fill in (a request admitted before its spots
-        // were known) is given back as a lease's units are.
+        // were known) is given back as a lease's units are; one it filled in never has
+        // `none()`'s spots (see `decision_of`).
         let taken = taken.filter(|t| t.spots != Reservation::none().spots);
         let args = Arg::Bytes(cost.as_bytes());
         let (args, n) = decision_args(&limits.rules, args, time_arg(inner.local_time, now), taken);
@@ -464,7 +467,7 @@ const RETURN_AT_ONCE: usize = 256;
 
 /// Runs `calls` concurrently until all are done (each wake polls those left: for a few
 /// hundred at most).
-async fn join_all<F: std::future::Future<Output = ()> + Unpin>(mut calls: Vec<F>) {
+pub(super) async fn join_all<F: std::future::Future<Output = ()> + Unpin>(mut calls: Vec<F>) {
     std::future::poll_fn(|cx| {
         calls.retain_mut(|c| std::pin::Pin::new(c).poll(cx).is_pending());
         if calls.is_empty() {

@@ -18,7 +18,9 @@
 --          2 sliding log, 3 sliding counter, 4 GCRA with warm-up), ARGV[2+3i], ARGV[3+3i]:
 --          GCRA emission interval and tolerance, or a window's count and width, in
 --          microseconds
--- ARGV[4+3n] for a refund, the cost of the reservation it gives back from (0: none)
+-- ARGV[4+3n] for a refund, the cost of the reservation it gives back from (0: none); for a
+--          report, "~" lengthens the key's expiry to when it is idle under these quotas
+--          (prelude.lua `follow_widening`)
 -- ARGV[5+3n..] for each warm-up quota in order, its warm-up period in microseconds and its
 --          cold factor (src/warmup.rs; its words are the TAT and the deficit of stored permits)
 -- then     for each quota, what had left its windows at the changes of quotas (src/algo/

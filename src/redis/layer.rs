@@ -95,6 +95,7 @@ where
         max_keys: Option<usize>,
         on_full: Option<crate::store::OnFull>,
         penalty: Option<&crate::penalty::PenaltyBox>,
+        dry_run: bool,
     ) -> Result<Self::Limiter, crate::ConfigError> {
         // Redis expires idle keys itself: a bound meant for memory must not pass unnoticed.
         if max_keys.is_some() {
@@ -118,7 +119,7 @@ where
             builder = builder.clock(clock.clone());
         }
         if let Some(penalty) = penalty {
-            builder = builder.penalty_box(penalty.clone());
+            builder = builder.penalty_box(penalty.clone()).dry_run(dry_run);
         }
         builder.try_build()
     }

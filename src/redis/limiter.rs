@@ -12,6 +12,7 @@ use arc_swap::ArcSwap;
 use super::ban::Penalty;
 use super::decide::{Inner, Limits};
 use super::deny::DenyCache;
+use super::expiry;
 use super::fallback::Fallback;
 use super::key::{guard_fixed_part, RedisKey};
 use super::lease::Leases;
@@ -147,6 +148,8 @@ pub struct RedisRateLimiterBuilder<K> {
     name: Cow<'static, str>,
     clock: Option<Clock>,
     penalty: Option<PenaltyBox>,
+    /// Whether it decides for a dry-run layer, whose quotas' refusals are no strikes.
+    dry_run: bool,
     /// Whether its own decisions are counted (not when a layer counts them).
     counted: bool,
     /// Whether the name was given on purpose; if not, the quotas and `keys` join it in the
@@ -207,6 +210,14 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
     /// See [`crate::penalty`].
     pub fn penalty_box(mut self, penalty: PenaltyBox) -> Self {
         self.penalty = Some(penalty);
+        self
+    }
+
+    /// For a dry-run layer: the penalty box still answers a ban, but the quotas' refusals are
+    /// no strikes (docs/design.md section 3, "The penalty box punishes the client's own
+    /// traffic").
+    pub(crate) fn dry_run(mut self, on: bool) -> Self {
+        self.dry_run = on;
         self
     }
 
@@ -274,7 +285,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         let penalty = self
             .penalty
             .as_ref()
-            .map(|p| Penalty::new(p, &self.store, &scope, max_age));
+            .map(|p| Penalty::new(p, &self.store, &scope, max_age, !self.dry_run));
         #[cfg(feature = "metrics")]
         let decisions = self.counted.then(|| {
             let policy = crate::Policy::new(self.name.to_string(), limits.quotas[0].clone());
@@ -286,7 +297,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 name: self.name.as_ref().into(),
-                limits: ArcSwap::from_pointee(limits),
+                limits: Arc::new(ArcSwap::from_pointee(limits)),
                 local_time: !clock.is_system(),
                 clock,
                 key_prefix: key_prefix.into_boxed_slice(),
@@ -301,6 +312,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                 waiters: Lines::default(),
                 fallback,
                 _claim: claim,
+                walks: Default::default(),
             }),
         })
     }
@@ -339,6 +351,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
             name: Cow::Borrowed("default"),
             clock: None,
             penalty: None,
+            dry_run: false,
             counted: true,
             named: false,
             keys: Some(std::any::type_name::<K>().to_owned()),
@@ -437,11 +450,17 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// one it replaces, and valid for the store (whole microseconds); otherwise this returns a
     /// [`ConfigError`] and the quotas in force stay.
     ///
-    /// A widened sliding window (log or counter) reaches a key's expiry in Redis only when a
-    /// request or a report (`peek`) next touches the key: a key left idle from the change on
-    /// expires when the narrower window said, though its last requests would still count
-    /// under the wider one, and its next request starts afresh. The memory store keeps such a
-    /// key. Such a key may so be admitted up to its limit again within the wider window.
+    /// A key's expiry in Redis follows the quotas of the script call that last wrote it. A
+    /// change under which some key's requests may count longer (a sliding log or counter
+    /// widened, a warm-up curve changed) starts, in the background of the decisions, a walk
+    /// over this limit's keys (`SCAN`) that lengthens each key's expiry to when it is idle
+    /// under the new quotas (never shortening it), so that a key no request touches is kept
+    /// while its requests count, as the memory store keeps it. The walk runs in the Tokio
+    /// runtime `set_quotas` is called in, else in the one the limiter was built in (none: it
+    /// is logged and skipped), looks at 10 million keys and runs 10 minutes at most,
+    /// gives way to the walk of a later change, and logs when it is done or stopped; on
+    /// Redis Cluster there is none (logged), and a key left idle from the change on expires
+    /// when the quotas of its last write said: its next request starts afresh.
     ///
     /// An unnamed limiter keeps the key names of the quotas it was built with (they are
     /// fixed when it is built; moving them would drop every key's state). A process built
@@ -453,11 +472,33 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         crate::limiter::check_replacement(&old.quotas, &quotas)?;
         let limits = Limits::replacing(quotas, &old.rules, self.now())?;
         self.inner.fallback.set_quotas(&limits.quotas)?;
+        let lengthens = expiry::lengthens(&old.rules, &limits.rules);
         self.inner.limits.store(Arc::new(limits));
         if let Some(leases) = &self.inner.leases {
             leases.quotas_changed();
         }
+        if lengthens {
+            let inner = &self.inner;
+            inner.walks.start(expiry::Walk {
+                store: inner.store.clone(),
+                key_prefix: inner.key_prefix.clone(),
+                name: inner.name.clone(),
+                limits: Arc::downgrade(&inner.limits),
+                clock: inner.clock.clone(),
+                local_time: inner.local_time,
+            });
+        }
         Ok(())
+    }
+
+    /// Waits until the walk over this limit's keys that the latest live change started (see
+    /// [`set_quotas`](Self::set_quotas)) has lengthened their expiry, or has stopped; at once
+    /// when no change started one.
+    ///
+    /// # Cancellation safety
+    /// Dropping the future stops nothing: the walk goes on.
+    pub async fn until_expiry_lengthened(&self) {
+        self.inner.walks.until_over().await;
     }
 
     /// The policy name, part of every Redis key.

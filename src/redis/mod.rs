@@ -39,7 +39,9 @@
 //! (`3-per-1m#5c0f9a1b2e47`; see [Keys](RedisRateLimiter#keys)). A key whose bytes have a `{` is written
 //! after `{}` (`tollgate:7:per-key:{}{abc}`), so that no client can pick a Redis Cluster slot
 //! with a hash tag (see [`RedisKey`]). It expires when the key is back to its
-//! full burst, so idle keys cost Redis nothing. Two layers (or limiters) that share a store
+//! full burst, so idle keys cost Redis nothing (a live change under which requests count
+//! longer lengthens every key's expiry: see
+//! [`set_quotas`](RedisRateLimiter::set_quotas)). Two layers (or limiters) that share a store
 //! prefix and a policy name given on purpose share their limits; unnamed ones share only with
 //! the same layer in other processes.
 //!
@@ -69,6 +71,7 @@
 mod ban;
 mod decide;
 mod deny;
+mod expiry;
 mod fallback;
 mod key;
 mod layer;

@@ -1,6 +1,6 @@
 -- The arguments every decision script reads alike (gcra.lua describes them), and exact
 -- integer division, the sliding-window counter at now, and the expiry that follows a widened
--- window; put before gcra.lua, gcra_only.lua and plain.lua.
+-- window or a live change; put before gcra.lua, gcra_only.lua and plain.lua.
 
 local cost = tonumber(ARGV[1])
 local force = string.byte(ARGV[1]) == 43
@@ -23,11 +23,13 @@ end
 
 -- A rejection or a report writes nothing, but a sliding window widened since the key last
 -- changed (`gone[q] > 0` for some of the `n` quotas: replaced at least a width after the
--- clock's first instant) may see its entries for longer than its expiry says: the expiry
--- follows the latest time a quota goes idle (`idle_at(q)`), in whole milliseconds, and is
--- never shortened.
+-- clock's first instant) may see its entries for longer than its expiry says, and so may any
+-- key of a limit changed live (a report whose ARGV[4+3n], a refund's reservation, is "~",
+-- sent to every key after a change under which requests may count longer: src/redis/
+-- expiry.rs): the expiry follows the latest time a quota goes idle (`idle_at(q)`), in whole
+-- milliseconds, and is never shortened.
 local function follow_widening(gone, idle_at)
-  local replaced = false
+  local replaced = ARGV[4 + 3 * n] == '~'
   for q = 1, n do
     if gone[q] > 0 then replaced = true end
   end

@@ -5,7 +5,7 @@
 //!   `gcra_only.lua` quotas that are all GCRA ([`GCRA_ONLY`]), with `plain.lua` a request
 //!   or a report on quotas without warm-up ([`PLAIN`]); the same arguments, storage and
 //!   replies, and [`decision_script`] chooses; `ban.lua` wraps `gcra.lua` in the penalty box
-//!   ([`DECIDE`], [`STRIKE`], [`PEEK`]).
+//!   ([`DECIDE`], [`DRY_DECIDE`], [`STRIKE`], [`PEEK`]).
 //! * **Units.** Times and windows travel in whole microseconds ([`MICRO`] ns), numbers below
 //!   2^53 (Lua doubles): [`micros`] rounds a quota to what the script can hold, or says why
 //!   it cannot.
@@ -74,6 +74,19 @@ pub(super) static DECIDE: LazyLock<Script> = LazyLock::new(|| {
         include_str!("prelude.lua"),
         include_str!("gcra.lua"),
         "\nend\nreturn penalize(decide)\n"
+    ))
+});
+
+/// The quota script behind the penalty box's ban, counting no strike: the decisions of a
+/// dry-run layer, whose refusals are not the key's offence (a ban recorded otherwise still
+/// answers).
+pub(super) static DRY_DECIDE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("ban.lua"),
+        "\nlocal function decide()\n",
+        include_str!("prelude.lua"),
+        include_str!("gcra.lua"),
+        "\nend\nreturn penalize(decide, false, true)\n"
     ))
 });
 
@@ -192,7 +205,7 @@ pub(super) fn rule_args(r: &Rule) -> (u64, u64, u64) {
 /// GCRA), then the cost of the reservation `taken` that a refund gives back from (0:
 /// none), then for each warm-up quota in order its period in microseconds and its cold
 /// factor, then for each quota what had left its windows at changes of quotas (see
-/// `Window::replacing`), then `taken`'s spots. Returns them with how many are used: without
+/// `Window::replacing`), then `taken`'s spots (as the script gave them, see [`decision_of`]). Returns them with how many are used: without
 /// a reservation or a warm-up quota, not the zeros after the quotas' numbers, which the
 /// scripts read as 0.
 pub(super) fn decision_args<'a>(
@@ -231,9 +244,10 @@ pub(super) fn decision_args<'a>(
         used += 2;
     }
     if let Some(t) = taken.filter(|t| t.cost > 0) {
+        // Kept one above the script's numbers (see `decision_of`).
         for spot in &t.spots[..rules.len()] {
-            args[used] = Arg::Int(spot[0]);
-            args[used + 1] = Arg::Int(spot[1]);
+            args[used] = Arg::Int(spot[0].saturating_sub(1));
+            args[used + 1] = Arg::Int(spot[1].saturating_sub(1));
             used += 2;
         }
     } else if !rules.iter().any(|r| matches!(r, Rule::WarmUp(_))) {
@@ -245,6 +259,19 @@ pub(super) fn decision_args<'a>(
         }
     }
     (args, used)
+}
+
+/// The arguments of a report (to [`SCRIPT`]) that lengthens a key's expiry to when it is idle
+/// under `rules`, never shortening it (see `expiry.rs`): a request's of cost 0, with `"~"`
+/// where a refund's reservation goes.
+pub(super) fn lengthening_args<'a>(
+    rules: &[Rule],
+    time: Arg<'a>,
+) -> ([Arg<'a>; 4 + 9 * MAX_QUOTAS], usize) {
+    let (mut args, n) = decision_args(rules, Arg::Int(0), time, None);
+    let at = 3 + 3 * rules.len();
+    args[at] = Arg::Bytes(b"~");
+    (args, n.max(at + 1))
 }
 
 /// The script arguments of a penalty box's rules, in microseconds (at most [`MAX_MICROS`]).
@@ -289,15 +316,17 @@ pub(super) fn decision_of(rules: &[Rule], r: &[i64], cost: u32) -> Option<Decisi
         return Some(Decision::banned(rules, left));
     }
     let n = rules.len();
-    // An admission of a cost adds what it took: each quota's spot.
+    // An admission of a cost adds what it took: each quota's spot, kept one above the
+    // script's numbers, so that a reservation the script filled in is never one it did not
+    // (`Reservation::none()`'s zeros), even when its every spot is at 0 µs (a log entry or a
+    // counter's window at the first instant of a test clock); `decision_args` sends it back
+    // one below.
     let mut taken = Reservation::none();
     if r.len() == 2 + 4 * n && r[0] == 0 && cost > 0 {
         taken.cost = cost;
-        for (i, spot) in taken.spots[..n].iter_mut().enumerate() {
-            *spot = [
-                u64::try_from(r[2 + 2 * n + 2 * i]).ok()?,
-                u64::try_from(r[3 + 2 * n + 2 * i]).ok()?,
-            ];
+        let spot = |v: i64| u64::try_from(v).ok()?.checked_add(1);
+        for (i, s) in taken.spots[..n].iter_mut().enumerate() {
+            *s = [spot(r[2 + 2 * n + 2 * i])?, spot(r[3 + 2 * n + 2 * i])?];
         }
     } else if r.len() != 2 + 2 * n {
         return None;

@@ -545,6 +545,54 @@ impl RedisStore {
         }
     }
 
+    /// Runs `cmd` in the background of the decisions (see `expiry.rs`), waiting at most
+    /// `wait`: neither counted nor logged as a decision's call, and no outage when it fails.
+    pub(super) async fn background<T: ::redis::FromRedisValue>(
+        &self,
+        cmd: &::redis::Cmd,
+        wait: Duration,
+    ) -> Result<T, String> {
+        let call = async {
+            match &self.conn {
+                Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+                Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            }
+        };
+        match tokio::time::timeout(wait, call).await {
+            Ok(reply) => reply.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {wait:?}")),
+        }
+    }
+
+    /// Runs `script` on `key` with `args` in the background of the decisions, as
+    /// [`background`](Self::background).
+    pub(super) async fn background_script(
+        &self,
+        script: &Script,
+        key: &[u8],
+        args: &[Arg<'_>],
+        wait: Duration,
+    ) -> Result<(), String> {
+        let mut call = script.prepare_invoke();
+        call.key(key);
+        for a in args {
+            match a {
+                Arg::Int(n) => call.arg(*n),
+                Arg::Bytes(b) => call.arg(*b),
+            };
+        }
+        let reply = async {
+            match &self.conn {
+                Connection::Single(c) => call.invoke_async::<::redis::Value>(&mut c.clone()).await,
+                Connection::Cluster(c) => call.invoke_async::<::redis::Value>(&mut c.clone()).await,
+            }
+        };
+        match tokio::time::timeout(wait, reply).await {
+            Ok(reply) => reply.map(drop).map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {wait:?}")),
+        }
+    }
+
     /// The deadline of a decision that starts now: the store's timeout from now (a timeout
     /// too long for the clock never ends).
     pub(crate) fn deadline(&self) -> tokio::time::Instant {

@@ -35,8 +35,11 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     const LOCAL_PENALTIES: bool;
 
     /// The limiter of `policy`, whose keys the layer's extractor describes as `keys` (see
-    /// [`KeyExtractor::describe`](crate::key::KeyExtractor::describe)).
+    /// [`KeyExtractor::describe`](crate::key::KeyExtractor::describe)). `dry_run`: the
+    /// layer lets every request through, so a refusal of its quotas is no strike of a
+    /// `penalty` box the limiter keeps.
     #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
     fn make_limiter(
         &self,
         policy: &crate::Policy,
@@ -45,6 +48,7 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
         max_keys: Option<usize>,
         on_full: Option<OnFull>,
         penalty: Option<&PenaltyBox>,
+        dry_run: bool,
     ) -> Result<Self::Limiter, ConfigError>;
 
     /// The share of each quota its limiters enforce in this process when the store cannot

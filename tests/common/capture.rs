@@ -31,3 +31,55 @@ impl Captured {
         String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
     }
 }
+
+/// Captures what `tracing` events at `level` and above write on this thread while the guard
+/// lives, whatever other threads of the test binary do at the same time.
+///
+/// A subscriber set for one thread alone is not enough: `tracing` caches, once per callsite
+/// and for the whole process, whether any subscriber wants its events. A callsite first
+/// reached on another thread while this thread's subscriber is the only one registered has
+/// its interest taken from that thread's (absent) subscriber, "never", and this thread then
+/// misses its events. So a quiet subscriber is set once as the process's default: it wants
+/// no event itself, but answers "sometimes" for every callsite, so that no callsite is ever
+/// cached as wanted by nobody and each event asks the subscriber of the thread it runs on.
+pub fn capture(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
+    static QUIET: std::sync::Once = std::sync::Once::new();
+    QUIET.call_once(|| {
+        // Another default set first (none in these binaries) would decide instead.
+        let _ = tracing::subscriber::set_global_default(Quiet);
+    });
+    let out = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(false)
+        .without_time()
+        .with_writer(out.clone())
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
+    (out, guard)
+}
+
+/// The process's default subscriber in a test binary that captures events (see [`capture`]):
+/// interested in every callsite "sometimes", enabled for none.
+struct Quiet;
+
+impl tracing::Subscriber for Quiet {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}

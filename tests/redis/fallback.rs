@@ -618,25 +618,15 @@ mod http_layer {
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Runs this file's tests one at a time: tracing decides which call sites are enabled once for
-/// every thread, so a log line first reached by one test while another installs its
-/// subscriber could stay off for the latter; and the outage tests measure real waits.
+/// Runs this file's tests one at a time: the outage tests measure real waits.
 async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     SERIAL.lock().await
 }
 
-/// A subscriber of this thread for the events of `tollgate::redis` at `INFO` and above.
+/// A subscriber of this thread for the events of `tollgate::redis` at `INFO` and above,
+/// whatever other tests' threads log meanwhile (see `common::capture::capture`).
 fn capture() -> (Captured, tracing::subscriber::DefaultGuard) {
-    let out = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .without_time()
-        .with_writer(out.clone())
-        .finish();
-    let guard = tracing::subscriber::set_default(subscriber);
-    tracing::callsite::rebuild_interest_cache();
-    (out, guard)
+    common::capture::capture(tracing::Level::INFO)
 }
 
 #[tokio::test]
@@ -679,4 +669,20 @@ async fn ten_instances_at_a_tenth_of_five_a_minute_admit_the_quota_plus_one_each
             assert!((j - i + 1) as u64 <= 10 + 5 * (end - start) / 60);
         }
     }
+}
+
+/// The race that once took the first line of an outage out of the capture: a log line first
+/// reached on a thread without a subscriber (another test's outage), while this thread's
+/// capture is the only subscriber registered, must still be captured when this thread
+/// reaches it.
+#[test]
+fn a_line_first_reached_on_another_thread_is_still_captured() {
+    fn line() {
+        tracing::warn!(target: "tollgate::redis", "a line first reached elsewhere");
+    }
+    let (out, _guard) = capture();
+    std::thread::spawn(line).join().unwrap();
+    line();
+    let text = out.text();
+    assert!(text.contains("a line first reached elsewhere"), "{text:?}");
 }

@@ -11,7 +11,6 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::capture::Captured;
 use common::redis_server::RedisServer;
 use tollgate::penalty::PenaltyBox;
 use tollgate::redis::{FailMode, Lease, RedisRateLimiter, RedisStore};
@@ -86,14 +85,8 @@ async fn a_key_error_is_refused_even_when_the_store_fails_open() {
 async fn a_key_error_is_logged_once_per_policy_at_error_with_the_key_name() {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-    // Callsites first seen without a subscriber (by other tests' threads) are looked at again.
-    tracing::callsite::rebuild_interest_cache();
+    // Whatever other tests' threads log meanwhile.
+    let (captured, _guard) = common::capture::capture(tracing::Level::INFO);
     let (clock, _time) = Clock::manual();
     let l = limiter(
         store(&server, FailMode::Open).await,

@@ -118,8 +118,8 @@ async fn filled() -> Filled {
     let on_redis = layer.clone().store(store);
     let memory = Svc::new(layer.layer(handler(gate.clone(), calls.clone())));
     let redis = Svc::new(on_redis.layer(handler(gate.clone(), calls.clone())));
-    // The slow request reserves 3 on each store at 1 ms, and will use 1. (At 0 µs, Redis
-    // would take its reservation for one not filled in: see the ignored test below.)
+    // The slow request reserves 3 on each store at 1 ms, and will use 1. (At 0 µs: the test
+    // below.)
     hand.advance(Duration::from_millis(1));
     let slow: Vec<_> = [&memory, &redis]
         .into_iter()
@@ -261,56 +261,84 @@ async fn a_settlement_after_its_entry_left_a_narrowed_window_gives_back_nothing_
 }
 
 /// A reservation made in the first microsecond of a test clock (the manual clock starts at
-/// 1 ns) has its sliding log's spot at 0 µs, which the Redis store takes for a reservation
-/// the script did not fill in (`Reservation::none()`'s spots): its refund gives back the
-/// newest entries, as a lease's expired units are, instead of its own entry. Once its own
-/// entry has left the window, Redis gives back units that still count and memory gives back
-/// nothing. The system clock sends no time (the script reads the server's), so only test
+/// 1 ns) has its sliding log's spot at 0 µs, which must not read as a reservation the script
+/// did not fill in (whose refund gives back the newest entries, as a lease's expired units
+/// are): once its own entry has left the window, its settlement gives back nothing, on Redis
+/// as on memory. The system clock sends no time (the script reads the server's), so only test
 /// clocks meet it.
 #[tokio::test]
-#[ignore = "known: a Redis reservation at 0 µs of a test clock is given back as one not filled in (src/redis/decide.rs `adjust`), from the newest log entries"]
 async fn a_reservation_at_the_clock_start_gives_back_its_own_entry_on_redis_as_on_memory() {
+    let log = Quota::sliding_log(10, Duration::from_secs(1));
+    // The 5 at 600 ms still count at 1.1 s: 5 remain.
+    let left = settled_at_start(vec![log], 1, &[(600, 5), (500, 0)]).await;
+    assert_eq!(left, [5]);
+}
+
+/// The same at the clock's start for a sliding-window counter (its spot is its window's
+/// start, 0 µs) and for a counter beside a log, settled for less or for nothing: after two
+/// widths, what the request took no longer counts, and the 2 requests of the new window are
+/// all that does, on Redis as on memory.
+#[tokio::test]
+async fn a_counters_reservation_at_the_clock_start_gives_back_only_what_still_counts() {
+    let second = Duration::from_secs(1);
+    let counter = Quota::sliding_window(10, second);
+    let both = vec![counter.clone(), Quota::sliding_log(10, second)];
+    for actual in [1, 0] {
+        let left = settled_at_start(vec![counter.clone()], actual, &[(600, 5), (1_500, 2)]).await;
+        assert_eq!(left, [8], "settled for {actual}");
+        let left = settled_at_start(both.clone(), actual, &[(600, 5), (1_500, 2)]).await;
+        assert_eq!(left, [8, 8], "settled for {actual}");
+    }
+}
+
+/// A settling layer of `quotas` on both stores: a request at the clock's first instant
+/// reserves 3, held while the clock moves by each step's ms and each step's requests of 1 are
+/// admitted on both; then it settles for `actual`. What remains of each quota, the same on
+/// both stores.
+async fn settled_at_start(quotas: Vec<Quota>, actual: u32, steps: &[(u64, usize)]) -> Vec<u64> {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url())
         .await
         .unwrap()
         .timeout(Duration::from_secs(5));
     let (clock, hand) = Clock::manual();
-    let layer = RateLimitLayer::new(Policy::new(
-        "start",
-        Quota::sliding_log(10, Duration::from_secs(1)),
-    ))
-    .key(Header::new("x-key"))
-    .cost(|h| {
-        h.headers
-            .get("x-cost")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(1)
-    })
-    .settle(ActualCost::of)
-    .clock(clock);
+    let policy = quotas[1..]
+        .iter()
+        .fold(Policy::new("start", quotas[0].clone()), |p, q| {
+            p.quota(q.clone())
+        });
+    let layer = RateLimitLayer::new(policy)
+        .key(Header::new("x-key"))
+        .cost(|h| {
+            h.headers
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        })
+        .settle(ActualCost::of)
+        .clock(clock);
     let gate = Arc::new(Semaphore::new(0));
     let calls = Arc::new(AtomicUsize::new(0));
     let on_redis = layer.clone().store(store);
     let memory = Svc::new(layer.layer(handler(gate.clone(), calls.clone())));
     let redis = Svc::new(on_redis.layer(handler(gate.clone(), calls.clone())));
-    // At 0 µs: reserves 3, will use 1.
+    // At 0 µs: reserves 3, will use `actual`.
     let slow: Vec<_> = [&memory, &redis]
         .into_iter()
-        .map(|svc| tokio::spawn(svc.clone().oneshot(req("/slow", 3, 1))))
+        .map(|svc| tokio::spawn(svc.clone().oneshot(req("/slow", 3, actual))))
         .collect();
     while calls.load(Ordering::SeqCst) < 2 {
         tokio::task::yield_now().await;
     }
-    hand.advance(Duration::from_millis(600));
-    for svc in [&memory, &redis] {
-        for _ in 0..5 {
-            let resp = svc.clone().oneshot(req("/", 1, 1)).await.unwrap();
-            assert_eq!(resp.status(), 200);
+    for &(ms, n) in steps {
+        hand.advance(Duration::from_millis(ms));
+        for _ in 0..n {
+            let m = memory.clone().oneshot(req("/", 1, 1)).await.unwrap();
+            let r = redis.clone().oneshot(req("/", 1, 1)).await.unwrap();
+            assert_eq!(seen(&r), seen(&m));
+            assert_eq!(m.status(), 200);
         }
     }
-    // The slow request's entry has left the window; it settles for 1.
-    hand.advance(Duration::from_millis(500));
     gate.add_permits(2);
     for handle in slow {
         assert_eq!(handle.await.unwrap().unwrap().status(), 200);
@@ -318,7 +346,9 @@ async fn a_reservation_at_the_clock_start_gives_back_its_own_entry_on_redis_as_o
     let key: Box<[u8]> = b"k"[..].into();
     let m = layer.limiter("start").unwrap().unwrap().peek(&key);
     let r = on_redis.limiter("start").unwrap().unwrap().peek(&key).await;
-    // The 5 at 600 ms still count: 5 remain on memory.
-    assert_eq!(m.states()[0].remaining(), 5);
-    assert_eq!(r.states()[0].remaining(), 5);
+    let left =
+        |d: &tollgate::Decision| -> Vec<u64> { d.states().iter().map(|s| s.remaining()).collect() };
+    assert_eq!(left(&r), left(&m), "Redis beside memory");
+    drop(server);
+    left(&m)
 }

@@ -1,17 +1,20 @@
 //! What only the Redis store has (docs/design.md section 3, "Redis"; section 4, "Through
 //! Redis"): the scripts, outages and the local fallback, probing, leases, key names, errors
-//! about one key, duration settings at their edges. Each test starts its own redis-server.
+//! about one key, duration settings at their edges, the keys' expiry after a live change,
+//! the penalty box in dry run. Each test starts its own redis-server.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod adversary;
+mod dry_run_penalty;
 mod fallback;
 mod hostile_settings;
 mod key_errors;
 mod lease;
 mod lease_hostile;
 mod lease_model;
+mod live_expiry;
 mod long_log;
 mod meet_lua;
 mod meet_split;
