@@ -16,7 +16,7 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::algo::{Gcra, Many, Mixed, One, Rule, Slot, Two};
+use crate::algo::{decision_two, Gcra, Many, Mixed, One, Rule, Slot, Two, TwoKind, WithKind};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reservation};
 use crate::keyed::{Absent, Bound, Entry, OnFull, Table};
@@ -247,8 +247,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
                     None => s.decide(key, &live.load().gcras, clock, now, cost),
                 }
             }
-            Shape::Two(s) => live.with_two(|rule| s.decide(key, rule, clock, now, cost)),
-            Shape::DirectTwo(d) => live.with_two(|rule| d.decide(key, rule, clock, now, cost)),
+            Shape::Two(s) => live.with_two(CheckTwo::new(s, key, clock, now, cost)),
+            Shape::DirectTwo(d) => live.with_two(CheckTwo::new(d, key, clock, now, cost)),
             Shape::Mixed(s) => s.decide(key, &live.load().rules, clock, now, cost),
             Shape::DirectOne(d) => d.decide(key, &live.one(), clock, now, cost),
             Shape::DirectMany(d) => d.decide(key, &live.load().gcras, clock, now, cost),
@@ -395,6 +395,79 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
     }
 }
 
+/// The keys of a policy of one quota kept in two words, decided with that quota as its own
+/// kind (see [`TwoKind`]): the kind is read once, with the quota, and nothing else matches on
+/// it.
+trait KeysTwo<K> {
+    fn decide_kind(
+        &self,
+        key: &K,
+        rule: &impl TwoKind,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision;
+}
+
+impl<K: Hash + Eq + Clone> KeysTwo<K> for MemoryStore<K, Two> {
+    #[inline]
+    fn decide_kind(
+        &self,
+        key: &K,
+        rule: &impl TwoKind,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        self.decide_with(
+            key,
+            now,
+            |slot| slot.step_kind(rule, now, cost),
+            |said| decision_two(rule, said, now, cost),
+            |hash| self.decide_absent(hash, key, &rule.rule(), clock, now, cost),
+        )
+    }
+}
+
+impl<K> KeysTwo<K> for Direct<Two> {
+    #[inline]
+    fn decide_kind(&self, _: &K, rule: &impl TwoKind, _: &Clock, now: u64, cost: u32) -> Decision {
+        decision_two(rule, self.slot.step_kind(rule, now, cost), now, cost)
+    }
+}
+
+/// A check of `key` in the keys `S` of a policy of one quota kept in two words.
+struct CheckTwo<'a, K, S> {
+    keys: &'a S,
+    key: &'a K,
+    clock: &'a Clock,
+    now: u64,
+    cost: u32,
+}
+
+impl<'a, K, S: KeysTwo<K>> CheckTwo<'a, K, S> {
+    #[inline]
+    fn new(keys: &'a S, key: &'a K, clock: &'a Clock, now: u64, cost: u32) -> Self {
+        CheckTwo {
+            keys,
+            key,
+            clock,
+            now,
+            cost,
+        }
+    }
+}
+
+impl<K, S: KeysTwo<K>> WithKind for CheckTwo<'_, K, S> {
+    type Out = Decision;
+
+    #[inline]
+    fn with<R: TwoKind>(self, rule: &R) -> Decision {
+        self.keys
+            .decide_kind(self.key, rule, self.clock, self.now, self.cost)
+    }
+}
+
 /// Decides the single GCRA quota `g` on `slot` (a single key's).
 #[inline]
 pub(super) fn decide_one(slot: &One, g: &Gcra, now: u64, cost: u32) -> Decision {
@@ -504,16 +577,33 @@ where
         now: u64,
         cost: u32,
     ) -> Decision {
+        self.decide_with(
+            key,
+            now,
+            |slot| slot.step(gcras, now, cost),
+            |said| V::decision(gcras, said, now, cost),
+            |hash| self.decide_absent(hash, key, gcras, clock, now, cost),
+        )
+    }
+
+    /// [`decide`](Self::decide) of `key` at `now`: `step` on its slot, whose answer
+    /// `decision` makes the decision, or `absent` (given the key's hash) when it has none.
+    #[inline]
+    fn decide_with<S>(
+        &self,
+        key: &K,
+        now: u64,
+        step: impl FnOnce(&V) -> S,
+        decision: impl FnOnce(S) -> Decision,
+        absent: impl FnOnce(u64) -> Decision,
+    ) -> Decision {
         let hash = self.table.hash(key);
         let swept = self.sweep_time(now);
         // The table hands out what the slot said (small), and the decision is built here.
-        if let Some(said) = self
-            .table
-            .get(hash, key, swept, |slot| slot.step(gcras, now, cost))
-        {
-            return V::decision(gcras, said, now, cost);
+        if let Some(said) = self.table.get(hash, key, swept, step) {
+            return decision(said);
         }
-        self.decide_absent(hash, key, gcras, clock, now, cost)
+        absent(hash)
     }
 
     /// Gives back `units` of the request that took `taken` from `key` (see
