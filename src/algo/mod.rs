@@ -38,6 +38,8 @@ pub(crate) use gcra::{Gcra, Many, One};
 pub(crate) use log::Log;
 pub(crate) use step::{all_or_nothing, Slot, Step, Verdict, Words};
 use two::warm;
+#[cfg(test)]
+pub(crate) use two::AsRule;
 pub(crate) use two::{decision_two, Two, TwoKind, TwoQuota, WithKind, QUOTA_WORDS};
 pub(crate) use window::Window;
 

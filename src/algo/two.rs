@@ -20,7 +20,7 @@ use super::log::Log;
 use super::step::{Slot, Step, Words};
 use super::warmup::{WarmGcra, WarmState};
 use super::{Rule, Window};
-use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
+use crate::decision::{Decision, Outcome, QuotaState, Reservation};
 
 /// One quota kept in two words, of a kind known where it is used: its step, its figures and
 /// its idle time. [`Rule`] is every kind at once (one match each); [`Fixed`], [`Counter`] and
@@ -35,6 +35,23 @@ pub(crate) trait TwoKind {
     fn idle_at(&self, words: Words) -> u64;
     /// The quota as a [`Rule`].
     fn rule(&self) -> Rule;
+    /// [`step`](Self::step), and the [`state`](Self::state) of the words it leaves (kept
+    /// only when admitted at a cost): a kind may share the work of both.
+    #[inline]
+    fn judge(&self, words: Words, now: u64, cost: u32) -> (Step, QuotaState) {
+        let step = self.step(words, now, cost);
+        let after = kept(&step, cost).unwrap_or(words);
+        (step, self.state(after, now))
+    }
+}
+
+/// The words a step keeps: those it admitted at a cost, otherwise none (the words stay).
+#[inline]
+fn kept(step: &Step, cost: u32) -> Option<Words> {
+    match step {
+        Step::Allow { words, .. } if cost > 0 => Some(*words),
+        _ => None,
+    }
 }
 
 impl TwoKind for Rule {
@@ -102,6 +119,11 @@ impl TwoKind for Counter {
     #[inline]
     fn idle_at(&self, words: Words) -> u64 {
         self.0.counter_idle_at(words)
+    }
+
+    #[inline(always)]
+    fn judge(&self, words: Words, now: u64, cost: u32) -> (Step, QuotaState) {
+        self.0.counter_judge(words, now, cost)
     }
 
     fn rule(&self) -> Rule {
@@ -193,29 +215,42 @@ impl TwoQuota {
         (tag, out)
     }
 
-    /// The quota whose [`words`](Self::words) are `tag` and `word(0)`, `word(1)`, …; none
-    /// for the tag 0. Only the words of its kind are read.
+    /// `v` with the quota whose [`words`](Self::words) are `tag` and `word(0)`, `word(1)`,
+    /// …, as its own kind, if `whole()` says, once they are read, that they were read
+    /// whole; `otherwise(v)` for the tag 0 or words not read whole. Only the words of its
+    /// kind are read, each kind in its own arm, so that the quota is never kept as a whole
+    /// enum, and every arm returns where its caller keeps what it returns.
     #[inline]
-    pub(crate) fn from_words(tag: u64, word: impl Fn(usize) -> u64) -> Option<TwoQuota> {
+    pub(crate) fn with_words<V: WithKind>(
+        tag: u64,
+        word: impl Fn(usize) -> u64,
+        whole: impl FnOnce() -> bool,
+        v: V,
+        otherwise: impl FnOnce(V) -> V::Out,
+    ) -> V::Out {
         let window = || Window::from_words([word(0), word(1), word(2), word(3)]);
         match tag {
-            TAG_FIXED_WINDOW => Some(TwoQuota::Fixed(Fixed(window()))),
-            TAG_SLIDING_WINDOW => Some(TwoQuota::Counter(Counter(window()))),
-            TAG_WARM_UP => Some(TwoQuota::Warm(WarmGcra::from_words(std::array::from_fn(
-                word,
-            )))),
-            _ => None,
+            TAG_FIXED_WINDOW => {
+                let rule = Fixed(window());
+                if whole() {
+                    return v.with(&rule);
+                }
+            }
+            TAG_SLIDING_WINDOW => {
+                let rule = Counter(window());
+                if whole() {
+                    return v.with(&rule);
+                }
+            }
+            TAG_WARM_UP => {
+                let rule = WarmGcra::from_words(std::array::from_fn(word));
+                if whole() {
+                    return v.with(&rule);
+                }
+            }
+            _ => {}
         }
-    }
-
-    /// `v` with the quota, as its own kind.
-    #[inline]
-    pub(crate) fn with<V: WithKind>(&self, v: V) -> V::Out {
-        match self {
-            TwoQuota::Fixed(r) => v.with(r),
-            TwoQuota::Counter(r) => v.with(r),
-            TwoQuota::Warm(r) => v.with(r),
-        }
+        otherwise(v)
     }
 
     /// The quota as a [`Rule`].
@@ -229,6 +264,18 @@ impl TwoQuota {
     }
 }
 
+/// Reads a quota back as a [`Rule`].
+#[cfg(test)]
+pub(crate) struct AsRule;
+
+#[cfg(test)]
+impl WithKind for AsRule {
+    type Out = Option<Rule>;
+    fn with<R: TwoKind>(self, rule: &R) -> Option<Rule> {
+        Some(rule.rule())
+    }
+}
+
 /// The decision of a policy of one quota kept in two words on a key in state `words`, which
 /// it updates when the request is admitted: [`decide`](super::decide) without a log. Returns
 /// the decision and whether `words` changed.
@@ -239,34 +286,18 @@ pub(crate) fn decide_two(
     now: u64,
     cost: u32,
 ) -> (Decision, bool) {
-    let (step, after) = step_two(rule, *words, now, cost);
-    let changed = after.is_some();
+    let judged = rule.judge(*words, now, cost);
+    let after = kept(&judged.0, cost);
     if let Some(after) = after {
         *words = after;
     }
-    (decision_two(rule, (step, *words), now, cost), changed)
+    (decision_two(judged, cost), after.is_some())
 }
 
-/// The step of [`decide_two`] alone: what the quota says, and the words to keep when they
-/// change (admitted at a cost).
-#[inline]
-fn step_two(rule: &impl TwoKind, words: Words, now: u64, cost: u32) -> (Step, Option<Words>) {
-    let step = rule.step(words, now, cost);
-    match step {
-        Step::Allow { words: after, .. } if cost > 0 => (step, Some(after)),
-        _ => (step, None),
-    }
-}
-
-/// The decision of a step for a key whose words are `words` after it: built where its caller
-/// keeps it, once the key's words are settled.
+/// The decision of a step and the quota's figures after it ([`TwoKind::judge`]): built
+/// where its caller keeps it, once the key's words are settled.
 #[inline(always)]
-pub(crate) fn decision_two(
-    rule: &impl TwoKind,
-    (step, words): (Step, Words),
-    now: u64,
-    cost: u32,
-) -> Decision {
+pub(crate) fn decision_two((step, state): (Step, QuotaState), cost: u32) -> Decision {
     let mut taken = Reservation::none();
     let (outcome, retry_after) = match step {
         Step::Allow { spot, .. } => {
@@ -279,8 +310,10 @@ pub(crate) fn decision_two(
         Step::Deny { retry_after } => (Outcome::Limited, retry_after),
         Step::Never => (Outcome::Exceeds, 0),
     };
-    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    quotas[0] = rule.state(words, now);
+    // Each word is chosen here and written once (as a one-GCRA decision is), so that the
+    // decision is written in place rather than assembled elsewhere and copied.
+    let rest = QuotaState::default();
+    let quotas = [state, rest, rest, rest];
     Decision::new(outcome, retry_after, quotas, 1, taken)
 }
 
@@ -320,7 +353,7 @@ impl Two {
     /// The time the key becomes idle (`idle_at` of the words kept) is kept with them, and
     /// made again when the words are left but it was made under other rules. Returns what `f`
     /// said last and the words after it.
-    #[inline]
+    #[inline(always)]
     fn update<T>(
         &self,
         idle_at: impl Fn(Words) -> u64,
@@ -373,13 +406,19 @@ impl Two {
     }
 
     /// Decides a request of `cost` at `now` under `rule`, of its own kind: the step and the
-    /// words after it, for [`decision_two`].
-    #[inline]
-    pub(crate) fn step_kind(&self, rule: &impl TwoKind, now: u64, cost: u32) -> (Step, Words) {
+    /// quota's figures after it, for [`decision_two`].
+    #[inline(always)]
+    pub(crate) fn step_kind(&self, rule: &impl TwoKind, now: u64, cost: u32) -> (Step, QuotaState) {
         self.update(
             |w| rule.idle_at(w),
-            |words| step_two(rule, words, now, cost),
+            #[inline(always)]
+            |words| {
+                let judged = rule.judge(words, now, cost);
+                let after = kept(&judged.0, cost);
+                (judged, after)
+            },
         )
+        .0
     }
 
     /// Makes the key one never seen if it is idle at `now` under `rule` (judged from its
@@ -411,9 +450,9 @@ fn wait(spins: &mut u32) {
 
 impl Slot for Two {
     type Rules = Rule;
-    /// The step, and the words after it: the decision (many words) is built from them where
-    /// the caller keeps it.
-    type Said = (Step, Words);
+    /// The step, and the quota's figures after it: the decision (many words) is built from
+    /// them where the caller keeps it.
+    type Said = (Step, QuotaState);
 
     fn decide_absent(rule: &Rule, now: u64, cost: u32) -> (Decision, Option<Self>) {
         let mut words = [0; 2];
@@ -422,13 +461,13 @@ impl Slot for Two {
     }
 
     #[inline]
-    fn step(&self, rule: &Rule, now: u64, cost: u32) -> (Step, Words) {
+    fn step(&self, rule: &Rule, now: u64, cost: u32) -> (Step, QuotaState) {
         self.step_kind(rule, now, cost)
     }
 
     #[inline]
-    fn decision(rule: &Rule, said: (Step, Words), now: u64, cost: u32) -> Decision {
-        decision_two(rule, said, now, cost)
+    fn decision(_: &Rule, said: (Step, QuotaState), _: u64, cost: u32) -> Decision {
+        decision_two(said, cost)
     }
 
     fn horizon(&self) -> u64 {
@@ -483,6 +522,18 @@ mod tests {
         ]
     }
 
+    /// `v` with `quota` as its own kind.
+    fn with<V: WithKind>(quota: &TwoQuota, v: V) -> V::Out {
+        let (tag, words) = quota.words();
+        TwoQuota::with_words(
+            tag,
+            |i| words[i],
+            || true,
+            v,
+            |_| unreachable!("a quota in two words has a tag"),
+        )
+    }
+
     /// Decides on a slot with the quota as its own kind.
     struct Check<'a> {
         slot: &'a Two,
@@ -493,12 +544,7 @@ mod tests {
     impl WithKind for Check<'_> {
         type Out = Decision;
         fn with<R: TwoKind>(self, rule: &R) -> Decision {
-            decision_two(
-                rule,
-                self.slot.step_kind(rule, self.now, self.cost),
-                self.now,
-                self.cost,
-            )
+            decision_two(self.slot.step_kind(rule, self.now, self.cost), self.cost)
         }
     }
 
@@ -534,7 +580,7 @@ mod tests {
                                 let d = if general {
                                     slot.decide(&rule, now, 1)
                                 } else {
-                                    quota.with(Check { slot, now, cost: 1 })
+                                    with(&quota, Check { slot, now, cost: 1 })
                                 };
                                 if d.is_allowed() {
                                     admitted.fetch_add(1, Ordering::Relaxed);
@@ -556,7 +602,7 @@ mod tests {
                 for _ in 0..held {
                     assert!(decide_two(&rule, &mut model, now, 1).0.is_allowed());
                 }
-                let words = slot.step_kind(&rule, now, 0).1;
+                let words = slot.update(|w| rule.idle_at_two(w), |w| (w, None)).0;
                 assert_eq!(words, model, "{quota:?}, general {general}");
                 assert_eq!(slot.horizon(), rule.idle_at_two(words), "{quota:?}");
             }

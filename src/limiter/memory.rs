@@ -419,20 +419,23 @@ impl<K: Hash + Eq + Clone> KeysTwo<K> for MemoryStore<K, Two> {
         now: u64,
         cost: u32,
     ) -> Decision {
-        self.decide_with(
-            key,
-            now,
-            |slot| slot.step_kind(rule, now, cost),
-            |said| decision_two(rule, said, now, cost),
-            |hash| self.decide_absent(hash, key, &rule.rule(), clock, now, cost),
-        )
+        // As `MemoryStore::decide`, with the quota as its own kind.
+        let hash = self.table.hash(key);
+        let swept = self.sweep_time(now);
+        if let Some(said) = self
+            .table
+            .get(hash, key, swept, |slot| slot.step_kind(rule, now, cost))
+        {
+            return decision_two(said, cost);
+        }
+        self.decide_absent(hash, key, &rule.rule(), clock, now, cost)
     }
 }
 
 impl<K> KeysTwo<K> for Direct<Two> {
     #[inline]
     fn decide_kind(&self, _: &K, rule: &impl TwoKind, _: &Clock, now: u64, cost: u32) -> Decision {
-        decision_two(rule, self.slot.step_kind(rule, now, cost), now, cost)
+        decision_two(self.slot.step_kind(rule, now, cost), cost)
     }
 }
 
@@ -577,33 +580,16 @@ where
         now: u64,
         cost: u32,
     ) -> Decision {
-        self.decide_with(
-            key,
-            now,
-            |slot| slot.step(gcras, now, cost),
-            |said| V::decision(gcras, said, now, cost),
-            |hash| self.decide_absent(hash, key, gcras, clock, now, cost),
-        )
-    }
-
-    /// [`decide`](Self::decide) of `key` at `now`: `step` on its slot, whose answer
-    /// `decision` makes the decision, or `absent` (given the key's hash) when it has none.
-    #[inline]
-    fn decide_with<S>(
-        &self,
-        key: &K,
-        now: u64,
-        step: impl FnOnce(&V) -> S,
-        decision: impl FnOnce(S) -> Decision,
-        absent: impl FnOnce(u64) -> Decision,
-    ) -> Decision {
         let hash = self.table.hash(key);
         let swept = self.sweep_time(now);
         // The table hands out what the slot said (small), and the decision is built here.
-        if let Some(said) = self.table.get(hash, key, swept, step) {
-            return decision(said);
+        if let Some(said) = self
+            .table
+            .get(hash, key, swept, |slot| slot.step(gcras, now, cost))
+        {
+            return V::decision(gcras, said, now, cost);
         }
-        absent(hash)
+        self.decide_absent(hash, key, gcras, clock, now, cost)
     }
 
     /// Gives back `units` of the request that took `taken` from `key` (see
