@@ -548,6 +548,78 @@ mod tests {
         }
     }
 
+    /// A quota of each kind, with small numbers (nanoseconds), what had left the windows
+    /// of quotas it replaced (`gone`, `gone_cur`), and the words of a key.
+    fn kind_and_words() -> impl proptest::strategy::Strategy<Value = (TwoQuota, Words)> {
+        use proptest::prelude::*;
+        let window =
+            (1u64..6, 1u64..9, 0u64..14, 0u64..14).prop_map(|(limit, width, a, b)| Window {
+                gone: a.max(b),
+                gone_cur: a.min(b),
+                ..Window::new(limit, width)
+            });
+        let fixed = (window.clone(), 0u64..20, 0u64..7)
+            .prop_map(|(w, end, used)| (TwoQuota::Fixed(Fixed(w)), [end, used]));
+        let counter = (window, 0u64..16, 0u64..7, 0u64..7).prop_map(|(w, start, prev, cur)| {
+            (TwoQuota::Counter(Counter(w)), [start, (prev << 32) | cur])
+        });
+        let warm = (1u64..4, 1u64..6, 1u32..5, 0u64..40 * S, 0u64..4_000_000).prop_map(
+            |(burst, period, factor, tat, deficit)| {
+                let g = WarmGcra::new(Curve::new(S, period * S, factor, 1_000), burst * S);
+                (TwoQuota::Warm(g), [tat, deficit])
+            },
+        );
+        prop_oneof![fixed, counter, warm]
+    }
+
+    /// What `quota`, as its own kind, judges of a request of `cost` at `now` on `words`,
+    /// and the idle time of the words it keeps.
+    struct Judge {
+        words: Words,
+        now: u64,
+        cost: u32,
+    }
+
+    impl WithKind for Judge {
+        type Out = (Step, QuotaState, u64);
+        fn with<R: TwoKind>(self, rule: &R) -> Self::Out {
+            let (step, state) = rule.judge(self.words, self.now, self.cost);
+            let after = kept(&step, self.cost).unwrap_or(self.words);
+            (step, state, rule.idle_at(after))
+        }
+    }
+
+    proptest::proptest! {
+        // A pure function of small numbers: many cases, to reach the corners of what is gone.
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(20_000))]
+
+        /// Each kind decided as its own kind (its step, the figures after it, shared where
+        /// the kind shares its work, and the idle time of the words kept) is the general
+        /// decision of the quota as a `Rule`: its step, then its state and idle time of the
+        /// words kept, over any words, times and costs, after changes that left requests
+        /// gone.
+        #[test]
+        fn each_kind_decides_as_the_general_rule(
+            (quota, words) in kind_and_words(),
+            now in 0u64..24,
+            cost in 0u32..8,
+            at_the_end in proptest::bool::weighted(0.05),
+        ) {
+            // The warm-up's words are in nanoseconds of whole seconds, its times too; a
+            // window is also judged at the clock's last instants, where none can open.
+            let now = match quota {
+                TwoQuota::Warm(_) => now * S * 2,
+                _ if at_the_end => u64::MAX - now % 3,
+                _ => now,
+            };
+            let rule = quota.rule();
+            let step = Rule::step(&rule, words, &Log::EMPTY, now, cost);
+            let after = kept(&step, cost).unwrap_or(words);
+            let general = (step, Rule::state(&rule, after, &Log::EMPTY, now), rule.idle_at_two(after));
+            proptest::prop_assert_eq!(with(&quota, Judge { words, now, cost }), general);
+        }
+    }
+
     /// Threads racing on one key, while time stands still, keep the account of every
     /// change: the words are those of one request after another, as many as were admitted
     /// and not given back, never more than the quota admits, with refunds among the checks of
