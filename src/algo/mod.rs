@@ -23,6 +23,7 @@
 pub(crate) mod gcra;
 mod log;
 mod step;
+mod two;
 pub(crate) mod warmup;
 mod window;
 
@@ -30,12 +31,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
-use warmup::{WarmGcra, WarmState};
+use warmup::WarmGcra;
 
 use gcra::{moved_back, slice_back};
 pub(crate) use gcra::{Gcra, Many, One};
 pub(crate) use log::Log;
 pub(crate) use step::{all_or_nothing, Slot, Step, Verdict, Words};
+use two::warm;
+#[cfg(test)]
+pub(crate) use two::AsRule;
+pub(crate) use two::{decision_two, Two, TwoKind, TwoQuota, WithKind, QUOTA_WORDS};
 pub(crate) use window::Window;
 
 /// [`Rule::step`] of a log quota: out of line, so that the other kinds' steps, which the
@@ -46,12 +51,6 @@ fn log_step(w: &Window, log: &Log, now: u64, cost: u32) -> Step {
     w.log_step(log, now, cost).0
 }
 
-/// How many words [`Rule::words`] gives: a warm-up quota's, the most of the kinds it keeps.
-pub(crate) const RULE_WORDS: usize = 10;
-const TAG_FIXED_WINDOW: u64 = 1;
-const TAG_SLIDING_WINDOW: u64 = 2;
-const TAG_WARM_UP: u64 = 3;
-
 /// One quota, reduced to the numbers its kind needs, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Rule {
@@ -61,13 +60,6 @@ pub(crate) enum Rule {
     SlidingWindow(Window),
     /// GCRA with warm-up: words `[tat, deficit]` (see [`warmup`]).
     WarmUp(WarmGcra),
-}
-
-fn warm(words: Words) -> WarmState {
-    WarmState {
-        tat: words[0],
-        deficit: words[1],
-    }
 }
 
 impl Rule {
@@ -110,48 +102,6 @@ impl Rule {
     #[inline]
     pub(crate) fn in_two_words(&self) -> bool {
         !matches!(self, Rule::SlidingLog(_))
-    }
-
-    /// The numbers of a quota kept in two words, other than GCRA (a fixed window, a sliding
-    /// counter, a warm-up quota), as a tag and words, to keep a copy in atomics;
-    /// [`from_words`](Self::from_words) gives the quota back. The tag of the other kinds is 0,
-    /// which gives back none.
-    pub(crate) fn words(&self) -> (u64, [u64; RULE_WORDS]) {
-        let mut out = [0; RULE_WORDS];
-        let tag = match self {
-            Rule::FixedWindow(w) => {
-                out[..4].copy_from_slice(&w.words());
-                TAG_FIXED_WINDOW
-            }
-            Rule::SlidingWindow(w) => {
-                out[..4].copy_from_slice(&w.words());
-                TAG_SLIDING_WINDOW
-            }
-            Rule::WarmUp(g) => {
-                out.copy_from_slice(&g.words());
-                TAG_WARM_UP
-            }
-            Rule::Gcra(_) | Rule::SlidingLog(_) => 0,
-        };
-        (tag, out)
-    }
-
-    /// The quota whose [`words`](Self::words) are `tag` and the words `word(0)`,
-    /// `word(1)`, …, into `out` (none for the tag 0): only the words of its kind are read,
-    /// and it is written in place, not moved whole.
-    #[inline]
-    pub(crate) fn from_words(tag: u64, word: impl Fn(usize) -> u64, out: &mut Option<Rule>) {
-        let window = || Window::from_words([word(0), word(1), word(2), word(3)]);
-        match tag {
-            TAG_FIXED_WINDOW => *out = Some(Rule::FixedWindow(window())),
-            TAG_SLIDING_WINDOW => *out = Some(Rule::SlidingWindow(window())),
-            TAG_WARM_UP => {
-                *out = Some(Rule::WarmUp(WarmGcra::from_words(std::array::from_fn(
-                    word,
-                ))))
-            }
-            _ => *out = None,
-        }
     }
 
     /// When a key whose state under this quota alone is `words` becomes equal to one never
@@ -213,10 +163,7 @@ impl Rule {
             Rule::FixedWindow(w) => w.fixed_state(words, now),
             Rule::SlidingLog(w) => w.log_state(log, now),
             Rule::SlidingWindow(w) => w.counter_state(words, now),
-            Rule::WarmUp(g) => {
-                let s = warm(words);
-                QuotaState::counted(g.burst(), g.remaining(s, now), s.tat.saturating_sub(now))
-            }
+            Rule::WarmUp(g) => g.state(warm(words), now),
         }
     }
 
@@ -549,50 +496,6 @@ pub(super) fn decide_log(w: &Window, log: &mut Log, now: u64, cost: u32, d: &mut
     taken.cost > 0
 }
 
-/// The decision of a policy of one quota kept in two words (any kind but the sliding log,
-/// see [`Rule::in_two_words`]) on a key in state `words`, which it updates when the request
-/// is admitted: [`decide`] without a log. Returns the decision and whether `words` changed.
-#[inline]
-pub(crate) fn decide_two(rule: &Rule, words: &mut Words, now: u64, cost: u32) -> (Decision, bool) {
-    let (step, after) = step_two(rule, words, now, cost);
-    let allowed = matches!(step, Step::Allow { .. }) && cost > 0;
-    *words = after;
-    (decision_two(rule, step, after, now, cost), allowed)
-}
-
-/// The step of [`decide_two`] alone, made under the key's lock: what the quota says, and the
-/// words to keep (`words` unchanged unless admitted at a cost). The decision, many words, is
-/// built from it after the lock, by [`decision_two`].
-#[inline]
-fn step_two(rule: &Rule, words: &Words, now: u64, cost: u32) -> (Step, Words) {
-    debug_assert!(rule.in_two_words());
-    let step = rule.step(*words, &Log::EMPTY, now, cost);
-    match step {
-        Step::Allow { words: after, .. } if cost > 0 => (step, after),
-        _ => (step, *words),
-    }
-}
-
-/// The decision of [`step_two`]'s `step`, for a key whose words are `words` after it.
-#[inline(always)]
-fn decision_two(rule: &Rule, step: Step, words: Words, now: u64, cost: u32) -> Decision {
-    let mut taken = Reservation::none();
-    let (outcome, retry_after) = match step {
-        Step::Allow { spot, .. } => {
-            if cost > 0 {
-                taken.cost = cost;
-                taken.spots[0] = spot;
-            }
-            (Outcome::Allowed, 0)
-        }
-        Step::Deny { retry_after } => (Outcome::Limited, retry_after),
-        Step::Never => (Outcome::Exceeds, 0),
-    };
-    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    quotas[0] = rule.state(words, &Log::EMPTY, now);
-    Decision::new(outcome, retry_after, quotas, 1, taken)
-}
-
 /// The decision of verdict `v` on a request of `cost`, with the states of the `n` quotas
 /// after it: what an admission took, and a wait only when limited.
 #[inline]
@@ -614,14 +517,6 @@ pub(super) fn concluded(
     };
     Decision::new(v.outcome, retry_after, quotas, n, taken)
 }
-
-/// A policy of one quota kept in two words (a fixed window, a sliding-window counter or a
-/// warm-up quota, see [`Rule::in_two_words`]): a key keeps just those words under its own
-/// lock, as GCRA keeps one word: a quarter of the memory of the general state, and no loop
-/// over quotas nor log to read. The kinds of a policy never change while it serves, so its
-/// keys keep this slot for as long as it serves. The time the key becomes idle is kept beside
-/// the words, for the table to read without the quota.
-pub(crate) struct Two(Kept<Words>);
 
 /// Quotas of any other policy (see [`crate::algo`]): two words per quota and the log of
 /// admitted requests when a quota is a sliding log, changed together under the key's own
@@ -677,77 +572,6 @@ impl<S> Kept<S> {
             self.horizon.store(0, Ordering::Release);
         }
         renew
-    }
-}
-
-impl Two {
-    pub(crate) fn idle() -> Self {
-        Two(Kept::new([0; 2], 0))
-    }
-
-    /// The slot of a key in state `words` under `rule`.
-    fn made(rule: &Rule, words: Words) -> Self {
-        Two(Kept::new(words, rule.idle_at_two(words)))
-    }
-
-    /// Changes the key's words through `f`, under its lock.
-    #[inline]
-    fn change<T>(&self, rule: &Rule, f: impl FnOnce(&mut Words) -> T) -> T {
-        self.0.measure_and_replace(f, |w| rule.idle_at_two(*w))
-    }
-
-    /// Makes the key one never seen if it is idle at `now` under `rule` (judged from its
-    /// words, not from the idle time kept beside them, which an earlier quota may have set);
-    /// whether it did.
-    pub(crate) fn renew_if_idle(&self, rule: &Rule, now: u64) -> bool {
-        self.0.renew_if(|w| rule.idle_at_two(*w) <= now)
-    }
-}
-
-impl Slot for Two {
-    type Rules = Rule;
-    /// The step, made under the lock, and the words after it: the decision (many words) is
-    /// built after the lock, where the caller keeps it.
-    type Said = (Step, Words);
-
-    fn decide_absent(rule: &Rule, now: u64, cost: u32) -> (Decision, Option<Self>) {
-        let mut words = [0; 2];
-        let (d, keep) = decide_two(rule, &mut words, now, cost);
-        (d, keep.then(|| Two::made(rule, words)))
-    }
-
-    #[inline]
-    fn step(&self, rule: &Rule, now: u64, cost: u32) -> (Step, Words) {
-        self.change(rule, |w| {
-            let (step, after) = step_two(rule, w, now, cost);
-            *w = after;
-            (step, after)
-        })
-    }
-
-    #[inline]
-    fn decision(rule: &Rule, (step, words): (Step, Words), now: u64, cost: u32) -> Decision {
-        decision_two(rule, step, words, now, cost)
-    }
-
-    fn horizon(&self) -> u64 {
-        self.0.horizon()
-    }
-
-    fn refund(&self, rule: &Rule, now: u64, taken: &Reservation, units: u32) {
-        self.change(rule, |w| *w = rule.refund_two(*w, now, taken, units))
-    }
-
-    fn charge(&self, rule: &Rule, now: u64, cost: u32) {
-        self.change(rule, |w| *w = rule.charge(*w, now, cost))
-    }
-
-    fn charged_absent(rule: &Rule, now: u64, cost: u32) -> Self {
-        Two::made(rule, rule.charge([0; 2], now, cost))
-    }
-
-    fn full(rule: &Rule, retry_after: u64) -> Decision {
-        Decision::store_full(std::slice::from_ref(rule), retry_after)
     }
 }
 
@@ -817,13 +641,6 @@ impl Slot for Mixed {
 
     fn full(rules: &[Rule], retry_after: u64) -> Decision {
         Decision::store_full(rules, retry_after)
-    }
-}
-
-impl crate::keyed::Entry for Two {
-    #[inline]
-    fn idle_at(&self) -> u64 {
-        self.horizon()
     }
 }
 

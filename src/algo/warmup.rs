@@ -27,6 +27,7 @@
 //! against an independent floating-point reading of Guava's model.
 
 use super::step::Step;
+use crate::decision::QuotaState;
 
 /// `⌊x · y / d⌋` in 128 bits (`d > 0`); saturates at `u64::MAX`.
 #[inline]
@@ -395,6 +396,16 @@ impl WarmGcra {
             Some(budget) => self.curve.fits(s.deficit, budget).saturating_add(1),
             None => 0,
         }
+    }
+
+    /// The figures of the quota for a key in state `s` at `now`.
+    #[inline]
+    pub(crate) fn state(&self, s: WarmState, now: u64) -> QuotaState {
+        QuotaState::counted(
+            self.burst(),
+            self.remaining(s, now),
+            s.tat.saturating_sub(now),
+        )
     }
 
     /// Time from `now` until the key is the same as one never seen: no backlog and fully cold.

@@ -223,14 +223,55 @@ impl Window {
 
     #[inline]
     pub(super) fn counter_step(&self, words: Words, now: u64, cost: u32) -> Step {
+        let current = self.counter_current(words, now);
+        let weighted = self.weighted(current.0, current.1, now);
+        self.counter_step_in(current, weighted, now, cost)
+    }
+
+    /// The step and the quota's figures after it, from one reading of the current window:
+    /// [`counter_step`](Self::counter_step), then [`counter_state`](Self::counter_state) of
+    /// the words it leaves.
+    #[inline(always)]
+    pub(super) fn counter_judge(&self, words: Words, now: u64, cost: u32) -> (Step, QuotaState) {
+        let current = self.counter_current(words, now);
+        let (start, prev, cur) = current;
+        let weighted = self.weighted(start, prev, now);
+        let step = self.counter_step_in(current, weighted, now, cost);
+        let state = match step {
+            // The words kept read back as the same window with `cost` more in it, unless it
+            // opened before what is gone, or a window cannot open at `now`.
+            Step::Allow { words: after, .. } if cost > 0 => {
+                if start >= self.gone_cur
+                    && (prev == 0 || start >= self.gone)
+                    && now < self.end(start)
+                {
+                    let counted = (start, prev, cur + u64::from(cost));
+                    self.counter_figures(counted, weighted, now)
+                } else {
+                    self.counter_state(after, now)
+                }
+            }
+            _ => self.counter_figures(current, weighted, now),
+        };
+        (step, state)
+    }
+
+    /// [`counter_step`](Self::counter_step) in the current window `(start, prev, cur)`, whose
+    /// previous count weighs `weighted`.
+    #[inline]
+    fn counter_step_in(
+        &self,
+        (start, prev, cur): (u64, u64, u64),
+        weighted: u128,
+        now: u64,
+        cost: u32,
+    ) -> Step {
         let c = u64::from(cost);
         if c > self.limit {
             return Step::Never;
         }
-        let (start, prev, cur) = self.counter_current(words, now);
         let w = u128::from(self.width);
         let limit = u128::from(self.limit);
-        let weighted = self.weighted(start, prev, now);
         // Without a previous window's weight (a key in its first window, or back from a
         // gap) the test is the fixed window's, with no product.
         let fits = if weighted == 0 {
@@ -274,8 +315,20 @@ impl Window {
 
     #[inline]
     pub(super) fn counter_state(&self, words: Words, now: u64) -> QuotaState {
-        let (start, prev, cur) = self.counter_current(words, now);
-        let weighted = self.weighted(start, prev, now);
+        let current = self.counter_current(words, now);
+        let weighted = self.weighted(current.0, current.1, now);
+        self.counter_figures(current, weighted, now)
+    }
+
+    /// [`counter_state`](Self::counter_state) in the current window `(start, prev, cur)`,
+    /// whose previous count weighs `weighted`.
+    #[inline]
+    fn counter_figures(
+        &self,
+        (start, prev, cur): (u64, u64, u64),
+        weighted: u128,
+        now: u64,
+    ) -> QuotaState {
         // The same quotient in 64 bits when the product fits, without a 128-bit division,
         // and none at all without a weight.
         let weight = match u64::try_from(weighted) {

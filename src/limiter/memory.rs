@@ -16,7 +16,7 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::algo::{Gcra, Many, Mixed, One, Rule, Slot, Two};
+use crate::algo::{decision_two, Gcra, Many, Mixed, One, Rule, Slot, Two, TwoKind, WithKind};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reservation};
 use crate::keyed::{Absent, Bound, Entry, OnFull, Table};
@@ -247,8 +247,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
                     None => s.decide(key, &live.load().gcras, clock, now, cost),
                 }
             }
-            Shape::Two(s) => live.with_two(|rule| s.decide(key, rule, clock, now, cost)),
-            Shape::DirectTwo(d) => live.with_two(|rule| d.decide(key, rule, clock, now, cost)),
+            Shape::Two(s) => live.with_two(CheckTwo::new(s, key, clock, now, cost)),
+            Shape::DirectTwo(d) => live.with_two(CheckTwo::new(d, key, clock, now, cost)),
             Shape::Mixed(s) => s.decide(key, &live.load().rules, clock, now, cost),
             Shape::DirectOne(d) => d.decide(key, &live.one(), clock, now, cost),
             Shape::DirectMany(d) => d.decide(key, &live.load().gcras, clock, now, cost),
@@ -392,6 +392,82 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
     pub(super) fn idle_in(&self, now: u64) -> u64 {
         with_slots!(&self.0, |s| Keys::<K, _>::table(s, now)
             .map_or(u64::MAX, |(t, at)| t.idle_in(at)))
+    }
+}
+
+/// The keys of a policy of one quota kept in two words, decided with that quota as its own
+/// kind (see [`TwoKind`]): the kind is read once, with the quota, and nothing else matches on
+/// it.
+trait KeysTwo<K> {
+    fn decide_kind(
+        &self,
+        key: &K,
+        rule: &impl TwoKind,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision;
+}
+
+impl<K: Hash + Eq + Clone> KeysTwo<K> for MemoryStore<K, Two> {
+    #[inline]
+    fn decide_kind(
+        &self,
+        key: &K,
+        rule: &impl TwoKind,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        // As `MemoryStore::decide`, with the quota as its own kind.
+        let hash = self.table.hash(key);
+        let swept = self.sweep_time(now);
+        if let Some(said) = self
+            .table
+            .get(hash, key, swept, |slot| slot.step_kind(rule, now, cost))
+        {
+            return decision_two(said, cost);
+        }
+        self.decide_absent(hash, key, &rule.rule(), clock, now, cost)
+    }
+}
+
+impl<K> KeysTwo<K> for Direct<Two> {
+    #[inline]
+    fn decide_kind(&self, _: &K, rule: &impl TwoKind, _: &Clock, now: u64, cost: u32) -> Decision {
+        decision_two(self.slot.step_kind(rule, now, cost), cost)
+    }
+}
+
+/// A check of `key` in the keys `S` of a policy of one quota kept in two words.
+struct CheckTwo<'a, K, S> {
+    keys: &'a S,
+    key: &'a K,
+    clock: &'a Clock,
+    now: u64,
+    cost: u32,
+}
+
+impl<'a, K, S: KeysTwo<K>> CheckTwo<'a, K, S> {
+    #[inline]
+    fn new(keys: &'a S, key: &'a K, clock: &'a Clock, now: u64, cost: u32) -> Self {
+        CheckTwo {
+            keys,
+            key,
+            clock,
+            now,
+            cost,
+        }
+    }
+}
+
+impl<K, S: KeysTwo<K>> WithKind for CheckTwo<'_, K, S> {
+    type Out = Decision;
+
+    #[inline]
+    fn with<R: TwoKind>(self, rule: &R) -> Decision {
+        self.keys
+            .decide_kind(self.key, rule, self.clock, self.now, self.cost)
     }
 }
 
