@@ -35,7 +35,11 @@
 //! KINDS_INSTRUCTIONS=kinds_keyed_10k/fixed_window valgrind --tool=callgrind \
 //!     --collect-atstart=no --toggle-collect='*measured*' target/release/deps/kinds-<hash>
 //! ```
-//! (the `Collected` total over 100 000 is the instructions of one check).
+//! (the `Collected` total over 100 000 is the instructions of one check). The clock stands
+//! still there, so that the requests of a key in a sliding log all share one instant and one
+//! entry; with `KINDS_TICK_NS=<n>` as well, the clock moves `n` ns after each check (inside
+//! `measured_ticking`, whose advance of the clock every row pays alike), so that no two
+//! requests of a key share an instant, as on the system clock.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -294,6 +298,23 @@ fn measured(limiter: &RateLimiter<u64>, keys: u64, n: u64) -> u64 {
     admitted
 }
 
+/// [`measured`] on a clock that moves `tick` after each check.
+#[inline(never)]
+fn measured_ticking(
+    limiter: &RateLimiter<u64>,
+    keys: u64,
+    n: u64,
+    time: &tollgate::ManualClock,
+    tick: Duration,
+) -> u64 {
+    let mut admitted = 0;
+    for i in 0..n {
+        admitted += u64::from(black_box(limiter.check(black_box(&(i % keys)))).is_allowed());
+        time.advance(tick);
+    }
+    admitted
+}
+
 /// The `KINDS_INSTRUCTIONS` mode (see the module docs): `row` is `<group>/<kind>`.
 fn instructions(row: &str) {
     const N: u64 = 100_000;
@@ -319,7 +340,13 @@ fn instructions(row: &str) {
         Some(("kinds_mixed", _)) => (mixed_limiter(clock), KEYS),
         _ => panic!("KINDS_INSTRUCTIONS names a row: <group>/<kind>"),
     };
-    let admitted = measured(&limiter, keys, N);
+    let tick = std::env::var("KINDS_TICK_NS").ok().map(|n| {
+        Duration::from_nanos(n.parse().expect("KINDS_TICK_NS is a number of nanoseconds"))
+    });
+    let admitted = match tick {
+        Some(tick) => measured_ticking(&limiter, keys, N, &time, tick),
+        None => measured(&limiter, keys, N),
+    };
     println!("{row}: {admitted} of {N} admitted");
 }
 
