@@ -5,6 +5,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod curve_idle_edge;
+mod curve_renewal;
 mod live;
 mod live_concurrency;
 mod live_redis;

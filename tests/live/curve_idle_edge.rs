@@ -1,0 +1,123 @@
+//! A change of a warm-up curve at the instant a key goes idle under the old curve, on a real
+//! `redis-server` beside the memory store. Memory makes every key idle at the change new
+//! (`RateLimiter::set_quotas`); Redis visits no key, and relies on an idle key having expired.
+//! Its time to live runs to the key's idle time plus 1 µs, rounded up to whole milliseconds,
+//! so a change inside that last millisecond finds the key still stored on a server whose clock
+//! is the limiter's (the production setting: the script reads the server's `TIME`). The manual
+//! clock here stands still on the server's side, so the key is still stored at the change just
+//! as it would be on a real clock within that millisecond.
+//!
+//! Pins docs/design.md section 3 ("A live quota change": a key idle under the quotas in force
+//! at a change is a new key, and a Redis key that expired while idle decides as a kept one).
+
+#![cfg(feature = "redis")]
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
+use common::twins::{self, Twins};
+use tollgate::redis::RedisStore;
+use tollgate::{Decision, Outcome, Quota};
+
+const MS: Duration = Duration::from_millis(1);
+
+type Seen = (Outcome, Option<Duration>, Vec<u64>, Vec<Duration>);
+
+fn seen(d: &Decision) -> Seen {
+    (
+        d.outcome(),
+        d.retry_after(),
+        d.states().iter().map(|s| s.remaining()).collect(),
+        d.states().iter().map(|s| s.reset_after()).collect(),
+    )
+}
+
+/// One per second, burst 1, warming up over 4 s from a third of the rate: an admission at
+/// 10 s leaves the key idle at 13.5 s (its time 2.5 s ahead, and the second of permits it
+/// spent regained in one more), and Redis gives it 3 501 ms to live (3.5 s plus 1 µs, rounded
+/// up to the millisecond: `warmup_redis::a_warm_up_key_holds_two_words_and_expires_once_cold_again`).
+fn old() -> Quota {
+    Quota::per_second(1)
+        .burst(1)
+        .warm_up(Duration::from_secs(4), 3)
+}
+
+/// The curve put in force: ten per second, burst 5, warming up over 2 s from a tenth.
+fn new() -> Quota {
+    Quota::per_second(10)
+        .burst(5)
+        .warm_up(Duration::from_secs(2), 10)
+}
+
+/// The admission at 10 s, then a change to [`new`] `after` it; the next six requests of cost
+/// 1, 250 ms apart, decided on both stores: (Redis, memory) for each, and whether Redis still
+/// held the key at the change.
+fn change_after(server: &RedisServer, name: &str, after: Duration) -> (Vec<(Seen, Seen)>, bool) {
+    let rt = twins::runtime();
+    let store = rt
+        .block_on(RedisStore::connect(&server.url()))
+        .unwrap()
+        .timeout(Duration::from_secs(5));
+    let twins = Twins::new(&store, name.to_owned(), &[old()]);
+    twins.time.advance(Duration::from_secs(10));
+    let (r, m) = twins
+        .decide(&rt, Duration::ZERO, 0, 1)
+        .expect("Redis decides");
+    assert!(r.is_allowed() && m.is_allowed());
+    twins.time.advance(after);
+    let mut conn = rt
+        .block_on(
+            redis::Client::open(server.url())
+                .unwrap()
+                .get_multiplexed_async_connection(),
+        )
+        .unwrap();
+    let held: bool = rt
+        .block_on(
+            redis::cmd("EXISTS")
+                .arg(twins.redis.redis_key(&0))
+                .query_async(&mut conn),
+        )
+        .unwrap();
+    twins.set_quotas(&[new()]);
+    let mut out = Vec::new();
+    for i in 0..6 {
+        let gap = if i == 0 { Duration::ZERO } else { 250 * MS };
+        let (r, m) = twins.decide(&rt, gap, 0, 1).expect("Redis decides");
+        out.push((seen(&r), seen(&m)));
+    }
+    (out, held)
+}
+
+/// A change 1 ms before the key goes idle keeps it on both stores: it is judged by the new
+/// curve from what it stored, alike.
+#[test]
+fn a_change_of_curve_before_the_key_goes_idle_keeps_it_on_both_stores_alike() {
+    let server = RedisServer::start();
+    let (seen, held) = change_after(&server, "curve-before-idle", Duration::from_millis(3_499));
+    assert!(held);
+    for (i, (redis, memory)) in seen.iter().enumerate() {
+        assert_eq!(redis, memory, "request {i}");
+    }
+}
+
+/// At the instant the key goes idle under the old curve (13.5 s), memory makes it new: fully
+/// cold under the new curve, its first request leaves 0 requests and 876.25 ms to reset. The
+/// Redis key, 1 ms from its expiry on a clock that moves with the limiter's, is judged by
+/// the new curve from what it stored, and its first request leaves 3 requests and 125.567 ms.
+/// The two stores must decide alike.
+#[test]
+#[ignore = "known: Redis keeps a warm-up key until its idle time plus 1 µs, rounded up to \
+            whole ms (its time to live), so a change of curve within that last millisecond \
+            judges the stored state by the new curve where memory makes the key new: at 13.5 s \
+            here the first request leaves r=3, t=125.567ms on Redis and r=0, t=876.25ms in memory"]
+fn a_change_of_curve_at_the_instant_the_key_goes_idle_decides_alike_on_both_stores() {
+    let server = RedisServer::start();
+    let (seen, held) = change_after(&server, "curve-at-idle", Duration::from_millis(3_500));
+    assert!(held);
+    for (i, (redis, memory)) in seen.iter().enumerate() {
+        assert_eq!(redis, memory, "request {i}");
+    }
+}
