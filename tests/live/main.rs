@@ -9,4 +9,5 @@ mod curve_idle_edge;
 mod curve_renewal;
 mod live;
 mod live_concurrency;
+mod live_fields;
 mod live_redis;
