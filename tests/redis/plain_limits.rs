@@ -105,20 +105,21 @@ fn op() -> impl Strategy<Value = Op> {
             0u64..2_000,
             0u64..3_000_000,
             Just(1u64 << 40),
-            Just(1u64 << 49),
+            Just(1u64 << 47),
         ]
         .prop_map(Op::Wait),
         1 => (0usize..2).prop_map(Op::Change),
     ]
 }
 
-/// A start near the clock's first instant, or decades on (µs since the epoch now, and near
-/// the 35 years of `1 << 50` µs).
+/// A start near the clock's first instant, or decades on (µs since the epoch in 2023, near
+/// the 35 years of `1 << 50` µs, and in 2033: ahead of the server's clock).
 fn start() -> impl Strategy<Value = u64> {
     prop_oneof![
         0u64..3,
         Just(1_700_000_000_000_000u64),
         Just((1u64 << 50) - (1 << 45)),
+        Just(2_000_000_000_000_000u64),
     ]
 }
 
