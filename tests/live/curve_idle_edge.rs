@@ -1,11 +1,13 @@
-//! A change of a warm-up curve at the instant a key goes idle under the old curve, on a real
-//! `redis-server` beside the memory store. Memory makes every key idle at the change new
-//! (`RateLimiter::set_quotas`); Redis visits no key, and relies on an idle key having expired.
-//! Its time to live runs to the key's idle time plus 1 µs, rounded up to whole milliseconds,
-//! so a change inside that last millisecond finds the key still stored on a server whose clock
-//! is the limiter's (the production setting: the script reads the server's `TIME`). The manual
-//! clock here stands still on the server's side, so the key is still stored at the change just
-//! as it would be on a real clock within that millisecond.
+//! A change of quotas at the instant a key goes idle under the old ones, on a real
+//! `redis-server` beside the memory store. Memory makes every key idle at a change of a
+//! warm-up curve new (`RateLimiter::set_quotas`); Redis visits no key, and relies on an idle
+//! key having expired. Its time to live runs to the key's idle time plus 1 µs, rounded up to
+//! whole milliseconds, so a change inside that last millisecond finds the key still stored on
+//! a server whose clock is the limiter's (the production setting: the script reads the
+//! server's `TIME`). The manual clock here stands still on the server's side, so the key is
+//! still stored at the change just as it would be on a real clock within that millisecond.
+//! For every other kind, a key idle under the old quota decides under the new one as a new
+//! key does, stored or not, and both stores agree.
 //!
 //! Pins docs/design.md section 3 ("A live quota change": a key idle under the quotas in force
 //! at a change is a new key, and a Redis key that expired while idle decides as a kept one).
@@ -23,12 +25,14 @@ use tollgate::{Decision, Outcome, Quota};
 
 const MS: Duration = Duration::from_millis(1);
 
-type Seen = (Outcome, Option<Duration>, Vec<u64>, Vec<Duration>);
+type Seen = (Outcome, Option<u128>, Vec<u64>, Vec<Duration>);
 
+/// What a decision reports; the retry time in whole microseconds, rounded up (the script's
+/// resolution).
 fn seen(d: &Decision) -> Seen {
     (
         d.outcome(),
-        d.retry_after(),
+        d.retry_after().map(|r| r.as_nanos().div_ceil(1000)),
         d.states().iter().map(|s| s.remaining()).collect(),
         d.states().iter().map(|s| s.reset_after()).collect(),
     )
@@ -120,4 +124,78 @@ fn a_change_of_curve_at_the_instant_the_key_goes_idle_decides_alike_on_both_stor
     for (i, (redis, memory)) in seen.iter().enumerate() {
         assert_eq!(redis, memory, "request {i}");
     }
+}
+
+/// A quota of each kind other than warm-up, in two variants (the second's window or interval
+/// narrower or wider), whole milliseconds of a second or more.
+fn kind(k: u8, wide: bool, count: u32) -> Quota {
+    let ms = Duration::from_millis(if wide { 3_000 } else { 1_000 });
+    match k {
+        0 => Quota::new(count, ms * count).burst(count),
+        1 => Quota::fixed_window(count, ms),
+        2 => Quota::sliding_log(count, ms),
+        _ => Quota::sliding_window(count, ms),
+    }
+}
+
+/// For a quota of each kind but warm-up, a change at the first millisecond at which a key is
+/// idle under the quota in force (while Redis still holds it, its time to live running to the
+/// next millisecond or later) decides alike on both stores: what its state says under the
+/// new quota is what a new key says, since what left a window stays gone and a time passed
+/// is passed under any quota.
+#[test]
+fn a_change_at_the_first_instant_a_key_is_idle_decides_alike_on_both_stores_for_every_other_kind() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    let server = RedisServer::start();
+    let rt = twins::runtime();
+    let store = rt
+        .block_on(RedisStore::connect(&server.url()))
+        .unwrap()
+        .timeout(Duration::from_secs(5));
+    let strategy = (
+        0u8..4,
+        any::<bool>(),
+        1u32..4,
+        1u32..4,
+        prop::collection::vec((0u64..400, 0u32..3), 1..8),
+    );
+    let mut runner = TestRunner::new(Config::with_cases(48));
+    let case_no = std::cell::Cell::new(0u32);
+    runner
+        .run(&strategy, |(k, wide, before, after, reqs)| {
+            case_no.set(case_no.get() + 1);
+            let old = kind(k, wide, before);
+            let twins = Twins::new(
+                &store,
+                format!("idle-edge-{}", case_no.get()),
+                std::slice::from_ref(&old),
+            );
+            let shadow = tollgate::RateLimiter::<u8>::builder(old)
+                .clock(twins.memory.clock().clone())
+                .build();
+            twins.time.advance(Duration::from_secs(10));
+            for &(gap, cost) in &reqs {
+                let (r, m) = twins
+                    .decide(&rt, Duration::from_millis(gap), 0, cost)
+                    .ok_or_else(|| TestCaseError::fail("Redis failed"))?;
+                let _ = shadow.check_n(&0, cost);
+                prop_assert_eq!(seen(&r), seen(&m));
+            }
+            let mut waited = 0;
+            while shadow.evict_idle() > 0 {
+                twins.time.advance(MS);
+                waited += 1;
+                prop_assert!(waited < 20_000);
+            }
+            twins.set_quotas(&[kind(k, !wide, after)]);
+            for i in 0..6u64 {
+                let (r, m) = twins
+                    .decide(&rt, Duration::from_millis((i % 2) * 300), 0, 1)
+                    .ok_or_else(|| TestCaseError::fail("Redis failed"))?;
+                prop_assert_eq!(seen(&r), seen(&m), "request {} after the change", i);
+            }
+            Ok(())
+        })
+        .unwrap();
 }
