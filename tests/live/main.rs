@@ -11,3 +11,4 @@ mod live;
 mod live_concurrency;
 mod live_fields;
 mod live_redis;
+mod live_refunds;
