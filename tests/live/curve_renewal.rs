@@ -271,6 +271,20 @@ fn a_key_idle_sooner_after_its_counter_narrowed_gives_way_to_a_new_key_in_a_full
     assert!(d.is_allowed(), "{d:?}");
 }
 
+/// The same with a sliding log narrowed from 10 s to 1 s: idle at 11.1 s where the first
+/// admission said 20 s.
+#[test]
+#[ignore = "known: as for the counter, the shard's lower bound of idle times (min_idle) stays \
+            above a log's idle time moved earlier by an admission in place after a narrowing"]
+fn a_key_idle_sooner_after_its_log_narrowed_gives_way_to_a_new_key_in_a_full_table() {
+    let (bounded, _time) = idle_sooner_after_a_change(
+        Quota::sliding_log(2, Duration::from_secs(10)),
+        Quota::sliding_log(2, Duration::from_secs(1)),
+    );
+    let d = bounded.check(&2);
+    assert!(d.is_allowed(), "{d:?}");
+}
+
 /// The same with a warm-up quota whose curve changes from one that regains slowly to one
 /// that regains fast: the new key takes the idle key's place once it is idle.
 #[test]
