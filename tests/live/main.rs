@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod curve_bound;
 mod curve_idle_edge;
 mod curve_renewal;
 mod live;
