@@ -150,11 +150,10 @@ proptest! {
 
     /// With room for three of the six keys.
     #[test]
-    #[ignore = "known: an admission decided in place that moves a key's idle time earlier \
-                (its warm-up curve changed or its window narrowed since the key was stored) \
-                leaves its shard's lower bound of idle times (min_idle) above it, so a full \
-                table skips that shard and turns a new key away while it holds an idle key \
-                (found in about one case in a thousand, by the shards the keys fall in)"]
+    #[ignore = "known: a full table turns a new key away while it holds an idle key, when \
+                an admission in place after a change moved a key's idle time earlier than its \
+                shard's lower bound (min_idle), as the counter and log tests below show; found \
+                in about one case in a thousand, by the shards the keys fall in"]
     fn a_full_table_turns_a_new_key_away_only_when_it_holds_as_many_active_keys_as_it_may(
         mixed in any::<bool>(),
         start in prop_oneof![Just(0u64), 1u64..5_000, Just(u64::MAX / 2_000_000)],
@@ -307,4 +306,55 @@ fn a_fixed_window_shortened_gives_way_to_a_new_key_in_a_full_table_once_idle() {
     );
     let d = bounded.check(&2);
     assert!(d.is_allowed(), "{d:?}");
+}
+
+/// A table of one key that turns new keys away, whose warm-up curve changed at 10 s before
+/// any key came, beside a twin built with the new curve from the start; at 11 s one key is
+/// admitted on both. Returns the bounded limiter and the clock at the first millisecond the
+/// twin drops the key as idle.
+fn stored_after_a_change_of_curve() -> (RateLimiter<u8>, tollgate::ManualClock) {
+    let old = Quota::per_second(4).warm_up(Duration::from_secs(30), 3);
+    let new = Quota::per_second(2).warm_up(Duration::from_secs(2), 3);
+    let (clock, time) = Clock::manual();
+    time.advance(Duration::from_secs(10));
+    let bounded = build::<u8>(std::slice::from_ref(&old), &clock, Some(1));
+    bounded.set_quotas([new.clone()]).unwrap();
+    let twin = build::<u8>(std::slice::from_ref(&new), &clock, None);
+    time.advance(Duration::from_secs(1));
+    for l in [&bounded, &twin] {
+        assert!(l.check_n(&1, 2).is_allowed());
+    }
+    let mut waited = 0;
+    while twin.evict_idle() > 0 {
+        time.advance(MS);
+        waited += 1;
+        assert!(waited < 60_000);
+    }
+    (bounded, time)
+}
+
+/// Once the key is idle, a new key takes its place at once.
+#[test]
+#[ignore = "known: after any change of a warm-up curve the table sweeps as if the clock were \
+            the new curve's reach earlier, for ever (algo::widening sets until = u64::MAX), \
+            even for keys stored after the change under the new curve: a new key is turned \
+            away for 2 s (the new warm-up period) after the only tracked key went idle"]
+fn a_key_stored_after_a_change_of_curve_gives_way_to_a_new_key_once_idle() {
+    let (bounded, _time) = stored_after_a_change_of_curve();
+    let d = bounded.check(&2);
+    assert!(d.is_allowed(), "{d:?}");
+}
+
+/// A new key turned away is told when to retry, and is admitted then.
+#[test]
+fn a_new_key_turned_away_after_a_change_of_curve_is_admitted_when_told_to_retry() {
+    let (bounded, time) = stored_after_a_change_of_curve();
+    let d = bounded.check(&2);
+    if !d.is_allowed() {
+        assert!(d.is_store_full(), "{d:?}");
+        let wait = d.retry_after().expect("a full table says when to retry");
+        time.advance(wait);
+        let again = bounded.check(&2);
+        assert!(again.is_allowed(), "told to wait {wait:?}: {again:?}");
+    }
 }
