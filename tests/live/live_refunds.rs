@@ -1,9 +1,11 @@
 //! Requests that `count_if` gives back, on several threads, while the quota of their one key
 //! changes between 4 and 6 per window: a fixed window and a sliding counter (read from
-//! atomics under a sequence number), on the single key of `Global` and on a table's key. The clock stands still, so every request lands in one window: what the
-//! counted requests took stays taken and each uncounted one gives back exactly what it took,
-//! so the counted ones never pass the larger count, and once the changes stop at 6 the key
-//! admits exactly what the counted ones left.
+//! atomics under a sequence number), on the single key of `Global` and on a table's key. The
+//! clock stands still, so every request lands in one window: what the counted requests took
+//! stays taken and each uncounted one gives back exactly what it took, so the counted ones
+//! never pass the larger count, and once the changes stop at 6 the key admits exactly what
+//! the counted ones left. The same with requests that settle a cost of their own after their
+//! response, more or less than they reserved.
 //!
 //! Pins docs/design.md section 3 ("An account per key", "A live quota change").
 #![cfg(feature = "axum")]
@@ -115,4 +117,91 @@ async fn a_fixed_window_changed_while_requests_are_given_back_keeps_an_exact_acc
 async fn a_sliding_counter_changed_while_requests_are_given_back_keeps_an_exact_account() {
     race(counter, true).await;
     race(counter, false).await;
+}
+
+/// The actual cost the request asks for, settled from its response.
+async fn settled(h: http::HeaderMap) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let actual: u32 = h
+        .get("x-actual")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut resp = "ok".into_response();
+    resp.extensions_mut()
+        .insert(tollgate::rate_limit::settle::ActualCost(actual));
+    resp
+}
+
+/// Requests that reserve 2 and settle 0, 1 or 3 (a debt over the limit), on two threads,
+/// while a fixed window on the key of `Global` changes between 4 and 6: once the changes stop
+/// at 6, the key holds exactly what the admitted requests settled, so requests reserving 2
+/// and settling 1 are admitted while that and 2 fit in 6.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_fixed_window_changed_while_requests_settle_keeps_an_exact_account() {
+    let (clock, time) = Clock::manual();
+    time.advance(Duration::from_secs(10));
+    let layer = RateLimitLayer::new(Policy::new("api", fixed(4)))
+        .clock(clock)
+        .cost(|_| 2)
+        .settle(tollgate::rate_limit::settle::ActualCost::of)
+        .key(Global);
+    let handle = layer.handle().unwrap();
+    let app = Router::new().route("/", get(settled)).layer(layer);
+    let send = move |actual: u32| {
+        let app = app.clone();
+        async move {
+            let req = Request::builder()
+                .uri("/")
+                .header("x-actual", actual.to_string())
+                .body(axum::body::Body::empty())
+                .unwrap();
+            app.oneshot(req).await.unwrap().status()
+        }
+    };
+    let done = Arc::new(AtomicBool::new(false));
+    let used = Arc::new(AtomicU32::new(0));
+    let sent = Arc::new(AtomicU32::new(0));
+    let mut servers = Vec::new();
+    for t in 0..2u32 {
+        let (send, done, used, sent) = (send.clone(), done.clone(), used.clone(), sent.clone());
+        servers.push(tokio::spawn(async move {
+            let mut i = t;
+            while !done.load(Ordering::Relaxed) {
+                // Mostly nothing, now and then 1, rarely a debt of 3.
+                let actual = [0, 0, 0, 1, 0, 0, 0, 0, 0, 3][(i % 10) as usize];
+                i += 1;
+                if send(actual).await == StatusCode::OK {
+                    used.fetch_add(actual, Ordering::Relaxed);
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for i in 0..300 {
+        let at = sent.load(Ordering::Relaxed);
+        let q = if i % 2 == 0 { fixed(6) } else { fixed(4) };
+        handle.set_default_quotas([q]).unwrap();
+        while sent.load(Ordering::Relaxed) < at + 2 && !servers.iter().any(|s| s.is_finished()) {
+            tokio::task::yield_now().await;
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    for s in servers {
+        s.await.unwrap();
+    }
+    let used = used.load(Ordering::Relaxed);
+    // Admitted only while what it reserves fits in 6, a request settling 3 leaves at most 7.
+    assert!(used <= 7, "{used}");
+    let mut more = 0;
+    while send(1).await == StatusCode::OK {
+        more += 1;
+        assert!(more <= 6);
+    }
+    assert_eq!(
+        more,
+        5u32.saturating_sub(used),
+        "{used} settled, then {more}"
+    );
 }
