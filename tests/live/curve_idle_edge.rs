@@ -41,7 +41,8 @@ fn seen(d: &Decision) -> Seen {
 /// One per second, burst 1, warming up over 4 s from a third of the rate: an admission at
 /// 10 s leaves the key idle at 13.5 s (its time 2.5 s ahead, and the second of permits it
 /// spent regained in one more), and Redis gives it 3 501 ms to live (3.5 s plus 1 µs, rounded
-/// up to the millisecond: `warmup_redis::a_warm_up_key_holds_two_words_and_expires_once_cold_again`).
+/// up to the millisecond, as pinned by the `rate_limit` group's
+/// `warmup_redis::a_warm_up_key_holds_two_words_and_expires_once_cold_again`).
 fn old() -> Quota {
     Quota::per_second(1)
         .burst(1)

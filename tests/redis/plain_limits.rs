@@ -1,10 +1,11 @@
 //! The script of quotas without warm-up (src/redis/plain.lua), which takes its arguments as
-//! strings, at the limits of what it is given: counts of `u32::MAX` (a sliding log's most), costs of `u32::MAX` and
-//! one below, bursts whose tolerance is near the largest the store takes, windows up to the
-//! widest a sliding counter may have at its count, and times near the clock's first instant or
-//! decades after it (a client clock far ahead of the server's, whose own clock sets only the
-//! keys' lifetimes). Windows and intervals are a second or more, so that a key's time to live
-//! on the server's clock outlasts the test's steps on the manual clock. On random sequences of requests, waits and live changes, a Redis limiter
+//! strings, at the limits of what it is given: counts of `u32::MAX` (a sliding log's most),
+//! costs of `u32::MAX` and one below, bursts whose tolerance is near the largest the store
+//! takes, windows up to the widest a sliding counter may have at its count, and times near
+//! the clock's first instant or decades after it (a client clock far ahead of the server's,
+//! whose own clock sets only the keys' lifetimes). Windows and intervals are a second or
+//! more, so that a key's time to live on the server's clock outlasts the test's steps on the
+//! manual clock. On random sequences of requests, waits and live changes, a Redis limiter
 //! decides as a memory limiter on the same manual clock, to the request and every field.
 //!
 //! Pins docs/design.md section 1 (the decision, every kind) and section 3 ("Redis": one script
@@ -181,13 +182,14 @@ fn the_plain_script_decides_quotas_at_their_limits_as_the_memory_store_does() {
 }
 
 /// One per second with a burst of `u32::MAX` (a tolerance of 136 years, which the Redis store
-/// takes), at a time of today's clock (1.7 × 10^15 µs since the epoch, and 397 µs: an odd number): a request of the
-/// whole burst is admitted, and the same again is told to retry in exactly the burst's
-/// 4 294 967 295 s, as the memory store says. The script's sum of now, the key's time and
-/// the request's cost (about 10^16 µs) is past 2^53, where Lua's doubles step by 2.
+/// takes), at a time of today's clock (1.7 × 10^15 µs since the epoch, and 397 µs: an odd
+/// number): a request of the whole burst is admitted, and the same again is told to retry in
+/// exactly the burst's 4 294 967 295 s, as the memory store says. The script's sum of now,
+/// the key's time and the request's cost (about 10^16 µs) is past 2^53, where Lua's doubles
+/// step by 2.
 #[test]
-#[ignore = "known: plain.lua computes the time a rejected GCRA request would \
-            reach as now + the key's lead + its cost in Lua doubles; with a burst of u32::MAX \
+#[ignore = "known: plain.lua computes the time a rejected GCRA request would reach as \
+            now + the key's lead + its cost in Lua doubles; with a burst of u32::MAX \
             at one per second and today's clock this passes 2^53 µs and the retry comes out \
             1 µs early (4294967294999999 µs where memory says 4294967295000000)"]
 fn a_burst_of_u32_max_at_one_per_second_is_told_to_retry_after_its_whole_burst() {
