@@ -20,8 +20,9 @@ use common::redis_server::RedisServer;
 use common::twins::{self, Twins};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use tollgate::penalty::PenaltyBox;
 use tollgate::redis::{RedisRateLimiter, RedisStore};
-use tollgate::{Decision, Outcome, Quota};
+use tollgate::{Clock, Decision, Outcome, Quota, RateLimiter};
 
 type Seen = (Outcome, Option<u128>, Vec<u64>, Vec<Duration>);
 
@@ -186,13 +187,9 @@ fn the_plain_script_decides_quotas_at_their_limits_as_the_memory_store_does() {
 /// number): a request of the whole burst is admitted, and the same again is told to retry in
 /// exactly the burst's 4 294 967 295 s, as the memory store says. The script's sum of now,
 /// the key's time and the request's cost (about 10^16 µs) is past 2^53, where Lua's doubles
-/// step by 2.
-#[test]
-#[ignore = "known: plain.lua computes the time a rejected GCRA request would reach as \
-            now + the key's lead + its cost in Lua doubles; with a burst of u32::MAX \
-            at one per second and today's clock this passes 2^53 µs and the retry comes out \
-            1 µs early (4294967294999999 µs where memory says 4294967295000000)"]
-fn a_burst_of_u32_max_at_one_per_second_is_told_to_retry_after_its_whole_burst() {
+/// step by 2. `general`: through the general script (src/redis/gcra.lua), which a limiter
+/// with a penalty box runs (this one never bans).
+fn burst_of_u32_max(name: &str, general: bool) {
     let server = RedisServer::start();
     let rt = twins::runtime();
     let store = rt
@@ -200,14 +197,43 @@ fn a_burst_of_u32_max_at_one_per_second_is_told_to_retry_after_its_whole_burst()
         .unwrap()
         .timeout(Duration::from_secs(5));
     let quota = Quota::per_second(1).burst(u32::MAX);
-    let twins = Twins::new(&store, "burst-u32-max".to_owned(), &[quota]);
-    twins.time.advance(US(1_700_000_000_000_397));
-    let (redis, memory) = twins.decide(&rt, Duration::ZERO, 1, u32::MAX).unwrap();
-    assert!(redis.is_allowed() && memory.is_allowed());
-    let (redis, memory) = twins.decide(&rt, Duration::ZERO, 1, u32::MAX).unwrap();
+    let (clock, time) = Clock::manual();
+    let mut b = RedisRateLimiter::<u8>::builder(store, quota.clone())
+        .name(name.to_owned())
+        .clock(clock.clone());
+    if general {
+        b = b.penalty_box(PenaltyBox::new(
+            1_000_000,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        ));
+    }
+    let redis = b.build();
+    let memory = RateLimiter::<u8>::builder(quota).clock(clock).build();
+    time.advance(US(1_700_000_000_000_397));
+    assert!(rt.block_on(redis.check_n(&1, u32::MAX)).is_allowed());
+    assert!(memory.check_n(&1, u32::MAX).is_allowed());
+    let r = rt.block_on(redis.check_n(&1, u32::MAX));
+    let m = memory.check_n(&1, u32::MAX);
     assert_eq!(
-        memory.retry_after(),
+        m.retry_after(),
         Some(Duration::from_secs(u64::from(u32::MAX)))
     );
-    assert_eq!(seen(&redis), seen(&memory));
+    assert_eq!(seen(&r), seen(&m));
+}
+
+#[test]
+#[ignore = "known: plain.lua computes the time a rejected GCRA request would reach as \
+            now + the key's lead + its cost in Lua doubles; with a burst of u32::MAX \
+            at one per second and today's clock this passes 2^53 µs and the retry comes out \
+            1 µs early (4294967294999999 µs where memory says 4294967295000000)"]
+fn a_burst_of_u32_max_at_one_per_second_is_told_to_retry_after_its_whole_burst() {
+    burst_of_u32_max("burst-plain", false);
+}
+
+#[test]
+#[ignore = "known: gcra.lua computes it as plain.lua does, and is 1 µs early alike"]
+fn a_burst_of_u32_max_at_one_per_second_is_told_to_retry_after_its_whole_burst_by_the_general_script(
+) {
+    burst_of_u32_max("burst-general", true);
 }
