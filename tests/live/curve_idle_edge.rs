@@ -6,8 +6,10 @@
 //! a server whose clock is the limiter's (the production setting: the script reads the
 //! server's `TIME`). The manual clock here stands still on the server's side, so the key is
 //! still stored at the change just as it would be on a real clock within that millisecond.
-//! For every other kind, a key idle under the old quota decides under the new one as a new
-//! key does, stored or not, and both stores agree.
+//! A key active at a change to a curve that regains more slowly is still warm in memory when
+//! its Redis time to live, set by the old curve, runs out. For every other kind, a key idle
+//! under the old quota decides under the new one as a new key does, stored or not, and both
+//! stores agree.
 //!
 //! Pins docs/design.md section 3 ("A live quota change": a key idle under the quotas in force
 //! at a change is a new key, and a Redis key that expired while idle decides as a kept one).
@@ -199,4 +201,52 @@ fn a_change_at_the_first_instant_a_key_is_idle_decides_alike_on_both_stores_for_
             Ok(())
         })
         .unwrap();
+}
+
+/// A change of curve 1 s after the admission, while the key is active under both curves: on
+/// a server whose clock is the limiter's, Redis forgets the key when its time to live, set by
+/// the old curve and not lengthened by the change, runs out (3 501 ms after the admission;
+/// emulated here by deleting the key then, the server's own clock standing still). Memory
+/// keeps the key, still warm under the new curve, which regains more slowly: one millisecond
+/// after the Redis key expired, the first request leaves r=3 in memory and r=0 on Redis. The
+/// two stores must decide alike. (The same as a sliding window widened by a change, which the
+/// `redis` group keeps as `plain_meets::an_idle_key_outlives_a_widening_while_its_requests_count`.)
+#[test]
+#[ignore = "known: a Redis key's time to live follows the warm-up curve of its last write \
+            and a change of curve does not lengthen it (docs/design.md), so a key active at \
+            a change to a curve that regains more slowly expires while memory still holds \
+            it warm: for the new curve's whole cooling the Redis key decides as a new cold \
+            one (r=0, t=876.25ms here) where memory's decides warm (r=3, t=127.123ms)"]
+fn a_key_active_at_a_change_of_curve_decides_alike_on_both_stores_once_its_time_to_live_ran_out() {
+    let server = RedisServer::start();
+    let rt = twins::runtime();
+    let store = rt
+        .block_on(RedisStore::connect(&server.url()))
+        .unwrap()
+        .timeout(Duration::from_secs(5));
+    let mut conn = rt
+        .block_on(
+            redis::Client::open(server.url())
+                .unwrap()
+                .get_multiplexed_async_connection(),
+        )
+        .unwrap();
+    let twins = Twins::new(&store, "curve-expired".to_owned(), &[old()]);
+    twins.time.advance(Duration::from_secs(10));
+    let (r, m) = twins.decide(&rt, Duration::ZERO, 0, 1).unwrap();
+    assert!(r.is_allowed() && m.is_allowed());
+    let key = twins.redis.redis_key(&0);
+    let ttl: i64 = rt
+        .block_on(redis::cmd("PTTL").arg(&key).query_async(&mut conn))
+        .unwrap();
+    assert!((3_000..=3_501).contains(&ttl), "{ttl}");
+    twins.time.advance(Duration::from_secs(1));
+    twins.set_quotas(&[new()]);
+    // The key's time to live runs out 3 501 ms after the admission.
+    twins.time.advance(Duration::from_millis(2_502));
+    let _: i64 = rt
+        .block_on(redis::cmd("DEL").arg(&key).query_async(&mut conn))
+        .unwrap();
+    let (r, m) = twins.decide(&rt, Duration::ZERO, 0, 1).unwrap();
+    assert_eq!(seen(&r), seen(&m));
 }
