@@ -48,10 +48,6 @@ async fn a_store_with_a_short_timeout_lets_its_failure_policy_decide_for_a_slow_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known: the connection manager of the redis crate times out every call after its \
-            own default of 500 ms (ConnectionManagerConfig::response_timeout, not set in \
-            src/redis/store.rs), so a store's timeout above 500 ms never waits longer: a \
-            server answering after 700 ms is an outage to a store whose timeout is 5 s"]
 async fn a_store_with_a_long_timeout_waits_for_a_slow_server() {
     let server = RedisServer::start();
     assert!(!degraded_while_blocked(&server, "long", Duration::from_secs(5)).await);
