@@ -301,36 +301,44 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
 
     /// Tells the keys that the rules `new` replace `old` at `now`, before `new` is in
     /// force: a key may stay idle later than it stored (a window was widened: see
-    /// `MemoryStore::widen`), and when a warm-up curve changes, every key idle under `old`
-    /// is made new (see [`renews_idle_keys`]).
+    /// `MemoryStore::widen`), when a warm-up curve changes, every key idle under `old`
+    /// is made new (see [`renews_idle_keys`]), and when a key may go idle earlier than it
+    /// stored, every kept key's idle time is measured again under `new` (see
+    /// [`remeasures`]).
     pub(super) fn replacing(&self, old: &[Rule], new: &[Rule], now: u64) {
         let widening = || crate::algo::widening(old, new, now);
         let renew = renews_idle_keys(old, new);
+        let visit = renew || remeasures(old, new);
         match &self.0 {
             Shape::Two(s) => {
-                if renew {
-                    s.table.drop_where(|slot| slot.renew_if_idle(&old[0], now));
+                if visit {
+                    s.table.drop_where(|slot| {
+                        (renew && slot.renew_if_idle(&old[0], now))
+                            || remeasured(slot, &new[0], now)
+                    });
                 }
                 let (lag, until) = widening();
                 s.widen(now, lag, until);
             }
             Shape::Mixed(s) => {
-                if renew {
-                    s.table.drop_where(|slot| slot.renew_if_idle(old, now));
+                if visit {
+                    s.table.drop_where(|slot| {
+                        (renew && slot.renew_if_idle(old, now)) || remeasured(slot, new, now)
+                    });
                 }
                 let (lag, until) = widening();
                 s.widen(now, lag, until);
             }
             Shape::DirectTwo(d) => {
-                if renew {
-                    d.slot.renew_if_idle(&old[0], now);
+                if visit && !(renew && d.slot.renew_if_idle(&old[0], now)) {
+                    remeasured(&d.slot, &new[0], now);
                 }
                 let (lag, until) = widening();
                 d.lag.widen(now, lag, until);
             }
             Shape::DirectMixed(d) => {
-                if renew {
-                    d.slot.renew_if_idle(old, now);
+                if visit && !(renew && d.slot.renew_if_idle(old, now)) {
+                    remeasured(&d.slot, new, now);
                 }
                 let (lag, until) = widening();
                 d.lag.widen(now, lag, until);
@@ -362,11 +370,29 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
 /// when a warm-up curve changes (its rate, period or cold factor). A kept key's warm-up is
 /// judged by the rules in force, so its stored deficit, regained under the new curve, would
 /// not be the fully cold state that a key forgotten while idle (or expired on Redis) starts
-/// from. Any other change leaves an idle key deciding as a new one, and costs nothing here.
+/// from. Any other change leaves an idle key deciding as a new one.
 fn renews_idle_keys(old: &[Rule], new: &[Rule]) -> bool {
     old.iter()
         .zip(new)
         .any(|pair| matches!(pair, (Rule::WarmUp(a), Rule::WarmUp(b)) if a.curve != b.curve))
+}
+
+/// Whether replacing the rules `old` with `new` may bring a kept key's idle time earlier
+/// than the time stored beside its state, as a sliding window or log narrowed does (and a
+/// change of warm-up curve, which visits every key for [`renews_idle_keys`] already): the
+/// first write of the key judged by `new` would then move it earlier than its shard's lower
+/// bound of idle times, and a full table would pass over the key once idle. Such a change
+/// visits every tracked key and measures its idle time again under `new` (see
+/// [`remeasured`]), after which writes judged by `new` only move it later.
+fn remeasures(old: &[Rule], new: &[Rule]) -> bool {
+    old.iter().zip(new).any(|(o, n)| n.reach() < o.reach())
+}
+
+/// Measures when the key of `slot` becomes idle again, judged by `rules`, and keeps the time
+/// beside its state, which stays as it is (a refund of nothing). Never drops the key: `false`.
+fn remeasured<V: Slot>(slot: &V, rules: &V::Rules, now: u64) -> bool {
+    slot.refund(rules, now, &Reservation::none(), 0);
+    false
 }
 
 /// The keys of a policy of one GCRA quota (see [`State::one_gcra`]).

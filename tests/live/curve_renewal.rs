@@ -150,10 +150,6 @@ proptest! {
 
     /// With room for three of the six keys.
     #[test]
-    #[ignore = "known: a full table turns a new key away while it holds an idle key, when \
-                an admission in place after a change moved a key's idle time earlier than its \
-                shard's lower bound (min_idle), as the counter and log tests below show; found \
-                in about one case in a thousand, by the shards the keys fall in"]
     fn a_full_table_turns_a_new_key_away_only_when_it_holds_as_many_active_keys_as_it_may(
         mixed in any::<bool>(),
         start in prop_oneof![Just(0u64), 1u64..5_000, Just(u64::MAX / 2_000_000)],
@@ -274,10 +270,6 @@ fn idle_sooner_after_a_change(
 /// the idle key's place in a full table at once, as `OnFull::RejectNewKeys` turns new keys
 /// away only while the table is full of active keys.
 #[test]
-#[ignore = "known: an admission decided in place that moves a key's idle time earlier (its \
-            quota narrowed since the key was stored) leaves its shard's lower bound of idle \
-            times (min_idle) above it, so the full table skips the shard, turns the new key \
-            away, and finds the idle key only when it computes the retry time (1 ns)"]
 fn a_key_idle_sooner_after_its_counter_narrowed_gives_way_to_a_new_key_in_a_full_table() {
     let (bounded, _time) = idle_sooner_after_a_change(
         Quota::sliding_window(2, Duration::from_secs(10)),
@@ -290,8 +282,6 @@ fn a_key_idle_sooner_after_its_counter_narrowed_gives_way_to_a_new_key_in_a_full
 /// The same with a sliding log narrowed from 10 s to 1 s: idle at 11.1 s where the first
 /// admission said 20 s.
 #[test]
-#[ignore = "known: as for the counter, the shard's lower bound of idle times (min_idle) stays \
-            above a log's idle time moved earlier by an admission in place after a narrowing"]
 fn a_key_idle_sooner_after_its_log_narrowed_gives_way_to_a_new_key_in_a_full_table() {
     let (bounded, _time) = idle_sooner_after_a_change(
         Quota::sliding_log(2, Duration::from_secs(10)),
