@@ -85,7 +85,35 @@ fn op() -> impl Strategy<Value = Op> {
 /// when the unbounded table holds `max_keys` keys still active (sweeping it changes no
 /// decision), and the bounded one never holds more.
 fn replay(mixed: bool, start: u64, ops: &[Op], max_keys: usize) -> Result<(), TestCaseError> {
-    let policies = policies(mixed);
+    replay_policies(&policies(mixed), start, ops, max_keys)
+}
+
+/// Policies of sliding windows to change among, each narrower and wider than others: a
+/// sliding counter alone (`kind` 0), a sliding log alone (1), or both with a GCRA quota (2).
+fn windows(kind: usize) -> Vec<Vec<Quota>> {
+    let ms = Duration::from_millis;
+    [(1_000, 1_500), (300, 500), (2_000, 800), (600, 3_000)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (counter, log))| {
+            let counter = Quota::sliding_window([3, 3, 5, 2][i], ms(counter));
+            let log = Quota::sliding_log([4, 4, 2, 6][i], ms(log));
+            match kind {
+                0 => vec![counter],
+                1 => vec![log],
+                _ => vec![Quota::per_second(4).burst(6), counter, log],
+            }
+        })
+        .collect()
+}
+
+/// [`replay`] over `policies`.
+fn replay_policies(
+    policies: &[Vec<Quota>],
+    start: u64,
+    ops: &[Op],
+    max_keys: usize,
+) -> Result<(), TestCaseError> {
     let (clock, time) = Clock::manual();
     time.advance(Duration::from_millis(start));
     let bounded = build::<u8>(&policies[0], &clock, Some(max_keys));
@@ -156,6 +184,17 @@ proptest! {
         ops in prop::collection::vec(op(), 1..90),
     ) {
         replay(mixed, start, &ops, 3)?;
+    }
+
+    /// The same through changes that narrow and widen sliding windows and logs, which move
+    /// the time a kept key goes idle earlier or later than it stored.
+    #[test]
+    fn a_full_table_turns_a_new_key_away_only_when_full_of_active_keys_through_narrowings(
+        kind in 0usize..3,
+        start in prop_oneof![Just(0u64), 1u64..5_000, Just(u64::MAX / 2_000_000)],
+        ops in prop::collection::vec(op(), 1..90),
+    ) {
+        replay_policies(&windows(kind), start, &ops, 3)?;
     }
 }
 
