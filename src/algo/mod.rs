@@ -359,15 +359,14 @@ impl Decision {
 /// `new`, replacing them at `now`, and until when that can matter: `(lag, until)`. Only the
 /// kinds judged by the rules in force can move (a sliding window widened, a warm-up curve
 /// changed); a key stored before `now` under a sliding window is idle under the new one by
-/// `now` plus its reach, while a warm-up key's time may lie anywhere ahead (a debt).
+/// `now` plus its reach. A change of curve measures every kept key's idle time again under
+/// the new curve (the memory store's `replacing`), so its lag only covers a request decided
+/// under the old curve while the change is made.
 pub(crate) fn widening(old: &[Rule], new: &[Rule], now: u64) -> (u64, u64) {
     let (mut lag, mut until) = (0, 0);
     for (o, n) in old.iter().zip(new) {
         let more = match (o, n) {
-            (Rule::WarmUp(a), Rule::WarmUp(b)) if a.curve != b.curve => {
-                until = u64::MAX;
-                n.reach()
-            }
+            (Rule::WarmUp(a), Rule::WarmUp(b)) if a.curve != b.curve => n.reach(),
             _ => n.reach().saturating_sub(o.reach()),
         };
         if more > 0 {

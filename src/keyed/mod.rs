@@ -723,13 +723,26 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
     }
 
     /// Drops every entry that `gone` says to drop, each shard under its exclusive lock in
-    /// turn; returns how many were dropped. Dropping lowers no shard's idle hint.
+    /// turn; returns how many were dropped. `gone` may also change the idle times of the
+    /// entries it keeps, either way (a change of what they are judged by, which may bring
+    /// them earlier than the shard's hint): each shard's hint is then the earliest idle time
+    /// of the entries it keeps, so that a full table passes over no shard holding an idle
+    /// entry, and it costs nothing on the paths that read or write an entry.
     pub(crate) fn drop_where(&self, mut gone: impl FnMut(&V) -> bool) -> usize {
         let mut dropped = 0;
         for shard in self.shards.iter() {
             let mut map = write(&shard.map);
             let before = map.entries.len();
-            map.entries.retain(|(_, v)| !gone(v));
+            let mut min_idle = u64::MAX;
+            map.entries.retain(|(_, v)| {
+                if gone(v) {
+                    return false;
+                }
+                min_idle = min_idle.min(v.idle_at());
+                true
+            });
+            // Under the exclusive lock, as sweeps set it: no write in place is between.
+            shard.min_idle.store(min_idle, Ordering::Relaxed);
             let n = before - map.entries.len();
             if n > 0 {
                 self.release(n);

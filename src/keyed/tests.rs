@@ -326,3 +326,53 @@ fn a_large_shard_that_doubles_is_swept_at_once() {
     );
     assert!(table.hints_hold());
 }
+
+/// A value whose idle time something outside the table may move (as a change of the quotas
+/// a key is judged by moves a key's).
+struct Moving(AtomicU64);
+
+impl Entry for Moving {
+    fn idle_at(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A visit of every entry that keeps them all but brings one's idle time earlier and the
+/// others' later leaves each shard's hint the earliest idle time of its entries: a full table
+/// that turns new keys away finds the entry idle as soon as it is, in whichever shard, and
+/// tells the next key it turns away to come back when the first entry goes idle, not before.
+#[test]
+fn a_visit_that_moves_idle_times_either_way_leaves_every_shard_hint_exact() {
+    const KEYS: u64 = 64;
+    let table = Table::<u64, Moving>::new(KEYS as usize, OnFull::RejectNewKeys);
+    let insert = |key: u64, now: u64, idle_at: u64| {
+        table.upsert(
+            table.hash(&key),
+            &key,
+            false,
+            || now,
+            |_, _| (),
+            |_| Absent::Insert((), Moving(AtomicU64::new(idle_at))),
+        )
+    };
+    // Key 5 goes idle at 999, the others at 1 000; every shard's hint is made exact.
+    for k in 0..KEYS {
+        assert_eq!(insert(k, 1, if k == 5 { 999 } else { 1_000 }), Ok(()));
+    }
+    assert_eq!(table.evict_idle(2), KEYS as usize);
+    assert_eq!(insert(KEYS, 2, 3_000), Err(Full { retry_at: 999 }));
+    // The visit: key 5 now goes idle at 10, the others at 2 000.
+    let visit = table.drop_where(|v| {
+        let at = v.0.load(Ordering::Relaxed);
+        v.0.store(if at == 999 { 10 } else { 2_000 }, Ordering::Relaxed);
+        false
+    });
+    assert_eq!(visit, 0);
+    assert!(table.hints_hold());
+    assert_eq!(insert(KEYS, 9, 3_000), Err(Full { retry_at: 10 }));
+    assert_eq!(insert(KEYS, 10, 3_000), Ok(()));
+    assert_eq!(table.len(), KEYS as usize);
+    // The others' hints say 2 000 now, where they said 1 000 before the visit.
+    assert_eq!(insert(KEYS + 1, 11, 3_000), Err(Full { retry_at: 2_000 }));
+    assert!(table.hints_hold());
+}

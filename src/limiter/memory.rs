@@ -301,36 +301,50 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
 
     /// Tells the keys that the rules `new` replace `old` at `now`, before `new` is in
     /// force: a key may stay idle later than it stored (a window was widened: see
-    /// `MemoryStore::widen`), and when a warm-up curve changes, every key idle under `old`
-    /// is made new (see [`renews_idle_keys`]).
+    /// `MemoryStore::widen`), when a warm-up curve changes, every key idle under `old`
+    /// is made new (see [`renews_idle_keys`]), and when a key may go idle earlier than it
+    /// stored, every kept key's idle time is measured again under `new` (see
+    /// [`remeasures`]).
     pub(super) fn replacing(&self, old: &[Rule], new: &[Rule], now: u64) {
         let widening = || crate::algo::widening(old, new, now);
         let renew = renews_idle_keys(old, new);
+        // Whether to visit every key, for a store that lags the clock or not.
+        let visit = |lagging: bool| renew || remeasures(old, new, lagging);
         match &self.0 {
             Shape::Two(s) => {
-                if renew {
-                    s.table.drop_where(|slot| slot.renew_if_idle(&old[0], now));
+                if visit(s.sweep_time(now) < now) {
+                    s.table.drop_where(|slot| {
+                        (renew && slot.renew_if_idle(&old[0], now))
+                            || remeasured(slot, &new[0], now)
+                    });
                 }
                 let (lag, until) = widening();
                 s.widen(now, lag, until);
             }
             Shape::Mixed(s) => {
-                if renew {
-                    s.table.drop_where(|slot| slot.renew_if_idle(old, now));
+                if visit(s.sweep_time(now) < now) {
+                    s.table.drop_where(|slot| {
+                        (renew && slot.renew_if_idle(old, now)) || remeasured(slot, new, now)
+                    });
                 }
                 let (lag, until) = widening();
                 s.widen(now, lag, until);
             }
             Shape::DirectTwo(d) => {
-                if renew {
-                    d.slot.renew_if_idle(&old[0], now);
+                if visit(d.lag.sweep_time(now) < now) {
+                    // Made new where a table drops the key.
+                    let _ = (renew && d.slot.renew_if_idle(&old[0], now))
+                        || d.slot.renew_if_idle(&new[0], now)
+                        || remeasured(&d.slot, &new[0], now);
                 }
                 let (lag, until) = widening();
                 d.lag.widen(now, lag, until);
             }
             Shape::DirectMixed(d) => {
-                if renew {
-                    d.slot.renew_if_idle(old, now);
+                if visit(d.lag.sweep_time(now) < now) {
+                    let _ = (renew && d.slot.renew_if_idle(old, now))
+                        || d.slot.renew_if_idle(new, now)
+                        || remeasured(&d.slot, new, now);
                 }
                 let (lag, until) = widening();
                 d.lag.widen(now, lag, until);
@@ -362,11 +376,42 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
 /// when a warm-up curve changes (its rate, period or cold factor). A kept key's warm-up is
 /// judged by the rules in force, so its stored deficit, regained under the new curve, would
 /// not be the fully cold state that a key forgotten while idle (or expired on Redis) starts
-/// from. Any other change leaves an idle key deciding as a new one, and costs nothing here.
+/// from. Any other change leaves an idle key deciding as a new one.
 fn renews_idle_keys(old: &[Rule], new: &[Rule]) -> bool {
     old.iter()
         .zip(new)
         .any(|pair| matches!(pair, (Rule::WarmUp(a), Rule::WarmUp(b)) if a.curve != b.curve))
+}
+
+/// Whether replacing the rules `old` with `new` may bring a kept key's idle time earlier
+/// than the time stored beside its state, to a time a store sweeping at `lagging` (as if
+/// the clock were earlier, see `MemoryStore::widen`) or not finds past: the first write of
+/// the key judged by `new` would then move it below its shard's lower bound of idle times,
+/// and a full table would pass over the key once idle. Such a change visits every tracked
+/// key and measures its idle time again under `new` (see [`remeasured`]), after which writes
+/// judged by `new` only move it later.
+///
+/// A sliding window or log whose width changes, either way, moves it (narrowed, it ends
+/// sooner; widened, what had left the narrower window stays gone, so a key idle by the
+/// clock whose stored time the lag still counts is new at once); so does a change of warm-up
+/// curve, which visits every key for [`renews_idle_keys`] already. Another change of a
+/// sliding window or log moves only the times of keys already idle by the clock, which
+/// matters only while the store lags it.
+fn remeasures(old: &[Rule], new: &[Rule], lagging: bool) -> bool {
+    old.iter().zip(new).any(|(o, n)| {
+        matches!(o, Rule::SlidingWindow(_) | Rule::SlidingLog(_))
+            && (o.reach() != n.reach() || (lagging && o != n))
+    })
+}
+
+/// Measures when the key of `slot` becomes idle again, judged by `rules`, and keeps the time
+/// beside its state, which stays as it is (a refund of nothing); whether that is `now` or
+/// before, when a table drops the key: its state is then that of a key never seen under
+/// `rules`. (A table that lags the clock might keep it, judged by a wider window's time, but
+/// a store that dropped it for room before the lag began could not.)
+fn remeasured<V: Slot>(slot: &V, rules: &V::Rules, now: u64) -> bool {
+    slot.refund(rules, now, &Reservation::none(), 0);
+    slot.horizon() <= now
 }
 
 /// The keys of a policy of one GCRA quota (see [`State::one_gcra`]).

@@ -442,7 +442,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
     /// curve (its rate, period or cold factor) makes every idle key new before the new curve
     /// judges any request, where a kept key would otherwise regain its stored permits at the
     /// new curve's pace and not be fully cold yet. Only such a change visits every tracked
-    /// key; any other change costs the same whatever the number of keys.
+    /// key, and so does one that changes the width of a sliding window or log, or changes one
+    /// within its widest reach after a widening: it measures again when each key goes idle
+    /// under the new quotas, so that a full table finds it idle in time. Any other change
+    /// costs the same whatever the number of keys.
     ///
     /// Requests already decided keep their decision; waiters of
     /// [`until_ready`](Self::until_ready) decide again under the new quotas when their turn

@@ -267,7 +267,9 @@ local function step(q, c)
     local inc = c * a
     if inc > b and not force then return 'never' end
     local base, deficit = warm_resync(q, s)
-    local ahead = base + inc - now
+    -- The lead first (exact, as base >= now), then the cost: today\'s time plus both may
+    -- pass 2^53 us and round where the lead and the cost alone do not.
+    local ahead = (base - now) + inc
     if ahead > b and not force then return 'deny', ahead - b end
     local cv = curve(q)
     local stored = cv.max - deficit
@@ -285,7 +287,7 @@ local function step(q, c)
     if inc > b and not force then return 'never' end
     local base = s[1]
     if now > base then base = now end
-    local ahead = base + inc - now
+    local ahead = (base - now) + inc
     if ahead <= b or force then return 'allow', {base + inc, 0, 0}, {base, base + inc} end
     return 'deny', ahead - b
   end

@@ -85,7 +85,9 @@ for q = 1, n do
   else
     local base = tat[q]
     if now > base then base = now end
-    local ahead = base + inc - now
+    -- The lead first (exact, as base >= now), then the cost: today\'s time plus both may
+    -- pass 2^53 us and round where the lead and the cost alone do not.
+    local ahead = (base - now) + inc
     if ahead <= b or force then
       new[q] = base + inc
       starts[q] = base

@@ -277,13 +277,16 @@ impl fmt::Debug for RedisStore {
 }
 
 /// Reconnection settings: a few quick attempts, then a fresh round on the next decision, so
-/// that a restarted server is found again within a second or so.
+/// that a restarted server is found again within a second or so. No response timeout of the
+/// connection's own (the redis crate's default is 500 ms): the store's
+/// [`timeout`](RedisStore::timeout) bounds every call, whatever it is set to.
 fn manager_config() -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_number_of_retries(2)
         .set_min_delay(Duration::from_millis(20))
         .set_max_delay(Duration::from_millis(500))
         .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_response_timeout(None)
 }
 
 impl RedisStore {

@@ -5,6 +5,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod curve_bound;
+mod curve_idle_edge;
+mod curve_renewal;
 mod live;
 mod live_concurrency;
+mod live_fields;
 mod live_redis;
+mod live_refunds;

@@ -1,0 +1,142 @@
+//! A live change through the layer's handle while requests are served on other threads. Each
+//! request comes from a key never seen, so it is admitted with the whole limit but one left;
+//! the handler reports the decision it reads (`Decision`, `Decisions`). The quota that decides
+//! a request (read from atomics for a fixed window or a sliding counter, from the whole set
+//! for GCRA) is whole, one of the two policies, and is the one the handler reads and the
+//! `RateLimit` field reports; `RateLimit-Policy` is one of the two policies too, but a request
+//! decided while a change is being made may carry the old policy's field with the new
+//! decision (`RateLimitHandle`'s documentation), so `r` may exceed `q - 1` then; once the
+//! changes stop, both fields are the last policy's.
+//!
+//! Pins docs/design.md section 2 (`RateLimit-Policy` and `RateLimit`, one list item per
+//! quota) and section 3 ("A live quota change": from the next decision on).
+#![cfg(feature = "axum")]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use http::{Request, StatusCode};
+use tollgate::key::Header;
+use tollgate::{Clock, Decision, Decisions, Policy, Quota, RateLimitLayer};
+use tower::ServiceExt;
+
+/// The limit the handler read, and how many decisions the request carries.
+async fn handler(d: Decision, all: Decisions) -> String {
+    format!("{} {}", d.limit(), all.len())
+}
+
+fn field<'a>(resp: &'a http::Response<axum::body::Body>, name: &str) -> &'a str {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// The number after `k=` in a field's value.
+fn number(value: &str, k: &str) -> u64 {
+    let at = value.find(k).unwrap_or_else(|| panic!("{k} in {value}")) + k.len();
+    let digits: String = value[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap()
+}
+
+/// Two threads serve new keys while the test flips the policy between `a` and `b` (the same
+/// kind, limits 4 and 8): every response's `r` is one less than the limit of a whole quota,
+/// the one whose decision the handler read, and its `q` is one of the two limits; after the
+/// last change, `q` and `r` are the last policy's. Returns how many responses carried a `q`
+/// of the other policy than their decision.
+async fn flips_agree(a: Quota, b: Quota) -> u32 {
+    let (clock, _time) = Clock::manual();
+    let layer = RateLimitLayer::new(Policy::new("api", a.clone()))
+        .key(Header::new("x-key"))
+        .clock(clock);
+    let handle = layer.handle().unwrap();
+    let app = Router::new().route("/", get(handler)).layer(layer);
+    let done = Arc::new(AtomicBool::new(false));
+    let next = Arc::new(AtomicU64::new(0));
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        let (app, done, next) = (app.clone(), done.clone(), next.clone());
+        servers.push(tokio::spawn(async move {
+            let mut seen = [0u32; 3];
+            while !done.load(Ordering::Relaxed) {
+                let key = next.fetch_add(1, Ordering::Relaxed).to_string();
+                let req = Request::builder()
+                    .uri("/")
+                    .header("x-key", key)
+                    .body(axum::body::Body::empty())
+                    .unwrap();
+                let resp = app.clone().oneshot(req).await.unwrap();
+                assert_eq!(resp.status(), StatusCode::OK);
+                let q = number(field(&resp, "ratelimit-policy"), "q=");
+                let r = number(field(&resp, "ratelimit"), "r=");
+                assert!(q == 4 || q == 8, "{q}");
+                assert!(r + 1 == 4 || r + 1 == 8, "{r}");
+                let body = axum::body::to_bytes(resp.into_body(), 1 << 10)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    std::str::from_utf8(&body).unwrap(),
+                    format!("{} 1", r + 1),
+                    "the handler's decision"
+                );
+                seen[usize::from(r + 1 == 8)] += 1;
+                seen[2] += u32::from(r + 1 != q);
+                tokio::task::yield_now().await;
+            }
+            seen
+        }));
+    }
+    for i in 0..300 {
+        let q = if i % 2 == 0 { b.clone() } else { a.clone() };
+        // Each policy serves a request or two before the next change.
+        let at = next.load(Ordering::Relaxed);
+        handle.set_default_quotas([q]).unwrap();
+        while next.load(Ordering::Relaxed) < at + 2 && !servers.iter().any(|s| s.is_finished()) {
+            tokio::task::yield_now().await;
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    let mut seen = [0u32; 3];
+    for s in servers {
+        for (all, got) in seen.iter_mut().zip(s.await.unwrap()) {
+            *all += got;
+        }
+    }
+    assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
+    // The last change put `a` (limit 4) in force.
+    let req = Request::builder()
+        .uri("/")
+        .header("x-key", "after")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    assert_eq!(number(field(&resp, "ratelimit-policy"), "q="), 4);
+    assert_eq!(number(field(&resp, "ratelimit"), "r="), 3);
+    seen[2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_fixed_window_changed_while_serving_reports_the_quota_that_decided_to_the_handler_and_in_ratelimit(
+) {
+    let s = Duration::from_secs(1);
+    let _ = flips_agree(Quota::fixed_window(4, s), Quota::fixed_window(8, s)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_sliding_counter_changed_while_serving_reports_the_quota_that_decided_to_the_handler_and_in_ratelimit(
+) {
+    let s = Duration::from_secs(1);
+    let _ = flips_agree(Quota::sliding_window(4, s), Quota::sliding_window(8, s)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_gcra_quota_changed_while_serving_reports_the_quota_that_decided_to_the_handler_and_in_ratelimit(
+) {
+    let _ = flips_agree(Quota::per_second(4), Quota::per_second(8)).await;
+}
