@@ -1,13 +1,13 @@
 //! A change of quotas at the instant a key goes idle under the old ones, on a real
 //! `redis-server` beside the memory store. Memory makes every key idle at a change of a
-//! warm-up curve new (`RateLimiter::set_quotas`); Redis visits no key, and relies on an idle
-//! key having expired. Its time to live runs to the key's idle time plus 1 µs, rounded up to
+//! warm-up curve new (`RateLimiter::set_quotas`); Redis relies on an idle key having
+//! expired (the walk a change starts lengthens expiries, never shortens them). Its time to live runs to the key's idle time plus 1 µs, rounded up to
 //! whole milliseconds, so a change inside that last millisecond finds the key still stored on
 //! a server whose clock is the limiter's (the production setting: the script reads the
 //! server's `TIME`). The manual clock here stands still on the server's side, so the key is
 //! still stored at the change just as it would be on a real clock within that millisecond.
-//! A key active at a change to a curve that regains more slowly is still warm in memory when
-//! its Redis time to live, set by the old curve, runs out. For every other kind, a key idle
+//! A key active at a change to a curve that regains more slowly outlives its old time to
+//! live on both stores: the change lengthens it in Redis. For every other kind, a key idle
 //! under the old quota decides under the new one as a new key does, stored or not, and both
 //! stores agree.
 //!
@@ -203,20 +203,15 @@ fn a_change_at_the_first_instant_a_key_is_idle_decides_alike_on_both_stores_for_
         .unwrap();
 }
 
-/// A change of curve 1 s after the admission, while the key is active under both curves: on
-/// a server whose clock is the limiter's, Redis forgets the key when its time to live, set by
-/// the old curve and not lengthened by the change, runs out (3 501 ms after the admission;
-/// emulated here by deleting the key then, the server's own clock standing still). Memory
-/// keeps the key, still warm under the new curve, which regains more slowly: one millisecond
-/// after the Redis key expired, the first request leaves r=3 in memory and r=0 on Redis. The
-/// two stores must decide alike. (The same as a sliding window widened by a change, which the
-/// `redis` group keeps as `plain_meets::an_idle_key_outlives_a_widening_while_its_requests_count`.)
+/// A change of curve 1 s after the admission, while the key is active under both curves: the
+/// key's time to live in Redis was set by the old curve (3 501 ms after the admission). The
+/// change lengthens it in the background to when the key is idle under the new curve, which
+/// regains more slowly; memory keeps the key warm that long too. On a server whose clock is
+/// the limiter's, a key whose time to live ran out is gone: emulated here by deleting the key
+/// once the limiter's clock passes it (the server's own clock standing still). One
+/// millisecond after the old time to live, both stores still hold the key warm and decide
+/// alike (memory r=3, t=127.123ms).
 #[test]
-#[ignore = "known: a Redis key's time to live follows the warm-up curve of its last write \
-            and a change of curve does not lengthen it (docs/design.md), so a key active at \
-            a change to a curve that regains more slowly expires while memory still holds \
-            it warm: for the new curve's whole cooling the Redis key decides as a new cold \
-            one (r=0, t=876.25ms here) where memory's decides warm (r=3, t=127.123ms)"]
 fn a_key_active_at_a_change_of_curve_decides_alike_on_both_stores_once_its_time_to_live_ran_out() {
     let server = RedisServer::start();
     let rt = twins::runtime();
@@ -242,11 +237,20 @@ fn a_key_active_at_a_change_of_curve_decides_alike_on_both_stores_once_its_time_
     assert!((3_000..=3_501).contains(&ttl), "{ttl}");
     twins.time.advance(Duration::from_secs(1));
     twins.set_quotas(&[new()]);
-    // The key's time to live runs out 3 501 ms after the admission.
-    twins.time.advance(Duration::from_millis(2_502));
-    let _: i64 = rt
-        .block_on(redis::cmd("DEL").arg(&key).query_async(&mut conn))
+    rt.block_on(twins.redis.until_expiry_lengthened());
+    // What the key has left, 1 s after its admission, on the limiter's clock.
+    let left: i64 = rt
+        .block_on(redis::cmd("PTTL").arg(&key).query_async(&mut conn))
         .unwrap();
+    assert!(left > 2_502, "the change left the key {left} ms");
+    // 1 ms past the old time to live (3 501 ms after the admission).
+    let later = Duration::from_millis(2_502);
+    twins.time.advance(later);
+    if u128::try_from(left).unwrap_or(0) <= later.as_millis() {
+        let _: i64 = rt
+            .block_on(redis::cmd("DEL").arg(&key).query_async(&mut conn))
+            .unwrap();
+    }
     let (r, m) = twins.decide(&rt, Duration::ZERO, 0, 1).unwrap();
     assert_eq!(seen(&r), seen(&m));
 }
