@@ -475,19 +475,10 @@ pub(super) fn decide_many(
 pub(super) fn decide_log(w: &Window, log: &mut Log, now: u64, cost: u32, d: &mut Decision) -> bool {
     let before = log.total();
     let (step, held) = w.log_step(log, now, cost);
-    let mut taken = Reservation::none();
-    let (outcome, retry_after) = match step {
-        Step::Allow { spot, .. } => {
-            if cost > 0 {
-                taken.cost = cost;
-                taken.spots[0] = spot;
-                log.admit(now, u64::from(cost), w.width, w.limit);
-            }
-            (Outcome::Allowed, 0)
-        }
-        Step::Deny { retry_after } => (Outcome::Limited, retry_after),
-        Step::Never => (Outcome::Exceeds, 0),
-    };
+    let (outcome, retry_after, taken) = step.alone(cost);
+    if taken.cost > 0 {
+        log.admit(now, u64::from(cost), w.width, w.limit);
+    }
     let held = log.held_since(before - held, now, w.width, w.gone);
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
     quotas[0] = w.log_figures(held, log.newest().unwrap_or(0), now);

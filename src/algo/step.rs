@@ -19,6 +19,27 @@ pub(crate) enum Step {
     Never,
 }
 
+impl Step {
+    /// What a decision on one quota says of this step for a request of `cost`: its outcome,
+    /// the wait of a refusal, and what an admission at a cost took (its spot in the quota).
+    #[inline(always)]
+    pub(crate) fn alone(&self, cost: u32) -> (Outcome, u64, Reservation) {
+        let mut taken = Reservation::none();
+        let (outcome, retry_after) = match *self {
+            Step::Allow { spot, .. } => {
+                if cost > 0 {
+                    taken.cost = cost;
+                    taken.spots[0] = spot;
+                }
+                (Outcome::Allowed, 0)
+            }
+            Step::Deny { retry_after } => (Outcome::Limited, retry_after),
+            Step::Never => (Outcome::Exceeds, 0),
+        };
+        (outcome, retry_after, taken)
+    }
+}
+
 /// What the quotas of a policy say together about one request: admitted only if every one
 /// admits it.
 #[derive(Debug, Clone, Copy)]

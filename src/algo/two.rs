@@ -20,7 +20,7 @@ use super::log::Log;
 use super::step::{Slot, Step, Words};
 use super::warmup::{WarmGcra, WarmState};
 use super::{Rule, Window};
-use crate::decision::{Decision, Outcome, QuotaState, Reservation};
+use crate::decision::{Decision, QuotaState, Reservation};
 
 /// One quota kept in two words, of a kind known where it is used: its step, its figures and
 /// its idle time. [`Rule`] is every kind at once (one match each); [`Fixed`], [`Counter`] and
@@ -298,18 +298,7 @@ pub(crate) fn decide_two(
 /// where its caller keeps it, once the key's words are settled.
 #[inline(always)]
 pub(crate) fn decision_two((step, state): (Step, QuotaState), cost: u32) -> Decision {
-    let mut taken = Reservation::none();
-    let (outcome, retry_after) = match step {
-        Step::Allow { spot, .. } => {
-            if cost > 0 {
-                taken.cost = cost;
-                taken.spots[0] = spot;
-            }
-            (Outcome::Allowed, 0)
-        }
-        Step::Deny { retry_after } => (Outcome::Limited, retry_after),
-        Step::Never => (Outcome::Exceeds, 0),
-    };
+    let (outcome, retry_after, taken) = step.alone(cost);
     // Each word is chosen here and written once (as a one-GCRA decision is), so that the
     // decision is written in place rather than assembled elsewhere and copied.
     let rest = QuotaState::default();
