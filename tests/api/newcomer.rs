@@ -8,7 +8,7 @@
 use crate::common;
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::routing::get;
@@ -21,33 +21,10 @@ use tollgate::ShapeLayer;
 use tollgate::{Clock, ConcurrencyLimitLayer, MissingKey, Policy, Quota, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 
-/// Runs this file's tests that read events one at a time (tracing decides once, for every
-/// thread, which call sites are enabled).
-static CAPTURING: Mutex<()> = Mutex::new(());
-
-/// Captures events while it lives, one test at a time.
-struct Capturing {
-    _default: tracing::subscriber::DefaultGuard,
-    _serial: std::sync::MutexGuard<'static, ()>,
-}
-
-/// Events at WARN and above, as text, while the guard lives.
-fn capture() -> (Captured, Capturing) {
-    let serial = CAPTURING.lock().unwrap_or_else(|e| e.into_inner());
-    let out = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .without_time()
-        .with_writer(out.clone())
-        .finish();
-    let default = tracing::subscriber::set_default(subscriber);
-    tracing::callsite::rebuild_interest_cache();
-    let guard = Capturing {
-        _default: default,
-        _serial: serial,
-    };
-    (out, guard)
+/// Events at WARN and above, as text, while the guard lives, whatever other tests' threads
+/// log meanwhile (see `common::capture::capture`).
+fn capture() -> (Captured, tracing::subscriber::DefaultGuard) {
+    common::capture::capture(tracing::Level::WARN)
 }
 
 /// The lines of `out` at `level` that contain `text`.
@@ -240,6 +217,44 @@ async fn two_stacked_layers_of_one_name_are_one_warning_and_different_names_none
         warnings[0].contains(r#"two items named "api""#),
         "{}",
         warnings[0]
+    );
+}
+
+/// 100 requests through a new layer that reads a header no client sends: one error from the
+/// crate, logged once per layer.
+async fn a_hundred_requests_without_the_key() {
+    let mut svc = RateLimitLayer::new(Quota::per_second(1))
+        .key(Header::new("x-api-kye"))
+        .on_missing_key(MissingKey::Allow)
+        .layer(tower::service_fn(ok));
+    assert_eq!(
+        statuses(&mut svc, 100, with_api_key).await,
+        [StatusCode::OK; 100]
+    );
+}
+
+/// The race that could take a line out of a test's capture: the crate's error first reached
+/// on a thread without a subscriber of its own (as another test's thread may be, at any
+/// time), while this thread's capture is set, is still captured when this thread reaches it.
+#[tokio::test(start_paused = true)]
+async fn an_error_first_reached_on_another_thread_is_still_captured() {
+    let (out, _guard) = capture();
+    std::thread::spawn(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(a_hundred_requests_without_the_key())
+    })
+    .join()
+    .unwrap();
+    assert_eq!(lines(&out, "ERROR", "tollgate"), Vec::<String>::new());
+    a_hundred_requests_without_the_key().await;
+    let errors = lines(&out, "ERROR", "tollgate");
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].contains("not one of the first 100 requests had a key"),
+        "{}",
+        errors[0]
     );
 }
 

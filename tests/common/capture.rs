@@ -43,11 +43,6 @@ impl Captured {
 /// no event itself, but answers "sometimes" for every callsite, so that no callsite is ever
 /// cached as wanted by nobody and each event asks the subscriber of the thread it runs on.
 pub fn capture(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
-    static QUIET: std::sync::Once = std::sync::Once::new();
-    QUIET.call_once(|| {
-        // Another default set first (none in these binaries) would decide instead.
-        let _ = tracing::subscriber::set_global_default(Quiet);
-    });
     let out = Captured::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(level)
@@ -55,9 +50,31 @@ pub fn capture(level: tracing::Level) -> (Captured, tracing::subscriber::Default
         .without_time()
         .with_writer(out.clone())
         .finish();
+    (out, own(subscriber))
+}
+
+/// Makes `subscriber` this thread's own while the guard lives, for a test that needs a
+/// subscriber of its own rather than [`capture`]'s text: [`quiet`] first, so that the race
+/// [`capture`] describes cannot take an event from it either.
+pub fn own<S>(subscriber: S) -> tracing::subscriber::DefaultGuard
+where
+    S: tracing::Subscriber + Send + Sync + 'static,
+{
+    quiet();
     let guard = tracing::subscriber::set_default(subscriber);
     tracing::callsite::rebuild_interest_cache();
-    (out, guard)
+    guard
+}
+
+/// Sets the quiet subscriber (see [`capture`]) as the process's default, once per process;
+/// every test that sets a subscriber of its own for one thread calls it first (through
+/// [`capture`] or [`own`]).
+pub fn quiet() {
+    static QUIET: std::sync::Once = std::sync::Once::new();
+    QUIET.call_once(|| {
+        // Another default set first (none in these binaries) would decide instead.
+        let _ = tracing::subscriber::set_global_default(Quiet);
+    });
 }
 
 /// The process's default subscriber in a test binary that captures events (see [`capture`]):

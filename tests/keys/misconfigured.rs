@@ -5,6 +5,8 @@
 //!
 //! Pins docs/design.md section 2 (a request without a key is never a 500).
 
+use crate::common;
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -85,7 +87,7 @@ where
 #[tokio::test(start_paused = true)]
 async fn a_peer_key_without_connect_info_is_logged_once_per_layer() {
     let errors = Errors::default();
-    let _guard = tracing::subscriber::set_default(errors.clone());
+    let _guard = common::capture::own(errors.clone());
 
     let unauthorized = MissingKey::Reject(StatusCode::UNAUTHORIZED);
     let rate = RateLimitLayer::new(Quota::per_second(1_000))
@@ -130,7 +132,7 @@ async fn a_peer_key_without_connect_info_is_logged_once_per_layer() {
 #[tokio::test(start_paused = true)]
 async fn a_missing_peer_is_logged_even_when_the_policy_lets_requests_through() {
     let errors = Errors::default();
-    let _guard = tracing::subscriber::set_default(errors.clone());
+    let _guard = common::capture::own(errors.clone());
     let svc = RateLimitLayer::new(Quota::per_second(1))
         .key(PeerIp::new())
         .on_missing_key(MissingKey::Allow)
@@ -142,7 +144,7 @@ async fn a_missing_peer_is_logged_even_when_the_policy_lets_requests_through() {
 #[tokio::test(start_paused = true)]
 async fn a_client_without_the_header_is_not_a_server_error() {
     let errors = Errors::default();
-    let _guard = tracing::subscriber::set_default(errors.clone());
+    let _guard = common::capture::own(errors.clone());
     let svc = RateLimitLayer::new(Quota::per_second(1))
         .key(tollgate::key::Header::new("x-api-key"))
         .layer(tower::service_fn(ok));

@@ -1,4 +1,3 @@
-#![allow(clippy::await_holding_lock)] // `serial()`: the tests run on one thread each
 #![cfg(feature = "axum")]
 //! Dry-run (shadow) mode: every layer decides as if enforced, but rejects and delays nothing;
 //! the would-be rejection is in the request's extensions and in a tracing event; state is
@@ -9,11 +8,11 @@
 use crate::common;
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use common::capture::Captured;
+use common::capture::capture;
 use http::{Request, Response, StatusCode};
 use tollgate::key::Header;
 use tollgate::observe::{DryRunRejection, LayerKind};
@@ -72,7 +71,6 @@ where
 
 #[tokio::test(start_paused = true)]
 async fn a_dry_run_rate_limit_lets_every_request_through_and_marks_the_ones_it_would_reject() {
-    let _serial = serial();
     let (clock, _time) = Clock::manual();
     let layer = RateLimitLayer::new(Policy::new("per-client", Quota::per_second(1).burst(2)))
         .key(Header::new("x-client"))
@@ -103,7 +101,6 @@ async fn a_dry_run_rate_limit_lets_every_request_through_and_marks_the_ones_it_w
 /// and an enforcing one fed the same requests are in the same state afterwards.
 #[tokio::test(start_paused = true)]
 async fn a_would_be_rejection_consumes_exactly_what_an_enforced_rejection_consumes() {
-    let _serial = serial();
     let (clock, time) = Clock::manual();
     let quota = Quota::per_second(1).burst(2);
     let shadow = RateLimitLayer::new(quota.clone())
@@ -137,7 +134,6 @@ async fn a_would_be_rejection_consumes_exactly_what_an_enforced_rejection_consum
 
 #[tokio::test(start_paused = true)]
 async fn dry_run_headers_sends_the_fields_of_the_decision() {
-    let _serial = serial();
     let layer = RateLimitLayer::new(Quota::per_second(1).burst(1))
         .clock(Clock::tokio())
         .dry_run(true)
@@ -151,7 +147,6 @@ async fn dry_run_headers_sends_the_fields_of_the_decision() {
 
 #[tokio::test(start_paused = true)]
 async fn the_quota_that_fired_is_named_among_several() {
-    let _serial = serial();
     let policy = Policy::new("api", Quota::per_second(10).burst(10))
         .quota(Quota::per_minute(3).named("api-minute"));
     let layer = RateLimitLayer::new(policy)
@@ -169,7 +164,6 @@ async fn the_quota_that_fired_is_named_among_several() {
 
 #[tokio::test(start_paused = true)]
 async fn a_request_that_never_fits_is_marked_and_let_through() {
-    let _serial = serial();
     let layer = RateLimitLayer::new(Quota::per_second(1).burst(2))
         .cost(|_| 3)
         .clock(Clock::tokio())
@@ -182,7 +176,6 @@ async fn a_request_that_never_fits_is_marked_and_let_through() {
 
 #[tokio::test(start_paused = true)]
 async fn a_request_without_a_key_is_marked_and_let_through_by_every_layer() {
-    let _serial = serial();
     let rate = RateLimitLayer::new(Policy::new("r", Quota::per_second(1)))
         .key(Header::new("x-client"))
         .on_missing_key(MissingKey::reject(401))
@@ -214,7 +207,6 @@ async fn a_request_without_a_key_is_marked_and_let_through_by_every_layer() {
 /// as an admitted one, and gives it back as an enforcing layer would.
 #[tokio::test(start_paused = true)]
 async fn a_shadow_layer_gives_back_what_an_inner_rejection_took() {
-    let _serial = serial();
     let (clock, _time) = Clock::manual();
     let shadow = RateLimitLayer::new(Policy::new("outer", Quota::per_second(1).burst(2)))
         .clock(clock.clone())
@@ -237,7 +229,6 @@ async fn a_shadow_layer_gives_back_what_an_inner_rejection_took() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dry_run_concurrency_limit_neither_rejects_nor_queues_and_holds_no_extra_permit() {
-    let _serial = serial();
     let layer = ConcurrencyLimitLayer::new(1)
         .queue(4, Duration::from_secs(10))
         .name("db")
@@ -276,7 +267,6 @@ async fn a_dry_run_concurrency_limit_neither_rejects_nor_queues_and_holds_no_ext
 
 #[tokio::test(start_paused = true)]
 async fn a_dry_run_shaper_delays_nothing_and_refuses_nothing_but_keeps_the_schedule() {
-    let _serial = serial();
     let layer = ShapeLayer::new(Quota::per_second(1))
         .name("up")
         .max_waiting(2)
@@ -302,36 +292,8 @@ async fn a_dry_run_shaper_delays_nothing_and_refuses_nothing_but_keeps_the_sched
     assert_eq!(call(&mut svc, from("a")).await.1, "");
 }
 
-/// A test's own subscriber, for as long as the test holds it.
-pub(super) struct Capturing {
-    _default: tracing::subscriber::DefaultGuard,
-}
-
-static CAPTURING: Mutex<()> = Mutex::new(());
-
-/// Runs this file's tests one at a time: each makes decisions that emit events, and tracing
-/// decides which call sites are enabled once for every thread, so a call site first reached by
-/// one test while another installs its subscriber can stay off for the latter.
-pub(super) fn serial() -> std::sync::MutexGuard<'static, ()> {
-    CAPTURING.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-pub(super) fn capture(level: tracing::Level) -> (Captured, Capturing) {
-    let out = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_ansi(false)
-        .without_time()
-        .with_writer(out.clone())
-        .finish();
-    let default = tracing::subscriber::set_default(subscriber);
-    tracing::callsite::rebuild_interest_cache();
-    (out, Capturing { _default: default })
-}
-
 #[tokio::test(start_paused = true)]
 async fn each_rejection_is_one_debug_event_with_the_policy_quota_and_retry_time_but_no_key() {
-    let _serial = serial();
     let (out, _guard) = capture(tracing::Level::DEBUG);
     let layer = RateLimitLayer::new(Policy::new("login", Quota::per_minute(1)))
         .key(Header::new("x-client"))
@@ -378,7 +340,6 @@ async fn each_rejection_is_one_debug_event_with_the_policy_quota_and_retry_time_
 
 #[tokio::test(start_paused = true)]
 async fn trace_keys_puts_the_key_in_the_event() {
-    let _serial = serial();
     let (out, _guard) = capture(tracing::Level::DEBUG);
     let layer = ShapeLayer::new(Quota::per_second(1))
         .name("s")
@@ -407,7 +368,6 @@ async fn trace_keys_puts_the_key_in_the_event() {
 
 #[tokio::test(start_paused = true)]
 async fn a_would_be_rejection_is_an_info_event_of_its_own_target() {
-    let _serial = serial();
     let (out, _guard) = capture(tracing::Level::INFO);
     let layer = ConcurrencyLimitLayer::new(1).dry_run(true);
     let gate = Arc::new(tokio::sync::Notify::new());
@@ -449,7 +409,6 @@ async fn a_would_be_rejection_is_an_info_event_of_its_own_target() {
 
 #[test]
 fn a_dry_run_rejection_says_what_would_have_happened() {
-    let _serial = serial();
     let mut req = Request::new(());
     assert!(DryRunRejection::first(req.extensions()).is_none());
     let layer = RateLimitLayer::new(Quota::per_second(1).burst(1)).dry_run(true);

@@ -1,4 +1,3 @@
-#![allow(clippy::await_holding_lock)] // `serial()`: the tests run on one thread each
 #![cfg(all(feature = "metrics", feature = "axum"))]
 //! The quota that fired, found from the decision only when something reads it: the decision
 //! count's `quota` label, the rejection event's `quota` field and the dry-run record's quota
@@ -19,7 +18,7 @@ use tollgate::observe::DryRunRejection;
 use tollgate::{Clock, Policy, Quota, RateLimitLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-use super::dry_run::{capture, serial};
+use crate::common::capture::capture;
 
 /// Answers with the dry-run records the request carries, as `policy/quota/status` lines.
 async fn echo(req: Request<Body>) -> Result<Response<Body>, Infallible> {
@@ -116,7 +115,6 @@ fn event_quotas(text: &str, target: &str) -> Vec<String> {
 
 #[tokio::test(start_paused = true)]
 async fn a_limit_and_a_cost_that_never_fits_name_the_quota_that_fired_in_every_report() {
-    let _serial = serial();
     let (out, _guard) = capture(tracing::Level::DEBUG);
     let (clock, _time) = Clock::manual();
     let recorder = DebuggingRecorder::new();
@@ -167,7 +165,6 @@ async fn a_limit_and_a_cost_that_never_fits_name_the_quota_that_fired_in_every_r
 
 #[tokio::test(start_paused = true)]
 async fn a_dry_run_record_names_the_quota_that_fired_of_each_stacked_layer() {
-    let _serial = serial();
     let (clock, _time) = Clock::manual();
     let mut svc = ServiceBuilder::new()
         .layer(layer("outer", &clock).dry_run(true))
@@ -206,7 +203,6 @@ mod redis {
             .await
             .unwrap()
             .timeout(Duration::from_secs(5));
-        let _serial = serial();
         let (out, _guard) = capture(tracing::Level::DEBUG);
         let (clock, _time) = Clock::manual();
         let recorder = DebuggingRecorder::new();
