@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Client, RedisError, Script};
+use ::redis::{Client, RedisError, Script, ScriptInvocation};
 
 use super::lease::Lease;
 use super::outage::{Line, Outage, SUMMARY_INTERVAL};
@@ -276,6 +276,21 @@ impl fmt::Debug for RedisStore {
     }
 }
 
+/// A call of `script` on `keys` with `args`.
+fn invocation<'s>(script: &'s Script, keys: &[&[u8]], args: &[Arg<'_>]) -> ScriptInvocation<'s> {
+    let mut call = script.prepare_invoke();
+    for k in keys {
+        call.key(*k);
+    }
+    for a in args {
+        match a {
+            Arg::Int(n) => call.arg(*n),
+            Arg::Bytes(b) => call.arg(*b),
+        };
+    }
+    call
+}
+
 /// Reconnection settings: a few quick attempts, then a fresh round on the next decision, so
 /// that a restarted server is found again within a second or so. No response timeout of the
 /// connection's own (the redis crate's default is 500 ms): the store's
@@ -492,16 +507,7 @@ impl RedisStore {
             // The decision's time is up before the call: the failure policy decides.
             return Err(Failure::Unavailable);
         }
-        let mut call = script.prepare_invoke();
-        for k in keys {
-            call.key(*k);
-        }
-        for a in args {
-            match a {
-                Arg::Int(n) => call.arg(*n),
-                Arg::Bytes(b) => call.arg(*b),
-            };
-        }
+        let call = invocation(script, keys, args);
         if let Some(every) = self.probe_every {
             if !self.outage.may_call(Instant::now(), every) {
                 // An outage is on and this is not the call that probes: the failure policy
@@ -576,14 +582,7 @@ impl RedisStore {
         args: &[Arg<'_>],
         wait: Duration,
     ) -> Result<(), String> {
-        let mut call = script.prepare_invoke();
-        call.key(key);
-        for a in args {
-            match a {
-                Arg::Int(n) => call.arg(*n),
-                Arg::Bytes(b) => call.arg(*b),
-            };
-        }
+        let call = invocation(script, &[key], args);
         let reply = async {
             match &self.conn {
                 Connection::Single(c) => call.invoke_async::<::redis::Value>(&mut c.clone()).await,
