@@ -398,12 +398,7 @@ local function idle_at(q)
     if t and t >= gone[q] then return t + b end
     return 0
   else
-    if s[1] < gone_cur[q] then return 0 end
-    local prev = s[2]
-    if s[1] < gone[q] then prev = 0 end
-    if s[3] > 0 then return s[1] + 2 * b end
-    if prev > 0 then return s[1] + b end
-    return 0
+    return counter_idle(s[1], s[2], s[3], gone[q], gone_cur[q], b)
   end
 end
 

@@ -219,12 +219,7 @@ local function idle_at(q)
     if newest_t and newest_t >= GONE[q] then return newest_t + b end
     return 0
   else
-    if S1[q] < GONE_CUR[q] then return 0 end
-    local prev = S2[q]
-    if S1[q] < GONE[q] then prev = 0 end
-    if S3[q] > 0 then return S1[q] + 2 * b end
-    if prev > 0 then return S1[q] + b end
-    return 0
+    return counter_idle(S1[q], S2[q], S3[q], GONE[q], GONE_CUR[q], b)
   end
 end
 

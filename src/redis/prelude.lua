@@ -57,6 +57,16 @@ local function counter_current(start, prev, cur, g, gc, width)
   return now, 0, 0
 end
 
+-- When a sliding-window counter stored as (start, prev, cur) is idle (0: it is now); what had
+-- left the windows of replaced quotas stays gone, as in `counter_current`.
+local function counter_idle(start, prev, cur, g, gc, width)
+  if start < gc then return 0 end
+  if start < g then prev = 0 end
+  if cur > 0 then return start + 2 * width end
+  if prev > 0 then return start + width end
+  return 0
+end
+
 -- The weight of a counter's previous window at now, times the width.
 local function counter_weighted(start, prev, width)
   local e = now - start
