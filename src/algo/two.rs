@@ -43,7 +43,21 @@ pub(crate) trait TwoKind {
         let after = kept(&step, cost).unwrap_or(words);
         (step, self.state(after, now))
     }
+    /// [`judge`](Self::judge), the words it keeps (none: the words stay) and the
+    /// [`idle_at`](Self::idle_at) of the words after it: a kind may share the work of all
+    /// three.
+    #[inline(always)]
+    fn judge_kept(&self, words: Words, now: u64, cost: u32) -> Judged {
+        let judged = self.judge(words, now, cost);
+        let after = kept(&judged.0, cost);
+        let idle = self.idle_at(after.unwrap_or(words));
+        (judged, after, idle)
+    }
 }
+
+/// What [`TwoKind::judge_kept`] says: the step and the quota's figures after it, the words
+/// kept (none: the words stay) and the time the key becomes idle with the words after it.
+pub(crate) type Judged = ((Step, QuotaState), Option<Words>, u64);
 
 /// The words a step keeps: those it admitted at a cost, otherwise none (the words stay).
 #[inline]
@@ -126,8 +140,27 @@ impl TwoKind for Counter {
         self.0.counter_judge(words, now, cost)
     }
 
+    #[inline(always)]
+    fn judge_kept(&self, words: Words, now: u64, cost: u32) -> Judged {
+        match self.0.counter_in_window(words, now, cost) {
+            Some(judged) => judged,
+            None => self.judge_kept_slow(words, now, cost),
+        }
+    }
+
     fn rule(&self) -> Rule {
         Rule::SlidingWindow(self.0)
+    }
+}
+
+impl Counter {
+    /// [`TwoKind::judge_kept`] the general way.
+    #[inline(always)]
+    fn judge_kept_slow(&self, words: Words, now: u64, cost: u32) -> Judged {
+        let judged = self.0.counter_judge(words, now, cost);
+        let after = kept(&judged.0, cost);
+        let idle = self.0.counter_idle_at(after.unwrap_or(words));
+        (judged, after, idle)
     }
 }
 
@@ -348,6 +381,16 @@ impl Two {
         idle_at: impl Fn(Words) -> u64,
         mut f: impl FnMut(Words) -> (T, Option<Words>),
     ) -> (T, Words) {
+        self.update_idle(|words| {
+            let (said, new) = f(words);
+            let idle = idle_at(new.unwrap_or(words));
+            (said, new, idle)
+        })
+    }
+
+    /// [`update`](Self::update), with `f` saying the idle time of the words after it too.
+    #[inline(always)]
+    fn update_idle<T>(&self, mut f: impl FnMut(Words) -> (T, Option<Words>, u64)) -> (T, Words) {
         let mut spins = 0;
         loop {
             let seq = self.seq.load(Ordering::Acquire);
@@ -360,9 +403,8 @@ impl Two {
             // a change wrote are seen with the odd number it wrote first, or a later one.
             fence(Ordering::Acquire);
             if seq & 1 == 0 && self.seq.load(Ordering::Relaxed) == seq {
-                let (said, new) = f(words);
+                let (said, new, idle) = f(words);
                 let kept = new.unwrap_or(words);
-                let idle = idle_at(kept);
                 if kept == words && idle == horizon {
                     return (said, words);
                 }
@@ -398,14 +440,9 @@ impl Two {
     /// quota's figures after it, for [`decision_two`].
     #[inline(always)]
     pub(crate) fn step_kind(&self, rule: &impl TwoKind, now: u64, cost: u32) -> (Step, QuotaState) {
-        self.update(
-            |w| rule.idle_at(w),
+        self.update_idle(
             #[inline(always)]
-            |words| {
-                let judged = rule.judge(words, now, cost);
-                let after = kept(&judged.0, cost);
-                (judged, after)
-            },
+            |words| rule.judge_kept(words, now, cost),
         )
         .0
     }
@@ -549,7 +586,10 @@ mod tests {
             });
         let fixed = (window.clone(), 0u64..20, 0u64..7)
             .prop_map(|(w, end, used)| (TwoQuota::Fixed(Fixed(w)), [end, used]));
-        let counter = (window, 0u64..16, 0u64..7, 0u64..7).prop_map(|(w, start, prev, cur)| {
+        // A counter's window may also have opened at the clock's last instants, where its
+        // end is past the clock's range.
+        let start = prop_oneof![9 => 0u64..16, 1 => (0u64..16).prop_map(|t| u64::MAX - t)];
+        let counter = (window, start, 0u64..7, 0u64..7).prop_map(|(w, start, prev, cur)| {
             (TwoQuota::Counter(Counter(w)), [start, (prev << 32) | cur])
         });
         let warm = (1u64..4, 1u64..6, 1u32..5, 0u64..40 * S, 0u64..4_000_000).prop_map(
@@ -562,7 +602,9 @@ mod tests {
     }
 
     /// What `quota`, as its own kind, judges of a request of `cost` at `now` on `words`,
-    /// and the idle time of the words it keeps.
+    /// the words it keeps and their idle time: through [`TwoKind::judge_kept`], which a
+    /// check takes, and through [`TwoKind::judge`] and [`TwoKind::idle_at`], which must say
+    /// the same.
     struct Judge {
         words: Words,
         now: u64,
@@ -570,11 +612,22 @@ mod tests {
     }
 
     impl WithKind for Judge {
-        type Out = (Step, QuotaState, u64);
+        type Out = (Step, QuotaState, Option<Words>, u64);
         fn with<R: TwoKind>(self, rule: &R) -> Self::Out {
-            let (step, state) = rule.judge(self.words, self.now, self.cost);
-            let after = kept(&step, self.cost).unwrap_or(self.words);
-            (step, state, rule.idle_at(after))
+            let ((step, state), kept_words, idle) =
+                rule.judge_kept(self.words, self.now, self.cost);
+            let (step_j, state_j) = rule.judge(self.words, self.now, self.cost);
+            let after = kept(&step_j, self.cost);
+            assert_eq!(
+                (step, state, kept_words, idle),
+                (
+                    step_j,
+                    state_j,
+                    after,
+                    rule.idle_at(after.unwrap_or(self.words))
+                ),
+            );
+            (step, state, kept_words, idle)
         }
     }
 
@@ -603,8 +656,14 @@ mod tests {
             };
             let rule = quota.rule();
             let step = Rule::step(&rule, words, &Log::EMPTY, now, cost);
-            let after = kept(&step, cost).unwrap_or(words);
-            let general = (step, Rule::state(&rule, after, &Log::EMPTY, now), rule.idle_at_two(after));
+            let kept_words = kept(&step, cost);
+            let after = kept_words.unwrap_or(words);
+            let general = (
+                step,
+                Rule::state(&rule, after, &Log::EMPTY, now),
+                kept_words,
+                rule.idle_at_two(after),
+            );
             proptest::prop_assert_eq!(with(&quota, Judge { words, now, cost }), general);
         }
     }

@@ -256,6 +256,65 @@ impl Window {
         (step, state)
     }
 
+    /// The common case of a check, decided as [`counter_judge`](Self::counter_judge) decides
+    /// it with fewer steps: a check at `now` inside the window the words opened, which counts
+    /// requests, with no previous window's count that still weighs. Then the test, the
+    /// figures and the idle time are a fixed window's: no product, and the window's ends
+    /// found once. Gives the step and the figures after it, the words kept (none: the words
+    /// stay) and the time the key becomes idle with the words after it; `None` in any other
+    /// case.
+    #[inline(always)]
+    pub(super) fn counter_in_window(
+        &self,
+        words: Words,
+        now: u64,
+        cost: u32,
+    ) -> Option<((Step, QuotaState), Option<Words>, u64)> {
+        let [start, counts] = words;
+        let (prev, cur) = unpack(counts);
+        // `counter_current`'s first case: opened after anything gone, counting, and open at
+        // `now`; its previous count is gone or none.
+        let next = start.checked_add(self.width)?;
+        if !(start >= self.gone_cur && cur > 0 && (prev == 0 || start < self.gone) && now < next) {
+            return None;
+        }
+        // Counted in this window, the key stays until the next one has passed too.
+        let idle = self.end(next);
+        let reset = idle.saturating_sub(now);
+        let c = u64::from(cost);
+        let step = if c > self.limit {
+            Step::Never
+        } else if cur + c <= self.limit || self.width == 0 {
+            let after = [start, cur + c];
+            let state = QuotaState::counted(self.limit, self.limit.saturating_sub(cur + c), reset);
+            let step = Step::Allow {
+                words: after,
+                spot: [start, 0],
+            };
+            return Some(((step, state), (c > 0).then_some(after), idle));
+        } else {
+            // Only the next window takes it, once enough of this one's weight has fallen.
+            let at = next.saturating_add(self.first_fit(cur, self.limit - c));
+            Step::Deny {
+                retry_after: at.saturating_sub(now).max(1),
+            }
+        };
+        let state = QuotaState::counted(self.limit, self.limit.saturating_sub(cur), reset);
+        Some(((step, state), None, idle))
+    }
+
+    /// The first elapsed time `e'` of a window at which `count × (width − e') <= room ×
+    /// width`, with `count` the weight that must fall and `room` what may stay.
+    #[inline]
+    fn first_fit(&self, count: u64, room: u64) -> u64 {
+        if count == 0 {
+            return 0;
+        }
+        let w = u128::from(self.width);
+        let keep = (u128::from(room) * w) / u128::from(count);
+        self.width - keep.min(w) as u64
+    }
+
     /// [`counter_step`](Self::counter_step) in the current window `(start, prev, cur)`, whose
     /// previous count weighs `weighted`.
     #[inline]
@@ -285,20 +344,11 @@ impl Window {
                 spot: [start, 0],
             };
         }
-        // The first elapsed time `e'` of a window at which `count × (width − e') <= room ×
-        // width`, with `count` the weight that must fall and `room` what may stay.
-        let first_fit = |count: u64, room: u64| -> u64 {
-            if count == 0 {
-                return 0;
-            }
-            let keep = (u128::from(room) * w) / u128::from(count);
-            self.width - keep.min(w) as u64
-        };
         let at = if cur + c <= self.limit {
-            start.saturating_add(first_fit(prev, self.limit - cur - c))
+            start.saturating_add(self.first_fit(prev, self.limit - cur - c))
         } else {
             self.end(start)
-                .saturating_add(first_fit(cur, self.limit - c))
+                .saturating_add(self.first_fit(cur, self.limit - c))
         };
         Step::Deny {
             retry_after: at.saturating_sub(now).max(1),
