@@ -602,8 +602,14 @@ impl Slot for Mixed {
 
     fn step(&self, rules: &[Rule], now: u64, cost: u32) -> Decision {
         let mut d = Decision::unlimited();
-        self.change(rules, |state| decide_into(rules, state, now, cost, &mut d));
+        self.decide_into(rules, now, cost, &mut d);
         d
+    }
+
+    const IN_PLACE: bool = true;
+
+    fn decide_into(&self, rules: &[Rule], now: u64, cost: u32, d: &mut Decision) {
+        self.change(rules, |state| decide_into(rules, state, now, cost, d));
     }
 
     #[inline]

@@ -104,6 +104,16 @@ pub(crate) trait Slot: Send + Sync + Sized {
     fn decide(&self, rules: &Self::Rules, now: u64, cost: u32) -> Decision {
         Self::decision(rules, self.step(rules, now, cost), now, cost)
     }
+    /// Whether a table's check writes the decision where its caller keeps it
+    /// ([`decide_into`](Self::decide_into)) rather than handing out what the slot
+    /// [said](Self::step): for a slot whose decision is made whole under its lock, so that
+    /// its many words are not copied out through the table's lookup.
+    const IN_PLACE: bool = false;
+    /// [`decide`](Self::decide), written into `d`.
+    #[inline]
+    fn decide_into(&self, rules: &Self::Rules, now: u64, cost: u32, d: &mut Decision) {
+        *d = self.decide(rules, now, cost);
+    }
     /// When the key becomes equal to one never seen, if nothing else happens to it.
     fn horizon(&self) -> u64;
     /// Gives back `units` of the request that took `taken`: only what still counts at `now`

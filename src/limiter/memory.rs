@@ -625,6 +625,9 @@ where
         now: u64,
         cost: u32,
     ) -> Decision {
+        if V::IN_PLACE {
+            return self.decide_in_place(key, gcras, clock, now, cost);
+        }
         let hash = self.table.hash(key);
         let swept = self.sweep_time(now);
         // The table hands out what the slot said (small), and the decision is built here.
@@ -635,6 +638,32 @@ where
             return V::decision(gcras, said, now, cost);
         }
         self.decide_absent(hash, key, gcras, clock, now, cost)
+    }
+
+    /// [`decide`](Self::decide) for a slot that writes its decision in place
+    /// ([`Slot::IN_PLACE`]): into the one the caller returns.
+    #[inline]
+    fn decide_in_place(
+        &self,
+        key: &K,
+        rules: &V::Rules,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        let hash = self.table.hash(key);
+        let swept = self.sweep_time(now);
+        let mut d = Decision::unlimited();
+        if self
+            .table
+            .get(hash, key, swept, |slot| {
+                slot.decide_into(rules, now, cost, &mut d)
+            })
+            .is_none()
+        {
+            d = self.decide_absent(hash, key, rules, clock, now, cost);
+        }
+        d
     }
 
     /// Gives back `units` of the request that took `taken` from `key` (see
@@ -1038,6 +1067,67 @@ mod store_tests {
                     }
                     _ => {
                         store.charge(&1, &rules[0], &clock, now, cost);
+                        model.charge(&rules, now, cost);
+                    }
+                }
+            }
+        }
+
+        /// The general slot writes its decision where the store's caller keeps it
+        /// (`Slot::IN_PLACE`): through any sequence of checks, refunds and charges on a few
+        /// keys of a policy of one or several kinds (a log among them), with keys dropped
+        /// when idle, every decision is the general rule's on the key's own state.
+        #[test]
+        fn the_general_slot_decides_in_place_as_the_general_rule(
+            kinds in proptest::collection::vec(0u8..5, 1..4),
+            ops in proptest::collection::vec((0u8..4, 0u64..3, 0u32..4, 0u64..4), 1..120),
+        ) {
+            use crate::algo::warmup::{Curve, WarmGcra};
+            use crate::algo::Window;
+            let rules: Vec<Rule> = kinds
+                .iter()
+                .map(|k| match k {
+                    0 => Rule::Gcra(Gcra::new(S, 2 * S)),
+                    1 => Rule::FixedWindow(Window::new(3, 2 * S)),
+                    2 => Rule::SlidingWindow(Window::new(3, 2 * S)),
+                    3 => Rule::SlidingLog(Window::new(3, 2 * S)),
+                    _ => Rule::WarmUp(WarmGcra::new(Curve::new(S, 4 * S, 2, 1_000), 2 * S)),
+                })
+                .collect();
+            let (clock, hand) = Clock::manual();
+            let store = MemoryStore::<u64, Mixed>::new(8, OnFull::EvictNearestIdle);
+            let mut models = [KeyState::default(), KeyState::default(), KeyState::default()];
+            let mut now = S;
+            let mut taken: Vec<(u64, Reservation)> = Vec::new();
+            for (op, key, cost, dt) in ops {
+                now += dt * S / 4;
+                hand.set(std::time::Duration::from_nanos(now));
+                // A key the table dropped was idle: its model starts again as one never seen.
+                for (k, m) in models.iter_mut().enumerate() {
+                    if m.idle_at(&rules) <= now {
+                        *m = KeyState::default();
+                        taken.retain(|(t, _)| *t != k as u64);
+                    }
+                }
+                let model = &mut models[key as usize];
+                match op {
+                    0 | 1 => {
+                        let d = store.decide(&key, &rules[..], &clock, now, cost);
+                        let (m, _) = algo::decide(&rules, model, now, cost);
+                        proptest::prop_assert_eq!(d, m);
+                        if d.is_allowed() {
+                            taken.push((key, Reservation::of(&d, cost)));
+                        }
+                    }
+                    2 => {
+                        if let Some(i) = taken.iter().rposition(|(k, _)| *k == key) {
+                            let (_, t) = taken.remove(i);
+                            store.refund(&key, &rules[..], now, &t, cost);
+                            model.refund(&rules, now, &t, cost);
+                        }
+                    }
+                    _ => {
+                        store.charge(&key, &rules[..], &clock, now, cost);
                         model.charge(&rules, now, cost);
                     }
                 }
