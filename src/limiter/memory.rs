@@ -626,6 +626,11 @@ where
         cost: u32,
     ) -> Decision {
         if V::IN_PLACE {
+            if std::mem::size_of::<K>() == 0 {
+                // A key type of one value keeps its key in a slot of its own, never in a
+                // table (`State::new`): its check does not hold this path in line.
+                return self.decide_out_of_line(key, gcras, clock, now, cost);
+            }
             return self.decide_in_place(key, gcras, clock, now, cost);
         }
         let hash = self.table.hash(key);
@@ -664,6 +669,19 @@ where
             d = self.decide_absent(hash, key, rules, clock, now, cost);
         }
         d
+    }
+
+    /// [`decide_in_place`](Self::decide_in_place), out of line.
+    #[inline(never)]
+    fn decide_out_of_line(
+        &self,
+        key: &K,
+        rules: &V::Rules,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+    ) -> Decision {
+        self.decide_in_place(key, rules, clock, now, cost)
     }
 
     /// Gives back `units` of the request that took `taken` from `key` (see
