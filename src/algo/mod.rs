@@ -37,10 +37,10 @@ use gcra::{moved_back, slice_back};
 pub(crate) use gcra::{Gcra, Many, One};
 pub(crate) use log::Log;
 pub(crate) use step::{all_or_nothing, Slot, Step, Verdict, Words};
-use two::warm;
 #[cfg(test)]
 pub(crate) use two::AsRule;
 pub(crate) use two::{decision_two, Two, TwoKind, TwoQuota, WithKind, QUOTA_WORDS};
+use two::{kept, warm};
 pub(crate) use window::Window;
 
 /// [`Rule::step`] of a log quota: out of line, so that the other kinds' steps, which the
@@ -152,6 +152,37 @@ impl Rule {
             Rule::SlidingLog(w) => log_step(w, log, now, cost),
             Rule::SlidingWindow(w) => w.counter_step(words, now, cost),
             Rule::WarmUp(g) => g.step(warm(words), now, cost),
+        }
+    }
+
+    /// [`step`](Self::step) of a quota other than a sliding log, and the quota's figures
+    /// at `now` with the words it keeps when admitted at a cost (else with `words`): one
+    /// match on the kind, and a kind shares what its step and figures both read.
+    #[inline]
+    fn judge(&self, words: Words, now: u64, cost: u32) -> (Step, QuotaState) {
+        let after = |step: &Step| kept(step, cost).unwrap_or(words);
+        match self {
+            Rule::Gcra(g) => {
+                let step = g.step(words[0], now, cost);
+                let state = QuotaState::of(g, after(&step)[0], now);
+                (step, state)
+            }
+            Rule::FixedWindow(w) => {
+                let step = w.fixed_step(words, now, cost);
+                let state = w.fixed_state(after(&step), now);
+                (step, state)
+            }
+            Rule::SlidingWindow(w) => w.counter_judge(words, now, cost),
+            Rule::WarmUp(g) => {
+                let step = g.step(warm(words), now, cost);
+                let state = g.state(warm(after(&step)), now);
+                (step, state)
+            }
+            Rule::SlidingLog(_) => {
+                debug_assert!(false, "a log quota is judged with its log");
+                let step = self.step(words, &Log::EMPTY, now, cost);
+                (step, self.state(words, &Log::EMPTY, now))
+            }
         }
     }
 
@@ -437,6 +468,9 @@ pub(super) fn decide_many(
     let before = state.log.total();
     let mut held = [0; MAX_QUOTAS];
     let mut bounds: Option<(u64, u64)> = None;
+    // Each quota's figures with the words its step keeps, found with the step: they are
+    // the figures after the decision when every quota admits (the words are kept).
+    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
     let v = all_or_nothing(n, |i| match &rules[i] {
         Rule::SlidingLog(w) => {
             let (step, h) = w.log_step(&state.log, now, cost);
@@ -445,7 +479,11 @@ pub(super) fn decide_many(
             bounds = Some((width.max(w.width), limit.max(w.limit)));
             step
         }
-        r => r.step(state.words[i], &Log::EMPTY, now, cost),
+        r => {
+            let (step, figures) = r.judge(state.words[i], now, cost);
+            quotas[i] = figures;
+            step
+        }
     });
     let allowed = v.outcome == Outcome::Allowed && cost > 0;
     if allowed {
@@ -454,15 +492,18 @@ pub(super) fn decide_many(
             state.log.admit(now, u64::from(cost), width, limit);
         }
     }
-    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
     for (i, r) in rules.iter().enumerate().take(n) {
-        quotas[i] = match r {
+        match r {
             Rule::SlidingLog(w) => {
                 let held = state.log.held_since(before - held[i], now, w.width, w.gone);
-                w.log_figures(held, state.log.newest().unwrap_or(0), now)
+                quotas[i] = w.log_figures(held, state.log.newest().unwrap_or(0), now);
             }
-            _ => r.state(state.words[i], &Log::EMPTY, now),
-        };
+            // Refused: the words stay, and so do the figures they give.
+            _ if v.outcome != Outcome::Allowed => {
+                quotas[i] = r.state(state.words[i], &Log::EMPTY, now);
+            }
+            _ => {}
+        }
     }
     *d = concluded(&v, cost, quotas, n);
     allowed

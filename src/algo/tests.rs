@@ -385,3 +385,51 @@ proptest! {
         prop_assert_eq!(log.in_window(at, width, gone).1, counted);
     }
 }
+
+proptest! {
+    /// A policy of several kinds reports each quota's figures as the quota's own state gives
+    /// them after the decision (of the words kept when admitted at a cost, else of the words
+    /// as they were; a log's of the log after the request), whether every quota admits, one
+    /// refuses or one can never admit: the figures found with each step are those.
+    #[test]
+    fn each_quota_reports_its_own_state_after_a_decision_of_several_kinds(
+        kinds in prop::collection::vec(0u8..5, 1..5),
+        limit in 1u64..6,
+        width in 1u64..500,
+        reqs in run(),
+        gone in prop_oneof![Just(0u64), 0u64..400],
+    ) {
+        let rules: Vec<Rule> = kinds
+            .iter()
+            .map(|&k| match k {
+                3 => Rule::Gcra(Gcra::new(width.div_ceil(limit), width.div_ceil(limit) * limit)),
+                4 => Rule::WarmUp(warmup::WarmGcra::new(
+                    warmup::Curve::new(S, 4 * S, 2, 1_000),
+                    limit * S,
+                )),
+                k => match kind_rule(k, limit, width) {
+                    Rule::FixedWindow(w) => Rule::FixedWindow(w),
+                    Rule::SlidingLog(w) => Rule::SlidingLog(Window { gone, ..w }),
+                    Rule::SlidingWindow(w) => Rule::SlidingWindow(Window {
+                        gone,
+                        gone_cur: gone / 2,
+                        ..w
+                    }),
+                    r => r,
+                },
+            })
+            .collect();
+        let mut st = KeyState::default();
+        let mut now = 1;
+        for (gap, c) in reqs {
+            now += gap;
+            let (d, _) = decide(&rules, &mut st, now, c);
+            let own: Vec<QuotaState> = rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| r.state(st.words[i], &st.log, now))
+                .collect();
+            prop_assert_eq!(d.states(), &own[..]);
+        }
+    }
+}

@@ -61,7 +61,7 @@ pub(crate) type Judged = ((Step, QuotaState), Option<Words>, u64);
 
 /// The words a step keeps: those it admitted at a cost, otherwise none (the words stay).
 #[inline]
-fn kept(step: &Step, cost: u32) -> Option<Words> {
+pub(super) fn kept(step: &Step, cost: u32) -> Option<Words> {
     match step {
         Step::Allow { words, .. } if cost > 0 => Some(*words),
         _ => None,
