@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crate::algo::{decision_two, Gcra, Many, Mixed, One, Rule, Slot, Two, TwoKind, WithKind};
 use crate::clock::Clock;
-use crate::decision::{Decision, Reservation};
+use crate::decision::{Decision, Outcome, Reservation};
 use crate::keyed::{Absent, Bound, Entry, OnFull, Table};
 
 use super::live::{Limits, Live};
@@ -658,7 +658,14 @@ where
     ) -> Decision {
         let hash = self.table.hash(key);
         let swept = self.sweep_time(now);
-        let mut d = Decision::unlimited();
+        // Written whole by every path below; made in line (a decision allowed on no quota).
+        let mut d = Decision::new(
+            Outcome::Allowed,
+            0,
+            Default::default(),
+            0,
+            Reservation::none(),
+        );
         if self
             .table
             .get(hash, key, swept, |slot| {
