@@ -10,6 +10,7 @@ mod common;
 mod account;
 mod account_redis;
 mod kinds_stacked;
+mod log_comes_back;
 mod meetings;
 mod meetings_redis;
 mod settle;
