@@ -19,6 +19,7 @@ mod long_log;
 mod meet_lua;
 mod meet_split;
 mod namespace;
+mod one_name_stacked;
 mod plain_limits;
 mod plain_meets;
 mod probe;
