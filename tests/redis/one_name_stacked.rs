@@ -260,3 +260,54 @@ fn stacked_layers_on_one_name_strike_only_for_an_enforcing_layers_own_refusals()
         })
         .unwrap();
 }
+
+/// A log quota (a sorted set) and a GCRA quota (a string) stacked on one name meet on one
+/// Redis key of two types: the inner layer's decision is an error about that key, which
+/// refuses the request as unavailable (503) however often, is never a strike, and gives back
+/// what the outer layer took.
+#[tokio::test]
+async fn two_kinds_on_one_name_are_a_key_error_that_never_strikes_and_gives_back() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(5));
+    let (clock, time) = manual();
+    let with = |q: Quota| {
+        RateLimitLayer::new(Policy::new("mixed", q))
+            .key(Header::new("x-key"))
+            .clock(clock.clone())
+            .penalty_box(PenaltyBox::new(
+                2,
+                Duration::from_secs(60),
+                Duration::from_secs(60),
+            ))
+            .store(store.clone())
+    };
+    let outer = with(Quota::sliding_log(3, Duration::from_secs(1)));
+    let inner = with(Quota::per_second(3));
+    let svc = Boxed::new(outer.layer(Boxed::new(inner.layer(handler()))));
+    let send = |k: &'static str| {
+        let svc = svc.clone();
+        async move {
+            let req = Request::get("/").header("x-key", k).body(()).unwrap();
+            svc.oneshot(req).await.unwrap().status().as_u16()
+        }
+    };
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        seen.push(send("mallory").await);
+        time.advance(Duration::from_millis(10));
+    }
+    // Two refusals within a minute would ban: none is a strike.
+    assert_eq!(seen, [503; 6]);
+    let lim = outer.limiter("mixed").unwrap().unwrap();
+    let key: Box<[u8]> = b"mallory"[..].into();
+    assert_eq!(lim.ban_left(&key).await, None);
+    // Every entry the log took was given back: the key is gone, and the log has its 3.
+    let name = String::from_utf8(lim.redis_key(&key)).unwrap();
+    assert_eq!(server.cli(&["EXISTS", &name]).as_deref(), Some("0\n"));
+    assert_eq!(lim.check_n(&key, 0).await.remaining(), 3);
+    // Every key of the name meets the same error.
+    assert_eq!(send("alice").await, 503);
+}
