@@ -15,6 +15,7 @@ mod lease;
 mod lease_hostile;
 mod lease_model;
 mod live_expiry;
+mod live_local;
 mod long_log;
 mod meet_lua;
 mod meet_split;
