@@ -9,6 +9,7 @@ mod common;
 
 mod account;
 mod account_redis;
+mod debt_raised;
 mod kinds_stacked;
 mod log_comes_back;
 mod meetings;
