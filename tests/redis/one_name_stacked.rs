@@ -1,6 +1,6 @@
 //! Two stacked layers on ONE Redis name (so one quota state and one penalty box per key),
-//! each with its own cost per request, either of them (or both, or neither) in dry run, both
-//! with the penalty box: every request through both, at random times, against a model of one
+//! each with its own cost per request and its own burst (one rate), either of them (or both,
+//! or neither) in dry run, both with the penalty box: every request through both, at random times, against a model of one
 //! GCRA account and one penalty box. Only an enforcing layer's own refusals are strikes (a
 //! dry run's would-be refusals never are, however many); a ban either layer's strikes earn is
 //! read by both (the enforcing one refuses, the dry run lets through and takes nothing); a
@@ -30,17 +30,19 @@ use crate::common::redis_server::RedisServer;
 use crate::common::stores::Boxed;
 
 const US: u64 = 1_000;
-/// One request per 100 ms, burst 4.
+/// One request per 100 ms; the outer layer's burst is 4, the inner one's 4 or 6 (limiters
+/// named alike share their keys whatever their quotas: each judges the one state by its own).
 const T: u64 = 100_000 * US;
 const BURST: u64 = 4;
-/// Three strikes within 2.0005 s ban for 1.5003 s, twice as long each time: no time of the
-/// test, on its 100 ms grid, falls on the end of a run or a ban.
+/// Three strikes within 2.05 s ban for 1.53 s, twice as long each time: no time of the test,
+/// on its 100 ms grid, falls within 20 ms of the end of a run or a ban (a Redis key expires
+/// on the server's clock, which runs on between the two layers' calls of one request).
 const STRIKES: u32 = 3;
-const WITHIN: u64 = 2_000_500 * US;
-const BAN: u64 = 1_500_300 * US;
+const WITHIN: u64 = 2_050_000 * US;
+const BAN: u64 = 1_530_000 * US;
 
-fn quota() -> Quota {
-    Quota::new(1, Duration::from_nanos(T)).burst(BURST as u32)
+fn quota(burst: u64) -> Quota {
+    Quota::new(1, Duration::from_nanos(T)).burst(burst as u32)
 }
 
 fn penalty_box() -> PenaltyBox {
@@ -71,10 +73,11 @@ struct Model {
 }
 
 impl Model {
-    /// Takes `c` at `now` if it fits: the slice's length taken, or `None` when refused.
-    fn take(&mut self, now: u64, c: u64) -> Option<u64> {
+    /// Takes `c` at `now` if it fits a burst of `burst`: the slice's length taken, or `None`
+    /// when refused.
+    fn take(&mut self, now: u64, c: u64, burst: u64) -> Option<u64> {
         let base = self.tat.max(now);
-        if c * T > BURST * T || base + c * T - now > BURST * T {
+        if c > burst || base + c * T - now > burst * T {
             return None;
         }
         if c > 0 {
@@ -122,11 +125,11 @@ impl Model {
 
 /// What one layer does with a request of `c` at `now`: `Some(taken)` when it passes the
 /// request on (having taken that much), `None` when it refuses it.
-fn layer_step(m: &mut Model, dry: bool, now: u64, c: u64) -> Option<u64> {
+fn layer_step(m: &mut Model, dry: bool, burst: u64, now: u64, c: u64) -> Option<u64> {
     if m.banned(now) {
         return if dry { Some(0) } else { None };
     }
-    match m.take(now, c) {
+    match m.take(now, c, burst) {
         Some(taken) => Some(taken),
         None if dry => Some(0),
         None => {
@@ -145,7 +148,7 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let cost = prop_oneof![8 => 0u32..4, 2 => Just(4u32), 1 => Just(5u32)];
+    let cost = prop_oneof![8 => 0u32..4, 2 => 4u32..7, 1 => Just(7u32)];
     prop_oneof![
         5 => (cost.clone(), cost).prop_map(|(a, b)| Op::Send(a, b)),
         2 => (0u64..12).prop_map(Op::Wait),
@@ -164,8 +167,9 @@ fn layer(
     store: &RedisStore,
     cost: &'static str,
     dry: bool,
+    burst: u64,
 ) -> RateLimitLayer<Header, RedisStore> {
-    RateLimitLayer::new(Policy::new(name.to_owned(), quota()))
+    RateLimitLayer::new(Policy::new(name.to_owned(), quota(burst)))
         .key(Header::new("x-key"))
         .cost(cost_of(cost))
         .clock(clock.clone())
@@ -176,29 +180,36 @@ fn layer(
 
 async fn case(
     store: &RedisStore,
+    conn: &redis::aio::MultiplexedConnection,
     name: &str,
     dry: (bool, bool),
+    inner_burst: u64,
     ops: Vec<Op>,
 ) -> Result<(), TestCaseError> {
     let (clock, time) = manual();
-    let outer = layer(name, &clock, store, "x-outer", dry.0);
-    let inner = layer(name, &clock, store, "x-inner", dry.1);
+    let outer = layer(name, &clock, store, "x-outer", dry.0, BURST);
+    let inner = layer(name, &clock, store, "x-inner", dry.1, inner_burst);
     let svc = Boxed::new(outer.layer(Boxed::new(inner.layer(handler()))));
     // Reads the shared state: a limiter of the same name and quota, without a penalty box.
-    let reader = RedisRateLimiter::<Box<[u8]>>::builder(store.clone(), quota())
+    let reader = RedisRateLimiter::<Box<[u8]>>::builder(store.clone(), quota(BURST))
         .name(name.to_owned())
         .clock(clock.clone())
         .build();
     let bans = outer.limiter(name).unwrap().unwrap();
     let key: Box<[u8]> = b"mallory"[..].into();
+    // The quota key and the penalty key expire on the server's clock, which the manual one
+    // does not move: kept for as long as the case reads them.
+    let quota_key = reader.redis_key(&key);
+    let ban_key = format!("tollgate:ban:{}:{name}:mallory", name.len());
+    assert!(quota_key.starts_with(b"tollgate:"));
     let mut m = Model::default();
     let mut now = time.now().as_nanos() as u64;
     for (i, op) in ops.into_iter().enumerate() {
         match op {
             Op::Send(a, b) => {
-                let expect = match layer_step(&mut m, dry.0, now, u64::from(a)) {
+                let expect = match layer_step(&mut m, dry.0, BURST, now, u64::from(a)) {
                     None => 429,
-                    Some(took) => match layer_step(&mut m, dry.1, now, u64::from(b)) {
+                    Some(took) => match layer_step(&mut m, dry.1, inner_burst, now, u64::from(b)) {
                         Some(_) => 200,
                         None => {
                             m.give_back(now, took);
@@ -230,6 +241,14 @@ async fn case(
         );
         let d = reader.check_n(&key, 0).await;
         prop_assert_eq!(d.remaining(), m.remaining(now), "step {}: remaining", i);
+        // After the reads, which may set an expiry too.
+        for k in [&quota_key[..], ban_key.as_bytes()] {
+            let _: i64 = redis::cmd("PERSIST")
+                .arg(k)
+                .query_async(&mut conn.clone())
+                .await
+                .unwrap();
+        }
     }
     Ok(())
 }
@@ -244,19 +263,30 @@ fn stacked_layers_on_one_name_strike_only_for_an_enforcing_layers_own_refusals()
         .build()
         .unwrap();
     let server = RedisServer::start();
-    let store = rt.block_on(async {
-        RedisStore::connect(&server.url())
+    let (store, conn) = rt.block_on(async {
+        let store = RedisStore::connect(&server.url())
             .await
             .unwrap()
-            .timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(5));
+        let conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        (store, conn)
     });
     let mut runner = TestRunner::new(Config::with_cases(96));
     let n = std::cell::Cell::new(0u32);
-    let strategy = (any::<(bool, bool)>(), prop::collection::vec(op(), 1..80));
+    let strategy = (
+        any::<(bool, bool)>(),
+        prop_oneof![Just(BURST), Just(6u64)],
+        prop::collection::vec(op(), 1..80),
+    );
     runner
-        .run(&strategy, |(dry, ops)| {
+        .run(&strategy, |(dry, burst, ops)| {
             n.set(n.get() + 1);
-            rt.block_on(case(&store, &format!("shared{}", n.get()), dry, ops))
+            let name = format!("shared{}", n.get());
+            rt.block_on(case(&store, &conn, &name, dry, burst, ops))
         })
         .unwrap();
 }
