@@ -9,6 +9,7 @@ mod common;
 mod adversary;
 mod dry_run_penalty;
 mod fallback;
+mod fallback_refunds;
 mod hostile_settings;
 mod key_errors;
 mod lease;
