@@ -9,7 +9,9 @@ mod common;
 
 mod account;
 mod account_redis;
+mod debt_raised;
 mod kinds_stacked;
+mod log_comes_back;
 mod meetings;
 mod meetings_redis;
 mod settle;

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bound_property;
 mod bounds;
 mod flood;
 mod hostile;

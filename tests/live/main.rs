@@ -8,6 +8,7 @@ mod common;
 mod curve_bound;
 mod curve_idle_edge;
 mod curve_renewal;
+mod late_refunds_race;
 mod live;
 mod live_concurrency;
 mod live_fields;
