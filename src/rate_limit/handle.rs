@@ -19,8 +19,9 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 /// from their next decision on, and keeps the state of every key: what a key spent stays
 /// spent, counted in time. The new quotas judge that state and never rewrite it, by the rule
 /// of [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas). The `RateLimit-Policy` and
-/// `RateLimit` header fields describe the new quotas from the same moment (a request decided
-/// while the change is being made may carry the old fields with the new decision).
+/// `RateLimit` header fields describe the new quotas from the same moment: the fields of a
+/// response are always those of the quotas that decided its request, old or new, even for a
+/// request decided while the change is being made.
 ///
 /// A change that is not valid (an unknown tier, a policy with another number of quotas than
 /// the tier was built with, a quota too fine for the store) returns a [`ConfigError`] and
@@ -138,8 +139,6 @@ impl RateLimitHandle {
         let mut policy = tier.live.load().policy.clone();
         policy.quotas = quotas;
         policy.validate()?;
-        (self.set)(i, &policy.quotas)?;
-        tier.replace(policy);
-        Ok(())
+        tier.change(policy, |quotas| (self.set)(i, quotas))
     }
 }
