@@ -5,7 +5,7 @@
 //! applied here, and nowhere else.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -15,6 +15,7 @@ use super::policy::Policy;
 use super::settle::SettleRule;
 use crate::algo::Rule;
 use crate::decision::{Decision, Outcome, Reservation};
+use crate::error::ConfigError;
 use crate::headers::{append_fields, Legacy, PolicyHeaders};
 use crate::key::RequestHead;
 use crate::observe::{DecisionMeter, Names, Observe, Verdict};
@@ -37,6 +38,9 @@ pub(crate) struct Tier {
     pub(crate) meter: DecisionMeter,
     /// The share of each quota the store's local fallback enforces, if it has one.
     pub(crate) local_share: Option<f64>,
+    /// One change at a time, whichever handle makes it, so that the limiter's quotas and the
+    /// header fields agree once every change is done.
+    changing: Mutex<()>,
 }
 
 /// The policy of a tier as it is now, and the header fields that describe it.
@@ -69,6 +73,7 @@ impl Tier {
             names,
             meter,
             local_share,
+            changing: Mutex::new(()),
         }
     }
 
@@ -80,17 +85,23 @@ impl Tier {
         self.live_id.load(Ordering::SeqCst)
     }
 
-    /// Makes `policy` the policy in force, once `set` has given its quotas to the limiter;
-    /// when `set` fails, the policy stays as it was. Changes are made one at a time.
+    /// Makes `quotas` the quotas of the policy in force, once `set` has given them to the
+    /// limiter; when they are not valid or `set` fails, the policy stays as it was. Changes
+    /// are made one at a time, whichever handle makes them.
     ///
     /// From the start of the change to its end the id is 0, so a decision made meanwhile is
-    /// told by its own quotas ([`LiveTier::of_decision`]), not by the id, and its fields are
-    /// the policy's that decided it, old or new.
-    pub(crate) fn change<E>(
+    /// told by its own quotas ([`LiveTier::previous_decided`]), not by the id, and its fields
+    /// are the policy's that decided it, old or new.
+    pub(crate) fn change(
         &self,
-        policy: Policy,
-        set: impl FnOnce(&[crate::Quota]) -> Result<(), E>,
-    ) -> Result<(), E> {
+        quotas: Vec<crate::Quota>,
+        set: impl FnOnce(&[crate::Quota]) -> Result<(), ConfigError>,
+    ) -> Result<(), ConfigError> {
+        // A change that panicked half way left valid values behind: carry on.
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut policy = self.live.load().policy.clone();
+        policy.quotas = quotas;
+        policy.validate()?;
         self.live_id.store(0, Ordering::SeqCst);
         if let Err(e) = set(&policy.quotas) {
             self.live_id
@@ -567,8 +578,7 @@ mod tests {
         ) {
             let (pa, pb) = (policy(&a), policy(&b));
             let t = tier(pa.clone());
-            let set = |_: &[Quota]| Ok::<(), ()>(());
-            prop_assert!(t.change(pb.clone(), set).is_ok());
+            prop_assert!(t.change(pb.quotas.clone(), |_| Ok(())).is_ok());
             let live = t.live.load();
             let old = live.previous.as_deref().unwrap();
             for (p, own, other, was_previous) in
@@ -611,7 +621,9 @@ mod tests {
     fn a_change_the_limiter_refuses_leaves_the_policy_and_its_id() {
         let t = tier(Policy::new("api", Quota::per_second(4)));
         let seen = t.seen();
-        let refused = t.change(Policy::new("api", Quota::per_second(8)), |_| Err(()));
+        let refused = t.change(vec![Quota::per_second(8)], |_| {
+            Err(ConfigError::UnknownTier("refused".into()))
+        });
         assert!(refused.is_err());
         assert_eq!(t.seen(), seen);
         assert_eq!(t.live.load().policy.quotas[0], Quota::per_second(4));
@@ -623,10 +635,7 @@ mod tests {
         let t = tier(Policy::new("api", Quota::per_second(4)));
         let first = t.seen();
         for n in [8, 16] {
-            t.change(Policy::new("api", Quota::per_second(n)), |_| {
-                Ok::<(), ()>(())
-            })
-            .unwrap();
+            t.change(vec![Quota::per_second(n)], |_| Ok(())).unwrap();
         }
         let live = t.live.load();
         let previous = live.previous.as_deref().unwrap();
@@ -634,5 +643,44 @@ mod tests {
         assert!(previous.previous.is_none());
         assert_ne!(t.seen(), first);
         assert_eq!(t.seen(), live.headers.id());
+    }
+
+    #[test]
+    fn changes_made_at_once_leave_the_fields_of_the_quotas_the_limiter_kept() {
+        use std::sync::atomic::AtomicU32;
+        use std::sync::Barrier;
+        // The limiter: the rate of the last quotas it was given.
+        let limiter = AtomicU32::new(4);
+        let t = tier(Policy::new("api", Quota::per_second(4)));
+        let rounds = Barrier::new(2);
+        let disagreed = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for n in [4u32, 8] {
+                let (t, limiter, rounds, disagreed) = (&t, &limiter, &rounds, &disagreed);
+                s.spawn(move || {
+                    for _ in 0..500 {
+                        rounds.wait();
+                        let set = |_: &[Quota]| {
+                            limiter.store(n, Ordering::SeqCst);
+                            // The other change may come in here unless changes wait their turn.
+                            std::thread::yield_now();
+                            Ok(())
+                        };
+                        t.change(vec![Quota::per_second(n)], set).unwrap();
+                        // Both changes done: the fields are those of the limiter's quotas.
+                        rounds.wait();
+                        if n == 4 {
+                            let kept = Quota::per_second(limiter.load(Ordering::SeqCst));
+                            let live = t.live.load();
+                            let agree =
+                                live.policy.quotas[0] == kept && t.seen() == live.headers.id();
+                            disagreed.fetch_add(u32::from(!agree), Ordering::SeqCst);
+                        }
+                        rounds.wait();
+                    }
+                });
+            }
+        });
+        assert_eq!(disagreed.load(Ordering::SeqCst), 0);
     }
 }

@@ -2,7 +2,7 @@
 //! while it serves.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::answers::Answers;
 use super::policy::Policy;
@@ -21,7 +21,9 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 /// of [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas). The `RateLimit-Policy` and
 /// `RateLimit` header fields describe the new quotas from the same moment: the fields of a
 /// response are always those of the quotas that decided its request, old or new, even for a
-/// request decided while the change is being made.
+/// request decided while the change is being made. Changes are made one at a time, through
+/// this handle, its clones or another handle of the same layer, so that once they are done the
+/// fields are those of the quotas the limiter kept.
 ///
 /// A change that is not valid (an unknown tier, a policy with another number of quotas than
 /// the tier was built with, a quota too fine for the store) returns a [`ConfigError`] and
@@ -50,8 +52,6 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 pub struct RateLimitHandle {
     answers: Arc<Answers>,
     set: Arc<SetFn>,
-    /// One change at a time, so that a tier's quotas and header fields agree once it is done.
-    changing: Arc<Mutex<()>>,
 }
 
 impl fmt::Debug for RateLimitHandle {
@@ -64,11 +64,7 @@ impl fmt::Debug for RateLimitHandle {
 
 impl RateLimitHandle {
     pub(crate) fn new(answers: Arc<Answers>, set: Arc<SetFn>) -> Self {
-        RateLimitHandle {
-            answers,
-            set,
-            changing: Arc::default(),
-        }
+        RateLimitHandle { answers, set }
     }
 
     /// The policies in force, one per tier, in the order the layer was given them (the
@@ -133,12 +129,6 @@ impl RateLimitHandle {
     }
 
     fn set_at(&self, i: usize, quotas: Vec<Quota>) -> Result<(), ConfigError> {
-        // A change that panicked half way left valid values behind: carry on.
-        let _one_at_a_time = self.changing.lock().unwrap_or_else(|e| e.into_inner());
-        let tier = &self.answers.tiers[i];
-        let mut policy = tier.live.load().policy.clone();
-        policy.quotas = quotas;
-        policy.validate()?;
-        tier.change(policy, |quotas| (self.set)(i, quotas))
+        self.answers.tiers[i].change(quotas, |quotas| (self.set)(i, quotas))
     }
 }
