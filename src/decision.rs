@@ -69,9 +69,14 @@ impl QuotaState {
     }
 
     /// Nanoseconds until this quota is back to its full burst.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn reset_after_nanos(&self) -> u64 {
         self.ahead
+    }
+
+    /// A GCRA quota's emission interval and tolerance, exactly as the quota holds them;
+    /// `None` for a window quota (which holds its figures instead).
+    pub(crate) fn gcra_figures(&self) -> Option<(u64, u64)> {
+        (self.interval != 0).then_some((self.interval, self.tolerance))
     }
 
     /// The burst of the quota (`q` in `RateLimit-Policy`).

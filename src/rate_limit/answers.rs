@@ -5,7 +5,7 @@
 //! applied here, and nowhere else.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -15,6 +15,7 @@ use super::policy::Policy;
 use super::settle::SettleRule;
 use crate::algo::Rule;
 use crate::decision::{Decision, Outcome, Reservation};
+use crate::error::ConfigError;
 use crate::headers::{append_fields, Legacy, PolicyHeaders};
 use crate::key::RequestHead;
 use crate::observe::{DecisionMeter, Names, Observe, Verdict};
@@ -27,15 +28,19 @@ use crate::store::backend::Backend;
 pub(crate) struct Tier {
     pub(crate) name: Box<str>,
     pub(crate) live: ArcSwap<LiveTier>,
-    /// The id of the live policy's header fields ([`PolicyHeaders::id`]), set after `live`:
-    /// the fields a repeated decision gets come from each thread's cache of them without
-    /// loading `live`.
+    /// The id of the live policy's header fields ([`PolicyHeaders::id`]), set after `live`,
+    /// and 0 while a change is being made ([`Tier::change`]): the fields a repeated decision
+    /// gets come from each thread's cache of them without loading `live`, and a decision
+    /// made between two equal readings of it ([`Tier::seen`]) was made by that policy.
     pub(crate) live_id: AtomicU64,
     /// The names its metrics and events carry.
     pub(crate) names: Names,
     pub(crate) meter: DecisionMeter,
     /// The share of each quota the store's local fallback enforces, if it has one.
     pub(crate) local_share: Option<f64>,
+    /// One change at a time, whichever handle makes it, so that the limiter's quotas and the
+    /// header fields agree once every change is done.
+    changing: Mutex<()>,
 }
 
 /// The policy of a tier as it is now, and the header fields that describe it.
@@ -46,6 +51,8 @@ pub(crate) struct LiveTier {
     pub(crate) local_headers: Option<PolicyHeaders>,
     /// The policy's quotas, for the fields of a banned key's answer.
     pub(crate) rules: Box<[Rule]>,
+    /// The policy this one replaced, for a decision made while the change was being made.
+    previous: Option<Box<LiveTier>>,
 }
 
 impl Tier {
@@ -66,25 +73,87 @@ impl Tier {
             names,
             meter,
             local_share,
+            changing: Mutex::new(()),
         }
     }
 
-    /// Replaces the policy in force, and then the id its fields are found by.
-    pub(crate) fn replace(&self, policy: Policy) {
-        let live = Arc::new(LiveTier::new(policy, self.local_share));
+    /// The id of the policy in force, read before a decision: the same id read again once
+    /// the decision is made says that no change was made meanwhile, so that the policy with
+    /// that id decided it. 0 while a change is being made.
+    #[inline]
+    pub(crate) fn seen(&self) -> u64 {
+        self.live_id.load(Ordering::SeqCst)
+    }
+
+    /// Makes `quotas` the quotas of the policy in force, once `set` has given them to the
+    /// limiter; when they are not valid or `set` fails, the policy stays as it was. Changes
+    /// are made one at a time, whichever handle makes them.
+    ///
+    /// From the start of the change to its end the id is 0, so a decision made meanwhile is
+    /// told by its own quotas ([`LiveTier::previous_decided`]), not by the id, and its fields
+    /// are the policy's that decided it, old or new.
+    pub(crate) fn change(
+        &self,
+        quotas: Vec<crate::Quota>,
+        set: impl FnOnce(&[crate::Quota]) -> Result<(), ConfigError>,
+    ) -> Result<(), ConfigError> {
+        // A change that panicked half way left valid values behind: carry on.
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut policy = self.live.load().policy.clone();
+        policy.quotas = quotas;
+        policy.validate()?;
+        self.live_id.store(0, Ordering::SeqCst);
+        if let Err(e) = set(&policy.quotas) {
+            self.live_id
+                .store(self.live.load().headers.id(), Ordering::SeqCst);
+            return Err(e);
+        }
+        let previous = Some(Box::new(self.live.load().alone()));
+        let live = Arc::new(LiveTier {
+            previous,
+            ..LiveTier::new(policy, self.local_share)
+        });
         let id = live.headers.id();
         self.live.store(live);
-        self.live_id.store(id, Ordering::Release);
+        self.live_id.store(id, Ordering::SeqCst);
+        Ok(())
     }
 }
 
-/// The header fields of a tier's live policy, loaded.
-struct LiveHeaders(arc_swap::Guard<Arc<LiveTier>>);
+/// The header fields of a tier's live policy, loaded: of the policy in force, or of the one
+/// it replaced (`previous`).
+struct LiveHeaders {
+    live: arc_swap::Guard<Arc<LiveTier>>,
+    previous: bool,
+}
+
+impl LiveHeaders {
+    /// The fields of the policy of `tier` whose quotas decided `d`, the policy in force or
+    /// the one it replaced; `id`: the id of the fields that policy has, if known.
+    fn of(tier: &Tier, d: &Decision, id: u64) -> Self {
+        let live = tier.live.load();
+        let previous = if live.headers.id() == id {
+            false
+        } else if live.previous.as_ref().is_some_and(|p| p.headers.id() == id) {
+            true
+        } else {
+            live.previous_decided(d)
+        };
+        LiveHeaders { live, previous }
+    }
+
+    fn tier(&self) -> &LiveTier {
+        match &self.live.previous {
+            Some(p) if self.previous => p,
+            _ => &self.live,
+        }
+    }
+}
 
 impl std::ops::Deref for LiveHeaders {
     type Target = PolicyHeaders;
     fn deref(&self) -> &PolicyHeaders {
-        &self.0.headers
+        &self.tier().headers
     }
 }
 
@@ -97,8 +166,57 @@ impl LiveTier {
             local_headers: local_share.and_then(|s| policy.scaled_headers(s)),
             rules: policy.quotas.iter().map(crate::Quota::rule).collect(),
             policy,
+            previous: None,
         }
     }
+
+    /// This policy without the one it replaced.
+    fn alone(&self) -> LiveTier {
+        LiveTier {
+            policy: self.policy.clone(),
+            headers: self.headers.clone(),
+            local_headers: self.local_headers.clone(),
+            rules: self.rules.clone(),
+            previous: None,
+        }
+    }
+
+    /// Whether `d` was decided by the policy this one replaced rather than by this one, as
+    /// far as its quotas' states tell: a GCRA quota by its interval and tolerance, a window
+    /// by its limit and, first, by a reset within the window's reach. This one when both or
+    /// neither could have.
+    fn previous_decided(&self, d: &Decision) -> bool {
+        let Some(previous) = &self.previous else {
+            return false;
+        };
+        for strict in [true, false] {
+            if decided_by(&self.rules, d, strict) {
+                return false;
+            }
+            if decided_by(&previous.rules, d, strict) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Whether the states of `d` are those of a decision by `rules` (see
+/// [`LiveTier::previous_decided`]); `strict`: a window's reset within its reach too.
+fn decided_by(rules: &[Rule], d: &Decision, strict: bool) -> bool {
+    let states = d.states();
+    states.len() == rules.len()
+        && states.iter().zip(rules).all(|(s, r)| {
+            let (limit, reach) = match r {
+                Rule::Gcra(g) => return s.gcra_figures() == Some((g.interval, g.tolerance)),
+                Rule::FixedWindow(w) | Rule::SlidingLog(w) => (w.limit, w.width),
+                Rule::SlidingWindow(w) => (w.limit, w.width.saturating_mul(2)),
+                Rule::WarmUp(g) => (g.burst(), u64::MAX),
+            };
+            s.gcra_figures().is_none()
+                && s.limit() == limit.min(u64::from(u32::MAX))
+                && (!strict || s.reset_after_nanos() <= reach)
+        })
 }
 
 /// What turns a decision into a response, whatever the store and the key: shared with the
@@ -124,12 +242,14 @@ impl Answers {
     /// response (`Err`), or in dry-run mode the would-be rejection in its extensions and `Ok`.
     /// A request that goes on takes the header fields of [`fields`](Self::fields) to its
     /// response, asked for where the response future is built, so that they are not moved
-    /// through this answer first.
+    /// through this answer first. `seen`: the tier's [`Tier::seen`] before the decision (0
+    /// when not read), so that the fields are those of the policy that decided.
     #[inline]
     pub(crate) fn finish<ReqBody, B: From<Bytes>>(
         &self,
         tier: usize,
         decision: &Decision,
+        seen: u64,
         cost: u32,
         key: Option<&dyn std::fmt::Debug>,
         req: &mut Request<ReqBody>,
@@ -147,19 +267,24 @@ impl Answers {
             crate::decision::record_admitted(req.extensions_mut(), decision);
             return Ok(());
         }
-        self.rejected(tier, decision, cost, key, req)
+        self.rejected(tier, decision, seen, cost, key, req)
     }
 
     /// The header fields `decision` on tier `tier` adds to the response of a request that
-    /// goes on ([`finish`](Self::finish) said `Ok`), if it adds any now.
+    /// goes on ([`finish`](Self::finish) said `Ok`), if it adds any now; `seen` as there.
     #[inline]
-    pub(crate) fn fields(&self, tier: usize, decision: &Decision) -> Option<RateHeaders> {
-        self.fields_of(&self.tiers[tier], decision)
+    pub(crate) fn fields(
+        &self,
+        tier: usize,
+        decision: &Decision,
+        seen: u64,
+    ) -> Option<RateHeaders> {
+        self.fields_of(&self.tiers[tier], decision, seen)
     }
 
     /// The same as [`fields`](Self::fields), on the tier itself.
     #[inline]
-    fn fields_of(&self, tier: &Tier, decision: &Decision) -> Option<RateHeaders> {
+    fn fields_of(&self, tier: &Tier, decision: &Decision, seen: u64) -> Option<RateHeaders> {
         // A decision of the failure policy knows nothing of the quotas: no fields that would
         // say otherwise. One of the local fallback is a real decision on the scaled quotas:
         // its fields say what it decided. An admission that will be settled renders its
@@ -169,7 +294,7 @@ impl Answers {
         if blind || settles || (self.observe.dry_run && !self.dry_run_headers) {
             None
         } else {
-            self.rate_headers(tier, decision)
+            self.rate_headers(tier, decision, seen)
         }
     }
 
@@ -179,6 +304,7 @@ impl Answers {
         &self,
         tier: &Tier,
         decision: &Decision,
+        seen: u64,
         cost: u32,
         key: Option<&dyn std::fmt::Debug>,
         req: &mut Request<ReqBody>,
@@ -214,7 +340,7 @@ impl Answers {
             }
             Some(mut resp) => {
                 // Rendered where they go, once the rejection is known to answer.
-                if let Some(h) = self.fields_of(tier, decision) {
+                if let Some(h) = self.fields_of(tier, decision, seen) {
                     h.apply(resp.headers_mut());
                 }
                 Err(resp)
@@ -228,12 +354,13 @@ impl Answers {
         if self.observe.dry_run && !self.dry_run_headers {
             return None;
         }
-        self.rate_headers(&self.tiers[tier], d)
+        // Made after the admission, by whichever quotas were in force then: told by its own.
+        self.rate_headers(&self.tiers[tier], d, 0)
     }
 
     #[inline]
-    fn rate_headers(&self, tier: &Tier, d: &Decision) -> Option<RateHeaders> {
-        (self.headers || self.legacy_headers).then(|| RateHeaders::new(self, tier, d))
+    fn rate_headers(&self, tier: &Tier, d: &Decision, seen: u64) -> Option<RateHeaders> {
+        (self.headers || self.legacy_headers).then(|| RateHeaders::new(self, tier, d, seen))
     }
 }
 
@@ -265,8 +392,10 @@ impl RateHeaders {
         }
     }
 
+    /// The fields of `d`, always of the policy whose quotas decided it: the one in force when
+    /// the tier's id is still `seen` ([`Tier::seen`]), else the one `d`'s quotas tell.
     #[inline]
-    fn new(shared: &Answers, tier: &Tier, d: &Decision) -> Self {
+    fn new(shared: &Answers, tier: &Tier, d: &Decision, seen: u64) -> Self {
         RateHeaders {
             ietf: shared.headers.then(|| {
                 let items = d.states().iter().map(|s| (s.remaining(), s.reset_after()));
@@ -277,11 +406,30 @@ impl RateHeaders {
                         return (local.policy(), local.ratelimit_items(items));
                     }
                 }
-                let id = tier.live_id.load(Ordering::Acquire);
-                crate::headers::fields(id, items, || LiveHeaders(tier.live.load()))
+                let id = tier.live_id.load(Ordering::SeqCst);
+                if id == seen && id != 0 {
+                    crate::headers::fields(id, items, || LiveHeaders::of(tier, d, id))
+                } else {
+                    Self::decided_by(tier, d, items)
+                }
             }),
             legacy: shared.legacy_headers.then(|| Legacy::of(d)),
         }
+    }
+}
+
+impl RateHeaders {
+    /// The `RateLimit-Policy` and `RateLimit` values of `d` (its `items`), made while its
+    /// tier's policy may have changed: of the policy its quotas tell.
+    #[cold]
+    #[inline(never)]
+    fn decided_by(
+        tier: &Tier,
+        d: &Decision,
+        items: impl Iterator<Item = (u64, std::time::Duration)> + Clone,
+    ) -> (HeaderValue, HeaderValue) {
+        let h = LiveHeaders::of(tier, d, 0);
+        (h.policy(), h.ratelimit_items(items))
     }
 }
 
@@ -344,5 +492,195 @@ impl Settle {
     pub(crate) fn admitted_headers(&self) -> Option<RateHeaders> {
         let d = self.admitted.as_ref()?;
         self.answers.settled_headers(self.tier, d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fields of a decision made while its tier's policy changes are those of the quotas
+    //! that decided it, and a decision made while none changes gets the same fields from the
+    //! thread's cache as from the general rendering.
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::observe::LayerKind;
+    use crate::{Clock, Quota, RateLimiter};
+
+    /// A quota of one kind: 0 GCRA, 1 fixed window, 2 sliding counter, 3 sliding log, 4 GCRA
+    /// with warm-up; `count` per `secs` seconds.
+    fn quota(kind: u8, count: u32, secs: u64) -> Quota {
+        let w = Duration::from_secs(secs);
+        match kind {
+            0 => Quota::per_second(count).burst(count + 1),
+            1 => Quota::fixed_window(count, w),
+            2 => Quota::sliding_window(count, w),
+            3 => Quota::sliding_log(count, w),
+            _ => Quota::per_second(count).warm_up(w, 3),
+        }
+    }
+
+    fn quotas() -> impl Strategy<Value = Vec<(u8, u32, u64)>> {
+        proptest::collection::vec((0..5u8, 1..6u32, 1..4u64), 1..=2)
+    }
+
+    fn policy(specs: &[(u8, u32, u64)]) -> Policy {
+        let mut quotas = specs.iter().map(|&(k, c, s)| quota(k, c, s));
+        let mut p = Policy::new("api", quotas.next().unwrap());
+        for q in quotas {
+            p = p.quota(q);
+        }
+        p
+    }
+
+    /// The decision of a request of `cost` after `before` requests of (cost, milliseconds
+    /// waited) on one key, under `policy`.
+    fn decided(policy: &Policy, before: &[(u32, u64)], cost: u32) -> Decision {
+        let (clock, time) = Clock::manual();
+        let mut b = RateLimiter::<u8>::builder(policy.quotas[0].clone()).clock(clock);
+        for q in &policy.quotas[1..] {
+            b = b.quota(q.clone());
+        }
+        let limiter = b.build();
+        for &(c, ms) in before {
+            time.advance(Duration::from_millis(ms));
+            let _ = limiter.check_n(&1, c);
+        }
+        limiter.check_n(&1, cost)
+    }
+
+    fn tier(policy: Policy) -> Tier {
+        let names = Names::new(LayerKind::RateLimit, &policy.name, &policy.item_names());
+        let meter = DecisionMeter::new(&names, false, &[]);
+        Tier::new("api".into(), policy, names, meter, None)
+    }
+
+    fn bytes(v: &(HeaderValue, HeaderValue)) -> (Vec<u8>, Vec<u8>) {
+        (v.0.as_bytes().to_vec(), v.1.as_bytes().to_vec())
+    }
+
+    fn items(d: &Decision) -> impl Iterator<Item = (u64, Duration)> + Clone + '_ {
+        d.states().iter().map(|s| (s.remaining(), s.reset_after()))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn a_decision_made_while_the_policy_changes_gets_the_fields_of_the_quotas_that_decided_it(
+            (a, b) in (1..=2usize).prop_flat_map(|n| {
+                let q = proptest::collection::vec((0..5u8, 1..6u32, 1..4u64), n);
+                (q.clone(), q)
+            }),
+            before in proptest::collection::vec((1..3u32, 0..1_500u64), 0..8),
+            cost in 1..3u32,
+        ) {
+            let (pa, pb) = (policy(&a), policy(&b));
+            let t = tier(pa.clone());
+            prop_assert!(t.change(pb.quotas.clone(), |_| Ok(())).is_ok());
+            let live = t.live.load();
+            let old = live.previous.as_deref().unwrap();
+            for (p, own, other, was_previous) in
+                [(&pa, old, &**live, true), (&pb, &**live, old, false)]
+            {
+                let d = decided(p, &before, cost);
+                // The quotas that decided always tell it, the window's reset within its reach.
+                prop_assert!(decided_by(&own.rules, &d, true), "{d:?}");
+                let chosen = LiveHeaders::of(&t, &d, 0);
+                prop_assert!(decided_by(&chosen.tier().rules, &d, false));
+                if !decided_by(&other.rules, &d, true) {
+                    prop_assert_eq!(chosen.previous, was_previous);
+                    prop_assert_eq!(chosen.id(), own.headers.id());
+                }
+            }
+        }
+
+        #[test]
+        fn a_decision_made_while_no_policy_changes_gets_the_same_fields_from_the_cache(
+            a in quotas(),
+            before in proptest::collection::vec((1..3u32, 0..1_500u64), 0..8),
+            cost in 1..3u32,
+            repeat in 1..3usize,
+        ) {
+            let p = policy(&a);
+            let t = tier(p.clone());
+            let d = decided(&p, &before, cost);
+            let seen = t.seen();
+            for _ in 0..repeat {
+                let id = t.live_id.load(Ordering::SeqCst);
+                prop_assert_eq!(id, seen);
+                let fast = crate::headers::fields(id, items(&d), || LiveHeaders::of(&t, &d, id));
+                let general = RateHeaders::decided_by(&t, &d, items(&d));
+                prop_assert_eq!(bytes(&fast), bytes(&general));
+            }
+        }
+    }
+
+    #[test]
+    fn a_change_the_limiter_refuses_leaves_the_policy_and_its_id() {
+        let t = tier(Policy::new("api", Quota::per_second(4)));
+        let seen = t.seen();
+        let refused = t.change(vec![Quota::per_second(8)], |_| {
+            Err(ConfigError::UnknownTier("refused".into()))
+        });
+        assert!(refused.is_err());
+        assert_eq!(t.seen(), seen);
+        assert_eq!(t.live.load().policy.quotas[0], Quota::per_second(4));
+        assert!(t.live.load().previous.is_none());
+    }
+
+    #[test]
+    fn a_change_keeps_only_the_policy_it_replaced() {
+        let t = tier(Policy::new("api", Quota::per_second(4)));
+        let first = t.seen();
+        for n in [8, 16] {
+            t.change(vec![Quota::per_second(n)], |_| Ok(())).unwrap();
+        }
+        let live = t.live.load();
+        let previous = live.previous.as_deref().unwrap();
+        assert_eq!(previous.policy.quotas[0], Quota::per_second(8));
+        assert!(previous.previous.is_none());
+        assert_ne!(t.seen(), first);
+        assert_eq!(t.seen(), live.headers.id());
+    }
+
+    #[test]
+    fn changes_made_at_once_leave_the_fields_of_the_quotas_the_limiter_kept() {
+        use std::sync::atomic::AtomicU32;
+        use std::sync::Barrier;
+        // The limiter: the rate of the last quotas it was given.
+        let limiter = AtomicU32::new(4);
+        let t = tier(Policy::new("api", Quota::per_second(4)));
+        let rounds = Barrier::new(2);
+        let disagreed = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for n in [4u32, 8] {
+                let (t, limiter, rounds, disagreed) = (&t, &limiter, &rounds, &disagreed);
+                s.spawn(move || {
+                    for _ in 0..500 {
+                        rounds.wait();
+                        let set = |_: &[Quota]| {
+                            limiter.store(n, Ordering::SeqCst);
+                            // The other change may come in here unless changes wait their turn.
+                            std::thread::yield_now();
+                            Ok(())
+                        };
+                        t.change(vec![Quota::per_second(n)], set).unwrap();
+                        // Both changes done: the fields are those of the limiter's quotas.
+                        rounds.wait();
+                        if n == 4 {
+                            let kept = Quota::per_second(limiter.load(Ordering::SeqCst));
+                            let live = t.live.load();
+                            let agree =
+                                live.policy.quotas[0] == kept && t.seen() == live.headers.id();
+                            disagreed.fetch_add(u32::from(!agree), Ordering::SeqCst);
+                        }
+                        rounds.wait();
+                    }
+                });
+            }
+        });
+        assert_eq!(disagreed.load(Ordering::SeqCst), 0);
     }
 }

@@ -75,6 +75,8 @@ pin_project! {
         later: B::Later,
         answers: Arc<Answers>,
         tier: usize,
+        // The tier's id before the decision (`Tier::seen`).
+        seen: u64,
         request: Option<Request<ReqBody>>,
         service: Option<S>,
         taken: Option<Taken<B, K>>,
@@ -119,12 +121,13 @@ where
     }
 
     /// `taken` says what the request will have taken if the decision admits it; `key` is
-    /// given when rejection events show it.
+    /// given when rejection events show it; `(tier, seen)`: the tier, and its id read before
+    /// the decision (`Tier::seen`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn later(
         later: B::Later,
         answers: Arc<Answers>,
-        tier: usize,
+        (tier, seen): (usize, u64),
         request: Request<ReqBody>,
         service: S,
         taken: Option<Taken<B, K>>,
@@ -135,6 +138,7 @@ where
             later,
             answers,
             tier,
+            seen,
             request: Some(request),
             service: Some(service),
             taken,
@@ -241,10 +245,10 @@ where
     let key = d.key.as_ref().map(|k| k as &dyn std::fmt::Debug);
     match d
         .answers
-        .finish(*d.tier, &decision, *d.cost, key, &mut request)
+        .finish(*d.tier, &decision, *d.seen, *d.cost, key, &mut request)
     {
         Ok(()) => Kind::Inner {
-            headers: d.answers.fields(*d.tier, &decision),
+            headers: d.answers.fields(*d.tier, &decision, *d.seen),
             future: service.call(request),
             taken,
         },

@@ -2,7 +2,7 @@
 //! while it serves.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::answers::Answers;
 use super::policy::Policy;
@@ -19,8 +19,11 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 /// from their next decision on, and keeps the state of every key: what a key spent stays
 /// spent, counted in time. The new quotas judge that state and never rewrite it, by the rule
 /// of [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas). The `RateLimit-Policy` and
-/// `RateLimit` header fields describe the new quotas from the same moment (a request decided
-/// while the change is being made may carry the old fields with the new decision).
+/// `RateLimit` header fields describe the new quotas from the same moment: the fields of a
+/// response are always those of the quotas that decided its request, old or new, even for a
+/// request decided while the change is being made. Changes are made one at a time, through
+/// this handle, its clones or another handle of the same layer, so that once they are done the
+/// fields are those of the quotas the limiter kept.
 ///
 /// A change that is not valid (an unknown tier, a policy with another number of quotas than
 /// the tier was built with, a quota too fine for the store) returns a [`ConfigError`] and
@@ -49,8 +52,6 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 pub struct RateLimitHandle {
     answers: Arc<Answers>,
     set: Arc<SetFn>,
-    /// One change at a time, so that a tier's quotas and header fields agree once it is done.
-    changing: Arc<Mutex<()>>,
 }
 
 impl fmt::Debug for RateLimitHandle {
@@ -63,11 +64,7 @@ impl fmt::Debug for RateLimitHandle {
 
 impl RateLimitHandle {
     pub(crate) fn new(answers: Arc<Answers>, set: Arc<SetFn>) -> Self {
-        RateLimitHandle {
-            answers,
-            set,
-            changing: Arc::default(),
-        }
+        RateLimitHandle { answers, set }
     }
 
     /// The policies in force, one per tier, in the order the layer was given them (the
@@ -132,14 +129,6 @@ impl RateLimitHandle {
     }
 
     fn set_at(&self, i: usize, quotas: Vec<Quota>) -> Result<(), ConfigError> {
-        // A change that panicked half way left valid values behind: carry on.
-        let _one_at_a_time = self.changing.lock().unwrap_or_else(|e| e.into_inner());
-        let tier = &self.answers.tiers[i];
-        let mut policy = tier.live.load().policy.clone();
-        policy.quotas = quotas;
-        policy.validate()?;
-        (self.set)(i, &policy.quotas)?;
-        tier.replace(policy);
-        Ok(())
+        self.answers.tiers[i].change(quotas, |quotas| (self.set)(i, quotas))
     }
 }

@@ -39,12 +39,24 @@ impl Protocol {
     /// ```
     #[inline]
     pub fn of(head: &RequestHead<'_>) -> Protocol {
-        match head.headers.get(CONTENT_TYPE) {
+        // The few fields of a short request are read in order for less than the name's hash
+        // and probe cost; either way the first `content-type` value is the one read.
+        let ct = if head.headers.len() <= SCANNED_FIELDS {
+            let mut fields = head.headers.iter();
+            fields.find(|(n, _)| **n == CONTENT_TYPE).map(|(_, v)| v)
+        } else {
+            head.headers.get(CONTENT_TYPE)
+        };
+        match ct {
             Some(ct) if is_grpc_content_type(ct.as_bytes()) => Protocol::Grpc,
             _ => Protocol::Http,
         }
     }
 }
+
+/// The most header values a request may have for [`Protocol::of`] to read them in order
+/// rather than look `content-type` up.
+const SCANNED_FIELDS: usize = 4;
 
 /// Why a request was turned away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -303,6 +315,37 @@ impl Recipient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        /// A request of few fields is read in order, one of more looked up: both answer what
+        /// the lookup of the first `content-type` value answers.
+        #[test]
+        fn the_protocol_read_in_order_is_the_protocol_looked_up(
+            fields in proptest::collection::vec((0..5usize, 0..5usize), 0..9),
+        ) {
+            const NAMES: [&str; 5] = ["content-type", "host", "accept", "grpc-timeout", "x-a"];
+            const VALUES: [&str; 5] = [
+                "application/grpc",
+                "application/json",
+                "application/grpc+proto",
+                "application/grpc-web",
+                "text/plain",
+            ];
+            let mut req = http::Request::new(());
+            for (n, v) in fields {
+                let name = http::HeaderName::from_static(NAMES[n]);
+                req.headers_mut().append(name, http::HeaderValue::from_static(VALUES[v]));
+            }
+            let looked_up = match req.headers().get(CONTENT_TYPE) {
+                Some(ct) if is_grpc_content_type(ct.as_bytes()) => Protocol::Grpc,
+                _ => Protocol::Http,
+            };
+            prop_assert_eq!(Protocol::of(&RequestHead::new(&req)), looked_up);
+        }
+    }
 
     #[test]
     fn grpc_content_types_are_recognised_and_lookalikes_are_not() {

@@ -3,10 +3,9 @@
 //! the handler reports the decision it reads (`Decision`, `Decisions`). The quota that decides
 //! a request (read from atomics for a fixed window or a sliding counter, from the whole set
 //! for GCRA) is whole, one of the two policies, and is the one the handler reads and the
-//! `RateLimit` field reports; `RateLimit-Policy` is one of the two policies too, but a request
-//! decided while a change is being made may carry the old policy's field with the new
-//! decision (`RateLimitHandle`'s documentation), so `r` may exceed `q - 1` then; once the
-//! changes stop, both fields are the last policy's.
+//! `RateLimit` field reports; `RateLimit-Policy` is the policy of that same quota, even for a
+//! request decided while a change is being made (`q` is always `r + 1`); once the changes
+//! stop, both fields are the last policy's.
 //!
 //! Pins docs/design.md section 2 (`RateLimit-Policy` and `RateLimit`, one list item per
 //! quota) and section 3 ("A live quota change": from the next decision on).
@@ -20,7 +19,7 @@ use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
 use tollgate::key::Header;
-use tollgate::{Clock, Decision, Decisions, Policy, Quota, RateLimitLayer};
+use tollgate::{Clock, Decision, Decisions, Policy, Quota, RateLimitHandle, RateLimitLayer};
 use tower::ServiceExt;
 
 /// The limit the handler read, and how many decisions the request carries.
@@ -49,14 +48,26 @@ fn number(value: &str, k: &str) -> u64 {
 /// kind, limits 4 and 8): every response's `r` is one less than the limit of a whole quota,
 /// the one whose decision the handler read, and its `q` is one of the two limits; after the
 /// last change, `q` and `r` are the last policy's. Returns how many responses carried a `q`
-/// of the other policy than their decision.
+/// of the other policy than their decision (none may).
 async fn flips_agree(a: Quota, b: Quota) -> u32 {
+    flips_agree_on(a, b, |layer| {
+        let handle = layer.handle().unwrap();
+        (Router::new().route("/", get(handler)).layer(layer), handle)
+    })
+    .await
+}
+
+/// [`flips_agree`] on the store `on` puts the layer on, with the layer's handle.
+async fn flips_agree_on(
+    a: Quota,
+    b: Quota,
+    on: impl FnOnce(RateLimitLayer<Header>) -> (Router, RateLimitHandle),
+) -> u32 {
     let (clock, _time) = Clock::manual();
     let layer = RateLimitLayer::new(Policy::new("api", a.clone()))
         .key(Header::new("x-key"))
         .clock(clock);
-    let handle = layer.handle().unwrap();
-    let app = Router::new().route("/", get(handler)).layer(layer);
+    let (app, handle) = on(layer);
     let done = Arc::new(AtomicBool::new(false));
     let next = Arc::new(AtomicU64::new(0));
     let mut servers = Vec::new();
@@ -122,21 +133,56 @@ async fn flips_agree(a: Quota, b: Quota) -> u32 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
-async fn a_fixed_window_changed_while_serving_reports_the_quota_that_decided_to_the_handler_and_in_ratelimit(
+async fn a_fixed_window_changed_while_serving_reports_the_quota_that_decided_to_the_handler_and_in_both_fields(
 ) {
     let s = Duration::from_secs(1);
-    let _ = flips_agree(Quota::fixed_window(4, s), Quota::fixed_window(8, s)).await;
+    let mismatched = flips_agree(Quota::fixed_window(4, s), Quota::fixed_window(8, s)).await;
+    assert_eq!(
+        mismatched, 0,
+        "responses whose RateLimit-Policy is not their decision's"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
-async fn a_sliding_counter_changed_while_serving_reports_the_quota_that_decided_to_the_handler_and_in_ratelimit(
+async fn a_sliding_counter_changed_while_serving_reports_the_quota_that_decided_to_the_handler_and_in_both_fields(
 ) {
     let s = Duration::from_secs(1);
-    let _ = flips_agree(Quota::sliding_window(4, s), Quota::sliding_window(8, s)).await;
+    let mismatched = flips_agree(Quota::sliding_window(4, s), Quota::sliding_window(8, s)).await;
+    assert_eq!(
+        mismatched, 0,
+        "responses whose RateLimit-Policy is not their decision's"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
-async fn a_gcra_quota_changed_while_serving_reports_the_quota_that_decided_to_the_handler_and_in_ratelimit(
+async fn a_gcra_quota_changed_while_serving_reports_the_quota_that_decided_to_the_handler_and_in_both_fields(
 ) {
-    let _ = flips_agree(Quota::per_second(4), Quota::per_second(8)).await;
+    let mismatched = flips_agree(Quota::per_second(4), Quota::per_second(8)).await;
+    assert_eq!(
+        mismatched, 0,
+        "responses whose RateLimit-Policy is not their decision's"
+    );
+}
+
+/// On Redis the decision comes in the response future, after a round trip: its fields are
+/// still those of the quotas that decided it.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_gcra_quota_changed_while_serving_on_redis_reports_the_quota_that_decided_in_both_fields()
+{
+    let server = crate::common::redis_server::RedisServer::start();
+    let store = tollgate::redis::RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(Duration::from_secs(5));
+    let on_redis = |layer: RateLimitLayer<Header>| {
+        let layer = layer.store(store).name("live-fields");
+        let handle = layer.handle().unwrap();
+        (Router::new().route("/", get(handler)).layer(layer), handle)
+    };
+    let mismatched = flips_agree_on(Quota::per_second(4), Quota::per_second(8), on_redis).await;
+    assert_eq!(
+        mismatched, 0,
+        "responses whose RateLimit-Policy is not their decision's"
+    );
 }
