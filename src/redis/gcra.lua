@@ -43,7 +43,6 @@ local function fmt(x) return string.format('%.0f', x) end
 local kind, pa, pb = {}, {}, {}
 local warm = {}
 local log_width = nil
-local log_limit = 0
 local reserved = tonumber(ARGV[4 + 3 * n]) or 0
 local gone, gone_cur, spot_a, spot_b = {}, {}, {}, {}
 do
@@ -53,7 +52,6 @@ do
     pa[q] = tonumber(ARGV[2 + 3 * q])
     pb[q] = tonumber(ARGV[3 + 3 * q])
     if kind[q] == 2 and (log_width == nil or pb[q] > log_width) then log_width = pb[q] end
-    if kind[q] == 2 and pa[q] > log_limit then log_limit = pa[q] end
     if kind[q] == 4 then
       warm[q] = {period = tonumber(ARGV[extra]), cold = tonumber(ARGV[extra + 1])}
       extra = extra + 2
@@ -567,15 +565,15 @@ local took = outcome == 0 and cost > 0
 if took then
   for q = 1, n do st[q] = new[q] end
   if log_width then
-    -- One entry per request, carrying its cost; a charge logs at most the largest limit:
-    -- more changes no decision.
-    local logged = cost
-    if force and logged > log_limit then logged = log_limit end
+    -- One entry per request, carrying its cost; a charge is logged whole (a debt stands
+    -- when a limit is raised later). A cost is below 2^32, so the running total, which
+    -- starts at 0 again whenever the log empties, is exact (below 2^53) for 2^21 entries of
+    -- the largest cost in a row.
     local _, total = log_newest()
-    total = (total or 0) + logged
-    redis.call('ZADD', key, fmt(log_at), member(log_at, total, logged))
+    total = (total or 0) + cost
+    redis.call('ZADD', key, fmt(log_at), member(log_at, total, cost))
     -- Members of one time sort by their running total: the new entry is the newest.
-    newest_t, newest_total, newest_c = log_at, total, logged
+    newest_t, newest_total, newest_c = log_at, total, cost
   end
   save()
 elseif cost >= 0 then
