@@ -271,6 +271,7 @@ impl KeyState {
             *w = r.charge(*w, now, cost);
         }
         if let Some((width, limit)) = log_bounds(rules) {
+            self.log.room_for(u64::from(cost));
             self.log.admit(now, u64::from(cost), width, limit);
         }
     }

@@ -472,6 +472,27 @@ local function log_give_back(t, u)
   for i = 1, #add, 1000 do redis.call('ZADD', key, unpack(add, i, math.min(i + 999, #add))) end
 end
 
+-- Counts the log's running totals from 0 before its oldest entry again, and returns the total
+-- through the newest: what any window holds stays. A charge near 2^52 calls it first, so totals
+-- stay exact below 2^53: a charge adds less than 2^32, and a request at most 10 000 (plain.lua
+-- adds requests without it), so from 2^52 more than 2^38 requests of the largest cost reach 2^53.
+local function log_rebase()
+  newest_known = false
+  window_first, window_before = {}, {}
+  local list = redis.call('ZRANGEBYSCORE', key, '(-inf', '+inf')
+  local old, add, running = {}, {}, 0
+  for i, m in ipairs(list) do
+    local t, _, c = entry(m)
+    old[i] = m
+    running = running + c
+    add[#add + 1] = fmt(t)
+    add[#add + 1] = member(t, running, c)
+  end
+  for i = 1, #old, 1000 do redis.call('ZREM', key, unpack(old, i, math.min(i + 999, #old))) end
+  for i = 1, #add, 1000 do redis.call('ZADD', key, unpack(add, i, math.min(i + 999, #add))) end
+  return running
+end
+
 -- ---- refund ----
 
 if cost < 0 then
@@ -566,10 +587,9 @@ if took then
   for q = 1, n do st[q] = new[q] end
   if log_width then
     -- One entry per request, carrying its cost; a charge is logged whole (a debt stands
-    -- when a limit is raised later). A cost is below 2^32, so the running total, which
-    -- starts at 0 again whenever the log empties, is exact (below 2^53) for 2^21 entries of
-    -- the largest cost in a row.
+    -- when a limit is raised later).
     local _, total = log_newest()
+    if force and total and total + cost > 2 ^ 52 then total = log_rebase() end
     total = (total or 0) + cost
     redis.call('ZADD', key, fmt(log_at), member(log_at, total, cost))
     -- Members of one time sort by their running total: the new entry is the newest.
