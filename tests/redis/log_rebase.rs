@@ -1,8 +1,8 @@
 //! A sliding log's running totals on Redis are Lua doubles, exact below 2^53, and a debt is
 //! logged whole (up to 2^32 - 1 a charge): a charge that would take the total past 2^52
 //! counts the log's totals from 0 again first (src/redis/gcra.lua `log_rebase`). The key then
-//! holds what a key counted from 0 holds, and decides alike; a charge below leaves the totals
-//! as they are.
+//! holds what a key counted from 0 holds, decides alike, and lives until the debt leaves the
+//! window; a charge below leaves the totals as they are.
 //!
 //! Pins docs/design.md section 3 ("An account per key", "Redis").
 #![cfg(feature = "redis")]
@@ -92,6 +92,14 @@ async fn a_charge_near_2_pow_52_counts_the_log_from_zero_and_decides_as_before()
             ],
             "{key}"
         );
+        // Redis keeps the key until the debt, its newest entry, leaves the window: 60 s on
+        // (of the server's clock, which ran a little since).
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!((59_000..=60_000).contains(&ttl), "{key}: {ttl} ms");
         // A second later: refused until the debt leaves the window, 59 s on.
         let refused = eval(&mut conn, PLAIN, key, "1", NOW + 1_000_000).await;
         // The debt's last second: the 20 of t2 have left, the debt has not.
