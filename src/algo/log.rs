@@ -121,6 +121,28 @@ impl Log {
         self.entries.push_back((at, total));
     }
 
+    /// Before a charge of `cost`: when the running total through it would pass 2^63, counts
+    /// the totals from 0 before the oldest entry again. What any window holds stays, and the
+    /// total shrinks to what the log holds. A request costs at most [`MAX_LOG_COUNT`] and a
+    /// charge less than 2^32, so totals stay exact: only charges bring them near 2^63, and
+    /// from there requests would need 2^49 admissions to reach 2^64.
+    ///
+    /// [`MAX_LOG_COUNT`]: crate::Quota::MAX_LOG_COUNT
+    pub(crate) fn room_for(&mut self, cost: u64) {
+        if self.total().saturating_add(cost) > 1 << 63 {
+            self.rebase();
+        }
+    }
+
+    #[cold]
+    fn rebase(&mut self) {
+        let base = self.base;
+        for e in &mut self.entries {
+            e.1 -= base;
+        }
+        self.base = 0;
+    }
+
     /// Drops the entries that no window of `width` can see at `now`, and gives memory back
     /// as the log shrinks: the buffer never has room for more than four times what it holds
     /// (or 16 entries).
@@ -303,8 +325,8 @@ mod tests {
             for (i, r) in rules.iter().enumerate() {
                 self.words[i] = r.charge(self.words[i], now, cost);
             }
-            if let Some((width, limit)) = Self::widest(rules) {
-                self.log.admit(now, u64::from(cost).min(limit), width);
+            if let Some((width, _)) = Self::widest(rules) {
+                self.log.admit(now, u64::from(cost), width);
             }
         }
 
@@ -445,5 +467,36 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Running totals near 2^63 (after many debts, the log never empty): a charge counts them
+    /// from 0 again first, and every window holds what it held, the charge's whole cost on top.
+    #[test]
+    fn a_charge_near_the_top_of_the_running_total_counts_it_from_zero_and_holds_the_same() {
+        let top = 1u64 << 63;
+        let rules = [Rule::SlidingLog(Window::new(10_000, 10))];
+        let mut state = KeyState {
+            log: super::Log {
+                entries: [(1, top - 100), (5, top - 40), (8, top - 30)].into(),
+                base: top - 200,
+            },
+            ..KeyState::default()
+        };
+        let held = |s: &KeyState, now, width| s.log.in_window(now, width, 0).1;
+        assert_eq!(held(&state, 8, 10), 170);
+        assert_eq!(held(&state, 8, 5), 70);
+        state.charge(&rules, 9, u32::MAX);
+        let all = 170 + u64::from(u32::MAX);
+        assert_eq!(state.log.base, 0);
+        assert_eq!(state.log.total(), all);
+        assert_eq!(held(&state, 9, 10), all);
+        assert_eq!(held(&state, 9, 5), 70 + u64::from(u32::MAX));
+        assert_eq!(state.log.reaching(0, 100), Some(1));
+        assert_eq!(state.log.reaching(0, 101), Some(5));
+        // Far below the top, a charge leaves the totals as they are.
+        let mut low = KeyState::default();
+        low.charge(&rules, 0, u32::MAX);
+        low.charge(&rules, 1, u32::MAX);
+        assert_eq!(low.log.total(), 2 * u64::from(u32::MAX));
     }
 }

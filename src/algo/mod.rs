@@ -294,16 +294,16 @@ impl KeyState {
     }
 
     /// Takes `cost` whatever the limit, in every quota (a debt settled after a response,
-    /// which stands). The log records it as one entry of at most its largest limit: more
-    /// would change no decision, and so a key's log holds at most one entry per admitted
-    /// request and one per settlement, whatever the costs.
+    /// which stands). The log records it whole, as one entry: a limit raised live later
+    /// still counts all of it, and a key's log holds at most one entry per admitted request
+    /// and one per settlement, whatever the costs.
     pub(crate) fn charge(&mut self, rules: &[Rule], now: u64, cost: u32) {
         for (r, w) in rules.iter().zip(self.words.iter_mut()) {
             *w = r.charge(*w, now, cost);
         }
         if let Some((width, limit)) = log_bounds(rules) {
-            self.log
-                .admit(now, u64::from(cost).min(limit), width, limit);
+            self.log.room_for(u64::from(cost));
+            self.log.admit(now, u64::from(cost), width, limit);
         }
     }
 

@@ -318,14 +318,39 @@ fn a_log_holds_one_entry_per_request_and_gives_memory_back_as_it_shrinks() {
 }
 
 #[test]
-fn a_settled_charge_is_one_log_entry_capped_at_the_largest_limit() {
+fn a_settled_charge_is_one_log_entry_kept_whole() {
     let rules = [log(3, S), log(5, 2 * S)];
     let mut st = KeyState::default();
     st.charge(&rules, 0, u32::MAX);
     assert_eq!(st.log.sizes().0, 1);
-    // Capped at 5: out of the 1 s window at 1 s, out of the 2 s one at 2 s.
+    // Out of the 1 s window at 1 s, out of the 2 s one at 2 s.
     assert_eq!(decide(&rules, &mut st, S, 1).0.outcome(), Outcome::Limited);
     assert!(decide(&rules, &mut st, 2 * S, 1).0.is_allowed());
+}
+
+/// The largest debts, u32::MAX each, at one instant and at the next, under the largest
+/// limit: the log holds every unit (its running total is a u64, exact far beyond), so a
+/// limit raised to u32::MAX still finds the window over it until both have left.
+#[test]
+fn the_largest_debts_stand_whole_under_the_largest_limit() {
+    let rules = [log(3, 2 * S)];
+    let raised = [log(u64::from(u32::MAX), 2 * S)];
+    let mut st = KeyState::default();
+    st.charge(&rules, 0, u32::MAX);
+    st.charge(&rules, 0, u32::MAX);
+    st.charge(&rules, 1, u32::MAX);
+    assert_eq!(st.log.sizes().0, 2);
+    let held = 3 * u64::from(u32::MAX);
+    assert_eq!(st.log.in_window(1, 2 * S, 0), (0, held));
+    let d = decide(&raised, &mut st, S, 1).0;
+    assert_eq!(d.outcome(), Outcome::Limited);
+    assert_eq!(d.states()[0].remaining(), 0);
+    // At 2 s the two of time 0 leave; the one of 1 ns stays and fills the window alone.
+    assert_eq!(
+        decide(&raised, &mut st, 2 * S, 1).0.outcome(),
+        Outcome::Limited
+    );
+    assert!(decide(&raised, &mut st, 2 * S + 1, 1).0.is_allowed());
 }
 
 proptest! {

@@ -44,8 +44,8 @@
 //! So a late refund never doubles a limit, and a refund never grants more than the request
 //! took. A larger settled cost is charged now, as a debt that stands, and costs a key no
 //! more bytes than a small one: GCRA's debt is its time, a window's its count, and a sliding
-//! log records the charge as one entry whose cost is capped at the log's largest count (more
-//! would change no decision).
+//! log records the charge whole, as one entry, so a count raised live later still finds the
+//! debt in the window.
 //!
 //! # What settles, and what does not
 //!

@@ -43,7 +43,6 @@ local function fmt(x) return string.format('%.0f', x) end
 local kind, pa, pb = {}, {}, {}
 local warm = {}
 local log_width = nil
-local log_limit = 0
 local reserved = tonumber(ARGV[4 + 3 * n]) or 0
 local gone, gone_cur, spot_a, spot_b = {}, {}, {}, {}
 do
@@ -53,7 +52,6 @@ do
     pa[q] = tonumber(ARGV[2 + 3 * q])
     pb[q] = tonumber(ARGV[3 + 3 * q])
     if kind[q] == 2 and (log_width == nil or pb[q] > log_width) then log_width = pb[q] end
-    if kind[q] == 2 and pa[q] > log_limit then log_limit = pa[q] end
     if kind[q] == 4 then
       warm[q] = {period = tonumber(ARGV[extra]), cold = tonumber(ARGV[extra + 1])}
       extra = extra + 2
@@ -474,6 +472,27 @@ local function log_give_back(t, u)
   for i = 1, #add, 1000 do redis.call('ZADD', key, unpack(add, i, math.min(i + 999, #add))) end
 end
 
+-- Counts the log's running totals from 0 before its oldest entry again, and returns the total
+-- through the newest: what any window holds stays. A charge near 2^52 calls it first, so totals
+-- stay exact below 2^53: a charge adds less than 2^32, and a request at most 10 000 (plain.lua
+-- adds requests without it), so from 2^52 more than 2^38 requests of the largest cost reach 2^53.
+local function log_rebase()
+  newest_known = false
+  window_first, window_before = {}, {}
+  local list = redis.call('ZRANGEBYSCORE', key, '(-inf', '+inf')
+  local old, add, running = {}, {}, 0
+  for i, m in ipairs(list) do
+    local t, _, c = entry(m)
+    old[i] = m
+    running = running + c
+    add[#add + 1] = fmt(t)
+    add[#add + 1] = member(t, running, c)
+  end
+  for i = 1, #old, 1000 do redis.call('ZREM', key, unpack(old, i, math.min(i + 999, #old))) end
+  for i = 1, #add, 1000 do redis.call('ZADD', key, unpack(add, i, math.min(i + 999, #add))) end
+  return running
+end
+
 -- ---- refund ----
 
 if cost < 0 then
@@ -567,15 +586,14 @@ local took = outcome == 0 and cost > 0
 if took then
   for q = 1, n do st[q] = new[q] end
   if log_width then
-    -- One entry per request, carrying its cost; a charge logs at most the largest limit:
-    -- more changes no decision.
-    local logged = cost
-    if force and logged > log_limit then logged = log_limit end
+    -- One entry per request, carrying its cost; a charge is logged whole (a debt stands
+    -- when a limit is raised later).
     local _, total = log_newest()
-    total = (total or 0) + logged
-    redis.call('ZADD', key, fmt(log_at), member(log_at, total, logged))
+    if force and total and total + cost > 2 ^ 52 then total = log_rebase() end
+    total = (total or 0) + cost
+    redis.call('ZADD', key, fmt(log_at), member(log_at, total, cost))
     -- Members of one time sort by their running total: the new entry is the newest.
-    newest_t, newest_total, newest_c = log_at, total, logged
+    newest_t, newest_total, newest_c = log_at, total, cost
   end
   save()
 elseif cost >= 0 then

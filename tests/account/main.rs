@@ -12,6 +12,7 @@ mod account_redis;
 mod debt_raised;
 mod kinds_stacked;
 mod log_comes_back;
+mod log_debt;
 mod meetings;
 mod meetings_redis;
 mod settle;

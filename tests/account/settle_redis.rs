@@ -175,7 +175,7 @@ async fn a_huge_charge_on_a_redis_log_keeps_at_most_its_limit() {
         .unwrap()
         .redis_key(&Box::from(&b"k"[..]));
     let key = String::from_utf8(key).unwrap();
-    // The reservation's entry, one entry for the charge (capped at the limit), and the
+    // The reservation's entry, one entry for the charge (whole), and the
     // member that holds the words: however large the cost.
     let members = server.cli(&["ZCARD", &key]).unwrap();
     assert_eq!(members.trim(), "3");

@@ -9,8 +9,8 @@
 //! * a refund of `u` units gives back the end part of that and only what still counts now
 //!   (nothing once the window has passed; a log entry its own units; GCRA the part of its own
 //!   slice still ahead of now, never moving the time before now);
-//! * a settlement above the cost charges the difference now, beyond any limit (a debt; the
-//!   log records it as one entry, capped at its largest limit);
+//! * a settlement above the cost charges the difference now, beyond any limit (a debt that
+//!   stands; the log records it whole, as one entry);
 //! * a change of quotas judges the stored state and never rewrites it (a fixed window keeps
 //!   the end it opened with), except that what had left a sliding window when the change
 //!   came stays gone (a log entry out of the old window; a counter's counts that no longer
@@ -369,10 +369,8 @@ impl Account {
                 Kind::Log { .. } => {}
             }
         }
-        if let Some(limit) = self.log_limit() {
-            if c > 0 {
-                self.log.push((now, c.min(limit)));
-            }
+        if self.log_limit().is_some() && c > 0 {
+            self.log.push((now, c));
         }
     }
 

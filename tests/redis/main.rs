@@ -17,6 +17,7 @@ mod lease_hostile;
 mod lease_model;
 mod live_expiry;
 mod live_local;
+mod log_rebase;
 mod long_log;
 mod meet_lua;
 mod meet_split;
