@@ -10,7 +10,7 @@
 //! Pins docs/design.md section 1 ("Other kinds") and section 3 ("A live quota change",
 //! "Keyed state").
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -314,12 +314,20 @@ fn checks_racing_live_changes_are_judged_by_one_quota_whole() {
         let slot: RateLimiter<()> = build(vec![a.clone()], &clock, None);
         assert!(slot.check_n(&(), 2).is_allowed());
         let done = AtomicBool::new(false);
+        // Changes made so far: a thread checks at most `PER_CHANGE` fresh keys for each, so
+        // that the keys a change visits stay bounded however the threads are scheduled.
+        let changed = AtomicU64::new(0);
+        const PER_CHANGE: u64 = 16;
         std::thread::scope(|s| {
             for t in 0..2u64 {
-                let (table, slot, done) = (&table, &slot, &done);
+                let (table, slot, done, changed) = (&table, &slot, &done, &changed);
                 s.spawn(move || {
                     let mut key = t << 40;
                     while !done.load(Ordering::Relaxed) {
+                        if key - (t << 40) >= (changed.load(Ordering::Relaxed) + 1) * PER_CHANGE {
+                            std::thread::yield_now();
+                            continue;
+                        }
                         key += 1;
                         let d = first(&table.check(&key));
                         assert!(d == fa.0 || d == fb.0, "kind {kind}: {d:?}");
@@ -331,12 +339,13 @@ fn checks_racing_live_changes_are_judged_by_one_quota_whole() {
             // A change of a warm-up curve visits every tracked key (it renews those idle under
             // the old curve), as does a change of a sliding window's or log's width (it measures
             // when each goes idle again), and the threads add a key at every check: fewer
-            // changes keep the race short.
+            // changes, and a bounded number of keys per change, keep the race short.
             let changes = if matches!(kind, 2..=4) { 400 } else { 4_000 };
             for i in 0..changes {
                 let q = if i % 2 == 0 { &b } else { &a };
                 table.set_quotas([q.clone()]).unwrap();
                 slot.set_quotas([q.clone()]).unwrap();
+                changed.fetch_add(1, Ordering::Relaxed);
             }
             done.store(true, Ordering::Relaxed);
         });
