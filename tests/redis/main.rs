@@ -14,6 +14,7 @@ mod key_errors;
 mod lease;
 mod lease_hostile;
 mod lease_model;
+mod lease_walk;
 mod live_expiry;
 mod long_log;
 mod meet_lua;
