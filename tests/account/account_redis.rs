@@ -120,8 +120,7 @@ async fn log_figures() {
     let store = store(&server).await;
     let (clock, time) = manual();
     let day = Duration::from_secs(86_400);
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(&server).await;
     for (name, cost, n) in [("ones", 1u32, 10_000u32), ("big", 10_000, 1)] {
         let l = RedisRateLimiter::<u8>::builder(store.clone(), Quota::sliding_log(10_000, day))
             .name(name.to_owned())

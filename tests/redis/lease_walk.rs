@@ -51,8 +51,7 @@ fn limiter(
 
 /// A key's value (serialized, whatever its type) and time to live (ms).
 async fn stored(server: &RedisServer, name: &[u8]) -> (Option<Vec<u8>>, i64) {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(&server).await;
     redis::pipe()
         .cmd("DUMP")
         .arg(name)
