@@ -7,6 +7,7 @@
 mod common;
 
 mod adversary;
+mod curve_renewal_redis;
 mod dry_run_penalty;
 mod fallback;
 mod hostile_settings;
