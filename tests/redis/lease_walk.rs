@@ -51,7 +51,7 @@ fn limiter(
 
 /// A key's value (serialized, whatever its type) and time to live (ms).
 async fn stored(server: &RedisServer, name: &[u8]) -> (Option<Vec<u8>>, i64) {
-    let mut conn = crate::common::redis_server::connection(&server).await;
+    let mut conn = crate::common::redis_server::connection(server).await;
     redis::pipe()
         .cmd("DUMP")
         .arg(name)
