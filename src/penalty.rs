@@ -24,8 +24,10 @@
 //!   is admitted: the end of the ban, or later when the quotas that refused the request that
 //!   brought the ban admit it later (whole seconds, rounded up). A client that waits as told is
 //!   served, never struck again, unless the quotas are lowered meanwhile: its retry is then
-//!   judged by the new quotas (a refusal is a strike), and told the new time. `RateLimit` fields agree: every quota `r=0`, `t` at least that
-//!   wait. The rejection's kind is [`RejectionKind::Banned`](crate::response::RejectionKind::Banned).
+//!   judged by the new quotas (a refusal is a strike), and told the new time. That time is
+//!   measured at the ban, with the quotas then in force: a live change during the ban does
+//!   not rewrite it (a raise may admit a retry sooner once the ban is over). `RateLimit`
+//!   fields agree: every quota `r=0`, `t` at least that wait. The rejection's kind is [`RejectionKind::Banned`](crate::response::RejectionKind::Banned).
 //!
 //! # Memory
 //!

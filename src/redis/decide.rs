@@ -19,7 +19,7 @@ use super::deny::DenyCache;
 use super::fallback::Fallback;
 use super::key::{write_guarded, RedisKey, TagGuard};
 use super::lease::Leases;
-use super::script::{decision_args, decision_of, decision_script, micros, time_arg, Arg};
+use super::script::{decision_args, decision_of, decision_script, micros, time_arg, Arg, Renewals};
 use super::store::{Failure, RedisStore};
 use crate::algo::gcra::Gcra;
 use crate::algo::Rule;
@@ -70,18 +70,20 @@ pub(super) struct Limits {
     pub(super) rules: Box<[Rule]>,
     /// The same as GCRA, when every quota is one (the deny cache decides those locally).
     pub(super) gcras: Box<[Gcra]>,
+    /// The changes of warm-up curves that make the keys idle at them new.
+    pub(super) renewals: Renewals,
 }
 
 impl Limits {
     pub(super) fn new(quotas: Vec<Quota>) -> Result<Self, ConfigError> {
-        Limits::replacing(quotas, &[], 0)
+        Limits::replacing(quotas, None, 0)
     }
 
-    /// `quotas` in place of the rules `old` at `now`: they judge the state every key stored
-    /// (see [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas)).
+    /// `quotas` in place of `old` at `now`: they judge the state every key stored (see
+    /// [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas)).
     pub(super) fn replacing(
         quotas: Vec<Quota>,
-        old: &[Rule],
+        old: Option<&Limits>,
         now: u64,
     ) -> Result<Self, ConfigError> {
         crate::limiter::check_quotas(&quotas)?;
@@ -89,13 +91,28 @@ impl Limits {
             .iter()
             .map(micros)
             .collect::<Result<Box<[Rule]>, _>>()?;
-        Rule::replacing(&mut rules, old, now);
+        let old_rules = old.map_or(&[][..], |o| &o.rules[..]);
+        Rule::replacing(&mut rules, old_rules, now);
+        let renewals = old.map_or_else(Renewals::default, |o| {
+            o.renewals.after(old_rules, &rules, now)
+        });
         let gcras: Box<[Gcra]> = rules.iter().filter_map(Rule::as_gcra).copied().collect();
         Ok(Limits {
             quotas: quotas.into(),
             rules,
             gcras,
+            renewals,
         })
+    }
+
+    /// The script's arguments for these quotas (see [`decision_args`]).
+    pub(super) fn args<'a>(
+        &self,
+        cost: Arg<'a>,
+        time: Arg<'a>,
+        taken: Option<&Reservation>,
+    ) -> ([Arg<'a>; super::script::ARGS], usize) {
+        decision_args(&self.rules, &self.renewals, cost, time, taken)
     }
 }
 
@@ -274,8 +291,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         let inner = self;
         // One set of quotas for the whole decision, whatever changes while it is on its way.
         let limits = inner.limits.load_full();
-        let (args, n) = decision_args(
-            &limits.rules,
+        let (args, n) = limits.args(
             Arg::Int(u64::from(cost)),
             time_arg(inner.local_time, now),
             None,
@@ -423,7 +439,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         // `none()`'s spots (see `decision_of`).
         let taken = taken.filter(|t| t.spots != Reservation::none().spots);
         let args = Arg::Bytes(cost.as_bytes());
-        let (args, n) = decision_args(&limits.rules, args, time_arg(inner.local_time, now), taken);
+        let (args, n) = limits.args(args, time_arg(inner.local_time, now), taken);
         let script = decision_script(&limits.rules, true);
         let reply = inner
             .store

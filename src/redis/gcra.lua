@@ -29,6 +29,10 @@
 -- then     for a refund with a reservation, each quota's spot (src/gcra.rs `Reservation`):
 --          GCRA and warm-up the slice start, end; fixed window its end, 0; counter its start,
 --          0; log the entry's time, 0
+-- then     after live changes of a warm-up curve (src/redis/script.rs `Renewals`), how many,
+--          then for each, oldest first, its time and for each warm-up quota in order its
+--          period and cold factor before it: a key idle at one of those times under those
+--          curves (the other quotas as now) is a new key, whatever time to live it has left
 --          Arguments left out at the end (after any warm-up settings) read as 0.
 --
 -- Returns {outcome, retry_after, remaining_1, reset_after_1, ..., remaining_n, reset_after_n}
@@ -45,6 +49,7 @@ local warm = {}
 local log_width = nil
 local reserved = tonumber(ARGV[4 + 3 * n]) or 0
 local gone, gone_cur, spot_a, spot_b = {}, {}, {}, {}
+local renewals = {}
 do
   local extra = 5 + 3 * n
   for q = 1, n do
@@ -63,17 +68,33 @@ do
     spot_a[q] = tonumber(ARGV[extra + 2 * n + 2 * q - 2]) or 0
     spot_b[q] = tonumber(ARGV[extra + 2 * n + 2 * q - 1]) or 0
   end
+  local at = extra + 4 * n + 1
+  for i = 1, tonumber(ARGV[extra + 4 * n]) or 0 do
+    local r = {at = tonumber(ARGV[at]), warm = {}}
+    at = at + 1
+    for q = 1, n do
+      if kind[q] == 4 then
+        r.warm[q] = {period = tonumber(ARGV[at]), cold = tonumber(ARGV[at + 1])}
+        at = at + 2
+      end
+    end
+    renewals[i] = r
+  end
 end
 local WORDS = {[0] = 1, [1] = 2, [2] = 0, [3] = 3, [4] = 2}
 
 
 -- floor(x * y / d) exactly, for integers 0 <= x, y < 2^52 and 0 < d < 2^52 whose result is
--- below 2^53 (src/warmup.rs computes the same in 128 bits). A product beyond 2^52 is taken
--- bit by bit: x * y = x * (q0 * d + r0), and x * r0 is divided by doubling.
+-- below 2^53 (src/warmup.rs computes the same in 128 bits), and the remainder. A product
+-- beyond 2^52 is taken bit by bit: x * y = x * (q0 * d + r0), and x * r0 is divided by
+-- doubling.
 local function muldiv(x, y, d)
-  if x == 0 or y == 0 then return 0 end
+  if x == 0 or y == 0 then return 0, 0 end
   local p = x * y
-  if p < 4503599627370496 then return idiv(p, d) end
+  if p < 4503599627370496 then
+    local q = idiv(p, d)
+    return q, p - q * d
+  end
   local q0 = idiv(y, d)
   local r0 = y - q0 * d
   local bits, m = {}, x
@@ -92,20 +113,22 @@ local function muldiv(x, y, d)
       if r >= d then r = r - d; q = q + 1 end
     end
   end
-  return x * q0 + q
+  return x * q0 + q, r
 end
 
 -- The warm-up curve of quota q (src/warmup.rs `Curve`), in microseconds; stored permits are
 -- measured in time and kept as the deficit below `max` (0: fully cold, as a key never seen).
+local function curve_of(t, w)
+  local zone = idiv(2 * w.period, w.cold + 1)
+  local threshold = idiv(w.period, 2)
+  return {t = t, period = w.period, cold = w.cold, threshold = threshold, zone = zone,
+          max = threshold + zone}
+end
 local curves = {}
 local function curve(q)
   local c = curves[q]
   if c then return c end
-  local w = warm[q]
-  local zone = idiv(2 * w.period, w.cold + 1)
-  local threshold = idiv(w.period, 2)
-  c = {t = pa[q], period = w.period, cold = w.cold, threshold = threshold, zone = zone,
-       max = threshold + zone}
+  c = curve_of(pa[q], warm[q])
   curves[q] = c
   return c
 end
@@ -122,7 +145,7 @@ end
 
 local function warm_surcharge_to(c, x)
   if c.zone == 0 or c.cold == 1 or x <= 0 then return 0 end
-  return muldiv(x, (c.cold - 1) * x, 2 * c.zone)
+  return (muldiv(x, (c.cold - 1) * x, 2 * c.zone))
 end
 
 local function warm_above(c, deficit)
@@ -491,6 +514,44 @@ local function log_rebase()
   for i = 1, #old, 1000 do redis.call('ZREM', key, unpack(old, i, math.min(i + 999, #old))) end
   for i = 1, #add, 1000 do redis.call('ZADD', key, unpack(add, i, math.min(i + 999, #add))) end
   return running
+end
+
+-- ---- a key idle at a change of a warm-up curve is new ----
+
+-- The memory store makes such a key new at the change (src/limiter/memory.rs
+-- `renews_idle_keys`); here its words are those of a key never seen, whatever time to live it
+-- has left, if it was idle at any of the changes the script is told of (a key new at one is
+-- judged at the later ones as new, which it is). Under the old curve a warm-up quota is idle once its backlog is past and its
+-- deficit regained, to the microsecond rounded up, as memory measures it (`Curve::cold_in`).
+-- A key written since the change has a time at or after it, so this never touches it.
+local function idle_at_renewal(r)
+  local horizon = 0
+  for q = 1, n do
+    local h
+    if kind[q] == 4 then
+      local s, c = st[q], curve_of(pa[q], r.warm[q])
+      h = s[1]
+      if s[2] > 0 and c.max > 0 then
+        local d = s[2]
+        if d > c.max then d = c.max end
+        local f, r = muldiv(d, c.period, c.max)
+        if r > 0 then f = f + 1 end
+        h = s[1] + f
+      end
+    else
+      h = idle_at(q)
+    end
+    if h > horizon then horizon = h end
+  end
+  return horizon <= r.at
+end
+if raw then
+  for i = 1, #renewals do
+    if idle_at_renewal(renewals[i]) then
+      for q = 1, n do st[q] = {0, 0, 0} end
+      break
+    end
+  end
 end
 
 -- ---- refund ----

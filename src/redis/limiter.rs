@@ -460,7 +460,11 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// is logged and skipped), looks at 10 million keys and runs 10 minutes at most,
     /// gives way to the walk of a later change, and logs when it is done or stopped; on
     /// Redis Cluster there is none (logged), and a key left idle from the change on expires
-    /// when the quotas of its last write said: its next request starts afresh.
+    /// when the quotas of its last write said: its next request starts afresh. A key idle at
+    /// a change of a warm-up curve under the curve then in force is a new key, as in memory,
+    /// even while Redis still holds it (its expiry is rounded up to whole milliseconds): each
+    /// script call is told of the latest changes of curve (up to four within one warm-up
+    /// period) and of the curves they replaced.
     ///
     /// An unnamed limiter keeps the key names of the quotas it was built with (they are
     /// fixed when it is built; moving them would drop every key's state). A process built
@@ -470,7 +474,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
         let old = self.inner.limits.load();
         crate::limiter::check_replacement(&old.quotas, &quotas)?;
-        let limits = Limits::replacing(quotas, &old.rules, self.now())?;
+        let limits = Limits::replacing(quotas, Some(&old), self.now())?;
         self.inner.fallback.set_quotas(&limits.quotas)?;
         let lengthens = expiry::lengthens(&old.rules, &limits.rules);
         self.inner.limits.store(Arc::new(limits));

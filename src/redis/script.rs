@@ -199,22 +199,102 @@ pub(super) fn rule_args(r: &Rule) -> (u64, u64, u64) {
     }
 }
 
+/// A live change of a limit that changed a warm-up curve: a key idle at that instant under
+/// the quotas then in force is a new key, as the memory store makes it (see
+/// [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas)), whatever time to live Redis
+/// still gives it (its expiry is rounded up to whole milliseconds, and a walk after the change
+/// may have lengthened it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Renewal {
+    /// When, in whole microseconds (rounded down: a key idle at a microsecond is idle at
+    /// every later instant of it).
+    at: u64,
+    /// Each warm-up quota's curve before the change, in order: its period in microseconds and
+    /// its cold factor.
+    curves: Box<[(u64, u64)]>,
+    /// The longest warm-up period (µs) of the quotas in force since: a key idle at the change
+    /// has regained its deficit under any of them that long after, so once that time is past
+    /// at a later change, whatever this renewal would make new is idle under the quotas in
+    /// force, and it is dropped.
+    span: u64,
+}
+
+/// The changes of warm-up curves a key stored before may still have to be judged by, oldest
+/// first: at most [`MAX_RENEWALS`] (more changes of curve within one warm-up period drop the
+/// oldest).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Renewals(Box<[Renewal]>);
+
+/// The most changes of curve the script is told of.
+const MAX_RENEWALS: usize = 4;
+
+/// The longest warm-up period of `rules`, in microseconds.
+fn warm_span(rules: &[Rule]) -> u64 {
+    rules
+        .iter()
+        .filter_map(|r| match r {
+            Rule::WarmUp(g) => Some(g.curve.period),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+impl Renewals {
+    /// The renewals in force once `new` replaces `old` at `now` (ns), `self` being those in
+    /// force before: one more when a warm-up curve changes.
+    pub(super) fn after(&self, old: &[Rule], new: &[Rule], now: u64) -> Renewals {
+        let at = now / MICRO;
+        let span = warm_span(old).max(warm_span(new));
+        let mut list: Vec<Renewal> = self
+            .0
+            .iter()
+            .map(|r| Renewal {
+                span: r.span.max(span),
+                ..r.clone()
+            })
+            .filter(|r| at < r.at.saturating_add(r.span))
+            .collect();
+        let changed = old
+            .iter()
+            .zip(new)
+            .any(|pair| matches!(pair, (Rule::WarmUp(a), Rule::WarmUp(b)) if a.curve != b.curve));
+        if changed {
+            let curves = old
+                .iter()
+                .filter_map(|r| match r {
+                    Rule::WarmUp(g) => Some((g.curve.period, g.curve.cold_factor)),
+                    _ => None,
+                })
+                .collect();
+            list.push(Renewal { at, curves, span });
+            if list.len() > MAX_RENEWALS {
+                list.remove(0);
+            }
+        }
+        Renewals(list.into())
+    }
+}
+
 /// The decision script's arguments after the key: the cost (negative for a refund), the
 /// time sent ([`time_arg`]), then each quota's kind and two numbers (GCRA: interval and
 /// tolerance in microseconds; a window: its count and width in microseconds; warm-up: as
 /// GCRA), then the cost of the reservation `taken` that a refund gives back from (0:
 /// none), then for each warm-up quota in order its period in microseconds and its cold
 /// factor, then for each quota what had left its windows at changes of quotas (see
-/// `Window::replacing`), then `taken`'s spots (as the script gave them, see [`decision_of`]). Returns them with how many are used: without
-/// a reservation or a warm-up quota, not the zeros after the quotas' numbers, which the
-/// scripts read as 0.
+/// `Window::replacing`), then `taken`'s spots (as the script gave them, see [`decision_of`]),
+/// then, after changes of a warm-up curve, how many [`Renewals`] and for each its time and
+/// each warm-up quota's period and cold factor before it. Returns them with how many are
+/// used: without a reservation, a warm-up quota or a renewal, not the zeros after the
+/// quotas' numbers, which the scripts read as 0.
 pub(super) fn decision_args<'a>(
     rules: &[Rule],
+    renewals: &Renewals,
     cost: Arg<'a>,
     time: Arg<'a>,
     taken: Option<&Reservation>,
-) -> ([Arg<'a>; 4 + 9 * MAX_QUOTAS], usize) {
-    let mut args = [Arg::Int(0); 4 + 9 * MAX_QUOTAS];
+) -> ([Arg<'a>; ARGS], usize) {
+    let mut args = [Arg::Int(0); ARGS];
     args[0] = cost;
     args[1] = time;
     args[2] = Arg::Int(rules.len() as u64);
@@ -250,6 +330,9 @@ pub(super) fn decision_args<'a>(
             args[used + 1] = Arg::Int(spot[1].saturating_sub(1));
             used += 2;
         }
+    } else if !renewals.0.is_empty() {
+        // The spots' place is kept (zeros) for the renewal after them.
+        used += 2 * rules.len();
     } else if !rules.iter().any(|r| matches!(r, Rule::WarmUp(_))) {
         // The zeros that end a request's arguments (no reservation, nothing gone) are not
         // sent: every script reads a missing one as 0, and each one sent costs the server
@@ -258,17 +341,36 @@ pub(super) fn decision_args<'a>(
             used -= 1;
         }
     }
+    if !renewals.0.is_empty() {
+        args[used] = Arg::Int(renewals.0.len() as u64);
+        used += 1;
+        for r in &renewals.0 {
+            args[used] = Arg::Int(r.at);
+            used += 1;
+            for &(period, cold_factor) in &r.curves {
+                args[used] = Arg::Int(period);
+                args[used + 1] = Arg::Int(cold_factor);
+                used += 2;
+            }
+        }
+    }
     (args, used)
 }
+
+/// The most arguments [`decision_args`] gives: three per quota and the reservation's cost,
+/// then per quota two warm-up settings, two gone times and two spots, then the renewals'
+/// count, and for each its time and two numbers per quota.
+pub(super) const ARGS: usize = 5 + 9 * MAX_QUOTAS + MAX_RENEWALS * (1 + 2 * MAX_QUOTAS);
 
 /// The arguments of a report (to [`SCRIPT`]) that lengthens a key's expiry to when it is idle
 /// under `rules`, never shortening it (see `expiry.rs`): a request's of cost 0, with `"~"`
 /// where a refund's reservation goes.
 pub(super) fn lengthening_args<'a>(
     rules: &[Rule],
+    renewals: &Renewals,
     time: Arg<'a>,
-) -> ([Arg<'a>; 4 + 9 * MAX_QUOTAS], usize) {
-    let (mut args, n) = decision_args(rules, Arg::Int(0), time, None);
+) -> ([Arg<'a>; ARGS], usize) {
+    let (mut args, n) = decision_args(rules, renewals, Arg::Int(0), time, None);
     let at = 3 + 3 * rules.len();
     args[at] = Arg::Bytes(b"~");
     (args, n.max(at + 1))
@@ -368,4 +470,46 @@ pub(super) fn decision_of(rules: &[Rule], r: &[i64], cost: u32) -> Option<Decisi
     }
     let d = Decision::from_store(outcome, ns(r[1])?, &quotas[..rules.len().min(MAX_QUOTAS)]);
     Some(d.with_taken(taken))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn rules(burst: u32, period_s: u64) -> Vec<Rule> {
+        let q = Quota::per_second(1)
+            .burst(burst)
+            .warm_up(Duration::from_secs(period_s), 3);
+        vec![micros(&q).unwrap()]
+    }
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn renewals_follow_changes_of_curve_and_go_once_a_warm_up_period_has_passed() {
+        let none = Renewals::default();
+        // A change of burst alone renews nothing, and keeps what is in force.
+        assert_eq!(none.after(&rules(1, 4), &rules(2, 4), 10 * S), none);
+        let one = none.after(&rules(1, 4), &rules(1, 8), 10 * S);
+        assert_eq!(one.0.len(), 1);
+        assert_eq!(one.0[0].at, 10_000_000);
+        assert_eq!(&*one.0[0].curves, &[(4_000_000, 3)]);
+        assert_eq!(one.0[0].span, 8_000_000);
+        assert_eq!(one.after(&rules(1, 8), &rules(2, 8), 12 * S), one);
+        // Within the longest period since (8 s), every change is kept, up to four.
+        let mut r = one.clone();
+        for (i, p) in [2u64, 8, 2, 8].into_iter().enumerate() {
+            let from = if i % 2 == 0 { 8 } else { 2 };
+            r = r.after(&rules(1, from), &rules(1, p), (11 + i as u64) * S);
+        }
+        assert_eq!(r.0.len(), MAX_RENEWALS);
+        assert_eq!(r.0[0].at, 11_000_000, "the oldest went");
+        // 8 s after the last of them, at a change of burst, none is needed any more.
+        assert_eq!(
+            r.after(&rules(1, 8), &rules(2, 8), 22 * S).0.len(),
+            0,
+            "every key idle at those changes is idle under any curve since"
+        );
+    }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::account::{op, Op};
 use crate::common::account::rig::{manual, settles, Rig, FAILED, OK};
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{connection, RedisServer, ServerClock};
 use crate::common::stores::{self, key};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -120,8 +120,7 @@ async fn log_figures() {
     let store = store(&server).await;
     let (clock, time) = manual();
     let day = Duration::from_secs(86_400);
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(&server).await;
     for (name, cost, n) in [("ones", 1u32, 10_000u32), ("big", 10_000, 1)] {
         let l = RedisRateLimiter::<u8>::builder(store.clone(), Quota::sliding_log(10_000, day))
             .name(name.to_owned())
@@ -190,10 +189,7 @@ fn the_memory_and_redis_layers_keep_the_same_account_with_warm_up() {
         .build()
         .unwrap();
     let store = rt.block_on(store(&server));
-    let client = redis::Client::open(server.url()).unwrap();
-    let conn = rt
-        .block_on(client.get_multiplexed_async_connection())
-        .unwrap();
+    let conn = rt.block_on(connection(&server));
     let quotas = |v: [bool; 4]| {
         vec![
             // The change keeps the warm-up curve (rate, period, cold factor) and moves the
@@ -221,60 +217,64 @@ fn the_memory_and_redis_layers_keep_the_same_account_with_warm_up() {
         .run(&strategy, |(start, ops)| {
             case.set(case.get() + 1);
             let name = format!("warm{}", case.get());
-            let mut conn = conn.clone();
             rt.block_on(async {
-                let (clock, time) = manual();
-                let on_redis = layer(&store, &name, &quotas(start), &clock);
-                let in_memory = stores::layer(&quotas(start), &name, &clock);
-                let r_lim = limiter(&on_redis, &name);
-                let m_lim: RateLimiter<Box<[u8]>> = in_memory.limiter(&name).unwrap().unwrap();
-                let redis_key = r_lim.redis_key(&key("k"));
-                let mut r_rig = Rig::new(|h| on_redis.layer(h));
-                let mut m_rig = Rig::new(|h| in_memory.layer(h));
-                let mut flying: Vec<(u64, u64)> = Vec::new();
-                for op in ops {
-                    match op {
-                        Op::Send(cost) => {
-                            let (r, m) = (r_rig.send("k", cost).await, m_rig.send("k", cost).await);
-                            prop_assert_eq!(r.is_some(), m.is_some(), "send {}", cost);
-                            if let (Some(r), Some(m)) = (r, m) {
-                                flying.push((r, m));
+                // The Redis key's time to live runs on the server's clock, the decisions on the
+                // manual one: every key persists after each step, and a case in which the
+                // server expired one before that (real time running past a time to live on a
+                // loaded machine) is void.
+                let mut server_clock = ServerClock::watch(&conn).await;
+                let outcome = async {
+                    let (clock, time) = manual();
+                    let on_redis = layer(&store, &name, &quotas(start), &clock);
+                    let in_memory = stores::layer(&quotas(start), &name, &clock);
+                    let r_lim = limiter(&on_redis, &name);
+                    let m_lim: RateLimiter<Box<[u8]>> = in_memory.limiter(&name).unwrap().unwrap();
+                    let mut r_rig = Rig::new(|h| on_redis.layer(h));
+                    let mut m_rig = Rig::new(|h| in_memory.layer(h));
+                    let mut flying: Vec<(u64, u64)> = Vec::new();
+                    for op in ops {
+                        match op {
+                            Op::Send(cost) => {
+                                let (r, m) =
+                                    (r_rig.send("k", cost).await, m_rig.send("k", cost).await);
+                                prop_assert_eq!(r.is_some(), m.is_some(), "send {}", cost);
+                                if let (Some(r), Some(m)) = (r, m) {
+                                    flying.push((r, m));
+                                }
                             }
-                        }
-                        Op::Answer(i, reply) => {
-                            if flying.is_empty() {
-                                continue;
+                            Op::Answer(i, reply) => {
+                                if flying.is_empty() {
+                                    continue;
+                                }
+                                let (r, m) = flying.remove(i % flying.len());
+                                let reply = match reply {
+                                    None => OK,
+                                    Some(None) => FAILED,
+                                    Some(Some(n)) => settles(n),
+                                };
+                                r_rig.answer(r, reply).await;
+                                m_rig.answer(m, reply).await;
                             }
-                            let (r, m) = flying.remove(i % flying.len());
-                            let reply = match reply {
-                                None => OK,
-                                Some(None) => FAILED,
-                                Some(Some(n)) => settles(n),
-                            };
-                            r_rig.answer(r, reply).await;
-                            m_rig.answer(m, reply).await;
+                            Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
+                            Op::Change(v) => {
+                                r_lim.set_quotas(quotas(v)).unwrap();
+                                m_lim.set_quotas(quotas(v)).unwrap();
+                            }
+                            // Exact eviction: dropping idle keys from memory changes no decision.
+                            Op::Evict => {
+                                m_lim.evict_idle();
+                            }
+                            Op::Peek => {}
                         }
-                        Op::Wait(ms) => time.advance(Duration::from_millis(ms)),
-                        Op::Change(v) => {
-                            r_lim.set_quotas(quotas(v)).unwrap();
-                            m_lim.set_quotas(quotas(v)).unwrap();
-                        }
-                        // Exact eviction: dropping idle keys from memory changes no decision.
-                        Op::Evict => {
-                            m_lim.evict_idle();
-                        }
-                        Op::Peek => {}
+                        server_clock.keep_all().await;
+                        let r = r_lim.check_n(&key("k"), 0).await;
+                        let m = m_lim.peek(&key("k"));
+                        prop_assert_eq!(r, m);
                     }
-                    let _: i64 = redis::cmd("PERSIST")
-                        .arg(&redis_key)
-                        .query_async(&mut conn)
-                        .await
-                        .unwrap();
-                    let r = r_lim.check_n(&key("k"), 0).await;
-                    let m = m_lim.peek(&key("k"));
-                    prop_assert_eq!(r, m);
+                    Ok(())
                 }
-                Ok(())
+                .await;
+                server_clock.judge(outcome).await
             })
         })
         .unwrap();

@@ -12,7 +12,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::account::rig::{failures, manual, Reply, Rig, FAILED, OK};
-use common::redis_server::RedisServer;
+use common::redis_server::{connection, RedisServer, ServerClock};
 use common::stores;
 use tollgate::key::Header;
 use tollgate::rate_limit::settle::ActualCost;
@@ -227,6 +227,7 @@ mod side_by_side {
             .build()
             .unwrap();
         let store = rt.block_on(store(&server));
+        let conn = rt.block_on(connection(&server));
         let mut runner = TestRunner::new(Config::with_cases(48));
         let case = std::cell::Cell::new(0u32);
         let strategy = (0u8..5, prop::collection::vec(op(), 1..40));
@@ -235,37 +236,44 @@ mod side_by_side {
                 case.set(case.get() + 1);
                 let name = format!("side{}", case.get());
                 rt.block_on(async {
-                    let (clock, time) = manual();
-                    let build = |qs: Vec<Quota>| {
-                        RateLimitLayer::new(policy(&name, qs))
-                            .key(Header::new("x-key"))
-                            .clock(clock.clone())
-                            .cost(stores::x_cost)
-                            .settle(ActualCost::header("x-actual"))
-                            .penalty_box(PenaltyBox::new(2, 6 * S, 2 * S))
-                    };
-                    let mem = build(quotas(kind, 4));
-                    let red = build(quotas(kind, 4)).store(store.clone());
-                    let redis_key = redis_name(&red, &name, "k");
-                    let mut m = mem.clone().layer(tower::service_fn(handler));
-                    let mut r = red.clone().layer(tower::service_fn(handler));
-                    for op in ops {
-                        match op {
-                            Op::Request { cost, actual } => {
-                                let a = send(&mut m, cost, actual).await;
-                                let b = send(&mut r, cost, actual).await;
-                                prop_assert_eq!(a, b, "cost {} actual {}", cost, actual);
+                    // The quota and penalty keys' times to live run on the server's clock, the
+                    // decisions on the manual one: every key persists after each step, and a
+                    // case in which the server expired one before that is void.
+                    let mut server_clock = ServerClock::watch(&conn).await;
+                    let outcome = async {
+                        let (clock, time) = manual();
+                        let build = |qs: Vec<Quota>| {
+                            RateLimitLayer::new(policy(&name, qs))
+                                .key(Header::new("x-key"))
+                                .clock(clock.clone())
+                                .cost(stores::x_cost)
+                                .settle(ActualCost::header("x-actual"))
+                                .penalty_box(PenaltyBox::new(2, 6 * S, 2 * S))
+                        };
+                        let mem = build(quotas(kind, 4));
+                        let red = build(quotas(kind, 4)).store(store.clone());
+                        let mut m = mem.clone().layer(tower::service_fn(handler));
+                        let mut r = red.clone().layer(tower::service_fn(handler));
+                        for op in ops {
+                            match op {
+                                Op::Request { cost, actual } => {
+                                    let a = send(&mut m, cost, actual).await;
+                                    let b = send(&mut r, cost, actual).await;
+                                    prop_assert_eq!(a, b, "cost {} actual {}", cost, actual);
+                                }
+                                Op::Wait { ms } => time.advance(Duration::from_millis(ms)),
+                                Op::Change { count } => {
+                                    let p = policy(&name, quotas(kind, count));
+                                    mem.handle().unwrap().apply(&p).unwrap();
+                                    red.handle().unwrap().apply(&p).unwrap();
+                                }
                             }
-                            Op::Wait { ms } => time.advance(Duration::from_millis(ms)),
-                            Op::Change { count } => {
-                                let p = policy(&name, quotas(kind, count));
-                                mem.handle().unwrap().apply(&p).unwrap();
-                                red.handle().unwrap().apply(&p).unwrap();
-                            }
+                            server_clock.keep_all().await;
                         }
-                        server.cli(&["PERSIST", &redis_key]);
+                        Ok(())
                     }
-                    Ok(())
+                    .await;
+                    server_clock.judge(outcome).await
                 })
             })
             .unwrap();

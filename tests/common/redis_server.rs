@@ -160,6 +160,86 @@ impl Drop for RedisServer {
     }
 }
 
+/// A connection of the test's own to `server`, with no response timeout (the redis crate's
+/// default of 500 ms is a bound on the machine's speed, which a loaded machine breaks).
+pub async fn connection(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .expect("a loopback URL")
+        .get_multiplexed_async_connection_with_config(
+            &redis::AsyncConnectionConfig::new().set_response_timeout(None),
+        )
+        .await
+        .expect("connect to the test's redis-server")
+}
+
+/// Real time against a test clock. A test on the manual clock judges Redis keys by that clock,
+/// but the server expires them by its own: a key written with a time to live of `d` (the time
+/// until it is idle on the manual clock) is gone once `d` of real time passed before the test
+/// made it persist, however still the manual clock stood. On a loaded machine that happens, and
+/// the key's state is then lost for a reason that is not the crate's.
+///
+/// [`keep_all`](Self::keep_all) makes every key persist after each step; what the server
+/// expired before that is counted by `INFO stats` (`expired_keys`: expiries only, not the
+/// scripts' own deletions), and a case in which it expired any is void, not failed
+/// ([`judge`](Self::judge)).
+pub struct ServerClock {
+    conn: redis::aio::MultiplexedConnection,
+    expired: u64,
+}
+
+impl ServerClock {
+    /// Watches the server of `conn` from now.
+    pub async fn watch(conn: &redis::aio::MultiplexedConnection) -> Self {
+        let mut conn = conn.clone();
+        let expired = expired_keys(&mut conn).await;
+        ServerClock { conn, expired }
+    }
+
+    /// Removes the time to live of every key of the server: nothing expires on the server's
+    /// clock from now until a script writes again.
+    pub async fn keep_all(&mut self) {
+        let _: () = redis::cmd("EVAL")
+            .arg("for _, k in ipairs(redis.call('KEYS', '*')) do redis.call('PERSIST', k) end")
+            .arg(0)
+            .query_async(&mut self.conn)
+            .await
+            .expect("PERSIST every key");
+    }
+
+    /// Whether the server expired a key on its own clock since [`watch`](Self::watch).
+    pub async fn expired_any(&mut self) -> bool {
+        expired_keys(&mut self.conn).await > self.expired
+    }
+
+    /// The verdict of a property case run on the manual clock: `outcome` as it is, unless the
+    /// server expired a key on its own clock meanwhile, which voids the case (a rejection:
+    /// proptest draws another).
+    pub async fn judge<T>(
+        mut self,
+        outcome: Result<T, proptest::test_runner::TestCaseError>,
+    ) -> Result<T, proptest::test_runner::TestCaseError> {
+        if self.expired_any().await {
+            return Err(proptest::test_runner::TestCaseError::reject(
+                "the server expired a key on its own clock while the manual clock stood",
+            ));
+        }
+        outcome
+    }
+}
+
+/// `expired_keys` of the server's `INFO stats`.
+pub async fn expired_keys(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(conn)
+        .await
+        .expect("INFO stats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("expired_keys:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("expired_keys in INFO stats")
+}
+
 /// Three cluster masters on loopback, with the slots spread over them.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,

@@ -240,11 +240,7 @@ mod on_redis {
                 .await
                 .unwrap()
                 .timeout(Duration::from_secs(5));
-            let conn = redis::Client::open(server.url())
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
+            let conn = crate::common::redis_server::connection(&server).await;
             OnRedis {
                 _server: server,
                 store,

@@ -1,11 +1,12 @@
 //! A change of quotas at the instant a key goes idle under the old ones, on a real
 //! `redis-server` beside the memory store. Memory makes every key idle at a change of a
-//! warm-up curve new (`RateLimiter::set_quotas`); Redis relies on an idle key having
-//! expired (the walk a change starts lengthens expiries, never shortens them). Its time to live runs to the key's idle time plus 1 µs, rounded up to
-//! whole milliseconds, so a change inside that last millisecond finds the key still stored on
-//! a server whose clock is the limiter's (the production setting: the script reads the
-//! server's `TIME`). The manual clock here stands still on the server's side, so the key is
-//! still stored at the change just as it would be on a real clock within that millisecond.
+//! warm-up curve new (`RateLimiter::set_quotas`). A Redis key's time to live runs to its idle
+//! time plus 1 µs, rounded up to whole milliseconds, so a change inside that last millisecond
+//! finds the key still stored on a server whose clock is the limiter's (the production
+//! setting: the script reads the server's `TIME`); the script is told when the curve changed
+//! and what it was, and decides a key idle then as a new one. The manual clock here stands
+//! still on the server's side, so the key is still stored at the change just as it would be on
+//! a real clock within that millisecond.
 //! A key active at a change to a curve that regains more slowly outlives its old time to
 //! live on both stores: the change lengthens it in Redis. For every other kind, a key idle
 //! under the old quota decides under the new one as a new key does, stored or not, and both
@@ -112,14 +113,10 @@ fn a_change_of_curve_before_the_key_goes_idle_keeps_it_on_both_stores_alike() {
 
 /// At the instant the key goes idle under the old curve (13.5 s), memory makes it new: fully
 /// cold under the new curve, its first request leaves 0 requests and 876.25 ms to reset. The
-/// Redis key, 1 ms from its expiry on a clock that moves with the limiter's, is judged by
-/// the new curve from what it stored, and its first request leaves 3 requests and 125.567 ms.
-/// The two stores must decide alike.
+/// Redis key, 1 ms from its expiry (its time to live is rounded up to whole ms), is still
+/// stored: the script, told when the curve changed and what it was, finds the key idle then
+/// and decides it as a new key too.
 #[test]
-#[ignore = "known: Redis keeps a warm-up key until its idle time plus 1 µs, rounded up to \
-            whole ms (its time to live), so a change of curve within that last millisecond \
-            judges the stored state by the new curve where memory makes the key new: at 13.5 s \
-            here the first request leaves r=3, t=125.567ms on Redis and r=0, t=876.25ms in memory"]
 fn a_change_of_curve_at_the_instant_the_key_goes_idle_decides_alike_on_both_stores() {
     let server = RedisServer::start();
     let (seen, held) = change_after(&server, "curve-at-idle", Duration::from_millis(3_500));

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod ban_change;
 mod meet_keyed;
 mod penalty;
 mod penalty_redis;

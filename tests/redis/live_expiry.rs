@@ -56,8 +56,7 @@ fn windows(window: Duration) -> Vec<Quota> {
 
 /// The times to live of `names`, in ms (-2: no key, -1: no expiry).
 async fn pttls(server: &RedisServer, names: &[Vec<u8>]) -> Vec<i64> {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(server).await;
     let mut pipe = redis::pipe();
     for n in names {
         pipe.cmd("PTTL").arg(n);
@@ -179,8 +178,7 @@ fn cold_in_ms(now: u64, [tat, deficit]: [u64; 2], period: u64, cold_factor: u64)
 
 /// The words of a key written by the general script, in µs.
 async fn words(server: &RedisServer, name: &[u8]) -> [u64; 2] {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(server).await;
     let raw: String = redis::cmd("GET")
         .arg(name)
         .query_async(&mut conn)

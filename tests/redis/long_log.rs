@@ -207,8 +207,7 @@ async fn a_request_settled_after_nine_thousand_others_gives_back_from_the_oldest
     // entry's running total follows: the newest one's is what the log holds.
     let limiter = f.layers.1.limiter("long").unwrap().unwrap();
     let key = limiter.redis_key(&b"k"[..].into());
-    let client = redis::Client::open(f.server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(&f.server).await;
     let ends: Vec<String> = redis::pipe()
         .cmd("ZRANGE")
         .arg(&key)

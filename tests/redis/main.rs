@@ -7,6 +7,7 @@
 mod common;
 
 mod adversary;
+mod curve_renewal_redis;
 mod dry_run_penalty;
 mod fallback;
 mod fallback_refunds;
@@ -15,6 +16,7 @@ mod key_errors;
 mod lease;
 mod lease_hostile;
 mod lease_model;
+mod lease_walk;
 mod live_expiry;
 mod live_local;
 mod log_rebase;

@@ -224,8 +224,7 @@ fn sliding(secs: u64) -> [Vec<Quota>; 2] {
 
 /// The key's time to live in ms, on the server's clock (-2: no key).
 async fn pttl(server: &RedisServer, limiter: &RedisRateLimiter<u8>, key: u8) -> i64 {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(server).await;
     redis::cmd("PTTL")
         .arg(limiter.redis_key(&key))
         .query_async(&mut conn)

@@ -131,8 +131,7 @@ struct Met {
 /// clock ahead of the server's). Times count from near 0 or from the Unix epoch.
 async fn replay(seed: u64, warm_up: bool, ahead: bool, first: Pick<'_>, second: Pick<'_>) -> Met {
     let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(&server).await;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(runner())
@@ -411,8 +410,7 @@ fn first_difference(a: &[(u64, u64, u64)], b: &[(u64, u64, u64)]) -> String {
 #[tokio::test]
 async fn a_log_of_twelve_thousand_entries_gives_back_from_either_end_and_the_middle() {
     let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(&server).await;
     let mut shas = Vec::new();
     for script in [GENERAL, PLAIN] {
         let sha: String = redis::cmd("SCRIPT")

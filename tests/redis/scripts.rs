@@ -112,8 +112,7 @@ fn maybe_trim(args: &mut Vec<String>, n: usize, rng: &mut Rng) {
 #[tokio::test]
 async fn the_gcra_only_script_decides_as_the_general_one() {
     let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(&server).await;
     let mut shas = Vec::new();
     for script in [GENERAL, GCRA_ONLY] {
         let sha: String = redis::cmd("SCRIPT")
@@ -228,8 +227,7 @@ async fn the_gcra_only_script_decides_as_the_general_one() {
 #[tokio::test]
 async fn the_script_of_quotas_without_warm_up_decides_as_the_general_one() {
     let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(&server).await;
     let side_sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(side_by_side(PLAIN))
@@ -375,8 +373,7 @@ async fn the_script_of_quotas_without_warm_up_decides_as_the_general_one() {
 #[tokio::test]
 async fn a_refund_before_thousands_of_log_entries_keeps_the_others() {
     let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::common::redis_server::connection(&server).await;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(GENERAL)
