@@ -80,8 +80,11 @@ pub enum FailMode {
     /// When Redis answers again, it decides again, from the state it kept: the requests
     /// admitted locally were not counted there, so a key may get the scaled quota from each
     /// instance during the outage and then whatever its Redis state allows, at most one
-    /// burst after a long outage (or after a restart that lost the state). The local state is
-    /// kept for the next outage; it only ever makes the fallback stricter.
+    /// burst after a long outage (or after a restart that lost the state). A Redis that
+    /// hung rather than went away (paused, or too slow to answer within the timeout) still
+    /// runs the decisions it was sent once it resumes: those requests, decided locally, are
+    /// then counted there too, which only makes Redis stricter. The local state is kept for
+    /// the next outage; it only ever makes the fallback stricter.
     Local(Share),
 }
 
