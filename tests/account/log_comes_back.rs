@@ -196,7 +196,7 @@ proptest! {
 #[cfg(feature = "redis")]
 mod on_redis {
     use super::*;
-    use crate::common::redis_server::RedisServer;
+    use crate::common::redis_server::{connection, RedisServer};
     use tollgate::redis::{RedisRateLimiter, RedisStore};
 
     /// Redis: forgetting is the key deleted, as its time to live running out would.
@@ -247,11 +247,7 @@ mod on_redis {
                 .await
                 .unwrap()
                 .timeout(Duration::from_secs(5));
-            let conn = redis::Client::open(server.url())
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
+            let conn = connection(&server).await;
             (store, conn)
         });
         let mut runner = TestRunner::new(Config::with_cases(64));

@@ -10,7 +10,7 @@ use crate::common;
 #[path = "../../examples/redis_stream.rs"]
 mod example;
 
-use common::redis_server::RedisServer;
+use common::redis_server::{connection, RedisServer};
 use example::{consume, create_group, pending, Consumer, Step};
 use redis::AsyncCommands;
 use tollgate::{Quota, RateLimiter};
@@ -24,8 +24,7 @@ fn job(m: &redis::streams::StreamId) -> u32 {
 #[tokio::test]
 async fn a_consumer_stopped_mid_way_loses_nothing_and_rereads_its_pending_messages_first() {
     let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = connection(&server).await;
     create_group(&mut con, "jobs", "workers").await.unwrap();
     create_group(&mut con, "jobs", "workers").await.unwrap(); // twice is fine
     for i in 0..25u32 {
@@ -73,8 +72,7 @@ async fn a_consumer_stopped_mid_way_loses_nothing_and_rereads_its_pending_messag
 #[tokio::test]
 async fn a_second_consumer_does_not_take_the_stopped_ones_pending_messages() {
     let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = connection(&server).await;
     create_group(&mut con, "jobs", "workers").await.unwrap();
     for i in 0..12u32 {
         let _: String = con.xadd("jobs", "*", &[("job", i)]).await.unwrap();

@@ -21,7 +21,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::redis_server::RedisServer;
+use common::redis_server::{connection, RedisServer};
 use common::twins::{self, Twins};
 use tollgate::redis::RedisStore;
 use tollgate::{Decision, Outcome, Quota};
@@ -75,13 +75,7 @@ fn change_after(server: &RedisServer, name: &str, after: Duration) -> (Vec<(Seen
         .expect("Redis decides");
     assert!(r.is_allowed() && m.is_allowed());
     twins.time.advance(after);
-    let mut conn = rt
-        .block_on(
-            redis::Client::open(server.url())
-                .unwrap()
-                .get_multiplexed_async_connection(),
-        )
-        .unwrap();
+    let mut conn = rt.block_on(connection(server));
     let held: bool = rt
         .block_on(
             redis::cmd("EXISTS")
@@ -216,13 +210,7 @@ fn a_key_active_at_a_change_of_curve_decides_alike_on_both_stores_once_its_time_
         .block_on(RedisStore::connect(&server.url()))
         .unwrap()
         .timeout(Duration::from_secs(5));
-    let mut conn = rt
-        .block_on(
-            redis::Client::open(server.url())
-                .unwrap()
-                .get_multiplexed_async_connection(),
-        )
-        .unwrap();
+    let mut conn = rt.block_on(connection(&server));
     let twins = Twins::new(&store, "curve-expired".to_owned(), &[old()]);
     twins.time.advance(Duration::from_secs(10));
     let (r, m) = twins.decide(&rt, Duration::ZERO, 0, 1).unwrap();

@@ -10,7 +10,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::redis_server::RedisServer;
+use common::redis_server::{connection, RedisServer};
 use common::twins::{self, Twins};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -89,13 +89,7 @@ fn compare(
         .block_on(RedisStore::connect(&server.url()))
         .unwrap()
         .timeout(Duration::from_secs(5));
-    let conn = rt
-        .block_on(
-            redis::Client::open(server.url())
-                .unwrap()
-                .get_multiplexed_async_connection(),
-        )
-        .unwrap();
+    let conn = rt.block_on(connection(&server));
     let mut runner = TestRunner::new(Config::with_cases(cases));
     let case_no = std::cell::Cell::new(0u32);
     runner
@@ -214,10 +208,7 @@ fn the_scripts_long_multiplication_is_exact_below_2_to_the_52() {
         .enable_all()
         .build()
         .unwrap();
-    let client = redis::Client::open(server.url()).unwrap();
-    let con = rt
-        .block_on(client.get_multiplexed_async_connection())
-        .unwrap();
+    let con = rt.block_on(connection(&server));
     let src = script_arithmetic();
     const LIMIT: u64 = 1 << 52;
     let mut runner = TestRunner::new(Config::with_cases(512));

@@ -23,7 +23,7 @@ use tollgate::{Clock, Decision, Outcome, Quota, RateLimiter};
 use tower::Layer;
 
 use crate::common::account::rig::{manual, settles, Rig, FAILED, OK};
-use crate::common::redis_server::{free_port, RedisServer};
+use crate::common::redis_server::{connection, free_port, RedisServer};
 use crate::common::stores::{layer, Boxed};
 
 const MS: u64 = 1_000_000;
@@ -175,11 +175,7 @@ fn a_cached_rejection_decides_as_redis_through_live_changes_and_give_backs() {
             .await
             .unwrap()
             .timeout(Duration::from_secs(5));
-        let conn = redis::Client::open(server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let conn = connection(&server).await;
         Pair {
             // Rejections trusted for a minute: the clock of a case never gets that far.
             cached: store.clone().deny_cache_max_age(Duration::from_secs(60)),

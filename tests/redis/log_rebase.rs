@@ -7,7 +7,7 @@
 //! Pins docs/design.md section 3 ("An account per key", "Redis").
 #![cfg(feature = "redis")]
 
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{connection, RedisServer};
 
 const GENERAL: &str = concat!(
     include_str!("../../src/redis/prelude.lua"),
@@ -54,8 +54,7 @@ async fn eval(
 #[tokio::test]
 async fn a_charge_near_2_pow_52_counts_the_log_from_zero_and_decides_as_before() {
     let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = connection(&server).await;
     let (t1, t2) = (NOW - 30_000_000, NOW - 10_000_000);
     let max = u64::from(u32::MAX);
     let mut replies = Vec::new();

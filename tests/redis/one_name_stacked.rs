@@ -26,7 +26,7 @@ use tollgate::{Clock, Policy, Quota, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
 use crate::common::account::rig::manual;
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{connection, RedisServer};
 use crate::common::stores::Boxed;
 
 const US: u64 = 1_000;
@@ -268,11 +268,7 @@ fn stacked_layers_on_one_name_strike_only_for_an_enforcing_layers_own_refusals()
             .await
             .unwrap()
             .timeout(Duration::from_secs(5));
-        let conn = redis::Client::open(server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let conn = connection(&server).await;
         (store, conn)
     });
     let mut runner = TestRunner::new(Config::with_cases(96));

@@ -12,7 +12,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::redis_server::RedisServer;
+use common::redis_server::{connection, RedisServer};
 use tollgate::redis::{FailMode, RedisRateLimiter, RedisStore};
 use tollgate::Quota;
 
@@ -29,8 +29,7 @@ async fn degraded_while_blocked(server: &RedisServer, name: &str, timeout: Durat
         .build();
     // Connected and its scripts loaded before the server is blocked.
     assert!(!limiter.check(&"warm").await.is_degraded());
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut other = client.get_multiplexed_async_connection().await.unwrap();
+    let mut other = connection(server).await;
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
         .arg(700)
