@@ -617,6 +617,21 @@ mod tests {
         }
     }
 
+    /// A window narrowed live, its limit kept: a request the old window decided while the
+    /// change was made, whose reset is within both widths, gets the fields of the quotas in
+    /// force (the handle's docs say so), since its figures fit both.
+    #[test]
+    fn a_decision_whose_figures_fit_both_policies_gets_the_fields_of_the_one_in_force() {
+        let (old, new) = (policy(&[(1, 3, 3)]), policy(&[(1, 3, 2)]));
+        let t = tier(old.clone());
+        t.change(new.quotas.clone(), |_| Ok(())).unwrap();
+        let d = decided(&old, &[(1, 0), (1, 1_500)], 1);
+        assert_eq!(d.states()[0].reset_after(), Duration::from_millis(1_500));
+        let chosen = LiveHeaders::of(&t, &d, 0);
+        assert!(!chosen.previous);
+        assert_eq!(chosen.id(), t.live.load().headers.id());
+    }
+
     #[test]
     fn a_change_the_limiter_refuses_leaves_the_policy_and_its_id() {
         let t = tier(Policy::new("api", Quota::per_second(4)));

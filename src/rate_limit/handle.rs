@@ -20,8 +20,12 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 /// spent, counted in time. The new quotas judge that state and never rewrite it, by the rule
 /// of [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas). The `RateLimit-Policy` and
 /// `RateLimit` header fields describe the new quotas from the same moment: the fields of a
-/// response are always those of the quotas that decided its request, old or new, even for a
-/// request decided while the change is being made. Changes are made one at a time, through
+/// response are those of the quotas that decided its request, old or new. A request decided
+/// while the change is being made is told by its figures (a GCRA quota by its interval and
+/// tolerance, a window by its limit and a reset within its reach): its fields are those of
+/// whichever of the quotas in force and the ones they replaced its figures fit, the quotas in
+/// force when both or neither do (quotas that differ only in a window's width, or a request
+/// that overlapped two changes). Changes are made one at a time, through
 /// this handle, its clones or another handle of the same layer, so that once they are done the
 /// fields are those of the quotas the limiter kept.
 ///

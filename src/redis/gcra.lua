@@ -30,9 +30,10 @@
 --          GCRA and warm-up the slice start, end; fixed window its end, 0; counter its start,
 --          0; log the entry's time, 0
 -- then     after live changes of a warm-up curve (src/redis/script.rs `Renewals`), how many,
---          then for each, oldest first, its time and for each warm-up quota in order its
---          period and cold factor before it: a key idle at one of those times under those
---          curves (the other quotas as now) is a new key, whatever time to live it has left
+--          then for each, oldest first, its time, for each warm-up quota in order its
+--          period and cold factor before it, and for each sliding log or counter in order its
+--          width and gone times (as above) before it: a key idle at one of those times under
+--          the quotas then in force is a new key, whatever time to live it has left
 --          Arguments left out at the end (after any warm-up settings) read as 0.
 --
 -- Returns {outcome, retry_after, remaining_1, reset_after_1, ..., remaining_n, reset_after_n}
@@ -70,12 +71,19 @@ do
   end
   local at = extra + 4 * n + 1
   for i = 1, tonumber(ARGV[extra + 4 * n]) or 0 do
-    local r = {at = tonumber(ARGV[at]), warm = {}}
+    local r = {at = tonumber(ARGV[at]), warm = {}, win = {}}
     at = at + 1
     for q = 1, n do
       if kind[q] == 4 then
         r.warm[q] = {period = tonumber(ARGV[at]), cold = tonumber(ARGV[at + 1])}
         at = at + 2
+      end
+    end
+    for q = 1, n do
+      if kind[q] == 2 or kind[q] == 3 then
+        r.win[q] = {width = tonumber(ARGV[at]), gone = tonumber(ARGV[at + 1]),
+                    gone_cur = tonumber(ARGV[at + 2])}
+        at = at + 3
       end
     end
     renewals[i] = r
@@ -538,6 +546,15 @@ local function idle_at_renewal(r)
         if r > 0 then f = f + 1 end
         h = s[1] + f
       end
+    elseif kind[q] == 2 then
+      -- The log and the counter as they were: a narrower or wider window goes idle at
+      -- another time.
+      local w, t = r.win[q], log_newest()
+      h = 0
+      if t and t >= w.gone then h = t + w.width end
+    elseif kind[q] == 3 then
+      local w, s = r.win[q], st[q]
+      h = counter_idle(s[1], s[2], s[3], w.gone, w.gone_cur, w.width)
     else
       h = idle_at(q)
     end

@@ -212,6 +212,9 @@ struct Renewal {
     /// Each warm-up quota's curve before the change, in order: its period in microseconds and
     /// its cold factor.
     curves: Box<[(u64, u64)]>,
+    /// Each sliding window's or log's width before the change and what had left its windows
+    /// then, in order, in microseconds: a key's idle time under them depends on those.
+    windows: Box<[(u64, u64, u64)]>,
     /// The longest warm-up period (µs) of the quotas in force since: a key idle at the change
     /// has regained its deficit under any of them that long after, so once that time is past
     /// at a later change, whatever this renewal would make new is idle under the quotas in
@@ -267,7 +270,23 @@ impl Renewals {
                     _ => None,
                 })
                 .collect();
-            list.push(Renewal { at, curves, span });
+            let windows = old
+                .iter()
+                .filter_map(|r| match r {
+                    Rule::SlidingLog(w) | Rule::SlidingWindow(w) => Some((
+                        w.width / MICRO,
+                        w.gone.div_ceil(MICRO),
+                        w.gone_cur.div_ceil(MICRO),
+                    )),
+                    _ => None,
+                })
+                .collect();
+            list.push(Renewal {
+                at,
+                curves,
+                windows,
+                span,
+            });
             if list.len() > MAX_RENEWALS {
                 list.remove(0);
             }
@@ -283,8 +302,9 @@ impl Renewals {
 /// none), then for each warm-up quota in order its period in microseconds and its cold
 /// factor, then for each quota what had left its windows at changes of quotas (see
 /// `Window::replacing`), then `taken`'s spots (as the script gave them, see [`decision_of`]),
-/// then, after changes of a warm-up curve, how many [`Renewals`] and for each its time and
-/// each warm-up quota's period and cold factor before it. Returns them with how many are
+/// then, after changes of a warm-up curve, how many [`Renewals`] and for each its time,
+/// each warm-up quota's period and cold factor before it, and each sliding window's or log's
+/// width and gone times before it. Returns them with how many are
 /// used: without a reservation, a warm-up quota or a renewal, not the zeros after the
 /// quotas' numbers, which the scripts read as 0.
 pub(super) fn decision_args<'a>(
@@ -352,6 +372,12 @@ pub(super) fn decision_args<'a>(
                 args[used + 1] = Arg::Int(cold_factor);
                 used += 2;
             }
+            for &(width, gone, gone_cur) in &r.windows {
+                args[used] = Arg::Int(width);
+                args[used + 1] = Arg::Int(gone);
+                args[used + 2] = Arg::Int(gone_cur);
+                used += 3;
+            }
         }
     }
     (args, used)
@@ -359,8 +385,8 @@ pub(super) fn decision_args<'a>(
 
 /// The most arguments [`decision_args`] gives: three per quota and the reservation's cost,
 /// then per quota two warm-up settings, two gone times and two spots, then the renewals'
-/// count, and for each its time and two numbers per quota.
-pub(super) const ARGS: usize = 5 + 9 * MAX_QUOTAS + MAX_RENEWALS * (1 + 2 * MAX_QUOTAS);
+/// count, and for each its time and at most three numbers per quota.
+pub(super) const ARGS: usize = 5 + 9 * MAX_QUOTAS + MAX_RENEWALS * (1 + 3 * MAX_QUOTAS);
 
 /// The arguments of a report (to [`SCRIPT`]) that lengthens a key's expiry to when it is idle
 /// under `rules`, never shortening it (see `expiry.rs`): a request's of cost 0, with `"~"`

@@ -28,6 +28,7 @@ mod one_name_stacked;
 mod plain_limits;
 mod plain_meets;
 mod probe;
+mod renewal_width;
 mod script_versions;
 mod scripts;
 mod slow_answer;
