@@ -61,6 +61,10 @@ pub(super) struct Inner<K> {
     pub(super) _claim: Option<Arc<()>>,
     /// The walks that lengthen its keys' expiry after a live change.
     pub(super) walks: super::expiry::Walks,
+    /// Held through each live change, so that changes made at once from several clones are
+    /// written one at a time: the quotas in force, the fallback's, and the renewals measured
+    /// against the quotas each change replaced, all of one change.
+    pub(super) changing: std::sync::Mutex<()>,
 }
 
 /// A set of quotas and their numbers for the script, swapped as one.

@@ -313,6 +313,7 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
                 fallback,
                 _claim: claim,
                 walks: Default::default(),
+                changing: std::sync::Mutex::new(()),
             }),
         })
     }
@@ -466,12 +467,17 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
     /// script call is told of the latest changes of curve (up to four within one warm-up
     /// period) and of the curves they replaced.
     ///
+    /// Changes made at once, from several clones, are made one at a time.
+    ///
     /// An unnamed limiter keeps the key names of the quotas it was built with (they are
     /// fixed when it is built; moving them would drop every key's state). A process built
     /// later with the new quotas writes other names, and counts apart from those changed
     /// while serving: name a policy that you change live on several instances.
     pub fn set_quotas(&self, quotas: impl IntoIterator<Item = Quota>) -> Result<(), ConfigError> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
+        // One change at a time (the lock guards no data: a poisoned one is taken as it is).
+        let _changing =
+            (self.inner.changing.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
         let old = self.inner.limits.load();
         crate::limiter::check_replacement(&old.quotas, &quotas)?;
         let limits = Limits::replacing(quotas, Some(&old), self.now())?;
