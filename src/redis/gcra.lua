@@ -542,8 +542,8 @@ local function idle_at_renewal(r)
       if s[2] > 0 and c.max > 0 then
         local d = s[2]
         if d > c.max then d = c.max end
-        local f, r = muldiv(d, c.period, c.max)
-        if r > 0 then f = f + 1 end
+        local f, rest = muldiv(d, c.period, c.max)
+        if rest > 0 then f = f + 1 end
         h = s[1] + f
       end
     elseif kind[q] == 2 then
