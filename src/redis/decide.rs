@@ -186,6 +186,17 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
             let mut taken = std::pin::pin!(taken);
             taken.as_mut().enable();
             plan = leases.plan(key, at, cost, max_fit);
+            if plan.ready {
+                if let Some(d) = leases.serve(key, &limits.gcras, at, cost) {
+                    return d;
+                }
+                // Another request took the units first: plan again, a few times at most.
+                if waits == MAX_LEASE_WAITS {
+                    break;
+                }
+                waits += 1;
+                continue;
+            }
             // Another request of this instance is taking a batch: its answer comes as soon as
             // this request's own would, and may serve it. A few times at most, then the
             // request asks Redis for its cost alone.

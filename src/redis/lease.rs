@@ -255,6 +255,9 @@ pub(crate) struct Plan {
     /// Another request of this instance is taking a batch of the key: wait for it (see
     /// [`Leases::taken`]) and try the lease again before asking Redis.
     pub(crate) wait: bool,
+    /// The lease holds enough for the request now (a batch arrived since it last failed to
+    /// serve it): try it again, rather than take a batch that would leave two held.
+    pub(crate) ready: bool,
     /// The quotas' generation the plan was made under: a batch taken under other quotas than
     /// those in force when it arrives is not held (see [`Leases::took`]).
     pub(crate) generation: u64,
@@ -357,6 +360,18 @@ impl<K: Hash + Eq + Clone> Leases<K> {
             false,
             || now,
             |h, _| {
+                if h.generation == generation && now < h.until && h.units >= cost {
+                    // A batch arrived since the lease failed to serve this request: it is
+                    // served from it, where a batch of its own would leave the instance
+                    // holding two, more than `max_batch`.
+                    return Plan {
+                        batch: cost,
+                        wait: false,
+                        ready: true,
+                        generation,
+                        cost,
+                    };
+                }
                 if h.generation == generation && now < h.pending_until {
                     // Another request is taking a batch: this one waits for it, whether the
                     // lease is live or expired (each request that finds an expired lease would
@@ -364,6 +379,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                     return Plan {
                         batch: cost,
                         wait: true,
+                        ready: false,
                         generation,
                         cost,
                     };
@@ -392,6 +408,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                 Plan {
                     batch,
                     wait: false,
+                    ready: false,
                     generation,
                     cost,
                 }
@@ -401,6 +418,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
                     Plan {
                         batch: cost,
                         wait: false,
+                        ready: false,
                         generation,
                         cost,
                     },
@@ -411,6 +429,7 @@ impl<K: Hash + Eq + Clone> Leases<K> {
         batch.unwrap_or(Plan {
             batch: cost,
             wait: false,
+            ready: false,
             generation,
             cost,
         })
@@ -702,6 +721,28 @@ mod tests {
         }
     }
 
+    /// A request the lease could not serve, planned after another's batch arrived, is told
+    /// to try the lease again: a batch of its own would leave the instance holding two, more
+    /// than `max_batch` (four threads on one key once held 14 of 8).
+    #[test]
+    fn a_plan_made_after_a_batch_arrived_takes_no_batch_of_its_own() {
+        let g = Gcra::new(MS, 100 * MS);
+        let l = leases(8, 100);
+        grown_to_eight(&l, &g);
+        // The lease holds 7: a plan made now (its request having found none a moment ago)
+        // asks for nothing and says so.
+        let plan = l.plan(&"k", MS, 1, 100);
+        assert!(plan.ready && !plan.wait);
+        assert_eq!(plan.batch, 1);
+        for _ in 0..7 {
+            assert!(l.serve(&"k", &[g], MS, 1).is_some());
+        }
+        // Spent: the next plan takes a batch again, and it was not marked on its way before.
+        let plan = l.plan(&"k", MS, 1, 100);
+        assert!(!plan.ready && !plan.wait);
+        assert_eq!(plan.batch, 8);
+    }
+
     #[test]
     fn an_expired_lease_is_not_used_and_its_units_are_never_given_back() {
         let g = Gcra::new(MS, 100 * MS);
@@ -744,6 +785,8 @@ mod tests {
             let _ = l.took(&"k", &[g], now, &plan, plan.batch, &d);
         }
         l.refused(&"k", true);
+        // A plan is made once the lease can serve no more.
+        while l.serve(&"k", &[g], 50 * MS, 1).is_some() {}
         assert_eq!(l.plan(&"k", 50 * MS, 1, 5).batch, 2);
         // A cost above the batch asks for the cost itself.
         assert_eq!(l.plan(&"k", 50 * MS, 3, 5).batch, 3);
