@@ -743,6 +743,32 @@ mod tests {
         assert_eq!(plan.batch, 8);
     }
 
+    /// Units held that the lease would not serve are no reason to skip a batch: those taken
+    /// under replaced quotas, those of an expired lease, and too few for the request's cost.
+    #[test]
+    fn a_plan_is_ready_only_for_units_the_lease_would_serve() {
+        let g = Gcra::new(MS, 100 * MS);
+        let changed = leases(8, 100);
+        grown_to_eight(&changed, &g);
+        changed.quotas_changed();
+        assert!(!changed.plan(&"k", MS, 1, 100).ready);
+        let expired = leases(8, 100);
+        grown_to_eight(&expired, &g);
+        assert!(!expired.plan(&"k", 100 * MS, 1, 100).ready);
+        let costly = leases(8, 100);
+        grown_to_eight(&costly, &g);
+        let plan = costly.plan(&"k", MS, 8, 100);
+        assert!(!plan.ready);
+        assert_eq!(plan.batch, 8);
+        // Each time the plan says "ready", the lease serves.
+        let l = leases(8, 100);
+        grown_to_eight(&l, &g);
+        while l.plan(&"k", MS, 2, 100).ready {
+            assert!(l.serve(&"k", &[g], MS, 2).is_some());
+        }
+        assert!(l.serve(&"k", &[g], MS, 2).is_none());
+    }
+
     #[test]
     fn an_expired_lease_is_not_used_and_its_units_are_never_given_back() {
         let g = Gcra::new(MS, 100 * MS);
