@@ -461,6 +461,13 @@ local function save()
   end
 end
 
+-- Removes the log members `old` and adds `add` (score, member pairs), a thousand at a call:
+-- Lua's `unpack` has a bound on how many values it spreads.
+local function replace_entries(old, add)
+  for i = 1, #old, 1000 do redis.call('ZREM', key, unpack(old, i, math.min(i + 999, #old))) end
+  for i = 1, #add, 1000 do redis.call('ZADD', key, unpack(add, i, math.min(i + 999, #add))) end
+end
+
 -- Gives back u units of the log entries at time t (the newest entries when t is nil), newest
 -- first; the running totals of the entries after them follow.
 local function log_give_back(t, u)
@@ -499,8 +506,7 @@ local function log_give_back(t, u)
     end
   end
   -- A few calls of many members each, in slices: unpack gives at most a few thousand values.
-  for i = 1, #old, 1000 do redis.call('ZREM', key, unpack(old, i, math.min(i + 999, #old))) end
-  for i = 1, #add, 1000 do redis.call('ZADD', key, unpack(add, i, math.min(i + 999, #add))) end
+  replace_entries(old, add)
 end
 
 -- Counts the log's running totals from 0 before its oldest entry again, and returns the total
@@ -519,8 +525,7 @@ local function log_rebase()
     add[#add + 1] = fmt(t)
     add[#add + 1] = member(t, running, c)
   end
-  for i = 1, #old, 1000 do redis.call('ZREM', key, unpack(old, i, math.min(i + 999, #old))) end
-  for i = 1, #add, 1000 do redis.call('ZADD', key, unpack(add, i, math.min(i + 999, #add))) end
+  replace_entries(old, add)
   return running
 end
 
