@@ -10,6 +10,7 @@ mod common;
 mod account;
 mod account_redis;
 mod debt_raised;
+mod five_kinds_race;
 mod kinds_stacked;
 mod log_comes_back;
 mod log_debt;
