@@ -20,3 +20,4 @@ mod settle;
 mod settle_redis;
 mod stacked;
 mod stacked_redis;
+mod warm_mix_redis;
