@@ -12,6 +12,7 @@ mod account_redis;
 mod debt_raised;
 mod five_kinds_race;
 mod kinds_stacked;
+mod lease_change_redis;
 mod log_comes_back;
 mod log_debt;
 mod meetings;
