@@ -15,6 +15,7 @@ mod kinds_stacked;
 mod lease_change_redis;
 mod log_comes_back;
 mod log_debt;
+mod log_debt_model;
 mod meetings;
 mod meetings_redis;
 mod settle;
