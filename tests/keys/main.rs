@@ -6,6 +6,7 @@
 mod common;
 
 mod bound_property;
+mod bound_race;
 mod bounds;
 mod flood;
 mod hostile;
