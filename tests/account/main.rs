@@ -13,6 +13,7 @@ mod debt_raised;
 mod five_kinds_race;
 mod kinds_stacked;
 mod lease_change_redis;
+mod lease_race_redis;
 mod log_comes_back;
 mod log_debt;
 mod log_debt_model;
