@@ -1,9 +1,11 @@
 //! A policy of four of the five kinds on one key (GCRA, a fixed window, a sliding log, a
 //! sliding counter, GCRA with warm-up; a policy holds at most four quotas, so each round
-//! leaves out another one), decided all or nothing while several tasks send
+//! leaves out another one), or of one kind alone every third round (each a shape of its own
+//! in memory), decided all or nothing while several tasks send
 //! requests of costs 1 to 3 that are refunded (`count_if`), kept, settled lower or higher
 //! (debts), and the layer's handle changes every quota's limit, burst or width and is refused
-//! every change of kind: on memory and on Redis, enforcing and in dry-run.
+//! every change of kind: on memory and on Redis, enforcing and in dry-run, keyed by a header
+//! (a table) and, in memory, on the one key of a layer without a key extractor (one slot).
 //!
 //! The clock stands for the whole race, so what each quota holds is what the requests hold,
 //! whatever the order: GCRA `tat − now = held × T`, a window's count, the log's entries. So,
@@ -37,11 +39,11 @@ use tokio::sync::watch;
 use tollgate::key::Header;
 use tollgate::observe::DryRunRejection;
 use tollgate::rate_limit::settle::ActualCost;
-use tollgate::{ConfigError, Quota, RateLimitHandle, RateLimitLayer};
+use tollgate::{ConfigError, Policy, Quota, RateLimitHandle, RateLimitLayer, RateLimiter};
 use tower::{Service, ServiceExt};
 
 use crate::common::account::rig::manual;
-use crate::common::stores::{self, Boxed, Store};
+use crate::common::stores::{self, Boxed, Memory, Store};
 
 /// Every window; a Redis key's time to live runs on the server's clock while the manual one
 /// stands, so windows are long enough that no key expires during a round.
@@ -58,35 +60,59 @@ crate::over_both_stores!(
     ),
 );
 
-/// One setting of the policy: every kind but the one at `omit` (a policy holds at most four
-/// quotas), each drawn from two settings by the bits of `b`; `tight` makes warm-up's burst
-/// the smallest, so that it is the quota that refuses. Warm-up, when present, is last.
-fn quotas(b: u64, tight: bool, omit: usize) -> Vec<Quota> {
+/// The kinds of a round's policy, as indices into [`quota`]'s: every third round one kind
+/// alone (a shape of its own in memory: one GCRA word, two words, the log's path), else
+/// every kind but one (a policy holds at most four quotas). Warm-up, when present, is last.
+fn shape(round: u64) -> Vec<usize> {
+    if round % 3 == 0 {
+        vec![(round / 3 % 5) as usize]
+    } else {
+        (0..5).filter(|&k| k != (round % 5) as usize).collect()
+    }
+}
+
+/// The quota of kind `k` (0 GCRA, 1 fixed window, 2 sliding log, 3 sliding counter, 4
+/// warm-up) in the setting drawn by the bits of `b`; `tight` makes warm-up's burst the
+/// smallest, so that it is the quota that refuses.
+fn quota(k: usize, b: u64, tight: bool) -> Quota {
     let bit = |i: u32| b >> i & 1 == 1;
     let pick = |i: u32, x: u32, y: u32| if bit(i) { y } else { x };
     let width = |i: u32| if bit(i) { 2 * W } else { W };
-    let warm = if tight {
-        pick(4, 4, 5)
-    } else {
-        pick(4, 14, 16)
-    };
-    let all = [
-        Quota::new(1, W / 4).burst(pick(0, 5, 7)),
-        Quota::fixed_window(pick(1, 4, 6), width(5)),
-        Quota::sliding_log(pick(2, 4, 6), width(6)),
-        Quota::sliding_window(pick(3, 4, 6), width(7)),
-        Quota::new(1, W / 4).burst(warm).warm_up(2 * W, 2),
-    ];
-    all.into_iter()
-        .enumerate()
-        .filter(|&(i, _)| i != omit)
-        .map(|(_, q)| q)
-        .collect()
+    match k {
+        0 => Quota::new(1, W / 4).burst(pick(0, 5, 7)),
+        1 => Quota::fixed_window(pick(1, 4, 6), width(5)),
+        2 => Quota::sliding_log(pick(2, 4, 6), width(6)),
+        3 => Quota::sliding_window(pick(3, 4, 6), width(7)),
+        _ => {
+            let warm = if tight {
+                pick(4, 4, 5)
+            } else {
+                pick(4, 14, 16)
+            };
+            Quota::new(1, W / 4).burst(warm).warm_up(2 * W, 2)
+        }
+    }
 }
 
-/// The most generous limit of each quota but warm-up, over every setting: the most a key may
-/// hold without debts.
-const MOST: u64 = 6;
+/// The policy of `kinds` in the setting `b`.
+fn quotas(b: u64, tight: bool, kinds: &[usize]) -> Vec<Quota> {
+    kinds.iter().map(|&k| quota(k, b, tight)).collect()
+}
+
+/// The most a key may hold without debts: the smallest, over the policy's quotas, of the
+/// largest limit each has in any setting.
+fn most(kinds: &[usize], tight: bool) -> u64 {
+    kinds
+        .iter()
+        .map(|&k| match k {
+            0 => 7,
+            4 if tight => 5,
+            4 => 16,
+            _ => 6,
+        })
+        .min()
+        .unwrap_or(0)
+}
 
 /// The limit (burst) of each quota of a setting.
 fn limits(q: &[Quota]) -> Vec<u64> {
@@ -253,27 +279,28 @@ fn changes(rng: &mut Rng, n: usize, last: u64) -> Vec<u64> {
     v
 }
 
-/// Applies `settings` through the handle, one at a time among the other tasks; every swap of
-/// two quotas' kinds is refused and changes nothing.
+/// Applies `settings` through the handle, one at a time among the other tasks; every change
+/// of one quota's kind is refused and changes nothing.
 fn changer(
     handle: RateLimitHandle,
     settings: Vec<u64>,
     tight: bool,
-    omit: usize,
+    kinds: Vec<usize>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         for (i, b) in settings.into_iter().enumerate() {
-            let q = quotas(b, tight, omit);
+            let q = quotas(b, tight, &kinds);
             handle.set_default_quotas(q.clone()).unwrap();
-            let mut swapped = q.clone();
-            swapped.swap(i % 3, i % 3 + 1);
+            let at = i % kinds.len();
+            let other = if kinds[at] == 1 { 2 } else { 1 };
+            let mut changed = q.clone();
+            changed[at] = quota(other, b, tight);
             assert!(
                 matches!(
-                    handle.set_default_quotas(swapped),
+                    handle.set_default_quotas(changed),
                     Err(ConfigError::NotChangeable(_))
                 ),
-                "a change of kind at position {}",
-                i % 3
+                "a change of kind at position {at} of {kinds:?}"
             );
             assert_eq!(handle.policies()[0].quotas(), q);
             tokio::task::yield_now().await;
@@ -281,11 +308,39 @@ fn changer(
     })
 }
 
+/// Where a race runs: reads what its one key has left per quota.
+#[allow(async_fn_in_trait)]
+trait Target {
+    async fn left(&self) -> Vec<u64>;
+}
+
+/// Key `k` of a layer keyed by a header, on a store.
+struct OnStore<'a, S: Store> {
+    s: &'a S,
+    lim: S::Limiter,
+}
+
+impl<S: Store> Target for OnStore<'_, S> {
+    async fn left(&self) -> Vec<u64> {
+        self.s.keep(&self.lim, "k").await;
+        let d = self.s.peek(&self.lim, "k").await;
+        d.states().iter().map(|s| s.remaining()).collect()
+    }
+}
+
+/// The one key of a layer without a key extractor, in memory.
+struct Global(RateLimiter<()>);
+
+impl Target for Global {
+    async fn left(&self) -> Vec<u64> {
+        let d = self.0.peek(&());
+        d.states().iter().map(|s| s.remaining()).collect()
+    }
+}
+
 /// Checks what the key has left under `q` against `held`, the units its requests hold.
-async fn check<S: Store>(s: &S, lim: &S::Limiter, q: &[Quota], held: u64, debts: bool, at: &str) {
-    s.keep(lim, "k").await;
-    let d = s.peek(lim, "k").await;
-    let left: Vec<u64> = d.states().iter().map(|s| s.remaining()).collect();
+async fn check(target: &impl Target, q: &[Quota], held: u64, most: Option<u64>, at: &str) {
+    let left = target.left().await;
     let limit = limits(q);
     let warm = q.last().and_then(Quota::warm_up_settings).is_some();
     let exact = if warm { q.len() - 1 } else { q.len() };
@@ -302,30 +357,69 @@ async fn check<S: Store>(s: &S, lim: &S::Limiter, q: &[Quota], held: u64, debts:
             "{at}: warm-up holds {held}; left {left:?}"
         );
     }
-    if !debts {
-        assert!(held <= MOST, "{at}: {held} held, past every limit");
+    if let Some(most) = most {
+        assert!(held <= most, "{at}: {held} held, past every limit");
     }
 }
 
-/// One race, round `round` of a store's test: the layer (dry-run when `dry`) on `s`.
+/// The race of one round on a store: the layer keyed by `x-key`, on `s`.
 async fn race<S: Store>(s: &S, round: u64, dry: bool)
 where
     S::Layer: Handled,
 {
+    let name = format!("five-{dry}-{round}");
+    race_on(round, dry, |q, clock, handler| {
+        let l = s.on(stores::layer(q, &name, clock).dry_run(dry));
+        let app = s.around(&l, handler);
+        let lim = s.limiter(&l, &name);
+        (app, l.handle_of(), OnStore { s, lim })
+    })
+    .await;
+}
+
+/// The race of one round in memory, on the one key of a layer without a key extractor.
+async fn race_global(round: u64, dry: bool) {
+    race_on(round, dry, |q, clock, handler| {
+        let policy = q[1..]
+            .iter()
+            .fold(Policy::new("global", q[0].clone()), |p, q| {
+                p.quota(q.clone())
+            });
+        let l = RateLimitLayer::new(policy)
+            .clock(clock.clone())
+            .cost(stores::x_cost)
+            .count_if(|res| res.status != StatusCode::OK)
+            .settle(ActualCost::of)
+            .dry_run(dry);
+        let lim = l.limiter("global").unwrap().unwrap();
+        (
+            stores::around(&l, handler),
+            l.handle().unwrap(),
+            Global(lim),
+        )
+    })
+    .await;
+}
+
+/// One race, round `round`: `build` puts the layer (dry-run when `dry`) of quotas `q` on the
+/// clock around the handler, and says where its key is read.
+async fn race_on<T: Target>(
+    round: u64,
+    dry: bool,
+    build: impl FnOnce(&[Quota], &tollgate::Clock, Boxed) -> (Boxed, RateLimitHandle, T),
+) {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (round + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
     let debts = round % 2 == 1;
     let tight = round % 3 == 2;
-    let omit = (round % 5) as usize;
-    let name = format!("five-{dry}-{round}");
+    let kinds = shape(round);
+    let most = most(&kinds, tight);
     let (clock, _time) = manual();
     let first = rng.next();
-    let l = s.on(stores::layer(&quotas(first, tight, omit), &name, &clock).dry_run(dry));
-    let handle = l.handle_of();
-    let lim = s.limiter(&l, &name);
     let seen: Seen = Arc::default();
     let (go, release) = watch::channel(false);
-    let app = s.around(
-        &l,
+    let (app, handle, target) = build(
+        &quotas(first, tight, &kinds),
+        &clock,
         Boxed::new(Handler {
             seen: seen.clone(),
             release,
@@ -335,7 +429,12 @@ where
 
     // Phase 1: three tasks reserve, every admitted request held; the quotas change meanwhile.
     let mid = rng.next();
-    let changes1 = changer(handle.clone(), changes(&mut rng, 6, mid), tight, omit);
+    let changes1 = changer(
+        handle.clone(),
+        changes(&mut rng, 6, mid),
+        tight,
+        kinds.clone(),
+    );
     let senders: Vec<_> = (0..3)
         .map(|_| {
             let plan: Vec<(u32, Reply)> = (0..4)
@@ -379,18 +478,22 @@ where
     }
     let reserved: u64 = held.iter().filter(|h| h.1).map(|h| u64::from(h.2)).sum();
     check(
-        s,
-        &lim,
-        &quotas(mid, tight, omit),
+        &target,
+        &quotas(mid, tight, &kinds),
         reserved,
-        false,
+        Some(most),
         "reserved",
     )
     .await;
 
     // Phase 2: the answers arrive among new requests of cost 1 that count, and more changes.
     let last = rng.next();
-    let changes2 = changer(handle.clone(), changes(&mut rng, 6, last), tight, omit);
+    let changes2 = changer(
+        handle.clone(),
+        changes(&mut rng, 6, last),
+        tight,
+        kinds.clone(),
+    );
     let news: Vec<_> = (0..2)
         .map(|_| {
             let (app, seen, ids) = (app.clone(), seen.clone(), ids.clone());
@@ -430,7 +533,15 @@ where
         kept += t.await.unwrap();
     }
     changes2.await.unwrap();
-    check(s, &lim, &quotas(last, tight, omit), kept, debts, "answered").await;
+    let most = (!debts).then_some(most);
+    check(
+        &target,
+        &quotas(last, tight, &kinds),
+        kept,
+        most,
+        "answered",
+    )
+    .await;
 }
 
 async fn five_kinds_on_one_key_hold_exactly_what_racing_requests_took_and_kept<S: Store>(s: &S)
@@ -439,6 +550,14 @@ where
 {
     for round in 0..u64::from(S::CASES) / 2 {
         race(s, round, false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn five_kinds_on_the_one_key_of_a_global_layer_hold_exactly_what_racing_requests_took_and_kept(
+) {
+    for round in 0..u64::from(Memory::CASES) / 2 {
+        race_global(round, round % 4 == 3).await;
     }
 }
 
