@@ -15,4 +15,5 @@ mod meet_rejection;
 mod metrics;
 mod one_record;
 mod rejection;
+mod settled_fields;
 mod websocket;
