@@ -7,5 +7,6 @@ mod common;
 
 mod shape;
 mod shape_warmup;
+mod shaper_model;
 mod stream;
 mod stream_redis;
