@@ -6,3 +6,4 @@ mod common;
 
 mod adaptive;
 mod concurrency;
+mod queue_model;
