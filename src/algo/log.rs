@@ -43,10 +43,29 @@ impl Log {
     /// holds what came after `below`, or nothing when its newest entry is out of it.
     #[inline]
     pub(crate) fn held_since(&self, below: u64, now: u64, width: u64, gone: u64) -> u64 {
-        match self.entries.back() {
-            Some(&(t, total)) if t.saturating_add(width) > now && t >= gone => total - below,
+        Log::held_after(self.newest_entry(), below, now, width, gone)
+    }
+
+    /// [`held_since`](Self::held_since) of a log whose newest entry is `newest` (its time
+    /// and the running total through it), read once for every log quota.
+    #[inline]
+    pub(crate) fn held_after(
+        newest: Option<(u64, u64)>,
+        below: u64,
+        now: u64,
+        width: u64,
+        gone: u64,
+    ) -> u64 {
+        match newest {
+            Some((t, total)) if t.saturating_add(width) > now && t >= gone => total - below,
             _ => 0,
         }
+    }
+
+    /// The newest entry: its time and the running total through it.
+    #[inline]
+    pub(crate) fn newest_entry(&self) -> Option<(u64, u64)> {
+        self.entries.back().copied()
     }
 
     /// The running total before entry `i`.

@@ -476,7 +476,13 @@ impl Window {
     /// when its newest entry leaves the window (at once if it is gone already).
     #[inline]
     pub(super) fn log_idle_at(&self, log: &Log) -> u64 {
-        match log.newest() {
+        self.log_idle_after(log.newest())
+    }
+
+    /// [`log_idle_at`](Self::log_idle_at) of a log whose newest entry is at `newest`.
+    #[inline]
+    pub(super) fn log_idle_after(&self, newest: Option<u64>) -> u64 {
+        match newest {
             Some(t) if t >= self.gone => t.saturating_add(self.width),
             _ => 0,
         }
