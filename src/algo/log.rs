@@ -113,31 +113,44 @@ impl Log {
     /// Records a request of `cost` admitted at `now`, after dropping what no window of
     /// `width` or less can see any more. A request recorded at the newest entry's time joins
     /// that entry: every window counts the two together, and a refund gives back from what
-    /// that time holds (see [`give_back`](Self::give_back)). The buffer grows by doubling, but
-    /// not past `limit` entries (the most requests a window of that count admits) while it
-    /// holds fewer.
+    /// that time holds (see [`give_back`](Self::give_back)). The buffer grows from 4 entries
+    /// to 16, then by doubling, but not past `limit` entries (the most requests a window of
+    /// that count admits) while it holds fewer.
     #[inline(always)]
     pub(crate) fn admit(&mut self, now: u64, cost: u64, width: u64, limit: u64) {
         self.trim(now, width);
         if cost == 0 {
             return;
         }
-        let at = self.time_of(now);
-        let total = self.total().saturating_add(cost);
-        if let Some(newest) = self.entries.back_mut() {
-            if newest.0 == at {
-                newest.1 = total;
+        // Recorded at the later of `now` and the newest entry's time (see `time_of`): at
+        // the newest entry's time, it joins that entry.
+        let total = match self.entries.back_mut() {
+            Some(newest) if newest.0 >= now => {
+                newest.1 = newest.1.saturating_add(cost);
                 return;
             }
-        }
-        let len = self.entries.len();
-        if len == self.entries.capacity() {
-            let room = usize::try_from(limit)
-                .unwrap_or(usize::MAX)
-                .saturating_sub(len);
-            self.entries.reserve_exact(len.max(4).min(room.max(1)));
+            Some(newest) => newest.1,
+            None => self.base,
+        };
+        let (at, total) = (now, total.saturating_add(cost));
+        if self.entries.len() == self.entries.capacity() {
+            self.grow(limit);
         }
         self.entries.push_back((at, total));
+    }
+
+    /// Makes room for one more entry: 4 entries first, then 16 (a key's few first requests
+    /// reallocate once, not twice), then doubling, never past `limit` entries while it holds
+    /// fewer; never more than four times what it holds.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, limit: u64) {
+        let len = self.entries.len();
+        let room = usize::try_from(limit)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(len);
+        let more = if len < 16 { (3 * len).max(4) } else { len };
+        self.entries.reserve_exact(more.min(room.max(1)));
     }
 
     /// Before a charge of `cost`: when the running total through it would pass 2^63, counts
@@ -165,7 +178,25 @@ impl Log {
     /// Drops the entries that no window of `width` can see at `now`, and gives memory back
     /// as the log shrinks: the buffer never has room for more than four times what it holds
     /// (or 16 entries).
+    #[inline(always)]
     fn trim(&mut self, now: u64, width: u64) {
+        // Most records drop nothing: the oldest entry still counts, and the buffer is not
+        // four times too large.
+        match self.entries.front() {
+            Some(&(t, _)) if t.saturating_add(width) <= now => self.trim_out(now, width),
+            _ => {
+                if self.entries.capacity() > 16 && self.entries.capacity() > 4 * self.entries.len()
+                {
+                    self.trim_out(now, width);
+                }
+            }
+        }
+    }
+
+    /// [`trim`](Self::trim) when it drops entries or gives memory back.
+    #[cold]
+    #[inline(never)]
+    fn trim_out(&mut self, now: u64, width: u64) {
         let (first, _) = self.in_window(now, width, 0);
         if first > 0 {
             self.base = self.entries[first - 1].1;
