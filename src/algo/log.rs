@@ -27,27 +27,33 @@ impl Log {
     /// those entries hold.
     #[inline]
     pub(crate) fn in_window(&self, now: u64, width: u64, gone: u64) -> (usize, u64) {
-        let out = |t: u64| t.saturating_add(width) <= now || t < gone;
-        let first = match self.entries.front() {
-            // The oldest entry still counts, and so do all the later ones: no search.
-            Some(&(t, _)) if !out(t) => return (0, self.total() - self.base),
-            Some(_) => self.entries.partition_point(|&(t, _)| out(t)),
-            None => 0,
-        };
-        (first, self.total() - self.before(first))
+        let (first, held, _) = self.window(now, width, gone);
+        (first, held)
     }
 
-    /// What a window of `width` at `now` (not before `gone`) holds, for a log whose running
-    /// total before that window was `below` when [`in_window`](Self::in_window) last looked
-    /// at `now`, or was since recorded at `now`: the window is the log's newest entries, so it
-    /// holds what came after `below`, or nothing when its newest entry is out of it.
+    /// [`in_window`](Self::in_window), and the running total before that window (what
+    /// [`held_after`](Self::held_after) reads the window from after a record).
     #[inline]
-    pub(crate) fn held_since(&self, below: u64, now: u64, width: u64, gone: u64) -> u64 {
-        Log::held_after(self.newest_entry(), below, now, width, gone)
+    pub(crate) fn window(&self, now: u64, width: u64, gone: u64) -> (usize, u64, u64) {
+        let out = |t: u64| t.saturating_add(width) <= now || t < gone;
+        let (first, below) = match self.entries.front() {
+            // The oldest entry still counts, and so do all the later ones: no search.
+            Some(&(t, _)) if !out(t) => (0, self.base),
+            Some(_) => {
+                let first = self.entries.partition_point(|&(t, _)| out(t));
+                (first, self.before(first))
+            }
+            None => (0, self.base),
+        };
+        (first, self.total() - below, below)
     }
 
-    /// [`held_since`](Self::held_since) of a log whose newest entry is `newest` (its time
-    /// and the running total through it), read once for every log quota.
+    /// What a window of `width` at `now` (not before `gone`) holds, for a log whose newest
+    /// entry is `newest` (its time and the running total through it) and whose running total
+    /// before that window was `below` when [`window`](Self::window) last looked at `now`, or
+    /// was since recorded at `now`: the window is the log's newest entries, so it holds what
+    /// came after `below`, or nothing when its newest entry is out of it. The newest entry
+    /// is read once, for every log quota.
     #[inline]
     pub(crate) fn held_after(
         newest: Option<(u64, u64)>,
@@ -116,18 +122,25 @@ impl Log {
     /// that time holds (see [`give_back`](Self::give_back)). The buffer grows from 4 entries
     /// to 16, then by doubling, but not past `limit` entries (the most requests a window of
     /// that count admits) while it holds fewer.
+    /// Returns the newest entry after it (see [`newest_entry`](Self::newest_entry)).
     #[inline(always)]
-    pub(crate) fn admit(&mut self, now: u64, cost: u64, width: u64, limit: u64) {
+    pub(crate) fn admit(
+        &mut self,
+        now: u64,
+        cost: u64,
+        width: u64,
+        limit: u64,
+    ) -> Option<(u64, u64)> {
         self.trim(now, width);
         if cost == 0 {
-            return;
+            return self.newest_entry();
         }
         // Recorded at the later of `now` and the newest entry's time (see `time_of`): at
         // the newest entry's time, it joins that entry.
         let total = match self.entries.back_mut() {
             Some(newest) if newest.0 >= now => {
                 newest.1 = newest.1.saturating_add(cost);
-                return;
+                return Some(*newest);
             }
             Some(newest) => newest.1,
             None => self.base,
@@ -137,6 +150,7 @@ impl Log {
             self.grow(limit);
         }
         self.entries.push_back((at, total));
+        Some((at, total))
     }
 
     /// Makes room for one more entry: 4 entries first, then 16 (a key's few first requests

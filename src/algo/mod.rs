@@ -419,10 +419,7 @@ fn decide_into(
     d: &mut Decision,
 ) -> (bool, u64) {
     match rules {
-        [Rule::SlidingLog(w)] => {
-            let changed = decide_log(w, &mut state.log, now, cost, d);
-            (changed, w.log_idle_at(&state.log))
-        }
+        [Rule::SlidingLog(w)] => decide_log(w, &mut state.log, now, cost, d),
         _ => decide_many(rules, state, now, cost, d),
     }
 }
@@ -446,9 +443,6 @@ pub(super) fn decide_many(
 ) -> (bool, u64) {
     let n = rules.len().min(MAX_QUOTAS);
     let rules = &rules[..n];
-    // What the log held before the request: a log quota's figures are read from what its
-    // step found in its window, without a second search (see `Log::held_since`).
-    let before = state.log.total();
     let mut p = Pass::new();
     let (quotas, spots) = d.parts_mut();
     for i in 0..n {
@@ -460,8 +454,8 @@ pub(super) fn decide_many(
             Rule::SlidingWindow(w) => p.judge(&Counter(*w), i, words, now, cost, figures, spot),
             Rule::WarmUp(g) => p.judge(g, i, words, now, cost, figures, spot),
             Rule::SlidingLog(w) => {
-                let (step, held) = w.log_step(&state.log, now, cost);
-                p.held[i] = held;
+                let (step, below) = w.log_step(&state.log, now, cost);
+                p.below[i] = below;
                 p.logs |= 1 << i;
                 p.bounds = (p.bounds.0.max(w.width), p.bounds.1.max(w.limit));
                 p.step(step, spot);
@@ -475,11 +469,6 @@ pub(super) fn decide_many(
     let mut idle = p.idle_stay;
     if allowed {
         idle = idle.max(p.idle_took);
-        if p.logs != 0 {
-            state
-                .log
-                .admit(now, u64::from(cost), p.bounds.0, p.bounds.1);
-        }
         for s in &mut spots[n..] {
             *s = [0; 2];
         }
@@ -496,14 +485,21 @@ pub(super) fn decide_many(
     }
     let mut m = p.logs;
     if m != 0 {
-        // Every log quota's figures and idle time read the log's newest entry, once.
-        let newest = state.log.newest_entry();
+        // Admitted at a cost, the log records the request once for all its quotas; then
+        // every log quota's figures and idle time read the log's newest entry, once.
+        let newest = if allowed {
+            state
+                .log
+                .admit(now, u64::from(cost), p.bounds.0, p.bounds.1)
+        } else {
+            state.log.newest_entry()
+        };
         let time = newest.map(|(t, _)| t);
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
             if let Rule::SlidingLog(w) = &rules[i] {
-                let held = Log::held_after(newest, before - p.held[i], now, w.width, w.gone);
+                let held = Log::held_after(newest, p.below[i], now, w.width, w.gone);
                 quotas[i] = w.log_figures(held, time.unwrap_or(0), now);
                 idle = idle.max(w.log_idle_after(time));
             }
@@ -534,11 +530,12 @@ struct Pass {
     /// words the request changes, with the words it leaves.
     idle_stay: u64,
     idle_took: u64,
-    /// The log quotas, what each one's window held before the request, and the widest log
-    /// window (how long the log keeps its entries) and the largest log limit (the room it
-    /// may need).
+    /// The log quotas, the log's running total before each one's window (a log quota's
+    /// figures are read from it after the request, without a second search: see
+    /// `Log::held_after`), and the widest log window (how long the log keeps its entries)
+    /// and the largest log limit (the room it may need).
     logs: u8,
-    held: [u64; MAX_QUOTAS],
+    below: [u64; MAX_QUOTAS],
     bounds: (u64, u64),
 }
 
@@ -554,7 +551,7 @@ impl Pass {
             idle_stay: 0,
             idle_took: 0,
             logs: 0,
-            held: [0; MAX_QUOTAS],
+            below: [0; MAX_QUOTAS],
             bounds: (0, 0),
         }
     }
@@ -606,19 +603,29 @@ impl Pass {
 /// [`decide_into`] for a policy of one sliding-log quota: its step, the request's record and
 /// the quota's figures, without the loops over quotas nor the words of other kinds (the same
 /// decision as [`decide_many`]'s).
+/// Returns whether the log changed, and when the key becomes idle after it.
 #[inline]
-pub(super) fn decide_log(w: &Window, log: &mut Log, now: u64, cost: u32, d: &mut Decision) -> bool {
-    let before = log.total();
-    let (step, held) = w.log_step(log, now, cost);
+pub(super) fn decide_log(
+    w: &Window,
+    log: &mut Log,
+    now: u64,
+    cost: u32,
+    d: &mut Decision,
+) -> (bool, u64) {
+    let (step, below) = w.log_step(log, now, cost);
     let (outcome, retry_after, taken) = step.alone(cost);
-    if taken.cost > 0 {
-        log.admit(now, u64::from(cost), w.width, w.limit);
-    }
-    let held = log.held_since(before - held, now, w.width, w.gone);
+    // The figures and the idle time read the newest entry after the request, once.
+    let newest = if taken.cost > 0 {
+        log.admit(now, u64::from(cost), w.width, w.limit)
+    } else {
+        log.newest_entry()
+    };
+    let held = Log::held_after(newest, below, now, w.width, w.gone);
+    let time = newest.map(|(t, _)| t);
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    quotas[0] = w.log_figures(held, log.newest().unwrap_or(0), now);
+    quotas[0] = w.log_figures(held, time.unwrap_or(0), now);
     *d = Decision::new(outcome, retry_after, quotas, 1, taken);
-    taken.cost > 0
+    (taken.cost > 0, w.log_idle_after(time))
 }
 
 /// The decision of verdict `v` on a request of `cost`, with the states of the `n` quotas
