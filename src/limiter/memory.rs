@@ -249,10 +249,17 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
             }
             Shape::Two(s) => live.with_two(CheckTwo::new(s, key, clock, now, cost)),
             Shape::DirectTwo(d) => live.with_two(CheckTwo::new(d, key, clock, now, cost)),
-            Shape::Mixed(s) => s.decide(key, &live.load().rules, clock, now, cost),
+            Shape::Mixed(s) => {
+                // Written whole where the check returns it, not through the closure.
+                let mut d = Decision::unlimited();
+                live.with_limits(|l| s.decide_to(key, &l.rules, clock, now, cost, &mut d));
+                d
+            }
             Shape::DirectOne(d) => d.decide(key, &live.one(), clock, now, cost),
             Shape::DirectMany(d) => d.decide(key, &live.load().gcras, clock, now, cost),
-            Shape::DirectMixed(d) => d.decide(key, &live.load().rules, clock, now, cost),
+            Shape::DirectMixed(d) => {
+                live.with_limits(|l| d.decide(key, &l.rules, clock, now, cost))
+            }
         }
     }
 
@@ -656,8 +663,6 @@ where
         now: u64,
         cost: u32,
     ) -> Decision {
-        let hash = self.table.hash(key);
-        let swept = self.sweep_time(now);
         // Written whole by every path below; made in line (a decision allowed on no quota).
         let mut d = Decision::new(
             Outcome::Allowed,
@@ -666,16 +671,32 @@ where
             0,
             Reservation::none(),
         );
+        self.decide_to(key, rules, clock, now, cost, &mut d);
+        d
+    }
+
+    /// [`decide_in_place`](Self::decide_in_place), into `d`, which it writes whole.
+    #[inline]
+    pub(super) fn decide_to(
+        &self,
+        key: &K,
+        rules: &V::Rules,
+        clock: &Clock,
+        now: u64,
+        cost: u32,
+        d: &mut Decision,
+    ) {
+        let hash = self.table.hash(key);
+        let swept = self.sweep_time(now);
         if self
             .table
             .get(hash, key, swept, |slot| {
-                slot.decide_into(rules, now, cost, &mut d)
+                slot.decide_into(rules, now, cost, d)
             })
             .is_none()
         {
-            d = self.decide_absent(hash, key, rules, clock, now, cost);
+            *d = self.decide_absent(hash, key, rules, clock, now, cost);
         }
-        d
     }
 
     /// [`decide_in_place`](Self::decide_in_place), out of line.
