@@ -211,6 +211,35 @@ impl Decision {
         }
     }
 
+    /// The figures of each quota, and where an admission's cost lands in each quota, to be
+    /// written in place one quota at a time before [`conclude`](Self::conclude) says the
+    /// rest: a decision made under a key's lock is then written where its caller keeps it,
+    /// never assembled elsewhere and copied.
+    #[inline]
+    pub(crate) fn parts_mut(
+        &mut self,
+    ) -> (&mut [QuotaState; MAX_QUOTAS], &mut [[u64; 2]; MAX_QUOTAS]) {
+        (&mut self.quotas, &mut self.after)
+    }
+
+    /// Makes this the decision [`new`](Self::new) makes of `outcome`, `retry_after`, `len`
+    /// and an admission at `cost`, with the figures and spots written through
+    /// [`parts_mut`](Self::parts_mut) (the figures of quotas past `len` left as they are;
+    /// the spots read only when admitted at a cost).
+    #[inline]
+    pub(crate) fn conclude(&mut self, outcome: Outcome, retry_after: u64, len: usize, cost: u32) {
+        if outcome != Outcome::Allowed || cost == 0 {
+            self.after = [[0; 2]; MAX_QUOTAS];
+            if outcome != Outcome::Allowed {
+                self.after[0][0] = retry_after;
+            }
+        }
+        self.outcome = outcome;
+        self.len = len.min(MAX_QUOTAS) as u8;
+        self.flags = 0;
+        self.cost = if outcome == Outcome::Allowed { cost } else { 0 };
+    }
+
     /// The wait in nanoseconds that the decision was made with (0 when allowed).
     #[inline]
     fn wait(&self) -> u64 {

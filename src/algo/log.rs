@@ -27,26 +27,51 @@ impl Log {
     /// those entries hold.
     #[inline]
     pub(crate) fn in_window(&self, now: u64, width: u64, gone: u64) -> (usize, u64) {
-        let out = |t: u64| t.saturating_add(width) <= now || t < gone;
-        let first = match self.entries.front() {
-            // The oldest entry still counts, and so do all the later ones: no search.
-            Some(&(t, _)) if !out(t) => return (0, self.total() - self.base),
-            Some(_) => self.entries.partition_point(|&(t, _)| out(t)),
-            None => 0,
-        };
-        (first, self.total() - self.before(first))
+        let (first, held, _) = self.window(now, width, gone);
+        (first, held)
     }
 
-    /// What a window of `width` at `now` (not before `gone`) holds, for a log whose running
-    /// total before that window was `below` when [`in_window`](Self::in_window) last looked
-    /// at `now`, or was since recorded at `now`: the window is the log's newest entries, so it
-    /// holds what came after `below`, or nothing when its newest entry is out of it.
+    /// [`in_window`](Self::in_window), and the running total before that window (what
+    /// [`held_after`](Self::held_after) reads the window from after a record).
     #[inline]
-    pub(crate) fn held_since(&self, below: u64, now: u64, width: u64, gone: u64) -> u64 {
-        match self.entries.back() {
-            Some(&(t, total)) if t.saturating_add(width) > now && t >= gone => total - below,
+    pub(crate) fn window(&self, now: u64, width: u64, gone: u64) -> (usize, u64, u64) {
+        let out = |t: u64| t.saturating_add(width) <= now || t < gone;
+        let (first, below) = match self.entries.front() {
+            // The oldest entry still counts, and so do all the later ones: no search.
+            Some(&(t, _)) if !out(t) => (0, self.base),
+            Some(_) => {
+                let first = self.entries.partition_point(|&(t, _)| out(t));
+                (first, self.before(first))
+            }
+            None => (0, self.base),
+        };
+        (first, self.total() - below, below)
+    }
+
+    /// What a window of `width` at `now` (not before `gone`) holds, for a log whose newest
+    /// entry is `newest` (its time and the running total through it) and whose running total
+    /// before that window was `below` when [`window`](Self::window) last looked at `now`, or
+    /// was since recorded at `now`: the window is the log's newest entries, so it holds what
+    /// came after `below`, or nothing when its newest entry is out of it. The newest entry
+    /// is read once, for every log quota.
+    #[inline]
+    pub(crate) fn held_after(
+        newest: Option<(u64, u64)>,
+        below: u64,
+        now: u64,
+        width: u64,
+        gone: u64,
+    ) -> u64 {
+        match newest {
+            Some((t, total)) if t.saturating_add(width) > now && t >= gone => total - below,
             _ => 0,
         }
+    }
+
+    /// The newest entry: its time and the running total through it.
+    #[inline]
+    pub(crate) fn newest_entry(&self) -> Option<(u64, u64)> {
+        self.entries.back().copied()
     }
 
     /// The running total before entry `i`.
@@ -94,31 +119,52 @@ impl Log {
     /// Records a request of `cost` admitted at `now`, after dropping what no window of
     /// `width` or less can see any more. A request recorded at the newest entry's time joins
     /// that entry: every window counts the two together, and a refund gives back from what
-    /// that time holds (see [`give_back`](Self::give_back)). The buffer grows by doubling, but
-    /// not past `limit` entries (the most requests a window of that count admits) while it
-    /// holds fewer.
+    /// that time holds (see [`give_back`](Self::give_back)). The buffer grows from 4 entries
+    /// to 16, then by doubling, but not past `limit` entries (the most requests a window of
+    /// that count admits) while it holds fewer.
+    /// Returns the newest entry after it (see [`newest_entry`](Self::newest_entry)).
     #[inline(always)]
-    pub(crate) fn admit(&mut self, now: u64, cost: u64, width: u64, limit: u64) {
+    pub(crate) fn admit(
+        &mut self,
+        now: u64,
+        cost: u64,
+        width: u64,
+        limit: u64,
+    ) -> Option<(u64, u64)> {
         self.trim(now, width);
         if cost == 0 {
-            return;
+            return self.newest_entry();
         }
-        let at = self.time_of(now);
-        let total = self.total().saturating_add(cost);
-        if let Some(newest) = self.entries.back_mut() {
-            if newest.0 == at {
-                newest.1 = total;
-                return;
+        // Recorded at the later of `now` and the newest entry's time (see `time_of`): at
+        // the newest entry's time, it joins that entry.
+        let total = match self.entries.back_mut() {
+            Some(newest) if newest.0 >= now => {
+                newest.1 = newest.1.saturating_add(cost);
+                return Some(*newest);
             }
-        }
-        let len = self.entries.len();
-        if len == self.entries.capacity() {
-            let room = usize::try_from(limit)
-                .unwrap_or(usize::MAX)
-                .saturating_sub(len);
-            self.entries.reserve_exact(len.max(4).min(room.max(1)));
+            Some(newest) => newest.1,
+            None => self.base,
+        };
+        let (at, total) = (now, total.saturating_add(cost));
+        if self.entries.len() == self.entries.capacity() {
+            self.grow(limit);
         }
         self.entries.push_back((at, total));
+        Some((at, total))
+    }
+
+    /// Makes room for one more entry: 4 entries first, then 16 (a key's few first requests
+    /// reallocate once, not twice), then doubling, never past `limit` entries while it holds
+    /// fewer; never more than four times what it holds.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, limit: u64) {
+        let len = self.entries.len();
+        let room = usize::try_from(limit)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(len);
+        let more = if len < 16 { (3 * len).max(4) } else { len };
+        self.entries.reserve_exact(more.min(room.max(1)));
     }
 
     /// Before a charge of `cost`: when the running total through it would pass 2^63, counts
@@ -146,7 +192,25 @@ impl Log {
     /// Drops the entries that no window of `width` can see at `now`, and gives memory back
     /// as the log shrinks: the buffer never has room for more than four times what it holds
     /// (or 16 entries).
+    #[inline(always)]
     fn trim(&mut self, now: u64, width: u64) {
+        // Most records drop nothing: the oldest entry still counts, and the buffer is not
+        // four times too large.
+        match self.entries.front() {
+            Some(&(t, _)) if t.saturating_add(width) <= now => self.trim_out(now, width),
+            _ => {
+                if self.entries.capacity() > 16 && self.entries.capacity() > 4 * self.entries.len()
+                {
+                    self.trim_out(now, width);
+                }
+            }
+        }
+    }
+
+    /// [`trim`](Self::trim) when it drops entries or gives memory back.
+    #[cold]
+    #[inline(never)]
+    fn trim_out(&mut self, now: u64, width: u64) {
         let (first, _) = self.in_window(now, width, 0);
         if first > 0 {
             self.base = self.entries[first - 1].1;

@@ -36,11 +36,13 @@ use warmup::WarmGcra;
 use gcra::{moved_back, slice_back};
 pub(crate) use gcra::{Gcra, Many, One};
 pub(crate) use log::Log;
-pub(crate) use step::{all_or_nothing, Slot, Step, Verdict, Words};
+#[cfg(test)]
+pub(crate) use step::all_or_nothing;
+pub(crate) use step::{Slot, Step, Verdict, Words};
 #[cfg(test)]
 pub(crate) use two::AsRule;
 pub(crate) use two::{decision_two, Two, TwoKind, TwoQuota, WithKind, QUOTA_WORDS};
-use two::{kept, warm};
+use two::{warm, Counter, Fixed};
 pub(crate) use window::Window;
 
 /// [`Rule::step`] of a log quota: out of line, so that the other kinds' steps, which the
@@ -152,37 +154,6 @@ impl Rule {
             Rule::SlidingLog(w) => log_step(w, log, now, cost),
             Rule::SlidingWindow(w) => w.counter_step(words, now, cost),
             Rule::WarmUp(g) => g.step(warm(words), now, cost),
-        }
-    }
-
-    /// [`step`](Self::step) of a quota other than a sliding log, and the quota's figures
-    /// at `now` with the words it keeps when admitted at a cost (else with `words`): one
-    /// match on the kind, and a kind shares what its step and figures both read.
-    #[inline]
-    fn judge(&self, words: Words, now: u64, cost: u32) -> (Step, QuotaState) {
-        let after = |step: &Step| kept(step, cost).unwrap_or(words);
-        match self {
-            Rule::Gcra(g) => {
-                let step = g.step(words[0], now, cost);
-                let state = QuotaState::of(g, after(&step)[0], now);
-                (step, state)
-            }
-            Rule::FixedWindow(w) => {
-                let step = w.fixed_step(words, now, cost);
-                let state = w.fixed_state(after(&step), now);
-                (step, state)
-            }
-            Rule::SlidingWindow(w) => w.counter_judge(words, now, cost),
-            Rule::WarmUp(g) => {
-                let step = g.step(warm(words), now, cost);
-                let state = g.state(warm(after(&step)), now);
-                (step, state)
-            }
-            Rule::SlidingLog(_) => {
-                debug_assert!(false, "a log quota is judged with its log");
-                let step = self.step(words, &Log::EMPTY, now, cost);
-                (step, self.state(words, &Log::EMPTY, now))
-            }
         }
     }
 
@@ -431,13 +402,14 @@ pub(crate) fn decide(
     cost: u32,
 ) -> (Decision, bool) {
     let mut d = Decision::unlimited();
-    let changed = decide_into(rules, state, now, cost, &mut d);
+    let (changed, _) = decide_into(rules, state, now, cost, &mut d);
     (d, changed)
 }
 
 /// [`decide`], writing the decision into `d` (where its caller keeps it, so that the many
 /// words of a decision made under a key's lock are not copied out through the lock's
-/// closure). Returns whether `state` changed.
+/// closure). Returns whether `state` changed, and when the key becomes idle after it (see
+/// [`KeyState::idle_at`]).
 #[inline]
 fn decide_into(
     rules: &[Rule],
@@ -445,14 +417,22 @@ fn decide_into(
     now: u64,
     cost: u32,
     d: &mut Decision,
-) -> bool {
+) -> (bool, u64) {
     match rules {
         [Rule::SlidingLog(w)] => decide_log(w, &mut state.log, now, cost, d),
         _ => decide_many(rules, state, now, cost, d),
     }
 }
 
-/// [`decide_into`] for any policy: every quota asked, all or nothing.
+/// [`decide_into`] for any policy: every quota asked, all or nothing, in one pass. Each
+/// quota is judged by its own kind's code, as a policy of that quota alone judges it (one
+/// match on the kind: its step, its figures after it, the words it keeps and their idle
+/// time, from one reading of its words; see [`TwoKind::judge_kept`]), and its figures and
+/// spot are written where the decision is kept; the words it keeps are written in the key's
+/// state as it goes, and put back if a later quota refuses. A log quota is stepped on the
+/// shared log, which records the request once every quota has admitted it; its figures are
+/// read after. Only on a refusal are the figures and idle times of the quotas that would
+/// have admitted found again, of the words that stay.
 #[inline]
 pub(super) fn decide_many(
     rules: &[Rule],
@@ -460,71 +440,192 @@ pub(super) fn decide_many(
     now: u64,
     cost: u32,
     d: &mut Decision,
-) -> bool {
+) -> (bool, u64) {
     let n = rules.len().min(MAX_QUOTAS);
-    // What each log quota's window holds before the request, found by its step and read
-    // again for its figures, without a second search of the log; and the widest log window
-    // (how long the log keeps its entries) and the largest log limit (the room it may need).
-    let before = state.log.total();
-    let mut held = [0; MAX_QUOTAS];
-    let mut bounds: Option<(u64, u64)> = None;
-    // Each quota's figures with the words its step keeps, found with the step: they are
-    // the figures after the decision when every quota admits (the words are kept).
-    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    let v = all_or_nothing(n, |i| match &rules[i] {
-        Rule::SlidingLog(w) => {
-            let (step, h) = w.log_step(&state.log, now, cost);
-            held[i] = h;
-            let (width, limit) = bounds.unwrap_or((0, 0));
-            bounds = Some((width.max(w.width), limit.max(w.limit)));
-            step
-        }
-        r => {
-            let (step, figures) = r.judge(state.words[i], now, cost);
-            quotas[i] = figures;
-            step
-        }
-    });
-    let allowed = v.outcome == Outcome::Allowed && cost > 0;
-    if allowed {
-        state.words[..n].copy_from_slice(&v.words[..n]);
-        if let Some((width, limit)) = bounds {
-            state.log.admit(now, u64::from(cost), width, limit);
-        }
-    }
-    for (i, r) in rules.iter().enumerate().take(n) {
-        match r {
+    let rules = &rules[..n];
+    let mut p = Pass::new();
+    let (quotas, spots) = d.parts_mut();
+    for i in 0..n {
+        let words = &mut state.words[i];
+        let (figures, spot) = (&mut quotas[i], &mut spots[i]);
+        match &rules[i] {
+            Rule::Gcra(g) => p.judge(g, i, words, now, cost, figures, spot),
+            Rule::FixedWindow(w) => p.judge(&Fixed(*w), i, words, now, cost, figures, spot),
+            Rule::SlidingWindow(w) => p.judge(&Counter(*w), i, words, now, cost, figures, spot),
+            Rule::WarmUp(g) => p.judge(g, i, words, now, cost, figures, spot),
             Rule::SlidingLog(w) => {
-                let held = state.log.held_since(before - held[i], now, w.width, w.gone);
-                quotas[i] = w.log_figures(held, state.log.newest().unwrap_or(0), now);
+                let (step, below) = w.log_step(&state.log, now, cost);
+                p.below[i] = below;
+                p.logs |= 1 << i;
+                p.bounds = (p.bounds.0.max(w.width), p.bounds.1.max(w.limit));
+                p.step(step, spot);
             }
-            // Refused: the words stay, and so do the figures they give.
-            _ if v.outcome != Outcome::Allowed => {
-                quotas[i] = r.state(state.words[i], &Log::EMPTY, now);
-            }
-            _ => {}
         }
     }
-    *d = concluded(&v, cost, quotas, n);
-    allowed
+    for q in &mut quotas[n..] {
+        *q = QuotaState::default();
+    }
+    let allowed = p.outcome == Outcome::Allowed && cost > 0;
+    let mut idle = p.idle_stay;
+    if allowed {
+        idle = idle.max(p.idle_took);
+        for s in &mut spots[n..] {
+            *s = [0; 2];
+        }
+    } else {
+        // Refused: the words stay, and so do the figures and the idle time they give.
+        let mut m = p.took;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            state.words[i] = p.was[i];
+            quotas[i] = rules[i].state(p.was[i], &Log::EMPTY, now);
+            idle = idle.max(rules[i].idle_at_two(p.was[i]));
+        }
+    }
+    let mut m = p.logs;
+    if m != 0 {
+        // Admitted at a cost, the log records the request once for all its quotas; then
+        // every log quota's figures and idle time read the log's newest entry, once.
+        let newest = if allowed {
+            state
+                .log
+                .admit(now, u64::from(cost), p.bounds.0, p.bounds.1)
+        } else {
+            state.log.newest_entry()
+        };
+        let time = newest.map(|(t, _)| t);
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            if let Rule::SlidingLog(w) = &rules[i] {
+                let held = Log::held_after(newest, p.below[i], now, w.width, w.gone);
+                quotas[i] = w.log_figures(held, time.unwrap_or(0), now);
+                idle = idle.max(w.log_idle_after(time));
+            }
+        }
+    }
+    // Only a limited request waits: one that can never pass carries no wait.
+    let wait = if p.outcome == Outcome::Limited {
+        p.wait
+    } else {
+        0
+    };
+    d.conclude(p.outcome, wait, n, cost);
+    (allowed, idle)
+}
+
+/// What [`decide_many`]'s pass over the quotas has found so far.
+struct Pass {
+    /// Allowed while every quota allowed; limited once one denied and none said never;
+    /// exceeds once one said never.
+    outcome: Outcome,
+    /// The longest wait among the quotas that denied.
+    wait: u64,
+    /// The quotas whose words the request changes (bit `i` for the `i`-th), and their words
+    /// as they were.
+    took: u8,
+    was: [Words; MAX_QUOTAS],
+    /// When the key becomes idle under the quotas whose words stay, and under those whose
+    /// words the request changes, with the words it leaves.
+    idle_stay: u64,
+    idle_took: u64,
+    /// The log quotas, the log's running total before each one's window (a log quota's
+    /// figures are read from it after the request, without a second search: see
+    /// `Log::held_after`), and the widest log window (how long the log keeps its entries)
+    /// and the largest log limit (the room it may need).
+    logs: u8,
+    below: [u64; MAX_QUOTAS],
+    bounds: (u64, u64),
+}
+
+impl Pass {
+    /// Before any quota is asked.
+    #[inline(always)]
+    fn new() -> Self {
+        Pass {
+            outcome: Outcome::Allowed,
+            wait: 0,
+            took: 0,
+            was: [[0; 2]; MAX_QUOTAS],
+            idle_stay: 0,
+            idle_took: 0,
+            logs: 0,
+            below: [0; MAX_QUOTAS],
+            bounds: (0, 0),
+        }
+    }
+
+    /// Judges the `i`-th quota, `rule`, of its own kind, on its `words`: writes its figures
+    /// after the step and where its cost lands, and the words it keeps.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn judge(
+        &mut self,
+        rule: &impl TwoKind,
+        i: usize,
+        words: &mut Words,
+        now: u64,
+        cost: u32,
+        figures: &mut QuotaState,
+        spot: &mut Words,
+    ) {
+        let ((step, state), kept, idle) = rule.judge_kept(*words, now, cost);
+        self.step(step, spot);
+        *figures = state;
+        match kept {
+            Some(after) => {
+                self.was[i] = *words;
+                *words = after;
+                self.took |= 1 << i;
+                self.idle_took = self.idle_took.max(idle);
+            }
+            None => self.idle_stay = self.idle_stay.max(idle),
+        }
+    }
+
+    /// Counts one quota's step, whose cost lands at `spot` when admitted.
+    #[inline(always)]
+    fn step(&mut self, step: Step, spot: &mut Words) {
+        match step {
+            Step::Allow { spot: at, .. } => *spot = at,
+            Step::Deny { retry_after } => {
+                if self.outcome == Outcome::Allowed {
+                    self.outcome = Outcome::Limited;
+                }
+                self.wait = self.wait.max(retry_after);
+            }
+            Step::Never => self.outcome = Outcome::Exceeds,
+        }
+    }
 }
 
 /// [`decide_into`] for a policy of one sliding-log quota: its step, the request's record and
 /// the quota's figures, without the loops over quotas nor the words of other kinds (the same
 /// decision as [`decide_many`]'s).
+/// Returns whether the log changed, and when the key becomes idle after it.
 #[inline]
-pub(super) fn decide_log(w: &Window, log: &mut Log, now: u64, cost: u32, d: &mut Decision) -> bool {
-    let before = log.total();
-    let (step, held) = w.log_step(log, now, cost);
+pub(super) fn decide_log(
+    w: &Window,
+    log: &mut Log,
+    now: u64,
+    cost: u32,
+    d: &mut Decision,
+) -> (bool, u64) {
+    let (step, below) = w.log_step(log, now, cost);
     let (outcome, retry_after, taken) = step.alone(cost);
-    if taken.cost > 0 {
-        log.admit(now, u64::from(cost), w.width, w.limit);
-    }
-    let held = log.held_since(before - held, now, w.width, w.gone);
+    // The figures and the idle time read the newest entry after the request, once.
+    let newest = if taken.cost > 0 {
+        log.admit(now, u64::from(cost), w.width, w.limit)
+    } else {
+        log.newest_entry()
+    };
+    let held = Log::held_after(newest, below, now, w.width, w.gone);
+    let time = newest.map(|(t, _)| t);
     let mut quotas = [QuotaState::default(); MAX_QUOTAS];
-    quotas[0] = w.log_figures(held, log.newest().unwrap_or(0), now);
+    quotas[0] = w.log_figures(held, time.unwrap_or(0), now);
     *d = Decision::new(outcome, retry_after, quotas, 1, taken);
-    taken.cost > 0
+    (taken.cost > 0, w.log_idle_after(time))
 }
 
 /// The decision of verdict `v` on a request of `cost`, with the states of the `n` quotas
@@ -576,11 +677,21 @@ impl<S> Kept<S> {
         f: impl FnOnce(&mut S) -> T,
         idle_at: impl FnOnce(&S) -> u64,
     ) -> T {
+        self.replace(|state| {
+            let said = f(state);
+            (said, idle_at(state))
+        })
+    }
+
+    /// Reads the key's state and replaces it through `f`, under the key's lock, then keeps
+    /// the time the key becomes idle, which `f` says with what it says, beside it.
+    #[inline]
+    fn replace<T>(&self, f: impl FnOnce(&mut S) -> (T, u64)) -> T {
         // A poisoned lock only means another thread panicked while deciding; the state is
         // still a valid state (every change is made after the decision's arithmetic).
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let said = f(&mut state);
-        self.horizon.store(idle_at(&state), Ordering::Release);
+        let (said, horizon) = f(&mut state);
+        self.horizon.store(horizon, Ordering::Release);
         said
     }
 
@@ -650,7 +761,8 @@ impl Slot for Mixed {
     const IN_PLACE: bool = true;
 
     fn decide_into(&self, rules: &[Rule], now: u64, cost: u32, d: &mut Decision) {
-        self.change(rules, |state| decide_into(rules, state, now, cost, d));
+        self.0
+            .replace(|state| ((), decide_into(rules, state, now, cost, d).1));
     }
 
     #[inline]

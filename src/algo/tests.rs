@@ -458,3 +458,136 @@ proptest! {
         }
     }
 }
+
+/// The general rule, as the kinds define it one quota at a time: every quota's
+/// [`Rule::step`] on the key's state (a log quota's on the shared log), all or nothing; when
+/// admitted at a cost, each quota keeps the words its step gives and the log records the
+/// request once; then each quota's [`Rule::state`] after it, and the key's idle time
+/// ([`KeyState::idle_at`]). Returns the decision and the idle time.
+fn general_rule(rules: &[Rule], st: &mut KeyState, now: u64, cost: u32) -> (Decision, u64) {
+    let n = rules.len();
+    let v = all_or_nothing(n, |i| rules[i].step(st.words[i], &st.log, now, cost));
+    if v.outcome == Outcome::Allowed && cost > 0 {
+        for (i, r) in rules.iter().enumerate() {
+            if r.in_two_words() {
+                st.words[i] = v.words[i];
+            }
+        }
+        if let Some((width, limit)) = log_bounds(rules) {
+            st.log.admit(now, u64::from(cost), width, limit);
+        }
+    }
+    let mut quotas = [QuotaState::default(); MAX_QUOTAS];
+    for (i, r) in rules.iter().enumerate() {
+        quotas[i] = r.state(st.words[i], &st.log, now);
+    }
+    (concluded(&v, cost, quotas, n), st.idle_at_many(rules))
+}
+
+/// One step of a key's life under a policy of several quotas.
+#[derive(Debug, Clone)]
+enum Life {
+    /// A request of this cost after this gap (ns).
+    Check(u64, u32),
+    /// After this gap, gives back some units of an admission (the `n`-th from the newest).
+    Refund(u64, usize, u32),
+    /// After this gap, settles a cost taken whatever the limit.
+    Charge(u64, u32),
+    /// After this gap, every quota's limit and width change live, each by its own factor
+    /// (what left the old windows stays gone).
+    Change(u64, u8, u8),
+}
+
+fn life() -> impl Strategy<Value = Vec<Life>> {
+    let op = prop_oneof![
+        6 => (0u64..300, 0u32..7).prop_map(|(g, c)| Life::Check(g, c)),
+        1 => (0u64..300, 0usize..4, 1u32..4).prop_map(|(g, i, u)| Life::Refund(g, i, u)),
+        1 => (0u64..300, 1u32..9).prop_map(|(g, c)| Life::Charge(g, c)),
+        1 => (0u64..300, 0u8..3, 0u8..3).prop_map(|(g, a, b)| Life::Change(g, a, b)),
+    ];
+    prop::collection::vec(op, 1..150)
+}
+
+/// Quota `k` of a policy: a GCRA, a fixed window, a sliding counter, a sliding log or a
+/// warm-up quota, its count `limit` over `width` ns (each quota of a policy its own count,
+/// so that one may refuse, or never admit, what another admits).
+fn life_rule(k: u8, limit: u64, width: u64) -> Rule {
+    match k {
+        0 => Rule::Gcra(Gcra::new(
+            width.div_ceil(limit),
+            width.div_ceil(limit) * limit,
+        )),
+        1 => fixed(limit, width),
+        2 => counter(limit, width),
+        3 => log(limit, width),
+        _ => Rule::WarmUp(warmup::WarmGcra::new(
+            warmup::Curve::new(width, 4 * width, 2, 1),
+            limit * width,
+        )),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    /// A policy of several kinds, decided in one pass with each quota judged by its own
+    /// kind's code (the words written as it goes and put back when a later quota refuses,
+    /// figures found with each step, a log's read once after the request), decides as the
+    /// general rule does, through any life of a key: costs of 0 to above every limit,
+    /// refunds of any earlier admission, settled charges, instants repeated or apart, and
+    /// live changes of every quota's limit and width; the same decision, the same
+    /// reservation, the same state after it, and the same idle time kept beside it. (A
+    /// quota's kind is never changed live: `set_quotas` refuses it; every mix of kinds is
+    /// drawn here.)
+    #[test]
+    fn one_pass_over_quotas_of_several_kinds_decides_as_the_general_rule(
+        kinds in prop::collection::vec((0u8..5, 1u64..5), 2..5),
+        width in 1u64..300,
+        ops in life(),
+    ) {
+        let policy = |more: u64, width: u64| -> Vec<Rule> {
+            kinds.iter().map(|&(k, limit)| life_rule(k, limit + more, width)).collect()
+        };
+        let mut rules = policy(0, width);
+        let (mut ours, mut theirs) = (KeyState::default(), KeyState::default());
+        let mut now = 1;
+        let mut taken: Vec<Reservation> = Vec::new();
+        for op in ops {
+            match op {
+                Life::Check(gap, cost) => {
+                    now += gap;
+                    let mut d = Decision::unlimited();
+                    let (changed, idle) = decide_into(&rules, &mut ours, now, cost, &mut d);
+                    let (want, want_idle) = general_rule(&rules, &mut theirs, now, cost);
+                    prop_assert_eq!(d, want, "at {}", now);
+                    prop_assert_eq!(Reservation::of(&d, cost), Reservation::of(&want, cost));
+                    prop_assert_eq!(&ours, &theirs);
+                    prop_assert_eq!(idle, want_idle);
+                    prop_assert_eq!(changed, d.is_allowed() && cost > 0);
+                    if changed {
+                        taken.push(Reservation::of(&d, cost));
+                    }
+                }
+                Life::Refund(gap, i, units) => {
+                    now += gap;
+                    if let Some(j) = taken.len().checked_sub(1 + i % taken.len().max(1)) {
+                        let t = taken.remove(j);
+                        ours.refund(&rules, now, &t, units);
+                        theirs.refund(&rules, now, &t, units);
+                    }
+                }
+                Life::Charge(gap, cost) => {
+                    now += gap;
+                    ours.charge(&rules, now, cost);
+                    theirs.charge(&rules, now, cost);
+                }
+                Life::Change(gap, a, b) => {
+                    now += gap;
+                    let old = rules.clone();
+                    rules = policy(u64::from(a), width * (1 + u64::from(b)) / 2 + 1);
+                    Rule::replacing(&mut rules, &old, now);
+                }
+            }
+        }
+    }
+}

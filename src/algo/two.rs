@@ -19,7 +19,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use super::log::Log;
 use super::step::{Slot, Step, Words};
 use super::warmup::{WarmGcra, WarmState};
-use super::{Rule, Window};
+use super::{Gcra, Rule, Window};
 use crate::decision::{Decision, QuotaState, Reservation};
 
 /// One quota kept in two words, of a kind known where it is used: its step, its figures and
@@ -87,6 +87,29 @@ impl TwoKind for Rule {
 
     fn rule(&self) -> Rule {
         *self
+    }
+}
+
+/// A GCRA quota, in the first of its two words (see [`Gcra`]): as one quota among the
+/// kinds of a policy decided together.
+impl TwoKind for Gcra {
+    #[inline]
+    fn step(&self, words: Words, now: u64, cost: u32) -> Step {
+        Gcra::step(self, words[0], now, cost)
+    }
+
+    #[inline]
+    fn state(&self, words: Words, now: u64) -> QuotaState {
+        QuotaState::of(self, words[0], now)
+    }
+
+    #[inline]
+    fn idle_at(&self, words: Words) -> u64 {
+        words[0]
+    }
+
+    fn rule(&self) -> Rule {
+        Rule::Gcra(*self)
     }
 }
 

@@ -442,14 +442,14 @@ impl Window {
 
     // ---- sliding-window log ----
 
-    /// The step of a log quota, and what its window held before the request (see
-    /// [`Log::held_since`]).
+    /// The step of a log quota, and the log's running total before its window (see
+    /// [`Log::held_after`]).
     #[inline(always)]
     pub(super) fn log_step(&self, log: &Log, now: u64, cost: u32) -> (Step, u64) {
         let c = u64::from(cost);
-        let (first, n) = log.in_window(now, self.width, self.gone);
+        let (first, n, below) = log.window(now, self.width, self.gone);
         if c > self.limit {
-            return (Step::Never, n);
+            return (Step::Never, below);
         }
         if n.saturating_add(c) <= self.limit {
             // The cost lands in the request's own entry of the log.
@@ -457,14 +457,14 @@ impl Window {
                 words: [0, 0],
                 spot: [log.time_of(now), 0],
             };
-            return (step, n);
+            return (step, below);
         }
         // The oldest entries in the window holding `n + c - limit` must leave it first.
         let t = log.reaching(first, n + c - self.limit).unwrap_or(now);
         let step = Step::Deny {
             retry_after: t.saturating_add(self.width).saturating_sub(now).max(1),
         };
-        (step, n)
+        (step, below)
     }
 
     pub(super) fn log_state(&self, log: &Log, now: u64) -> QuotaState {
@@ -476,7 +476,13 @@ impl Window {
     /// when its newest entry leaves the window (at once if it is gone already).
     #[inline]
     pub(super) fn log_idle_at(&self, log: &Log) -> u64 {
-        match log.newest() {
+        self.log_idle_after(log.newest())
+    }
+
+    /// [`log_idle_at`](Self::log_idle_at) of a log whose newest entry is at `newest`.
+    #[inline]
+    pub(super) fn log_idle_after(&self, newest: Option<u64>) -> u64 {
+        match newest {
             Some(t) if t >= self.gone => t.saturating_add(self.width),
             _ => 0,
         }

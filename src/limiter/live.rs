@@ -9,7 +9,14 @@
 //! loads, and takes the numbers when nothing changed between. A reader that meets a change
 //! being written loads the `ArcSwap` instead: it never waits for the writer, and it sees
 //! either the old quotas or the new ones, as before.
+//!
+//! A policy whose numbers are not in atomics (several quotas with a kind other than GCRA
+//! among them, or a sliding log) does not load the `ArcSwap` at every decision either: each
+//! thread keeps the last few sets it decided with (`RECENT`), each set numbered once for the
+//! life of the process, and a decision takes the set whose number the limiter says is in
+//! force (one plain load), loading the `ArcSwap` only when its thread does not keep that set.
 
+use std::cell::RefCell;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -26,7 +33,12 @@ pub(super) struct Limits {
     /// The quotas as GCRA when every quota is one (else empty).
     pub(super) gcras: Box<[Gcra]>,
     pub(super) rules: Box<[Rule]>,
+    /// This set's own number, never given to another set in the process (see [`RECENT`]).
+    id: u64,
 }
+
+/// The number of the next set of quotas made.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Limits {
     pub(super) fn new(quotas: Vec<Quota>) -> Self {
@@ -36,8 +48,24 @@ impl Limits {
             quotas: quotas.into(),
             gcras,
             rules,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }
     }
+}
+
+/// How many sets of quotas a thread keeps in [`RECENT`].
+const KEPT: usize = 4;
+
+thread_local! {
+    /// The sets of quotas this thread decided with last, of any limiters, the latest first:
+    /// a check of a policy whose numbers are not kept in atomics (several quotas with
+    /// another kind than GCRA among them, or a sliding log) finds its quotas here while they
+    /// are still in force ([`Live::with_limits`]), by the number of the set in force, one
+    /// plain load, instead of loading the `ArcSwap` (two read-modify-writes of a per-thread
+    /// slot, with full barriers). A set stays here until four other sets came after it, or
+    /// the thread ends.
+    static RECENT: RefCell<[Option<Arc<Limits>>; KEPT]> =
+        const { RefCell::new([const { None }; KEPT]) };
 }
 
 /// The quotas in force (see the module documentation).
@@ -50,6 +78,8 @@ pub(super) struct Live {
     /// How many quotas `words` holds: all of them when every quota is GCRA, else none. A
     /// change keeps the number and the kind of each quota.
     gcras: usize,
+    /// The number of the set in `limits`, written after it (see [`RECENT`]).
+    current: AtomicU64,
     /// Held by a change from reading the quotas it replaces to publishing the new ones, so
     /// that two changes at once never replace the same quotas.
     writer: Mutex<()>,
@@ -64,8 +94,10 @@ impl Live {
         } else {
             0
         };
+        let current = AtomicU64::new(limits.id);
         let live = Live {
             limits: ArcSwap::from_pointee(limits),
+            current,
             seq: AtomicU64::new(0),
             words: Default::default(),
             gcras,
@@ -81,6 +113,45 @@ impl Live {
     #[inline]
     pub(super) fn load(&self) -> Guard<Arc<Limits>> {
         self.limits.load()
+    }
+
+    /// `f` of every quota in force, found among the sets this thread decided with last
+    /// ([`RECENT`]) by the number of the set in force, else loaded (and kept there for the
+    /// next check). A change is in force once its number is written, after its set: a check
+    /// that reads the number before sees the set it replaces, as a check that loaded the
+    /// `ArcSwap` a moment earlier would.
+    #[inline]
+    pub(super) fn with_limits<T>(&self, f: impl FnOnce(&Limits) -> T) -> T {
+        let id = self.current.load(Ordering::Acquire);
+        let mut f = Some(f);
+        let found = RECENT.try_with(|recent| {
+            let recent = recent.try_borrow().ok()?;
+            let limits = recent.iter().flatten().find(|l| l.id == id)?;
+            f.take().map(|f| f(limits))
+        });
+        if let Ok(Some(out)) = found {
+            return out;
+        }
+        match f {
+            Some(f) => self.with_loaded_limits(f),
+            // `f` is taken only to make `out`, which was returned.
+            None => unreachable!("the quotas were found and decided with"),
+        }
+    }
+
+    /// [`with_limits`](Self::with_limits) of a set this thread does not keep: loaded, and
+    /// kept as the latest.
+    #[cold]
+    #[inline(never)]
+    fn with_loaded_limits<T>(&self, f: impl FnOnce(&Limits) -> T) -> T {
+        let limits = self.limits.load_full();
+        let _ = RECENT.try_with(|recent| {
+            if let Ok(mut recent) = recent.try_borrow_mut() {
+                recent.rotate_right(1);
+                recent[0] = Some(limits.clone());
+            }
+        });
+        f(&limits)
     }
 
     /// The GCRA quotas in force, into `out`: how many there are, or `None` when a quota is
@@ -149,7 +220,9 @@ impl Live {
         fence(Ordering::Release);
         self.write_words(&new);
         self.two.write(&new);
+        let id = new.id;
         self.limits.store(Arc::new(new));
+        self.current.store(id, Ordering::Release);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
         Ok(())
     }
@@ -253,6 +326,48 @@ mod tests {
 
     fn limits(quotas: &[Quota]) -> Limits {
         Limits::new(quotas.to_vec())
+    }
+
+    /// A check finds, among the sets of quotas its thread decided with last, the set in
+    /// force of its own limiter: with more limiters than a thread keeps sets of, checked in
+    /// turns, each changed between turns from this thread or from another; and a limiter
+    /// made after others were dropped finds its own set, never one of theirs.
+    #[test]
+    fn a_check_finds_the_quotas_in_force_of_its_own_limiter_among_those_its_thread_kept() {
+        let s = std::time::Duration::from_secs(1);
+        let policy = |n: u32| vec![Quota::fixed_window(n, s), Quota::sliding_log(n, 2 * s)];
+        let lives: Vec<Live> = (1..=2 * KEPT as u32)
+            .map(|n| Live::new(limits(&policy(n))))
+            .collect();
+        let in_force = |live: &Live| live.with_limits(|l| l.quotas.to_vec());
+        for round in 0..3u32 {
+            for (i, live) in lives.iter().enumerate() {
+                assert_eq!(in_force(live), live.load().quotas.to_vec(), "{round} {i}");
+                // Found again at once, then changed from this thread.
+                assert_eq!(in_force(live), live.load().quotas.to_vec(), "{round} {i}");
+                let next = policy(100 * (round + 1) + i as u32);
+                live.replace(|_| Ok::<_, ()>(limits(&next))).unwrap();
+                assert_eq!(in_force(live), next, "{round} {i}");
+            }
+            // Changed from another thread: seen here at the next check.
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    for live in &lives {
+                        live.replace(|_| Ok::<_, ()>(limits(&policy(7 + round))))
+                            .unwrap();
+                    }
+                });
+            });
+            // The latest kept first: each one's set was found before the change.
+            for live in lives.iter().rev() {
+                assert_eq!(in_force(live), policy(7 + round));
+            }
+        }
+        drop(lives);
+        for n in 1..=2 * KEPT as u32 {
+            let live = Live::new(limits(&policy(1_000 + n)));
+            assert_eq!(in_force(&live), policy(1_000 + n));
+        }
     }
 
     #[test]

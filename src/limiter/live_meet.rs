@@ -292,33 +292,42 @@ fn a_request_that_can_never_pass_carries_no_wait_under_several_gcra_quotas() {
 
 /// Threads checking a key while another flips its quota between a lower limit and a higher
 /// one, the clock standing still: however the checks and changes interleave, in the
-/// two-word shape (fixed window, sliding counter) and the GCRA shapes, on a table's key
-/// and on the single key of `()`, no more is ever admitted than the higher limit allows.
+/// two-word shape (fixed window, sliding counter), the GCRA shapes, a sliding log and kinds
+/// mixed (whose checks find the quotas in force among those their thread decided with
+/// last), on a table's key and on the single key of `()`, no more is ever admitted than the
+/// higher limit allows.
 #[test]
 fn checks_racing_changes_never_admit_more_than_the_higher_limit() {
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     let s = Duration::from_secs(1);
     let pairs = [
-        (Quota::fixed_window(3, s), Quota::fixed_window(6, s)),
-        (Quota::sliding_window(3, s), Quota::sliding_window(6, s)),
-        (Quota::per_minute(1).burst(3), Quota::per_minute(1).burst(6)),
+        (
+            vec![Quota::fixed_window(3, s)],
+            vec![Quota::fixed_window(6, s)],
+        ),
+        (
+            vec![Quota::sliding_window(3, s)],
+            vec![Quota::sliding_window(6, s)],
+        ),
+        (
+            vec![Quota::per_minute(1).burst(3)],
+            vec![Quota::per_minute(1).burst(6)],
+        ),
+        (
+            vec![Quota::sliding_log(3, s)],
+            vec![Quota::sliding_log(6, s)],
+        ),
+        (
+            vec![Quota::fixed_window(3, s), Quota::sliding_log(3, s)],
+            vec![Quota::fixed_window(6, s), Quota::sliding_log(6, s)],
+        ),
     ];
     for (low, high) in pairs {
         for round in 0..10 {
             let (clock, time) = Clock::manual();
             time.advance(Duration::from_secs(10));
-            let keyed = limiter::<u8>(
-                std::slice::from_ref(&low),
-                &clock,
-                4,
-                OnFull::EvictNearestIdle,
-            );
-            let direct = limiter::<()>(
-                std::slice::from_ref(&low),
-                &clock,
-                1,
-                OnFull::EvictNearestIdle,
-            );
+            let keyed = limiter::<u8>(&low, &clock, 4, OnFull::EvictNearestIdle);
+            let direct = limiter::<()>(&low, &clock, 1, OnFull::EvictNearestIdle);
             let (kept, kept_direct) = (AtomicU32::new(0), AtomicU32::new(0));
             let done = AtomicBool::new(false);
             std::thread::scope(|scope| {
@@ -336,8 +345,8 @@ fn checks_racing_changes_never_admit_more_than_the_higher_limit() {
                 }
                 for i in 0..200 {
                     let q = if (i + round) % 2 == 0 { &high } else { &low };
-                    keyed.set_quotas([q.clone()]).unwrap();
-                    direct.set_quotas([q.clone()]).unwrap();
+                    keyed.set_quotas(q.clone()).unwrap();
+                    direct.set_quotas(q.clone()).unwrap();
                     std::thread::yield_now();
                 }
                 done.store(true, Ordering::Relaxed);
@@ -345,8 +354,8 @@ fn checks_racing_changes_never_admit_more_than_the_higher_limit() {
             let (k, d) = (kept.into_inner(), kept_direct.into_inner());
             assert!(k <= 6 && d <= 6, "{low:?}/{high:?}: {k} and {d} admitted");
             // Under the higher limit, the key is spent to it, whatever it took before.
-            keyed.set_quotas([high.clone()]).unwrap();
-            direct.set_quotas([high.clone()]).unwrap();
+            keyed.set_quotas(high.clone()).unwrap();
+            direct.set_quotas(high.clone()).unwrap();
             let more = (0..10).filter(|_| keyed.check(&1).is_allowed()).count() as u32;
             let more_direct = (0..10).filter(|_| direct.check(&()).is_allowed()).count() as u32;
             assert_eq!(k + more, 6, "{low:?}/{high:?}");
