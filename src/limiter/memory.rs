@@ -238,21 +238,46 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         now: u64,
         cost: u32,
     ) -> Decision {
+        // Each decision is stamped with the generation of the quotas that judged it.
         match &self.0 {
-            Shape::One(s) => s.decide(key, &live.one(), clock, now, cost),
+            Shape::One(s) => {
+                let (g, generation) = live.one();
+                s.decide(key, &g, clock, now, cost).stamped(generation)
+            }
             Shape::Many(s) => {
                 let mut gcras = [Gcra::new(1, 1); crate::decision::MAX_QUOTAS];
                 match live.gcras(&mut gcras) {
-                    Some(n) => s.decide(key, &gcras[..n], clock, now, cost),
-                    None => s.decide(key, &live.load().gcras, clock, now, cost),
+                    Some((n, generation)) => s
+                        .decide(key, &gcras[..n], clock, now, cost)
+                        .stamped(generation),
+                    None => {
+                        let l = live.load();
+                        s.decide(key, &l.gcras, clock, now, cost)
+                            .stamped(l.generation)
+                    }
                 }
             }
             Shape::Two(s) => live.with_two(CheckTwo::new(s, key, clock, now, cost)),
             Shape::DirectTwo(d) => live.with_two(CheckTwo::new(d, key, clock, now, cost)),
-            Shape::Mixed(s) => s.decide(key, &live.load().rules, clock, now, cost),
-            Shape::DirectOne(d) => d.decide(key, &live.one(), clock, now, cost),
-            Shape::DirectMany(d) => d.decide(key, &live.load().gcras, clock, now, cost),
-            Shape::DirectMixed(d) => d.decide(key, &live.load().rules, clock, now, cost),
+            Shape::Mixed(s) => {
+                let l = live.load();
+                s.decide(key, &l.rules, clock, now, cost)
+                    .stamped(l.generation)
+            }
+            Shape::DirectOne(d) => {
+                let (g, generation) = live.one();
+                d.decide(key, &g, clock, now, cost).stamped(generation)
+            }
+            Shape::DirectMany(d) => {
+                let l = live.load();
+                d.decide(key, &l.gcras, clock, now, cost)
+                    .stamped(l.generation)
+            }
+            Shape::DirectMixed(d) => {
+                let l = live.load();
+                d.decide(key, &l.rules, clock, now, cost)
+                    .stamped(l.generation)
+            }
         }
     }
 
@@ -266,8 +291,9 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         now: u64,
         cost: u32,
     ) -> Decision {
-        with_slots!(&self.0, limits, |s, rules| s
-            .reserve(key, rules, clock, now, cost))
+        let d = with_slots!(&self.0, limits, |s, rules| s
+            .reserve(key, rules, clock, now, cost));
+        d.stamped(limits.generation)
     }
 
     /// Gives back `units` of what `taken` took for `key`.

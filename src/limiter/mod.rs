@@ -279,9 +279,14 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         // instead, each paid about 30 instructions for the second frame and the second
         // match on the shape, and one GCRA quota saved none.)
         let decision = match inner.state.one_gcra() {
-            Some(OneGcra::Direct(slot)) => memory::decide_one(slot, &inner.live.one(), now, cost),
+            Some(OneGcra::Direct(slot)) => {
+                let (g, generation) = inner.live.one();
+                memory::decide_one(slot, &g, now, cost).stamped(generation)
+            }
             Some(OneGcra::Table(keys)) => {
-                keys.decide(key, &inner.live.one(), &inner.clock, now, cost)
+                let (g, generation) = inner.live.one();
+                keys.decide(key, &g, &inner.clock, now, cost)
+                    .stamped(generation)
             }
             None => inner
                 .state
