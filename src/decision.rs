@@ -248,8 +248,15 @@ impl Decision {
     /// that judged the request whatever changed since.
     #[inline]
     pub(crate) fn stamped(mut self, generation: u16) -> Decision {
-        self.generation = generation;
+        self.stamp(generation);
         self
+    }
+
+    /// Stamps this decision, where it lies, with `generation` (see [`stamped`](Self::stamped)):
+    /// a decision just written is not moved for it.
+    #[inline]
+    pub(crate) fn stamp(&mut self, generation: u16) {
+        self.generation = generation;
     }
 
     /// The generation of the quotas that judged this decision (see [`stamped`](Self::stamped));

@@ -186,10 +186,9 @@ impl Live {
     #[inline(never)]
     pub(super) fn with_two<V: WithKind<Out = Decision>>(&self, v: V) -> Decision {
         let generation = std::cell::Cell::new(None);
-        let d = self
-            .two
-            .with(v, &generation, |v| self.with_loaded(v, &generation));
-        d.stamped(generation.get().unwrap_or_default())
+        let mut d = (self.two).with(v, &generation, |v| self.with_loaded(v, &generation));
+        d.stamp(generation.get().unwrap_or_default());
+        d
     }
 
     #[cold]

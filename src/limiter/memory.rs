@@ -238,47 +238,54 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         now: u64,
         cost: u32,
     ) -> Decision {
-        // Each decision is stamped with the generation of the quotas that judged it.
-        match &self.0 {
+        // Each decision is stamped, where it lies, with the generation of the quotas that
+        // judged it.
+        let generation;
+        let mut d = match &self.0 {
             Shape::One(s) => {
-                let (g, generation) = live.one();
-                s.decide(key, &g, clock, now, cost).stamped(generation)
+                let g;
+                (g, generation) = live.one();
+                s.decide(key, &g, clock, now, cost)
             }
             Shape::Many(s) => {
                 let mut gcras = [Gcra::new(1, 1); crate::decision::MAX_QUOTAS];
                 match live.gcras(&mut gcras) {
-                    Some((n, generation)) => s
-                        .decide(key, &gcras[..n], clock, now, cost)
-                        .stamped(generation),
+                    Some((n, g)) => {
+                        generation = g;
+                        s.decide(key, &gcras[..n], clock, now, cost)
+                    }
                     None => {
                         let l = live.load();
+                        generation = l.generation;
                         s.decide(key, &l.gcras, clock, now, cost)
-                            .stamped(l.generation)
                     }
                 }
             }
-            Shape::Two(s) => live.with_two(CheckTwo::new(s, key, clock, now, cost)),
-            Shape::DirectTwo(d) => live.with_two(CheckTwo::new(d, key, clock, now, cost)),
+            Shape::Two(s) => return live.with_two(CheckTwo::new(s, key, clock, now, cost)),
+            Shape::DirectTwo(d) => return live.with_two(CheckTwo::new(d, key, clock, now, cost)),
             Shape::Mixed(s) => {
                 let l = live.load();
+                generation = l.generation;
                 s.decide(key, &l.rules, clock, now, cost)
-                    .stamped(l.generation)
             }
             Shape::DirectOne(d) => {
-                let (g, generation) = live.one();
-                d.decide(key, &g, clock, now, cost).stamped(generation)
+                let g;
+                (g, generation) = live.one();
+                d.decide(key, &g, clock, now, cost)
             }
             Shape::DirectMany(d) => {
                 let l = live.load();
+                generation = l.generation;
                 d.decide(key, &l.gcras, clock, now, cost)
-                    .stamped(l.generation)
             }
             Shape::DirectMixed(d) => {
                 let l = live.load();
+                generation = l.generation;
                 d.decide(key, &l.rules, clock, now, cost)
-                    .stamped(l.generation)
             }
-        }
+        };
+        d.stamp(generation);
+        d
     }
 
     /// As [`decide_live`](Self::decide_live), with the quotas in `limits`, but a cost of 0
@@ -291,9 +298,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         now: u64,
         cost: u32,
     ) -> Decision {
-        let d = with_slots!(&self.0, limits, |s, rules| s
+        let mut d = with_slots!(&self.0, limits, |s, rules| s
             .reserve(key, rules, clock, now, cost));
-        d.stamped(limits.generation)
+        d.stamp(limits.generation);
+        d
     }
 
     /// Gives back `units` of what `taken` took for `key`.
