@@ -73,12 +73,6 @@ impl QuotaState {
         self.ahead
     }
 
-    /// A GCRA quota's emission interval and tolerance, exactly as the quota holds them;
-    /// `None` for a window quota (which holds its figures instead).
-    pub(crate) fn gcra_figures(&self) -> Option<(u64, u64)> {
-        (self.interval != 0).then_some((self.interval, self.tolerance))
-    }
-
     /// The burst of the quota (`q` in `RateLimit-Policy`).
     #[inline]
     pub fn limit(&self) -> u64 {
@@ -125,10 +119,11 @@ impl QuotaState {
 #[must_use = "an admitted decision has taken its cost: read it (is_allowed) or drop it with `let _ =`"]
 pub struct Decision {
     outcome: Outcome,
-    /// How many of `quotas` the policy has.
-    len: u8,
+    /// How many of `quotas` the policy has (the bits of [`LEN`]), and the flags
     /// [`DEGRADED`], [`LOCAL`] and [`FULL`].
-    flags: u8,
+    len: u8,
+    /// The generation of the quotas that judged it (see [`Decision::generation`]).
+    generation: u16,
     /// What an admission took (0: nothing, and always 0 unless allowed).
     cost: u32,
     quotas: [QuotaState; MAX_QUOTAS],
@@ -138,12 +133,14 @@ pub struct Decision {
     after: [[u64; 2]; MAX_QUOTAS],
 }
 
+/// The bits of `len` that count the quotas (at most [`MAX_QUOTAS`]).
+const LEN: u8 = 7;
 /// Made without the store: by its failure policy, or by its local fallback.
-const DEGRADED: u8 = 1;
+const DEGRADED: u8 = 8;
 /// Made by a store's local fallback, on the scaled quotas (and degraded).
-const LOCAL: u8 = 2;
+const LOCAL: u8 = 16;
 /// A new key turned away because the store is full: no fault of the key's own traffic.
-const FULL: u8 = 4;
+const FULL: u8 = 32;
 
 impl std::fmt::Debug for Decision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -165,7 +162,6 @@ impl PartialEq for Decision {
         self.outcome == other.outcome
             && self.wait() == other.wait()
             && self.len == other.len
-            && self.flags == other.flags
             && self.states() == other.states()
     }
 }
@@ -204,7 +200,7 @@ impl Decision {
         Decision {
             outcome,
             len: len.min(MAX_QUOTAS) as u8,
-            flags: 0,
+            generation: 0,
             cost,
             quotas,
             after,
@@ -235,8 +231,9 @@ impl Decision {
             }
         }
         self.outcome = outcome;
+        // The count alone: no flag set, as `new` makes it.
         self.len = len.min(MAX_QUOTAS) as u8;
-        self.flags = 0;
+        self.generation = 0;
         self.cost = if outcome == Outcome::Allowed { cost } else { 0 };
     }
 
@@ -265,14 +262,38 @@ impl Decision {
 
     /// This decision, made without the store (by its failure policy).
     pub(crate) fn made_degraded(mut self) -> Decision {
-        self.flags |= DEGRADED;
+        self.len |= DEGRADED;
         self
     }
 
     /// This decision, for a new key turned away because the store is full.
     pub(crate) fn made_full(mut self) -> Decision {
-        self.flags |= FULL;
+        self.len |= FULL;
         self
+    }
+
+    /// This decision, judged by the quotas of `generation`: the number of changes a limiter
+    /// had made to its quotas when it loaded those that judged it (wrapping), stamped where
+    /// the limiter loads them, so that the HTTP layer answers with the fields of the policy
+    /// that judged the request whatever changed since.
+    #[inline]
+    pub(crate) fn stamped(mut self, generation: u16) -> Decision {
+        self.stamp(generation);
+        self
+    }
+
+    /// Stamps this decision, where it lies, with `generation` (see [`stamped`](Self::stamped)):
+    /// a decision just written is not moved for it.
+    #[inline]
+    pub(crate) fn stamp(&mut self, generation: u16) {
+        self.generation = generation;
+    }
+
+    /// The generation of the quotas that judged this decision (see [`stamped`](Self::stamped));
+    /// 0 for one no limiter judged.
+    #[inline]
+    pub(crate) fn generation(&self) -> u16 {
+        self.generation
     }
 
     /// Whether the request was admitted.
@@ -333,7 +354,7 @@ impl Decision {
     /// [`reset_after`](Self::reset_after).
     #[inline]
     pub fn is_unlimited(&self) -> bool {
-        self.len == 0
+        self.len & LEN == 0
     }
 
     /// The decision recorded for a request that a layer let through without deciding.
@@ -376,7 +397,7 @@ impl Decision {
     ///   answers it as any decision (fields, `429`, `Retry-After`).
     #[inline]
     pub fn is_degraded(&self) -> bool {
-        self.flags & DEGRADED != 0
+        self.len & DEGRADED != 0
     }
 
     /// Whether this decision was made by the local fallback of a Redis store
@@ -387,12 +408,12 @@ impl Decision {
     /// scaled quotas.
     #[inline]
     pub fn is_local(&self) -> bool {
-        self.flags & LOCAL != 0
+        self.len & LOCAL != 0
     }
 
     /// The state of each quota, in the order the policy lists them.
     pub fn states(&self) -> &[QuotaState] {
-        &self.quotas[..usize::from(self.len)]
+        &self.quotas[..usize::from(self.len & LEN)]
     }
 
     /// This decision, made by a store's local fallback: degraded and local. `keep_exceeds`:
@@ -404,7 +425,7 @@ impl Decision {
             self.outcome = Outcome::Limited;
             self.after[0][0] = retry_after;
         }
-        self.flags |= DEGRADED | LOCAL;
+        self.len |= DEGRADED | LOCAL;
         self
     }
 
@@ -412,7 +433,7 @@ impl Decision {
     /// ([`OnFull::RejectNewKeys`](crate::store::OnFull::RejectNewKeys)): a refusal for the
     /// server's state, which a [penalty box](crate::penalty) does not count as a strike.
     pub fn is_store_full(&self) -> bool {
-        self.flags & FULL != 0
+        self.len & FULL != 0
     }
 
     /// A decision a remote store made and sent back: its outcome, the wait in nanoseconds and
@@ -804,6 +825,22 @@ mod tests {
             for c in changes {
                 d = apply(&mut m, d, c);
                 says_the_same(&d, &m, cost)?;
+                says_the_same(&d, &m, m.taken.cost)?;
+            }
+        }
+
+        #[test]
+        fn a_decision_keeps_its_generation_through_every_change_of_flags_and_says_the_same(
+            mut m in model(),
+            changes in proptest::collection::vec(change(), 0..4),
+            generation in any::<u16>(),
+        ) {
+            let plain = built(&m);
+            let mut d = plain.stamped(generation);
+            prop_assert_eq!(d, plain);
+            for c in changes {
+                d = apply(&mut m, d, c);
+                prop_assert_eq!(d.generation(), generation);
                 says_the_same(&d, &m, m.taken.cost)?;
             }
         }

@@ -24,7 +24,7 @@ use arc_swap::{ArcSwap, Guard};
 
 use crate::algo::gcra::Gcra;
 use crate::algo::{Rule, TwoQuota, WithKind, QUOTA_WORDS};
-use crate::decision::MAX_QUOTAS;
+use crate::decision::{Decision, MAX_QUOTAS};
 use crate::quota::Quota;
 
 /// A set of quotas and the numbers the algorithms take from them, swapped as one.
@@ -35,6 +35,9 @@ pub(super) struct Limits {
     pub(super) rules: Box<[Rule]>,
     /// This set's own number, never given to another set in the process (see [`RECENT`]).
     id: u64,
+    /// How many changes were made before these quotas (wrapping): what a decision they
+    /// judge is stamped with ([`Decision::stamped`]). `seq` is twice it.
+    pub(super) generation: u16,
 }
 
 /// The number of the next set of quotas made.
@@ -49,6 +52,7 @@ impl Limits {
             gcras,
             rules,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            generation: 0,
         }
     }
 }
@@ -154,18 +158,22 @@ impl Live {
         f(&limits)
     }
 
-    /// The GCRA quotas in force, into `out`: how many there are, or `None` when a quota is
-    /// of another kind or a change was being written (then read [`load`](Self::load)).
+    /// The GCRA quotas in force, into `out`: how many there are and their generation, or
+    /// `None` when a quota is of another kind or a change was being written (then read
+    /// [`load`](Self::load)).
     #[inline]
-    pub(super) fn gcras(&self, out: &mut [Gcra; MAX_QUOTAS]) -> Option<usize> {
+    pub(super) fn gcras(&self, out: &mut [Gcra; MAX_QUOTAS]) -> Option<(usize, u16)> {
         let n = self.gcras;
-        (n > 0 && self.read(&mut out[..n])).then_some(n)
+        if n == 0 {
+            return None;
+        }
+        self.read(&mut out[..n]).map(|g| (n, g))
     }
 
     /// The single GCRA quota in force, of a policy of one GCRA quota: [`read`](Self::read)
-    /// of one quota, kept in registers.
+    /// of one quota, kept in registers; with its generation.
     #[inline]
-    pub(super) fn one(&self) -> Gcra {
+    pub(super) fn one(&self) -> (Gcra, u16) {
         let before = self.seq.load(Ordering::Acquire);
         let w = &self.words[0];
         let g = Gcra::from_words([
@@ -177,16 +185,16 @@ impl Live {
         fence(Ordering::Acquire);
         let after = self.seq.load(Ordering::Relaxed);
         if before == after && before & 1 == 0 && self.gcras > 0 {
-            g
+            (g, generation(before))
         } else {
             self.slow_one()
         }
     }
 
-    /// Reads the numbers of the first `out.len()` quotas (at most `self.gcras`); whether no
-    /// change was written meanwhile.
+    /// Reads the numbers of the first `out.len()` quotas (at most `self.gcras`); their
+    /// generation if no change was written meanwhile.
     #[inline]
-    fn read(&self, out: &mut [Gcra]) -> bool {
+    fn read(&self, out: &mut [Gcra]) -> Option<u16> {
         let before = self.seq.load(Ordering::Acquire);
         for (g, w) in out.iter_mut().zip(&self.words) {
             *g = Gcra::from_words([
@@ -199,21 +207,24 @@ impl Live {
         // change wrote is seen with the odd number it wrote first, or a later one.
         fence(Ordering::Acquire);
         let after = self.seq.load(Ordering::Relaxed);
-        before == after && before & 1 == 0
+        (before == after && before & 1 == 0).then(|| generation(before))
     }
 
     #[cold]
     #[inline(never)]
-    fn slow_one(&self) -> Gcra {
+    fn slow_one(&self) -> (Gcra, u16) {
         let limits = self.load();
-        limits.gcras.first().copied().unwrap_or(Gcra::new(1, 1))
+        let g = limits.gcras.first().copied().unwrap_or(Gcra::new(1, 1));
+        (g, limits.generation)
     }
 
     /// Replaces the quotas in force with those `f` makes of them, or leaves them if it says
     /// why not.
     pub(super) fn replace<E>(&self, f: impl FnOnce(&Limits) -> Result<Limits, E>) -> Result<(), E> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        let new = f(&self.limits.load())?;
+        let old = self.limits.load();
+        let mut new = f(&old)?;
+        new.generation = old.generation.wrapping_add(1);
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         // Orders the odd number before the words: a reader that sees a new word sees it.
@@ -246,15 +257,26 @@ impl Live {
     /// other shapes, then keeps its own registers (inlined, the three kinds' arms cost it 2 to
     /// 6 instructions, and saved a fixed window about 19).
     #[inline(never)]
-    pub(super) fn with_two<V: WithKind>(&self, v: V) -> V::Out {
-        self.two.with(v, |v| self.with_loaded(v))
+    pub(super) fn with_two<V: WithKind<Out = Decision>>(&self, v: V) -> Decision {
+        let generation = std::cell::Cell::new(None);
+        let mut d = (self.two).with(v, &generation, |v| self.with_loaded(v, &generation));
+        d.stamp(generation.get().unwrap_or_default());
+        d
     }
 
     #[cold]
     #[inline(never)]
-    fn with_loaded<V: WithKind>(&self, v: V) -> V::Out {
-        v.with(&self.load().rules[0])
+    fn with_loaded<V: WithKind>(&self, v: V, generation: &std::cell::Cell<Option<u16>>) -> V::Out {
+        let limits = self.load();
+        generation.set(Some(limits.generation));
+        v.with(&limits.rules[0])
     }
+}
+
+/// The generation of the quotas a reader found under the even sequence number `seq`.
+#[inline]
+fn generation(seq: u64) -> u16 {
+    (seq >> 1) as u16
 }
 
 /// The numbers of a policy's single quota kept in two words, other than GCRA, in atomics
@@ -290,15 +312,22 @@ impl TwoRule {
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
-    /// `v` with the quota published, as its own kind; `otherwise(v)` when there is none or a
-    /// change was written while reading it.
+    /// `v` with the quota published, as its own kind, its generation into `generation`;
+    /// `otherwise(v)` when there is none or a change was written while reading it.
     #[inline]
-    fn with<V: WithKind>(&self, v: V, otherwise: impl FnOnce(V) -> V::Out) -> V::Out {
+    fn with<V: WithKind>(
+        &self,
+        v: V,
+        generation: &std::cell::Cell<Option<u16>>,
+        otherwise: impl FnOnce(V) -> V::Out,
+    ) -> V::Out {
         let before = self.seq.load(Ordering::Acquire);
         let whole = || {
             // Orders the loads of the words before the second reading of the sequence.
             fence(Ordering::Acquire);
             let after = self.seq.load(Ordering::Relaxed);
+            // Written once at the making, then once per change: one ahead of `Live::seq`.
+            generation.set(Some(self::generation(before).wrapping_sub(1)));
             before == after && before & 1 == 0
         };
         TwoQuota::with_words(
@@ -313,7 +342,7 @@ impl TwoRule {
     /// The quota published, if one is and no change was written while reading it.
     #[cfg(test)]
     fn get(&self) -> Option<Rule> {
-        self.with(crate::algo::AsRule, |_| None)
+        self.with(crate::algo::AsRule, &std::cell::Cell::new(None), |_| None)
     }
 }
 
@@ -374,11 +403,11 @@ mod tests {
     fn the_gcra_numbers_read_without_a_guard_are_those_of_the_quotas_in_force() {
         let live = Live::new(limits(&[Quota::per_second(5), Quota::per_minute(20)]));
         let mut out = [Gcra::new(1, 1); MAX_QUOTAS];
-        assert_eq!(live.gcras(&mut out), Some(2));
+        assert_eq!(live.gcras(&mut out), Some((2, 0)));
         assert_eq!(&out[..2], &*live.load().gcras);
         live.replace(|_| Ok::<_, ()>(limits(&[Quota::per_hour(7), Quota::per_second(3).burst(9)])))
             .unwrap();
-        assert_eq!(live.gcras(&mut out), Some(2));
+        assert_eq!(live.gcras(&mut out), Some((2, 1)));
         assert_eq!(&out[..2], &*live.load().gcras);
         assert_eq!(
             out[0],
@@ -403,10 +432,12 @@ mod tests {
         assert_eq!(live.replace(|_| Err("no")), Err("no"));
         assert_eq!(live.one(), before);
         assert_eq!(live.seq.load(Ordering::Relaxed), 0);
+        assert_eq!(live.load().generation, 0);
     }
 
     /// Readers racing a writer that flips between two policies only ever read one of the two
-    /// whole, never the numbers of one with those of the other.
+    /// whole, never the numbers of one with those of the other, and with its own generation
+    /// (`b` odd, `a` even), by every path that reads them.
     #[test]
     fn readers_racing_changes_read_one_policy_whole() {
         let a = [Quota::per_second(5), Quota::per_minute(20).burst(3)];
@@ -420,12 +451,16 @@ mod tests {
                 s.spawn(|| {
                     let mut out = [Gcra::new(1, 1); MAX_QUOTAS];
                     while !done.load(Ordering::Relaxed) {
-                        if let Some(n) = live.gcras(&mut out) {
+                        if let Some((n, g)) = live.gcras(&mut out) {
                             let read = &out[..n];
-                            assert!(read == &ga[..] || read == &gb[..], "torn read {read:?}");
+                            let expect = if g % 2 == 0 { &ga } else { &gb };
+                            assert_eq!(read, &expect[..], "torn read of generation {g}");
                         }
-                        let one = live.one();
-                        assert!(one == ga[0] || one == gb[0]);
+                        let (one, g) = live.one();
+                        assert_eq!(one, if g % 2 == 0 { ga[0] } else { gb[0] });
+                        let whole = live.load();
+                        let expect = if whole.generation % 2 == 0 { &ga } else { &gb };
+                        assert_eq!(&whole.gcras[..], &expect[..]);
                     }
                 });
             }

@@ -238,35 +238,65 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         now: u64,
         cost: u32,
     ) -> Decision {
-        match &self.0 {
-            Shape::One(s) => s.decide(key, &live.one(), clock, now, cost),
+        // Each decision is stamped, where it lies, with the generation of the quotas that
+        // judged it.
+        let generation;
+        let mut d = match &self.0 {
+            Shape::One(s) => {
+                let g;
+                (g, generation) = live.one();
+                s.decide(key, &g, clock, now, cost)
+            }
             Shape::Many(s) => {
                 let mut gcras = [Gcra::new(1, 1); crate::decision::MAX_QUOTAS];
                 match live.gcras(&mut gcras) {
-                    Some(n) => s.decide(key, &gcras[..n], clock, now, cost),
-                    None => s.decide(key, &live.load().gcras, clock, now, cost),
+                    Some((n, g)) => {
+                        generation = g;
+                        s.decide(key, &gcras[..n], clock, now, cost)
+                    }
+                    None => {
+                        let l = live.load();
+                        generation = l.generation;
+                        s.decide(key, &l.gcras, clock, now, cost)
+                    }
                 }
             }
-            Shape::Two(s) => live.with_two(CheckTwo::new(s, key, clock, now, cost)),
-            Shape::DirectTwo(d) => live.with_two(CheckTwo::new(d, key, clock, now, cost)),
+            Shape::Two(s) => return live.with_two(CheckTwo::new(s, key, clock, now, cost)),
+            Shape::DirectTwo(d) => return live.with_two(CheckTwo::new(d, key, clock, now, cost)),
             Shape::Mixed(s) => {
                 // Written whole where the check returns it, not through the closure.
                 let mut d = Decision::unlimited();
-                live.with_limits(|l| s.decide_to(key, &l.rules, clock, now, cost, &mut d));
-                d
+                live.with_limits(|l| {
+                    s.decide_to(key, &l.rules, clock, now, cost, &mut d);
+                    d.stamp(l.generation);
+                });
+                return d;
             }
-            Shape::DirectOne(d) => d.decide(key, &live.one(), clock, now, cost),
-            Shape::DirectMany(d) => d.decide(key, &live.load().gcras, clock, now, cost),
+            Shape::DirectOne(d) => {
+                let g;
+                (g, generation) = live.one();
+                d.decide(key, &g, clock, now, cost)
+            }
+            Shape::DirectMany(d) => {
+                let l = live.load();
+                generation = l.generation;
+                d.decide(key, &l.gcras, clock, now, cost)
+            }
             // A key type of one value (the only one with this shape) keeps this arm out of
             // the check's line: in line, its registers cost the check of one GCRA quota on
             // that key 3 instructions.
             Shape::DirectMixed(d) if std::mem::size_of::<K>() == 0 => {
-                decide_direct_mixed(d, live, now, cost)
+                return decide_direct_mixed(d, live, now, cost);
             }
             Shape::DirectMixed(d) => {
-                live.with_limits(|l| d.decide(key, &l.rules, clock, now, cost))
+                return live.with_limits(|l| {
+                    d.decide(key, &l.rules, clock, now, cost)
+                        .stamped(l.generation)
+                });
             }
-        }
+        };
+        d.stamp(generation);
+        d
     }
 
     /// As [`decide_live`](Self::decide_live), with the quotas in `limits`, but a cost of 0
@@ -279,8 +309,10 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
         now: u64,
         cost: u32,
     ) -> Decision {
-        with_slots!(&self.0, limits, |s, rules| s
-            .reserve(key, rules, clock, now, cost))
+        let mut d = with_slots!(&self.0, limits, |s, rules| s
+            .reserve(key, rules, clock, now, cost));
+        d.stamp(limits.generation);
+        d
     }
 
     /// Gives back `units` of what `taken` took for `key`.
@@ -389,7 +421,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
 /// the quotas found among those its thread decided with last (see `Live::with_limits`).
 #[inline(never)]
 fn decide_direct_mixed(d: &Direct<Mixed>, live: &Live, now: u64, cost: u32) -> Decision {
-    live.with_limits(|l| d.slot.decide(&l.rules, now, cost))
+    live.with_limits(|l| d.slot.decide(&l.rules, now, cost).stamped(l.generation))
 }
 
 /// Whether replacing the rules `old` with `new` must make every key idle under `old` new:

@@ -278,15 +278,22 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         // the bench's loop. Every shape but one GCRA quota behind one more call out of line
         // instead, each paid about 30 instructions for the second frame and the second
         // match on the shape, and one GCRA quota saved none.)
-        let decision = match inner.state.one_gcra() {
-            Some(OneGcra::Direct(slot)) => memory::decide_one(slot, &inner.live.one(), now, cost),
-            Some(OneGcra::Table(keys)) => {
-                keys.decide(key, &inner.live.one(), &inner.clock, now, cost)
+        // The decision is stamped where it lies with the generation of the quotas that
+        // judged it (`decide_live` stamps its own).
+        let mut decision;
+        match inner.state.one_gcra() {
+            Some(OneGcra::Direct(slot)) => {
+                let (g, generation) = inner.live.one();
+                decision = memory::decide_one(slot, &g, now, cost);
+                decision.stamp(generation);
             }
-            None => inner
-                .state
-                .decide_live(&inner.live, key, &inner.clock, now, cost),
-        };
+            Some(OneGcra::Table(keys)) => {
+                let (g, generation) = inner.live.one();
+                decision = keys.decide(key, &g, &inner.clock, now, cost);
+                decision.stamp(generation);
+            }
+            None => decision = (inner.state).decide_live(&inner.live, key, &inner.clock, now, cost),
+        }
         #[cfg(feature = "metrics")]
         if let Some(meter) = &self.inner.meter {
             meter.record(&decision, cost, || Some(self.len()));

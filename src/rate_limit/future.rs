@@ -75,8 +75,6 @@ pin_project! {
         later: B::Later,
         answers: Arc<Answers>,
         tier: usize,
-        // The tier's id before the decision (`Tier::seen`).
-        seen: u64,
         request: Option<Request<ReqBody>>,
         service: Option<S>,
         taken: Option<Taken<B, K>>,
@@ -121,13 +119,12 @@ where
     }
 
     /// `taken` says what the request will have taken if the decision admits it; `key` is
-    /// given when rejection events show it; `(tier, seen)`: the tier, and its id read before
-    /// the decision (`Tier::seen`).
+    /// given when rejection events show it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn later(
         later: B::Later,
         answers: Arc<Answers>,
-        (tier, seen): (usize, u64),
+        tier: usize,
         request: Request<ReqBody>,
         service: S,
         taken: Option<Taken<B, K>>,
@@ -138,7 +135,6 @@ where
             later,
             answers,
             tier,
-            seen,
             request: Some(request),
             service: Some(service),
             taken,
@@ -245,10 +241,10 @@ where
     let key = d.key.as_ref().map(|k| k as &dyn std::fmt::Debug);
     match d
         .answers
-        .finish(*d.tier, &decision, *d.seen, *d.cost, key, &mut request)
+        .finish(*d.tier, &decision, *d.cost, key, &mut request)
     {
         Ok(()) => Kind::Inner {
-            headers: d.answers.fields(*d.tier, &decision, *d.seen),
+            headers: d.answers.fields(*d.tier, &decision),
             future: service.call(request),
             taken,
         },

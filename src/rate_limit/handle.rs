@@ -20,12 +20,16 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 /// spent, counted in time. The new quotas judge that state and never rewrite it, by the rule
 /// of [`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas). The `RateLimit-Policy` and
 /// `RateLimit` header fields describe the new quotas from the same moment: the fields of a
-/// response are those of the quotas that decided its request, old or new. A request decided
-/// while the change is being made is told by its figures (a GCRA quota by its interval and
-/// tolerance, a window by its limit and a reset within its reach): its fields are those of
-/// whichever of the quotas in force and the ones they replaced its figures fit, the quotas in
-/// force when both or neither do (quotas that differ only in a window's width, or a request
-/// that overlapped two changes). Changes are made one at a time, through
+/// response are those of the quotas that judged its request, old or new, however late it is
+/// answered (a Redis round trip, a settlement), whatever the two differ in (a window's width
+/// alone included). Each decision carries the generation of the quotas the limiter judged it
+/// with, and the layer keeps the policy each change replaced beside the one in force. A
+/// request answered after two changes or more since its quotas were loaded (a Redis call that
+/// outlived two changes) gets the fields of the quotas in force. So do all requests after
+/// the quotas were replaced on the tier's limiter itself
+/// ([`RateLimitLayer::limiter`](super::RateLimitLayer::limiter)) rather than through a handle:
+/// the layer's fields then describe the policy this handle last set. Changes are made one at a
+/// time, through
 /// this handle, its clones or another handle of the same layer, so that once they are done the
 /// fields are those of the quotas the limiter kept.
 ///

@@ -57,17 +57,15 @@ where
             }
             Prepared::Decide { tier, key, cost } => (tier, key, cost),
         };
-        // Read before the decision, to render the fields of the policy that makes it.
-        let seen = shared.answers().tiers[tier].seen();
         if let Some(banned) = shared.banned(tier, &key) {
             // Neither the handler nor the quotas see a banned key's requests.
             let traced = shared.traced(&key);
             let answers = shared.answers();
-            return match answers.finish(tier, &banned, seen, cost, traced, &mut req) {
+            return match answers.finish(tier, &banned, cost, traced, &mut req) {
                 Err(resp) => ResponseFuture::ready(resp),
                 // A banned decision is never admitted; were it, the request would pass.
                 Ok(()) => {
-                    let headers = answers.fields(tier, &banned, seen);
+                    let headers = answers.fields(tier, &banned);
                     ResponseFuture::inner(self.inner.call(req), headers, None)
                 }
             };
@@ -94,17 +92,17 @@ where
                 let traced = shared.traced(&key);
                 match shared
                     .answers()
-                    .finish(tier, decision, seen, cost, traced, &mut req)
+                    .finish(tier, decision, cost, traced, &mut req)
                 {
                     Ok(()) => {
                         let taken = took.then(|| shared.taken(tier, key, cost, Some(decision)));
-                        let headers = shared.answers().fields(tier, decision, seen);
+                        let headers = shared.answers().fields(tier, decision);
                         ResponseFuture::inner(self.inner.call(req), headers, taken)
                     }
                     Err(resp) => ResponseFuture::ready(resp),
                 }
             }
-            Answer::Later(later) => self.later(later, tier, seen, req, key, cost),
+            Answer::Later(later) => self.later(later, tier, req, key, cost),
         }
     }
 }
@@ -117,7 +115,6 @@ impl<S, E: KeyExtractor, B: Backend<E::Key>> RateLimit<S, E, B> {
         &mut self,
         later: B::Later,
         tier: usize,
-        seen: u64,
         req: Request<ReqBody>,
         key: E::Key,
         cost: u32,
@@ -133,7 +130,6 @@ impl<S, E: KeyExtractor, B: Backend<E::Key>> RateLimit<S, E, B> {
             .shared
             .reserves(cost)
             .then(|| self.shared.taken(tier, key, cost, None));
-        let at = (tier, seen);
-        ResponseFuture::later(later, answers, at, req, service, taken, traced, cost)
+        ResponseFuture::later(later, answers, tier, req, service, taken, traced, cost)
     }
 }

@@ -203,10 +203,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         let penalty = self.parts.penalty.as_ref()?;
         match penalty.wait_at(key, penalty.now()) {
             0 => None,
-            wait => Some(Decision::banned(
-                &self.parts.answers.tiers[tier].live.load().rules,
-                wait,
-            )),
+            wait => Some(banned(&self.parts.answers.tiers[tier], wait)),
         }
     }
 
@@ -224,10 +221,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
         let retry = decision.retry_after().map_or(0, penalty::nanos);
         match penalty.strike_at(key, penalty.now(), retry).1 {
             0 => {}
-            wait => {
-                *decision =
-                    Decision::banned(&self.parts.answers.tiers[tier].live.load().rules, wait)
-            }
+            wait => *decision = banned(&self.parts.answers.tiers[tier], wait),
         }
     }
 }
@@ -273,4 +267,11 @@ impl<E: KeyExtractor, L: Clone> Shared<E, L> {
             }),
         }
     }
+}
+
+/// The decision of a key banned for `wait` nanoseconds more, on the quotas of `tier`'s policy
+/// in force, whose generation answers it.
+fn banned(tier: &super::answers::Tier, wait: u64) -> Decision {
+    let live = tier.live.load();
+    Decision::banned(&live.rules, wait).stamped(live.generation)
 }

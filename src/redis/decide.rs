@@ -76,6 +76,9 @@ pub(super) struct Limits {
     pub(super) gcras: Box<[Gcra]>,
     /// The changes of warm-up curves that make the keys idle at them new.
     pub(super) renewals: Renewals,
+    /// How many changes were made before these quotas (wrapping), as the local fallback's
+    /// limiter counts them: what a decision they judge is stamped with.
+    pub(super) generation: u16,
 }
 
 impl Limits {
@@ -106,6 +109,7 @@ impl Limits {
             rules,
             gcras,
             renewals,
+            generation: old.map_or(0, |o| o.generation.wrapping_add(1)),
         })
     }
 
@@ -136,7 +140,8 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         if let Some(p) = &self.penalty {
             // Rejections must reach Redis to count as strikes: only bans are answered here.
             let left = p.known_ban(key, now)?;
-            return Some(Decision::banned(&self.limits.load().rules, left));
+            let limits = self.limits.load();
+            return Some(Decision::banned(&limits.rules, left).stamped(limits.generation));
         }
         if cost == 0 {
             return None;
@@ -144,7 +149,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         let limits = self.limits.load();
         if let Some(leases) = &self.leases {
             if let Some(d) = leases.serve(key, &limits.gcras, now, cost) {
-                return Some(d);
+                return Some(d.stamped(limits.generation));
             }
         }
         self.known_refused(key, &limits, now, cost)
@@ -154,7 +159,8 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
     #[inline]
     fn known_refused(&self, key: &K, limits: &Limits, now: u64, cost: u32) -> Option<Decision> {
         let deny = self.deny.as_ref()?;
-        deny.check(key, &limits.gcras, now, cost)
+        let d = deny.check(key, &limits.gcras, now, cost)?;
+        Some(d.stamped(limits.generation))
     }
 
     /// The decision of Redis, or of the failure policy; with a [`Lease`](super::Lease), a
@@ -188,7 +194,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
             plan = leases.plan(key, at, cost, max_fit);
             if plan.ready {
                 if let Some(d) = leases.serve(key, &limits.gcras, at, cost) {
-                    return d;
+                    return d.stamped(limits.generation);
                 }
                 // Another request took the units first: plan again, a few times at most.
                 if waits == MAX_LEASE_WAITS {
@@ -213,7 +219,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
             let _ = tokio::time::timeout_at(until, taken).await;
             at = self.now().max(at);
             if let Some(d) = leases.serve(key, &limits.gcras, at, cost) {
-                return d;
+                return d.stamped(limits.generation);
             }
             if inner.store.is_down() || tokio::time::Instant::now() >= deadline {
                 // The batch waited for got no answer, or the decision's time is up: asking
@@ -246,7 +252,8 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
                     }
                 };
                 if d.is_allowed() {
-                    return leases.took(key, &limits.gcras, now, &plan, plan.batch, &d);
+                    let took = leases.took(key, &limits.gcras, now, &plan, plan.batch, &d);
+                    return took.stamped(d.generation());
                 }
                 leases.refused(key, true);
                 // The refusal says what the key has left: the cost alone may be known to be
@@ -258,7 +265,8 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
                 if left > cost && left < plan.batch {
                     match self.ask(key, left, now, limit).await {
                         Ok(d) if d.is_allowed() => {
-                            return leases.took(key, &limits.gcras, now, &plan, left, &d);
+                            let took = leases.took(key, &limits.gcras, now, &plan, left, &d);
+                            return took.stamped(d.generation());
                         }
                         Ok(_) => {}
                         Err(failure) => {
@@ -271,7 +279,8 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         let d = self.decide(key, cost, now, limit).await;
         if d.is_allowed() && !d.is_degraded() {
             // A batch of the cost alone: how soon the key needs the next one sizes that one.
-            return leases.took(key, &limits.gcras, now, &plan, cost, &d);
+            let took = leases.took(key, &limits.gcras, now, &plan, cost, &d);
+            return took.stamped(d.generation());
         }
         d
     }
@@ -335,6 +344,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
             inner.store.bad_reply_on(&inner.meter, &redis_key);
             Failure::Key
         })?;
+        let d = d.stamped(limits.generation);
         if d.outcome() == Outcome::Banned {
             if let Some(p) = &inner.penalty {
                 p.banned(key, now, &d, &reply);
@@ -462,6 +472,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
             .await?;
         match decision_of(&limits.rules, &reply, 0) {
             Some(d) => {
+                let d = d.stamped(limits.generation);
                 if let Some(deny) = &inner.deny {
                     deny.admitted(key, now, &d);
                 }

@@ -44,6 +44,39 @@ fn number(value: &str, k: &str) -> u64 {
     digits.parse().unwrap()
 }
 
+/// The changes made, and of each of two servers the changes made before the last request it
+/// finished had started: the next change waits until both finished a request started after
+/// the last, so that each policy serves each server and no request is answered after two
+/// changes or more (its fields are then the policy's in force, see `RateLimitHandle`).
+#[derive(Clone)]
+struct Turns(Arc<[AtomicU64; 3]>);
+
+impl Turns {
+    fn new() -> Self {
+        Turns(Arc::new(Default::default()))
+    }
+
+    /// Before a request: the changes made so far.
+    fn start(&self) -> u64 {
+        self.0[2].load(Ordering::SeqCst)
+    }
+
+    /// After `server`'s request that started after `change` changes.
+    fn done(&self, server: usize, change: u64) {
+        self.0[server].store(change, Ordering::SeqCst);
+    }
+
+    /// After a change: waits for both servers' turns (or for a server that stopped).
+    async fn changed<T>(&self, servers: &[tokio::task::JoinHandle<T>]) {
+        let made = self.0[2].fetch_add(1, Ordering::SeqCst) + 1;
+        while self.0[..2].iter().any(|s| s.load(Ordering::SeqCst) < made)
+            && !servers.iter().any(|s| s.is_finished())
+        {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
 /// Two threads serve new keys while the test flips the policy between `a` and `b` (the same
 /// kind, limits 4 and 8): every response's `r` is one less than the limit of a whole quota,
 /// the one whose decision the handler read, and its `q` is one of the two limits; after the
@@ -70,12 +103,14 @@ async fn flips_agree_on(
     let (app, handle) = on(layer);
     let done = Arc::new(AtomicBool::new(false));
     let next = Arc::new(AtomicU64::new(0));
+    let turns = Turns::new();
     let mut servers = Vec::new();
-    for _ in 0..2 {
-        let (app, done, next) = (app.clone(), done.clone(), next.clone());
+    for server in 0..2 {
+        let (app, done, next, turns) = (app.clone(), done.clone(), next.clone(), turns.clone());
         servers.push(tokio::spawn(async move {
             let mut seen = [0u32; 3];
             while !done.load(Ordering::Relaxed) {
+                let change = turns.start();
                 let key = next.fetch_add(1, Ordering::Relaxed).to_string();
                 let req = Request::builder()
                     .uri("/")
@@ -98,6 +133,7 @@ async fn flips_agree_on(
                 );
                 seen[usize::from(r + 1 == 8)] += 1;
                 seen[2] += u32::from(r + 1 != q);
+                turns.done(server, change);
                 tokio::task::yield_now().await;
             }
             seen
@@ -105,12 +141,8 @@ async fn flips_agree_on(
     }
     for i in 0..300 {
         let q = if i % 2 == 0 { b.clone() } else { a.clone() };
-        // Each policy serves a request or two before the next change.
-        let at = next.load(Ordering::Relaxed);
         handle.set_default_quotas([q]).unwrap();
-        while next.load(Ordering::Relaxed) < at + 2 && !servers.iter().any(|s| s.is_finished()) {
-            tokio::task::yield_now().await;
-        }
+        turns.changed(&servers).await;
     }
     done.store(true, Ordering::Relaxed);
     let mut seen = [0u32; 3];
@@ -185,4 +217,140 @@ async fn a_gcra_quota_changed_while_serving_on_redis_reports_the_quota_that_deci
         mismatched, 0,
         "responses whose RateLimit-Policy is not their decision's"
     );
+}
+
+/// Two threads serve new keys on a still clock while the test cycles the policy through
+/// `quotas` (of one kind, each change of the limit or of the window's width alone). A new
+/// key's first request is admitted with its quota's whole limit but one left and its whole
+/// width to reset, so the `RateLimit` field (`r`, `t`) names the quota that judged it: its
+/// `RateLimit-Policy` (`q`, `w`) must be that quota's. Returns how many responses carried
+/// another's (none may), after checking that every quota judged some.
+async fn cycles_judged_by(
+    quotas: &[Quota],
+    on: impl FnOnce(RateLimitLayer<Header>) -> (Router, RateLimitHandle),
+) -> u32 {
+    let (clock, _time) = Clock::manual();
+    let layer = RateLimitLayer::new(Policy::new("api", quotas[0].clone()))
+        .key(Header::new("x-key"))
+        .clock(clock);
+    let (app, handle) = on(layer);
+    let done = Arc::new(AtomicBool::new(false));
+    let next = Arc::new(AtomicU64::new(0));
+    let turns = Turns::new();
+    let mut servers = Vec::new();
+    for server in 0..2 {
+        let (app, done, next, turns) = (app.clone(), done.clone(), next.clone(), turns.clone());
+        servers.push(tokio::spawn(async move {
+            // (limit, width) of the quota that judged, and whether the policy sent agreed.
+            let mut judged = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let change = turns.start();
+                let key = next.fetch_add(1, Ordering::Relaxed).to_string();
+                let req = Request::builder()
+                    .uri("/")
+                    .header("x-key", key)
+                    .body(axum::body::Body::empty())
+                    .unwrap();
+                let resp = app.clone().oneshot(req).await.unwrap();
+                assert_eq!(resp.status(), StatusCode::OK);
+                let policy = field(&resp, "ratelimit-policy");
+                let (q, w) = (number(policy, "q="), number(policy, "w="));
+                let ratelimit = field(&resp, "ratelimit");
+                let (r, t) = (number(ratelimit, "r="), number(ratelimit, "t="));
+                judged.push(((r + 1, t), (q, w) == (r + 1, t)));
+                turns.done(server, change);
+                tokio::task::yield_now().await;
+            }
+            judged
+        }));
+    }
+    for i in 1..=600 {
+        let q = quotas[i % quotas.len()].clone();
+        handle.set_default_quotas([q]).unwrap();
+        turns.changed(&servers).await;
+    }
+    done.store(true, Ordering::Relaxed);
+    let mut judged = Vec::new();
+    for s in servers {
+        judged.extend(s.await.unwrap());
+    }
+    let figures: Vec<(u64, u64)> = quotas
+        .iter()
+        .map(|q| (u64::from(q.burst_size()), q.period().as_secs()))
+        .collect();
+    for (by, _) in &judged {
+        assert!(
+            figures.contains(by),
+            "judged by {by:?}, not one of {figures:?}"
+        );
+    }
+    for f in &figures {
+        assert!(judged.iter().any(|(by, _)| by == f), "{f:?} judged none");
+    }
+    judged.iter().filter(|(_, agreed)| !agreed).count() as u32
+}
+
+/// The limit, then the width alone, then the limit, then the width alone: two of each four
+/// changes leave every figure a new key's state shows but the reset.
+fn cycle(kind: fn(u32, Duration) -> Quota) -> Vec<Quota> {
+    let (one, two) = (Duration::from_secs(1), Duration::from_secs(2));
+    vec![kind(4, one), kind(4, two), kind(8, two), kind(8, one)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_fixed_window_whose_width_alone_changes_while_serving_sends_the_policy_that_judged_each_request(
+) {
+    let mismatched = cycles_judged_by(&cycle(Quota::fixed_window), |layer| {
+        let handle = layer.handle().unwrap();
+        (Router::new().route("/", get(handler)).layer(layer), handle)
+    })
+    .await;
+    assert_eq!(
+        mismatched, 0,
+        "responses whose RateLimit-Policy did not judge them"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_sliding_log_whose_width_alone_changes_while_serving_sends_the_policy_that_judged_each_request(
+) {
+    let mismatched = cycles_judged_by(&cycle(Quota::sliding_log), |layer| {
+        let handle = layer.handle().unwrap();
+        (Router::new().route("/", get(handler)).layer(layer), handle)
+    })
+    .await;
+    assert_eq!(
+        mismatched, 0,
+        "responses whose RateLimit-Policy did not judge them"
+    );
+}
+
+/// On Redis, whose decision comes after a round trip, for a fixed window and a sliding log.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn windows_whose_width_alone_changes_while_serving_on_redis_send_the_policy_that_judged_each_request(
+) {
+    let server = crate::common::redis_server::RedisServer::start();
+    for (name, kind) in [
+        (
+            "width-fixed",
+            Quota::fixed_window as fn(u32, Duration) -> Quota,
+        ),
+        ("width-log", Quota::sliding_log),
+    ] {
+        let store = tollgate::redis::RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .timeout(Duration::from_secs(5));
+        let on_redis = |layer: RateLimitLayer<Header>| {
+            let layer = layer.store(store).name(name);
+            let handle = layer.handle().unwrap();
+            (Router::new().route("/", get(handler)).layer(layer), handle)
+        };
+        let mismatched = cycles_judged_by(&cycle(kind), on_redis).await;
+        assert_eq!(
+            mismatched, 0,
+            "{name}: responses whose RateLimit-Policy did not judge them"
+        );
+    }
 }
