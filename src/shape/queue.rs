@@ -13,7 +13,9 @@
 //!
 //! * **Leaving** (the head, at its slot) pops the front; the new head's `v` is one `T` later.
 //! * **Cancelling** (any waiter) removes it and takes `T` off `next`: everyone behind moves
-//!   up one slot, and the slot the cancelled waiter held goes to the one behind it.
+//!   up one slot, and the slot the cancelled waiter held goes to the one behind it. The last
+//!   waiter to go away leaves `next` where the last departure put it (`left`): one interval
+//!   after the last request to leave, as if nobody had joined since.
 //! * Only the head needs a timer. Whoever makes a new head (by leaving or cancelling) wakes it.
 //! * **Warm-up.** With a warm-up curve, each request's spacing is its price on the curve
 //!   (see [`WarmUp`](crate::warmup::WarmUp)): each waiter keeps the price it was given when it joined, the
@@ -105,6 +107,12 @@ pub(crate) struct Queue {
     queued: u64,
     /// Warm-up: stored permits below the most a key may store, in time (0: fully cold).
     deficit: u64,
+    /// Without warm-up: the virtual time a newcomer would get had nobody joined since the last
+    /// departure, i.e. one interval after the last request to leave (0: none yet). Re-spaced
+    /// with `next` by [`Queue::follow`]; while nobody waits it equals `next`. A change of rate
+    /// keeps the head's slot, which is then no longer one interval after the last departure:
+    /// when the last waiter goes away, `next` comes back here, not to that slot.
+    left: u64,
 }
 
 impl Queue {
@@ -120,15 +128,18 @@ impl Queue {
     /// Re-spaces the schedule after the shaper's interval changed while serving: the head
     /// keeps its virtual time (its place and its slot) and every waiter is re-priced at the new
     /// interval, so those behind the head follow one new interval apart; with nobody waiting,
-    /// the next newcomer comes one new interval after the last one to leave. Called under the
-    /// queue's lock before anything reads positions. (A shaper with warm-up never changes its
-    /// interval, so every price here is the interval.)
+    /// the next newcomer comes one new interval after the last one to leave, and so does
+    /// `left` whoever waits. Called under the queue's lock before anything reads positions.
+    /// (A shaper with warm-up never changes its interval, so every price here is the interval.)
     fn follow(&mut self, t: &Timing) {
         if self.spaced == t.interval {
             return;
         }
+        let (old, new) = (self.spaced, t.interval);
+        if self.spaced != 0 && self.left != 0 {
+            self.left = self.left.saturating_sub(old).saturating_add(new);
+        }
         if self.spaced != 0 && self.next != 0 {
-            let (old, new) = (self.spaced, t.interval);
             if self.waiters.is_empty() {
                 self.next = self.next.saturating_sub(old).saturating_add(new);
             } else {
@@ -230,6 +241,7 @@ impl Queue {
         self.deficit = deficit;
         self.next = v.saturating_add(price);
         if leave_now && wait == 0 && self.waiters.is_empty() {
+            self.left = self.next;
             return Join::Leave;
         }
         let ticket = self.ticket;
@@ -288,6 +300,8 @@ impl Queue {
                 if let Some(w) = self.waiters.pop_front() {
                     self.queued = self.queued.saturating_sub(w.price);
                 }
+                // The new head's virtual time, or `next` when nobody is left.
+                self.left = self.next.saturating_sub(self.queued);
                 let next_head = self.waiters.front_mut().and_then(|w| w.waker.take());
                 return Turn::Leave(next_head);
             }
@@ -299,13 +313,21 @@ impl Queue {
     }
 
     /// The waiter holding `ticket` gives up: it leaves the queue and its slot goes to the ones
-    /// behind. Returns the waker of the new head when the head gave up.
+    /// behind; the last to go away gives the schedule back to the last departure (one interval
+    /// after it, at the interval in force). Returns the waker of the new head when the head
+    /// gave up.
     pub(crate) fn cancel(&mut self, t: &Timing, ticket: u64) -> Option<Waker> {
         self.follow(t);
         let pos = self.position(ticket)?;
         let price = self.waiters.remove(pos).map_or(0, |w| w.price);
         self.next = self.next.saturating_sub(price);
         self.queued = self.queued.saturating_sub(price);
+        if self.waiters.is_empty() && t.warm.is_none() {
+            // Without a change of rate this is where `next` already is, or (a waiter that joined
+            // an idle key) a time just as past; after a change that kept the head's slot, the
+            // slot would stand in for a departure that never happened.
+            self.next = self.left;
+        }
         if pos == 0 {
             self.waiters.front_mut().and_then(|w| w.waker.take())
         } else {
