@@ -559,4 +559,138 @@ mod tests {
         assert_eq!(left, 2);
         assert_eq!(slot(&mut q, &t, tickets[2], 1_000), Some(1_100));
     }
+
+    /// `timing(0)` at another interval, as after a live change of rate.
+    fn every(interval: u64) -> Timing {
+        Timing {
+            interval,
+            ..timing(0)
+        }
+    }
+
+    /// At 100: `Leave` at 0, then three waiting for 100, 200 and 300.
+    fn three_waiting(t: &Timing) -> (Queue, [u64; 3]) {
+        let mut q = Queue::new();
+        assert_eq!(q.join(t, None, 0, true), Join::Leave);
+        let w = [0; 3].map(|_| ticket(q.join(t, None, 0, true)));
+        (q, w)
+    }
+
+    #[test]
+    fn a_change_while_several_wait_keeps_the_head_and_spaces_the_rest_at_the_new_interval() {
+        for (new, second) in [(40, 140), (250, 350)] {
+            let n = every(new);
+            let (mut q, [a, b, c]) = three_waiting(&timing(0));
+            assert_eq!(slot(&mut q, &n, a, 10), Some(100));
+            assert_eq!(slot(&mut q, &n, a, 100), None);
+            assert_eq!(slot(&mut q, &n, b, 100), Some(second));
+            assert_eq!(slot(&mut q, &n, b, second), None);
+            assert_eq!(slot(&mut q, &n, c, second), Some(second + new));
+        }
+    }
+
+    #[test]
+    fn after_a_change_the_head_giving_up_hands_its_kept_slot_to_the_next() {
+        let n = every(40);
+        let (mut q, [a, b, c]) = three_waiting(&timing(0));
+        q.cancel(&n, a);
+        assert_eq!(slot(&mut q, &n, b, 20), Some(100));
+        assert_eq!(slot(&mut q, &n, b, 100), None);
+        assert_eq!(slot(&mut q, &n, c, 100), Some(140));
+    }
+
+    #[test]
+    fn after_a_change_a_middle_waiter_giving_up_moves_those_behind_up_one_new_interval() {
+        let n = every(40);
+        let (mut q, [a, b, c]) = three_waiting(&timing(0));
+        q.cancel(&n, b);
+        assert_eq!(slot(&mut q, &n, a, 100), None);
+        assert_eq!(slot(&mut q, &n, c, 100), Some(140));
+    }
+
+    #[test]
+    fn after_a_change_the_last_waiters_giving_up_give_the_schedule_back_to_the_last_departure() {
+        for (new, cut) in [(40, 40), (100, 100), (250, 250)] {
+            let n = every(new);
+            // The head first, or the tail first: the queue ends empty either way.
+            for order in [[0, 1, 2], [2, 1, 0]] {
+                let (mut q, w) = three_waiting(&timing(0));
+                for i in order {
+                    q.cancel(&n, w[i]);
+                }
+                // One new interval after the departure at 0.
+                assert_eq!(q.horizon(), cut, "one every {new}, order {order:?}");
+                assert_eq!(q.reset_after(30), cut - 30);
+                assert!(!q.is_idle(&n, cut - 1));
+                assert!(q.is_idle(&n, cut));
+                let d = ticket(q.join(&n, None, 30, true));
+                assert_eq!(slot(&mut q, &n, d, 30), Some(cut));
+            }
+        }
+    }
+
+    #[test]
+    fn two_changes_before_a_give_up_space_the_next_from_the_last_departure_at_the_last_rate() {
+        // 100 -> 40 -> 250, with the queue read between the changes or not.
+        for between in [false, true] {
+            let (mut q, [a, b, c]) = three_waiting(&timing(0));
+            if between {
+                assert_eq!(slot(&mut q, &every(40), a, 10), Some(100));
+            }
+            let n = every(250);
+            for w in [a, b, c] {
+                q.cancel(&n, w);
+            }
+            assert_eq!(q.join(&n, None, 30, true), Join::Wait(3));
+            assert_eq!(slot(&mut q, &n, 3, 30), Some(250));
+        }
+    }
+
+    #[test]
+    fn after_a_change_a_kept_slot_that_is_taken_is_the_last_departure() {
+        let n = every(40);
+        let (mut q, [a, b, c]) = three_waiting(&timing(0));
+        assert_eq!(slot(&mut q, &n, a, 100), None);
+        q.cancel(&n, b);
+        q.cancel(&n, c);
+        // a left at 100: the next comes at 140.
+        assert_eq!(q.join(&n, None, 110, true), Join::Wait(3));
+        assert_eq!(slot(&mut q, &n, 3, 110), Some(140));
+    }
+
+    #[test]
+    fn after_a_change_and_a_stall_the_last_departure_is_the_caught_up_slot() {
+        // catch_up = 100: a head polled at 1 000 for its slot at 100 leaves as if at 900.
+        let n = every(40);
+        let (mut q, [a, b, c]) = three_waiting(&timing(0));
+        assert_eq!(slot(&mut q, &n, a, 1_000), None);
+        q.cancel(&n, c);
+        q.cancel(&n, b);
+        assert_eq!(q.horizon(), 940);
+    }
+
+    #[test]
+    fn after_a_change_the_bound_counts_those_waiting_and_frees_a_place_at_the_kept_slot() {
+        let b = Bounds {
+            max_queue: Some(2),
+            max_delay: None,
+        };
+        let n = every(40);
+        let mut q = Queue::new();
+        assert_eq!(q.join(&timing(0), Some(&b), 0, true), Join::Leave);
+        let a = ticket(q.join(&timing(0), Some(&b), 0, true)); // 100
+        let c = ticket(q.join(&timing(0), Some(&b), 0, true)); // 200, then 140
+        assert_eq!(q.join(&n, Some(&b), 10, true), Join::Full(90));
+        assert_eq!(q.room(&n, &b, 10), 0);
+        // The head gives up: the next takes its slot, 100, and a place is free.
+        q.cancel(&n, a);
+        assert_eq!(q.room(&n, &b, 20), 1);
+        let d = ticket(q.join(&n, Some(&b), 20, true));
+        assert_eq!(q.join(&n, Some(&b), 20, true), Join::Full(80));
+        q.cancel(&n, c);
+        q.cancel(&n, d);
+        // Nobody waits: one new interval after the departure at 0.
+        assert_eq!(q.room(&n, &b, 30), 2);
+        assert_eq!(q.join(&n, Some(&b), 40, true), Join::Leave);
+    }
 }

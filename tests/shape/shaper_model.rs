@@ -180,10 +180,12 @@ enum Rule {
 /// every `changes[i].1` ms at `changes[i].0` ms: the head of each queue keeps its departure,
 /// those behind it leave one new interval apart after it, and a key nobody waits on sends
 /// its next request one new interval after its last one left (under [`Rule::Promised`]).
-/// `Err` when two events fall on one instant.
+/// With at most `bound` waiting per key, a newcomer that would wait in a full queue is
+/// refused, told the time until the head leaves. `Err` when two events fall on one instant.
 fn model_changed(
     arrivals: &[Arrival],
     changes: &[(u64, u64)],
+    bound: Option<usize>,
     rule: Rule,
 ) -> Result<Vec<Fate>, ()> {
     let mut t_int = T;
@@ -250,7 +252,10 @@ fn model_changed(
                     (None, Some(s)) => t.max(s.max(0) as u64),
                     (None, None) => last[k].map_or(t, |l| t.max(l + t_int)),
                 };
-                if a.gives_up == Some(0) && d == t {
+                if d > t && bound.is_some_and(|b| queues[k].len() >= b) {
+                    let first = queues[k].first().map_or(d, |e| e.1);
+                    fates[x] = Fate::Refused(first - t);
+                } else if a.gives_up == Some(0) && d == t {
                     return Err(());
                 } else if d == t {
                     fates[x] = Fate::Left(t);
@@ -283,8 +288,17 @@ fn model_changed(
 }
 
 /// [`run`] with the rate changed at the instants of `changes`.
-async fn run_changed(arrivals: Vec<Arrival>, changes: Vec<(u64, u64)>) -> Vec<Fate> {
-    let shaper: Shaper<u8> = Shaper::new(Quota::per_second(10));
+async fn run_changed(
+    arrivals: Vec<Arrival>,
+    changes: Vec<(u64, u64)>,
+    bound: Option<usize>,
+) -> Vec<Fate> {
+    let shaper: Shaper<u8> = match bound {
+        Some(n) => Shaper::builder(Quota::per_second(10))
+            .max_waiting(n)
+            .build(),
+        None => Shaper::new(Quota::per_second(10)),
+    };
     let start = Instant::now();
     let changer = {
         let shaper = shaper.clone();
@@ -305,7 +319,17 @@ async fn run_changed(arrivals: Vec<Arrival>, changes: Vec<(u64, u64)>) -> Vec<Fa
             let (shaper, fates) = (shaper.clone(), fates.clone());
             tokio::spawn(async move {
                 tokio::time::sleep_until(start + Duration::from_micros(a.at)).await;
-                let slot = shaper.until_slot(&a.key);
+                let slot = match bound {
+                    None => shaper.until_slot(&a.key),
+                    Some(_) => match shaper.reserve(&a.key) {
+                        Ok(slot) => slot,
+                        Err(full) => {
+                            let r = full.retry_after().as_micros() as u64;
+                            fates.lock().unwrap()[i] = Fate::Refused(r);
+                            return;
+                        }
+                    },
+                };
                 let give_up = a.gives_up.unwrap_or(u64::MAX / 4);
                 tokio::select! {
                     _ = slot => {
@@ -385,9 +409,9 @@ proptest! {
             .into_iter()
             .map(|a| Arrival { gives_up: None, ..a })
             .collect::<Vec<_>>();
-        let want = model_changed(&arrivals, &changes, Rule::Promised);
+        let want = model_changed(&arrivals, &changes, None, Rule::Promised);
         prop_assume!(want.is_ok());
-        prop_assert_eq!(paused().block_on(run_changed(arrivals, changes)), want.unwrap());
+        prop_assert_eq!(paused().block_on(run_changed(arrivals, changes, None)), want.unwrap());
     }
 
     /// With at most `bound` waiting per key: a request that finds its key's queue full is
@@ -412,10 +436,27 @@ proptest! {
 #[test]
 fn a_change_of_rate_among_clients_that_go_away_keeps_the_model() {
     proptest!(ProptestConfig::with_cases(cases(256)), |(arrivals in going_away(), changes in frequent_changes())| {
-        let want = model_changed(&arrivals, &changes, Rule::Promised);
+        let want = model_changed(&arrivals, &changes, None, Rule::Promised);
         prop_assume!(want.is_ok());
-        prop_assert_eq!(paused().block_on(run_changed(arrivals, changes)), want.unwrap());
+        prop_assert_eq!(paused().block_on(run_changed(arrivals, changes, None)), want.unwrap());
     });
+}
+
+/// With at most `bound` waiting per key, live changes of the rate among clients that go
+/// away: a full queue refuses a newcomer until its head leaves, at the head's kept departure
+/// after a change, or goes away; the newcomer to an empty queue comes one new interval after
+/// the last to leave.
+#[test]
+fn a_change_of_rate_among_clients_that_go_away_keeps_the_model_under_a_bound() {
+    proptest!(
+        ProptestConfig::with_cases(cases(256)),
+        |(arrivals in going_away(), changes in frequent_changes(), bound in 0usize..4)| {
+            let want = model_changed(&arrivals, &changes, Some(bound), Rule::Promised);
+            prop_assume!(want.is_ok());
+            let got = paused().block_on(run_changed(arrivals, changes, Some(bound)));
+            prop_assert_eq!(got, want.unwrap());
+        }
+    );
 }
 
 /// The cases of the property above meet a head kept through a change that goes away and
@@ -428,11 +469,11 @@ fn the_random_cases_meet_a_kept_head_that_goes_away_before_a_newcomer() {
     for _ in 0..1_000 {
         let arrivals = going_away().new_tree(&mut runner).unwrap().current();
         let changes = frequent_changes().new_tree(&mut runner).unwrap().current();
-        let Ok(want) = model_changed(&arrivals, &changes, Rule::Promised) else {
+        let Ok(want) = model_changed(&arrivals, &changes, None, Rule::Promised) else {
             continue;
         };
         valid += 1;
-        if model_changed(&arrivals, &changes, Rule::KeptSlot) != Ok(want) {
+        if model_changed(&arrivals, &changes, None, Rule::KeptSlot) != Ok(want) {
             met += 1;
         }
     }
@@ -476,7 +517,7 @@ fn after_a_change_of_rate_a_newcomer_to_a_queue_its_head_left_comes_one_new_inte
     ];
     // A change to the same rate changes nothing: C leaves 100 ms after A.
     for (every, c) in [(40, 40_000), (100, 100_000), (250, 250_000)] {
-        let got = paused().block_on(run_changed(arrivals.clone(), vec![(10, every)]));
+        let got = paused().block_on(run_changed(arrivals.clone(), vec![(10, every)], None));
         assert_eq!(
             got,
             [Fate::Left(0), Fate::GaveUp, Fate::Left(c)],
