@@ -13,7 +13,9 @@
 //!
 //! * **Leaving** (the head, at its slot) pops the front; the new head's `v` is one `T` later.
 //! * **Cancelling** (any waiter) removes it and takes `T` off `next`: everyone behind moves
-//!   up one slot, and the slot the cancelled waiter held goes to the one behind it.
+//!   up one slot, and the slot the cancelled waiter held goes to the one behind it. The last
+//!   waiter to go away leaves `next` where the last departure put it (`left`): one interval
+//!   after the last request to leave, as if nobody had joined since.
 //! * Only the head needs a timer. Whoever makes a new head (by leaving or cancelling) wakes it.
 //! * **Warm-up.** With a warm-up curve, each request's spacing is its price on the curve
 //!   (see [`WarmUp`](crate::warmup::WarmUp)): each waiter keeps the price it was given when it joined, the
@@ -105,6 +107,12 @@ pub(crate) struct Queue {
     queued: u64,
     /// Warm-up: stored permits below the most a key may store, in time (0: fully cold).
     deficit: u64,
+    /// Without warm-up: the virtual time a newcomer would get had nobody joined since the last
+    /// departure, i.e. one interval after the last request to leave (0: none yet). Re-spaced
+    /// with `next` by [`Queue::follow`]; while nobody waits it equals `next`. A change of rate
+    /// keeps the head's slot, which is then no longer one interval after the last departure:
+    /// when the last waiter goes away, `next` comes back here, not to that slot.
+    left: u64,
 }
 
 impl Queue {
@@ -120,15 +128,18 @@ impl Queue {
     /// Re-spaces the schedule after the shaper's interval changed while serving: the head
     /// keeps its virtual time (its place and its slot) and every waiter is re-priced at the new
     /// interval, so those behind the head follow one new interval apart; with nobody waiting,
-    /// the next newcomer comes one new interval after the last one to leave. Called under the
-    /// queue's lock before anything reads positions. (A shaper with warm-up never changes its
-    /// interval, so every price here is the interval.)
+    /// the next newcomer comes one new interval after the last one to leave, and so does
+    /// `left` whoever waits. Called under the queue's lock before anything reads positions.
+    /// (A shaper with warm-up never changes its interval, so every price here is the interval.)
     fn follow(&mut self, t: &Timing) {
         if self.spaced == t.interval {
             return;
         }
+        let (old, new) = (self.spaced, t.interval);
+        if self.spaced != 0 && self.left != 0 {
+            self.left = self.left.saturating_sub(old).saturating_add(new);
+        }
         if self.spaced != 0 && self.next != 0 {
-            let (old, new) = (self.spaced, t.interval);
             if self.waiters.is_empty() {
                 self.next = self.next.saturating_sub(old).saturating_add(new);
             } else {
@@ -230,6 +241,7 @@ impl Queue {
         self.deficit = deficit;
         self.next = v.saturating_add(price);
         if leave_now && wait == 0 && self.waiters.is_empty() {
+            self.left = self.next;
             return Join::Leave;
         }
         let ticket = self.ticket;
@@ -288,6 +300,8 @@ impl Queue {
                 if let Some(w) = self.waiters.pop_front() {
                     self.queued = self.queued.saturating_sub(w.price);
                 }
+                // The new head's virtual time, or `next` when nobody is left.
+                self.left = self.next.saturating_sub(self.queued);
                 let next_head = self.waiters.front_mut().and_then(|w| w.waker.take());
                 return Turn::Leave(next_head);
             }
@@ -299,13 +313,21 @@ impl Queue {
     }
 
     /// The waiter holding `ticket` gives up: it leaves the queue and its slot goes to the ones
-    /// behind. Returns the waker of the new head when the head gave up.
+    /// behind; the last to go away gives the schedule back to the last departure (one interval
+    /// after it, at the interval in force). Returns the waker of the new head when the head
+    /// gave up.
     pub(crate) fn cancel(&mut self, t: &Timing, ticket: u64) -> Option<Waker> {
         self.follow(t);
         let pos = self.position(ticket)?;
         let price = self.waiters.remove(pos).map_or(0, |w| w.price);
         self.next = self.next.saturating_sub(price);
         self.queued = self.queued.saturating_sub(price);
+        if self.waiters.is_empty() && t.warm.is_none() {
+            // Without a change of rate this is where `next` already is, or (a waiter that joined
+            // an idle key) a time just as past; after a change that kept the head's slot, the
+            // slot would stand in for a departure that never happened.
+            self.next = self.left;
+        }
         if pos == 0 {
             self.waiters.front_mut().and_then(|w| w.waker.take())
         } else {
@@ -536,5 +558,139 @@ mod tests {
         // The head is moved to 900 (now - catch_up): 900 and 1 000 leave, 1 100 does not.
         assert_eq!(left, 2);
         assert_eq!(slot(&mut q, &t, tickets[2], 1_000), Some(1_100));
+    }
+
+    /// `timing(0)` at another interval, as after a live change of rate.
+    fn every(interval: u64) -> Timing {
+        Timing {
+            interval,
+            ..timing(0)
+        }
+    }
+
+    /// At 100: `Leave` at 0, then three waiting for 100, 200 and 300.
+    fn three_waiting(t: &Timing) -> (Queue, [u64; 3]) {
+        let mut q = Queue::new();
+        assert_eq!(q.join(t, None, 0, true), Join::Leave);
+        let w = [0; 3].map(|_| ticket(q.join(t, None, 0, true)));
+        (q, w)
+    }
+
+    #[test]
+    fn a_change_while_several_wait_keeps_the_head_and_spaces_the_rest_at_the_new_interval() {
+        for (new, second) in [(40, 140), (250, 350)] {
+            let n = every(new);
+            let (mut q, [a, b, c]) = three_waiting(&timing(0));
+            assert_eq!(slot(&mut q, &n, a, 10), Some(100));
+            assert_eq!(slot(&mut q, &n, a, 100), None);
+            assert_eq!(slot(&mut q, &n, b, 100), Some(second));
+            assert_eq!(slot(&mut q, &n, b, second), None);
+            assert_eq!(slot(&mut q, &n, c, second), Some(second + new));
+        }
+    }
+
+    #[test]
+    fn after_a_change_the_head_giving_up_hands_its_kept_slot_to_the_next() {
+        let n = every(40);
+        let (mut q, [a, b, c]) = three_waiting(&timing(0));
+        q.cancel(&n, a);
+        assert_eq!(slot(&mut q, &n, b, 20), Some(100));
+        assert_eq!(slot(&mut q, &n, b, 100), None);
+        assert_eq!(slot(&mut q, &n, c, 100), Some(140));
+    }
+
+    #[test]
+    fn after_a_change_a_middle_waiter_giving_up_moves_those_behind_up_one_new_interval() {
+        let n = every(40);
+        let (mut q, [a, b, c]) = three_waiting(&timing(0));
+        q.cancel(&n, b);
+        assert_eq!(slot(&mut q, &n, a, 100), None);
+        assert_eq!(slot(&mut q, &n, c, 100), Some(140));
+    }
+
+    #[test]
+    fn after_a_change_the_last_waiters_giving_up_give_the_schedule_back_to_the_last_departure() {
+        for (new, cut) in [(40, 40), (100, 100), (250, 250)] {
+            let n = every(new);
+            // The head first, or the tail first: the queue ends empty either way.
+            for order in [[0, 1, 2], [2, 1, 0]] {
+                let (mut q, w) = three_waiting(&timing(0));
+                for i in order {
+                    q.cancel(&n, w[i]);
+                }
+                // One new interval after the departure at 0.
+                assert_eq!(q.horizon(), cut, "one every {new}, order {order:?}");
+                assert_eq!(q.reset_after(30), cut - 30);
+                assert!(!q.is_idle(&n, cut - 1));
+                assert!(q.is_idle(&n, cut));
+                let d = ticket(q.join(&n, None, 30, true));
+                assert_eq!(slot(&mut q, &n, d, 30), Some(cut));
+            }
+        }
+    }
+
+    #[test]
+    fn two_changes_before_a_give_up_space_the_next_from_the_last_departure_at_the_last_rate() {
+        // 100 -> 40 -> 250, with the queue read between the changes or not.
+        for between in [false, true] {
+            let (mut q, [a, b, c]) = three_waiting(&timing(0));
+            if between {
+                assert_eq!(slot(&mut q, &every(40), a, 10), Some(100));
+            }
+            let n = every(250);
+            for w in [a, b, c] {
+                q.cancel(&n, w);
+            }
+            assert_eq!(q.join(&n, None, 30, true), Join::Wait(3));
+            assert_eq!(slot(&mut q, &n, 3, 30), Some(250));
+        }
+    }
+
+    #[test]
+    fn after_a_change_a_kept_slot_that_is_taken_is_the_last_departure() {
+        let n = every(40);
+        let (mut q, [a, b, c]) = three_waiting(&timing(0));
+        assert_eq!(slot(&mut q, &n, a, 100), None);
+        q.cancel(&n, b);
+        q.cancel(&n, c);
+        // a left at 100: the next comes at 140.
+        assert_eq!(q.join(&n, None, 110, true), Join::Wait(3));
+        assert_eq!(slot(&mut q, &n, 3, 110), Some(140));
+    }
+
+    #[test]
+    fn after_a_change_and_a_stall_the_last_departure_is_the_caught_up_slot() {
+        // catch_up = 100: a head polled at 1 000 for its slot at 100 leaves as if at 900.
+        let n = every(40);
+        let (mut q, [a, b, c]) = three_waiting(&timing(0));
+        assert_eq!(slot(&mut q, &n, a, 1_000), None);
+        q.cancel(&n, c);
+        q.cancel(&n, b);
+        assert_eq!(q.horizon(), 940);
+    }
+
+    #[test]
+    fn after_a_change_the_bound_counts_those_waiting_and_frees_a_place_at_the_kept_slot() {
+        let b = Bounds {
+            max_queue: Some(2),
+            max_delay: None,
+        };
+        let n = every(40);
+        let mut q = Queue::new();
+        assert_eq!(q.join(&timing(0), Some(&b), 0, true), Join::Leave);
+        let a = ticket(q.join(&timing(0), Some(&b), 0, true)); // 100
+        let c = ticket(q.join(&timing(0), Some(&b), 0, true)); // 200, then 140
+        assert_eq!(q.join(&n, Some(&b), 10, true), Join::Full(90));
+        assert_eq!(q.room(&n, &b, 10), 0);
+        // The head gives up: the next takes its slot, 100, and a place is free.
+        q.cancel(&n, a);
+        assert_eq!(q.room(&n, &b, 20), 1);
+        let d = ticket(q.join(&n, Some(&b), 20, true));
+        assert_eq!(q.join(&n, Some(&b), 20, true), Join::Full(80));
+        q.cancel(&n, c);
+        q.cancel(&n, d);
+        // Nobody waits: one new interval after the departure at 0.
+        assert_eq!(q.room(&n, &b, 30), 2);
+        assert_eq!(q.join(&n, Some(&b), 40, true), Join::Leave);
     }
 }

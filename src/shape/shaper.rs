@@ -497,7 +497,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Shaper<K> {
     /// Requests already waiting keep their place in line: the one at the head of a key's
     /// queue keeps its departure time, and the ones behind it leave one new interval apart
     /// after it. A key nobody waits on sends its next request one new interval after its last
-    /// one left. The no-delay burst stays the same number of requests, at the new interval.
+    /// one left, also when those who waited at the change all went away (the head's kept
+    /// departure goes with it). The no-delay burst stays the same number of requests, at the
+    /// new interval.
     ///
     /// An invalid quota returns a [`ConfigError`] and the rate in force stays. A shaper built
     /// with [`warm_up`](ShaperBuilder::warm_up) keeps its rate: each waiter is spaced by the

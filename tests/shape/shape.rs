@@ -261,6 +261,82 @@ async fn a_client_that_times_out_does_not_burn_a_slot() {
     assert_eq!(log.times_ms(), [0, 100, 200]);
 }
 
+/// After a live change of rate, the client at the head of the queue (kept at its departure,
+/// 100 ms) goes away and leaves nobody waiting: the next request leaves one new interval
+/// after the last that left, at 40 ms when the rate became one per 40 ms, at 250 ms for one
+/// per 250 ms, and at 100 ms for the same rate.
+#[tokio::test(start_paused = true)]
+async fn after_a_change_of_rate_a_head_that_goes_away_leaves_the_next_one_new_interval_after_the_last(
+) {
+    for (every, want) in [(40, 40), (100, 100), (250, 250)] {
+        let start = Instant::now();
+        let log = Log::default();
+        let layer = ShapeLayer::new(Quota::per_second(10)).max_waiting(10);
+        let handle = layer.handle().unwrap();
+        let svc = ServiceBuilder::new()
+            .layer(layer)
+            .service(recorder(&log, start));
+        let a = send_all(&svc, vec![req("a")]).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let b = send_all(&svc, vec![req("b")]).await;
+        tokio::time::sleep(Duration::from_millis(9)).await;
+        handle
+            .set_quota(Quota::new(1, Duration::from_millis(every)))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        b[0].abort();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let c = send_all(&svc, vec![req("c")]).await;
+        assert_eq!(statuses(a).await, [200]);
+        assert_eq!(statuses(c).await, [200]);
+        assert_eq!(log.ids(), ["a", "c"], "one every {every} ms");
+        assert_eq!(log.times_ms(), [0, want], "one every {every} ms");
+    }
+}
+
+/// The same on the polite client side, whose first call leaves at once without joining the
+/// queue: after a change of rate, a caller that gives up at the head of the queue leaves the
+/// next call one new interval after the last one made.
+#[tokio::test(start_paused = true)]
+async fn after_a_change_of_rate_a_polite_caller_that_gives_up_leaves_the_next_call_one_new_interval_after_the_last(
+) {
+    for (every, want) in [(40, 40), (250, 250)] {
+        let start = Instant::now();
+        let calls = Arc::new(Mutex::new(Vec::<(u64, u32)>::new()));
+        let partner = {
+            let calls = calls.clone();
+            service_fn(move |id: u32| {
+                calls
+                    .lock()
+                    .unwrap()
+                    .push((start.elapsed().as_millis() as u64, id));
+                async move { Ok::<_, std::io::Error>(id) }
+            })
+        };
+        let shaper = Shaper::<()>::new(Quota::per_second(10));
+        let mut client = ServiceBuilder::new()
+            .layer(PoliteLayer::with_shaper(shaper.clone()))
+            .service(partner);
+        // `call` takes the place in the queue.
+        client.ready().await.unwrap().call(0).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let gives_up = tokio::spawn(client.ready().await.unwrap().call(1));
+        tokio::time::sleep(Duration::from_millis(9)).await;
+        shaper
+            .set_quota(Quota::new(1, Duration::from_millis(every)))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        gives_up.abort();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(client.ready().await.unwrap().call(2).await.unwrap(), 2);
+        assert_eq!(
+            *calls.lock().unwrap(),
+            [(0, 0), (want, 2)],
+            "one every {every} ms"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn each_key_has_its_own_queue_and_rate() {
     let start = Instant::now();

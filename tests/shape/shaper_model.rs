@@ -9,8 +9,9 @@
 //!
 //! A live change of the rate keeps the head of each queue at its departure and spaces the
 //! ones behind it at the new interval; a key nobody waits on sends its next request one new
-//! interval after its last one left (`Shaper::set_quota`). With clients that go away as well,
-//! that fails on main (ignored; the smallest case is its own test).
+//! interval after its last one left (`Shaper::set_quota`), also when the head kept through a
+//! change goes away and leaves its queue empty: its slot stands for no departure. The random
+//! cases meet that often, which a model keeping the slot instead shows (its own test).
 //!
 //! With a bound on those waiting, a request that finds its key's queue full is refused and
 //! told the time until the first waiter leaves (`Shaper::reserve`).
@@ -21,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 use tokio::time::Instant;
 use tollgate::{Quota, Shaper};
 
@@ -39,7 +41,18 @@ struct Arrival {
 /// Arrivals at distinct whole milliseconds (tokio's timer counts milliseconds), in order,
 /// and give-ups after whole milliseconds.
 fn arrivals() -> impl Strategy<Value = Vec<Arrival>> {
-    prop::collection::vec((0u8..2, 1u64..120, prop::option::of(0u64..400)), 1..40).prop_map(|v| {
+    arrivals_with(0.5, 400)
+}
+
+/// Arrivals of which most give up, within 200 ms: heads go away often.
+fn going_away() -> impl Strategy<Value = Vec<Arrival>> {
+    arrivals_with(0.8, 200)
+}
+
+/// [`arrivals`], each giving up with probability `give_up` after less than `within_ms`.
+fn arrivals_with(give_up: f64, within_ms: u64) -> impl Strategy<Value = Vec<Arrival>> {
+    let gives_up = prop::option::weighted(give_up, 0u64..within_ms);
+    prop::collection::vec((0u8..2, 1u64..120, gives_up), 1..40).prop_map(|v| {
         let mut at = 0;
         v.into_iter()
             .map(|(key, gap, gives_up)| {
@@ -152,14 +165,34 @@ async fn run(arrivals: Vec<Arrival>, bound: Option<usize>) -> Vec<Fate> {
     fates
 }
 
+/// What a key's next newcomer follows once the last waiter went away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    /// The promise: one interval after the last request to leave.
+    Promised,
+    /// The slot of the last waiter to go away, re-spaced by later changes like a departure
+    /// (the shaper before it remembered its last departure): differs from the promise only
+    /// when that slot was kept through a change of rate.
+    KeptSlot,
+}
+
 /// What becomes of each request of `arrivals` (unbounded queues) when the rate changes to one
 /// every `changes[i].1` ms at `changes[i].0` ms: the head of each queue keeps its departure,
 /// those behind it leave one new interval apart after it, and a key nobody waits on sends
-/// its next request one new interval after its last one left. `Err` when two events fall on
-/// one instant.
-fn model_changed(arrivals: &[Arrival], changes: &[(u64, u64)]) -> Result<Vec<Fate>, ()> {
+/// its next request one new interval after its last one left (under [`Rule::Promised`]).
+/// With at most `bound` waiting per key, a newcomer that would wait in a full queue is
+/// refused, told the time until the head leaves. `Err` when two events fall on one instant.
+fn model_changed(
+    arrivals: &[Arrival],
+    changes: &[(u64, u64)],
+    bound: Option<usize>,
+    rule: Rule,
+) -> Result<Vec<Fate>, ()> {
     let mut t_int = T;
     let mut last: [Option<u64>; 2] = [None; 2];
+    // Under `Rule::KeptSlot`: the slot a newcomer to an empty queue may not leave before,
+    // after its last waiter went away (µs; signed, as changes may move it below 0).
+    let mut kept: [Option<i64>; 2] = [None; 2];
     // Per key, waiting in order: (request, departure).
     let mut queues: [Vec<(usize, u64)>; 2] = Default::default();
     let mut fates = vec![Fate::GaveUp; arrivals.len()];
@@ -196,29 +229,38 @@ fn model_changed(arrivals: &[Arrival], changes: &[(u64, u64)]) -> Result<Vec<Fat
                 let (i, d) = queues[x].remove(0);
                 fates[i] = Fate::Left(d);
                 last[x] = Some(d);
+                kept[x] = None;
             }
             1 => {
                 let k = usize::from(arrivals[x].key);
                 let q = &mut queues[k];
                 let times: Vec<u64> = q.iter().map(|e| e.1).collect();
                 q.retain(|e| e.0 != x);
-                for (e, d) in q.iter_mut().zip(times) {
+                for (e, d) in q.iter_mut().zip(times.iter().copied()) {
                     e.1 = d;
+                }
+                if q.is_empty() && rule == Rule::KeptSlot {
+                    kept[k] = Some(times[0] as i64);
                 }
             }
             2 => {
                 next_arrival += 1;
                 let a = &arrivals[x];
                 let k = usize::from(a.key);
-                let d = match queues[k].last() {
-                    Some(&(_, d)) => d + t_int,
-                    None => last[k].map_or(t, |l| t.max(l + t_int)),
+                let d = match (queues[k].last(), kept[k]) {
+                    (Some(&(_, d)), _) => d + t_int,
+                    (None, Some(s)) => t.max(s.max(0) as u64),
+                    (None, None) => last[k].map_or(t, |l| t.max(l + t_int)),
                 };
-                if a.gives_up == Some(0) && d == t {
+                if d > t && bound.is_some_and(|b| queues[k].len() >= b) {
+                    let first = queues[k].first().map_or(d, |e| e.1);
+                    fates[x] = Fate::Refused(first - t);
+                } else if a.gives_up == Some(0) && d == t {
                     return Err(());
                 } else if d == t {
                     fates[x] = Fate::Left(t);
                     last[k] = Some(t);
+                    kept[k] = None;
                 } else if a.gives_up == Some(0) {
                     fates[x] = Fate::GaveUp;
                 } else {
@@ -227,7 +269,11 @@ fn model_changed(arrivals: &[Arrival], changes: &[(u64, u64)]) -> Result<Vec<Fat
             }
             _ => {
                 next_change += 1;
+                let old = t_int;
                 t_int = changes[x].1 * 1_000;
+                for s in kept.iter_mut().flatten() {
+                    *s += t_int as i64 - old as i64;
+                }
                 for q in &mut queues {
                     if let Some(&(_, head)) = q.first() {
                         for (n, e) in q.iter_mut().enumerate() {
@@ -242,8 +288,17 @@ fn model_changed(arrivals: &[Arrival], changes: &[(u64, u64)]) -> Result<Vec<Fat
 }
 
 /// [`run`] with the rate changed at the instants of `changes`.
-async fn run_changed(arrivals: Vec<Arrival>, changes: Vec<(u64, u64)>) -> Vec<Fate> {
-    let shaper: Shaper<u8> = Shaper::new(Quota::per_second(10));
+async fn run_changed(
+    arrivals: Vec<Arrival>,
+    changes: Vec<(u64, u64)>,
+    bound: Option<usize>,
+) -> Vec<Fate> {
+    let shaper: Shaper<u8> = match bound {
+        Some(n) => Shaper::builder(Quota::per_second(10))
+            .max_waiting(n)
+            .build(),
+        None => Shaper::new(Quota::per_second(10)),
+    };
     let start = Instant::now();
     let changer = {
         let shaper = shaper.clone();
@@ -264,7 +319,17 @@ async fn run_changed(arrivals: Vec<Arrival>, changes: Vec<(u64, u64)>) -> Vec<Fa
             let (shaper, fates) = (shaper.clone(), fates.clone());
             tokio::spawn(async move {
                 tokio::time::sleep_until(start + Duration::from_micros(a.at)).await;
-                let slot = shaper.until_slot(&a.key);
+                let slot = match bound {
+                    None => shaper.until_slot(&a.key),
+                    Some(_) => match shaper.reserve(&a.key) {
+                        Ok(slot) => slot,
+                        Err(full) => {
+                            let r = full.retry_after().as_micros() as u64;
+                            fates.lock().unwrap()[i] = Fate::Refused(r);
+                            return;
+                        }
+                    },
+                };
                 let give_up = a.gives_up.unwrap_or(u64::MAX / 4);
                 tokio::select! {
                     _ = slot => {
@@ -287,9 +352,20 @@ async fn run_changed(arrivals: Vec<Arrival>, changes: Vec<(u64, u64)>) -> Vec<Fa
 /// Up to four changes of the rate, to one every 40, 100 or 250 ms, at increasing whole
 /// milliseconds.
 fn changes() -> impl Strategy<Value = Vec<(u64, u64)>> {
+    changes_with(5, 400)
+}
+
+/// Up to ten changes, less than 150 ms apart: several often fall within one wait.
+fn frequent_changes() -> impl Strategy<Value = Vec<(u64, u64)>> {
+    changes_with(11, 150)
+}
+
+/// Fewer than `count` changes of the rate, to one every 40, 100 or 250 ms, less than
+/// `gap_ms` apart.
+fn changes_with(count: usize, gap_ms: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
     prop::collection::vec(
-        (1u64..400, prop_oneof![Just(40u64), Just(100), Just(250)]),
-        0..5,
+        (1u64..gap_ms, prop_oneof![Just(40u64), Just(100), Just(250)]),
+        0..count,
     )
     .prop_map(|v| {
         let mut at = 0;
@@ -311,7 +387,7 @@ fn paused() -> tokio::runtime::Runtime {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(cases(256)))]
 
     #[test]
     fn each_request_that_stays_leaves_one_interval_after_the_last_that_stayed(
@@ -333,9 +409,9 @@ proptest! {
             .into_iter()
             .map(|a| Arrival { gives_up: None, ..a })
             .collect::<Vec<_>>();
-        let want = model_changed(&arrivals, &changes);
+        let want = model_changed(&arrivals, &changes, None, Rule::Promised);
         prop_assume!(want.is_ok());
-        prop_assert_eq!(paused().block_on(run_changed(arrivals, changes)), want.unwrap());
+        prop_assert_eq!(paused().block_on(run_changed(arrivals, changes, None)), want.unwrap());
     }
 
     /// With at most `bound` waiting per key: a request that finds its key's queue full is
@@ -352,25 +428,74 @@ proptest! {
     }
 }
 
-/// Live changes of the rate among clients that go away: a waiter at the head of its queue when
-/// the rate changed keeps its departure; when it goes away and leaves the queue empty, the next
-/// newcomer is not one new interval after the last to leave but at that kept departure.
+/// Live changes of the rate among clients that go away, most of them, often several changes
+/// within one wait: a waiter at the head of its queue when the rate changed keeps its
+/// departure; when it goes away and leaves the queue empty, the next newcomer comes one new
+/// interval after the last to leave, not at that kept departure. `PROPTEST_CASES` sets the
+/// number of cases (default 256).
 #[test]
-#[ignore = "a head kept through a change of rate that goes away leaves its slot as the key's next: the next newcomer waits for it (faster rate) or leaves at it, sooner than the new rate allows (slower rate)"]
 fn a_change_of_rate_among_clients_that_go_away_keeps_the_model() {
-    proptest!(ProptestConfig::with_cases(256), |(arrivals in arrivals(), changes in changes())| {
-        let want = model_changed(&arrivals, &changes);
+    proptest!(ProptestConfig::with_cases(cases(256)), |(arrivals in going_away(), changes in frequent_changes())| {
+        let want = model_changed(&arrivals, &changes, None, Rule::Promised);
         prop_assume!(want.is_ok());
-        prop_assert_eq!(paused().block_on(run_changed(arrivals, changes)), want.unwrap());
+        prop_assert_eq!(paused().block_on(run_changed(arrivals, changes, None)), want.unwrap());
     });
+}
+
+/// With at most `bound` waiting per key, live changes of the rate among clients that go
+/// away: a full queue refuses a newcomer until its head leaves, at the head's kept departure
+/// after a change, or goes away; the newcomer to an empty queue comes one new interval after
+/// the last to leave.
+#[test]
+fn a_change_of_rate_among_clients_that_go_away_keeps_the_model_under_a_bound() {
+    proptest!(
+        ProptestConfig::with_cases(cases(256)),
+        |(arrivals in going_away(), changes in frequent_changes(), bound in 0usize..4)| {
+            let want = model_changed(&arrivals, &changes, Some(bound), Rule::Promised);
+            prop_assume!(want.is_ok());
+            let got = paused().block_on(run_changed(arrivals, changes, Some(bound)));
+            prop_assert_eq!(got, want.unwrap());
+        }
+    );
+}
+
+/// The cases of the property above meet a head kept through a change that goes away and
+/// leaves its queue empty, before a newcomer: a model in which that newcomer waits for the
+/// kept slot disagrees with the promise on at least 40 of 1 000 cases of a fixed seed.
+#[test]
+fn the_random_cases_meet_a_kept_head_that_goes_away_before_a_newcomer() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let (mut valid, mut met) = (0, 0);
+    for _ in 0..1_000 {
+        let arrivals = going_away().new_tree(&mut runner).unwrap().current();
+        let changes = frequent_changes().new_tree(&mut runner).unwrap().current();
+        let Ok(want) = model_changed(&arrivals, &changes, None, Rule::Promised) else {
+            continue;
+        };
+        valid += 1;
+        if model_changed(&arrivals, &changes, None, Rule::KeptSlot) != Ok(want) {
+            met += 1;
+        }
+    }
+    assert!(
+        met >= 40,
+        "{met} of {valid} valid cases meet a kept head that goes away"
+    );
+}
+
+/// The number of cases of a property: `PROPTEST_CASES`, else `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
 }
 
 /// The smallest case: one every 100 ms; A leaves at 0, B waits for 100 ms; at 10 ms the rate
 /// becomes one every 40 ms (or 250 ms) and B keeps its departure; B goes away at 20 ms;
 /// C comes at 30 ms to a key nobody waits on, and leaves one new interval after A: at 40 ms
-/// (or 250 ms). It leaves at 100 ms, B's slot, either way.
+/// (or 250 ms), not at 100 ms, B's slot; with a change to the same rate, at 100 ms.
 #[test]
-#[ignore = "a head kept through a change of rate that goes away leaves its slot as the key's next: the next newcomer waits for it (faster rate) or leaves at it, sooner than the new rate allows (slower rate)"]
 fn after_a_change_of_rate_a_newcomer_to_a_queue_its_head_left_comes_one_new_interval_after_the_last_to_leave(
 ) {
     let arrivals = vec![
@@ -390,8 +515,9 @@ fn after_a_change_of_rate_a_newcomer_to_a_queue_its_head_left_comes_one_new_inte
             gives_up: None,
         },
     ];
-    for (every, c) in [(40, 40_000), (250, 250_000)] {
-        let got = paused().block_on(run_changed(arrivals.clone(), vec![(10, every)]));
+    // A change to the same rate changes nothing: C leaves 100 ms after A.
+    for (every, c) in [(40, 40_000), (100, 100_000), (250, 250_000)] {
+        let got = paused().block_on(run_changed(arrivals.clone(), vec![(10, every)], None));
         assert_eq!(
             got,
             [Fate::Left(0), Fate::GaveUp, Fate::Left(c)],
