@@ -55,9 +55,14 @@ pub(crate) struct LiveTier {
     /// 0 for the policy the limiter was built with, one more at each change.
     pub(crate) generation: u16,
     /// The policy this one replaced, for a decision its quotas judged and answered after
-    /// the change.
+    /// the change; it keeps the one before it, and so on, [`KEPT`] policies in all.
     previous: Option<Box<LiveTier>>,
 }
+
+/// How many policies of a tier answer a decision by its generation: the one in force and
+/// those it replaced. A decision answered after more changes than that gets the fields of
+/// the policy in force.
+const KEPT: usize = 8;
 
 impl Tier {
     /// A tier named `name` answering with `policy` until it is replaced ([`Tier::replace`]);
@@ -87,8 +92,9 @@ impl Tier {
     ///
     /// The limiter counts its changes ([`Decision::generation`]), and so does the tier: the
     /// new policy, one generation on, is in force here before the limiter judges with its
-    /// quotas, and keeps the policy it replaced, so that a decision of either generation is
-    /// answered with the fields of its own, whenever it is answered.
+    /// quotas, and keeps the policies it replaced ([`KEPT`] in all), so that a decision of
+    /// any of their generations is answered with the fields of its own, whenever it is
+    /// answered.
     pub(crate) fn change(
         &self,
         quotas: Vec<crate::Quota>,
@@ -102,7 +108,7 @@ impl Tier {
         policy.validate()?;
         let live = Arc::new(LiveTier {
             generation: old.generation.wrapping_add(1),
-            previous: Some(Box::new(old.alone())),
+            previous: Some(Box::new(old.kept(KEPT - 1))),
             ..LiveTier::new(policy, self.local_share)
         });
         self.publish(live.clone());
@@ -121,34 +127,47 @@ impl Tier {
     }
 }
 
-/// The header fields of a tier's live policy, loaded: of the policy in force, or of the one
-/// it replaced (`previous`).
+/// The header fields of a tier's live policy, loaded: of the policy in force, or of one it
+/// replaced (`back` changes before it).
 struct LiveHeaders {
     live: arc_swap::Guard<Arc<LiveTier>>,
-    previous: bool,
+    back: usize,
 }
 
 impl LiveHeaders {
     /// The fields of the policy of `tier` whose quotas judged `d` ([`Decision::generation`]):
-    /// the policy in force or the one it replaced. A decision of an older generation still
-    /// (its request answered after two changes or more) gets the fields of the policy in
-    /// force, whose quotas may not be those that judged it.
+    /// the policy in force or one of those it replaced that it keeps ([`KEPT`] in all). A
+    /// decision of an older generation still (its request answered after more changes)
+    /// gets the fields of the policy in force, whose quotas may not be those that judged it.
     fn of(tier: &Tier, d: &Decision) -> Self {
         let live = tier.live.load();
         let generation = d.generation();
-        let previous = live.generation != generation
-            && live
-                .previous
-                .as_ref()
-                .is_some_and(|p| p.generation == generation);
-        LiveHeaders { live, previous }
+        let mut back = 0;
+        let mut policy: &LiveTier = &live;
+        while policy.generation != generation {
+            match &policy.previous {
+                Some(p) => {
+                    policy = p;
+                    back += 1;
+                }
+                None => {
+                    back = 0;
+                    break;
+                }
+            }
+        }
+        LiveHeaders { live, back }
     }
 
     fn tier(&self) -> &LiveTier {
-        match &self.live.previous {
-            Some(p) if self.previous => p,
-            _ => &self.live,
+        let mut policy: &LiveTier = &self.live;
+        for _ in 0..self.back {
+            match &policy.previous {
+                Some(p) => policy = p,
+                None => break,
+            }
         }
+        policy
     }
 }
 
@@ -178,15 +197,18 @@ impl LiveTier {
         (self.headers.id() << 16) | u64::from(self.generation)
     }
 
-    /// This policy without the one it replaced.
-    fn alone(&self) -> LiveTier {
+    /// This policy with the `n - 1` it replaced before it at most (`n` ≥ 1).
+    fn kept(&self, n: usize) -> LiveTier {
         LiveTier {
             policy: self.policy.clone(),
             headers: self.headers.clone(),
             local_headers: self.local_headers.clone(),
             rules: self.rules.clone(),
             generation: self.generation,
-            previous: None,
+            previous: match &self.previous {
+                Some(p) if n > 1 => Some(Box::new(p.kept(n - 1))),
+                _ => None,
+            },
         }
     }
 }
@@ -576,13 +598,23 @@ mod tests {
             time.advance(Duration::from_millis(700));
             let by_b = limiter.check_n(&1, cost);
             prop_assert_eq!(answered(&t, &by_b), second);
-            // Back to `a`: `b`'s decision is answered as `b`'s, and one two changes old gets
-            // the fields of the policy in force.
+            // Back to `a`: `b`'s decision is answered as `b`'s, and `a`'s, two changes old,
+            // as `a`'s first policy.
             change(&t, &limiter, &pa);
             let third = t.live.load().headers.id();
             prop_assert_eq!(answered(&t, &by_b), second);
-            prop_assert_eq!(answered(&t, &by_a), third);
+            prop_assert_eq!(answered(&t, &by_a), first);
             prop_assert_eq!(answered(&t, &limiter.check_n(&1, cost)), third);
+            // A decision older than every policy the tier keeps gets the fields of the
+            // policy in force.
+            for _ in 0..KEPT - 3 {
+                change(&t, &limiter, &pb);
+            }
+            prop_assert_eq!(answered(&t, &by_a), first);
+            change(&t, &limiter, &pa);
+            let last = t.live.load().headers.id();
+            prop_assert_eq!(answered(&t, &by_a), last);
+            prop_assert_eq!(answered(&t, &by_b), second);
         }
 
         #[test]
@@ -621,7 +653,7 @@ mod tests {
         assert_eq!(d.states()[0].reset_after(), Duration::from_millis(1_500));
         change(&t, &limiter, &new);
         let chosen = LiveHeaders::of(&t, &d);
-        assert!(chosen.previous);
+        assert_eq!(chosen.back, 1);
         assert_eq!(chosen.policy().to_str().unwrap(), r#""api";q=3;w=3"#);
         let after = limiter.check(&1);
         assert_eq!(
@@ -645,17 +677,24 @@ mod tests {
     }
 
     #[test]
-    fn a_change_keeps_only_the_policy_it_replaced() {
+    fn a_change_keeps_the_policies_it_replaced_up_to_kept_in_all() {
         let t = tier(Policy::new("api", Quota::per_second(4)));
         let first = t.current.load(Ordering::SeqCst);
-        for n in [8, 16] {
+        for n in 5..5 + KEPT as u32 + 2 {
             t.change(vec![Quota::per_second(n)], |_| Ok(())).unwrap();
         }
         let live = t.live.load();
-        let previous = live.previous.as_deref().unwrap();
-        assert_eq!(previous.policy.quotas[0], Quota::per_second(8));
-        assert_eq!((previous.generation, live.generation), (1, 2));
-        assert!(previous.previous.is_none());
+        let mut kept = vec![];
+        let mut policy: Option<&LiveTier> = Some(&live);
+        while let Some(p) = policy {
+            kept.push((p.generation, p.policy.quotas[0].clone()));
+            policy = p.previous.as_deref();
+        }
+        let top = KEPT as u16 + 2;
+        let expect: Vec<_> = (0..KEPT as u16)
+            .map(|back| (top - back, Quota::per_second(u32::from(top - back) + 4)))
+            .collect();
+        assert_eq!(kept, expect);
         assert_ne!(t.current.load(Ordering::SeqCst), first);
         assert_eq!(t.current.load(Ordering::SeqCst), live.current());
     }

@@ -23,9 +23,10 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 /// response are those of the quotas that judged its request, old or new, however late it is
 /// answered (a Redis round trip, a settlement), whatever the two differ in (a window's width
 /// alone included). Each decision carries the generation of the quotas the limiter judged it
-/// with, and the layer keeps the policy each change replaced beside the one in force. A
-/// request answered after two changes or more since its quotas were loaded (a Redis call that
-/// outlived two changes) gets the fields of the quotas in force. So do all requests after
+/// with, and the layer keeps the policies of its last seven changes beside the one in
+/// force. A request answered after eight changes or more since its quotas were loaded (a
+/// handler or a settlement that outlived them) gets the fields of the quotas in force. So do
+/// all requests after
 /// the quotas were replaced on the tier's limiter itself
 /// ([`RateLimitLayer::limiter`](super::RateLimitLayer::limiter)) rather than through a handle:
 /// the layer's fields then describe the policy this handle last set. Changes are made one at a

@@ -13,8 +13,8 @@
 //!
 //! Two races: each change flips a layer to its other policy; and some changes put in force
 //! the policy already in force, so that a request overlapping two changes was decided by
-//! neither the policy in force nor the one it replaced (ignored on main: such a request gets
-//! the policy in force's `RateLimit-Policy`; `fields_overlap.rs` reproduces it at will).
+//! neither the policy in force nor the one it replaced (`fields_overlap.rs` makes such a
+//! request at will).
 //!
 //! Pins docs/design.md section 2 (`RateLimit-Policy` and `RateLimit`, one list item per
 //! quota) and section 3 ("A live quota change", "Stacked layers").
@@ -42,6 +42,13 @@ crate::over_both_stores!(
 );
 
 const S: Duration = Duration::from_secs(1);
+
+/// A server with no request in flight.
+const IDLE: u64 = u64::MAX;
+
+/// The most changes a request overlaps: fewer than the policies a layer keeps (the one in
+/// force and the last seven it replaced, see `RateLimitHandle`).
+const OVERLAP: u64 = 6;
 
 /// The outer policy, `a` or `b`: GCRA (4 or 8 a second) and a fixed window of 2 s (10 or 20).
 fn outer(b: bool) -> Policy {
@@ -228,12 +235,19 @@ where
     let app = s.around(&o, s.around(&i, Boxed::new(tower::service_fn(handler))));
     let done = Arc::new(AtomicBool::new(false));
     let next = Arc::new(AtomicU64::new(0));
+    // How many changes were made, and per server the count when its request in flight began
+    // (`IDLE` between requests): the layer answers a decision with the policy that judged
+    // it for as many changes as it keeps, so no request may overlap more of them.
+    let changes = Arc::new(AtomicU64::new(0));
+    let began: Arc<[AtomicU64; 2]> = Arc::new([AtomicU64::new(IDLE), AtomicU64::new(IDLE)]);
     let servers: Vec<_> = (0..2)
-        .map(|_| {
+        .map(|i| {
             let (app, done, next) = (app.clone(), done.clone(), next.clone());
+            let (changes, began) = (changes.clone(), began.clone());
             tokio::spawn(async move {
                 let (mut served, mut other) = (0u32, 0u32);
                 while !done.load(Ordering::Relaxed) || served < 4 {
+                    began[i].store(changes.load(Ordering::SeqCst), Ordering::SeqCst);
                     let n = next.fetch_add(1, Ordering::Relaxed);
                     let req = Request::get("/")
                         .header("x-key", format!("k{n}"))
@@ -241,6 +255,7 @@ where
                         .body(())
                         .unwrap();
                     other += check(app.clone().oneshot(req).await.unwrap()).await;
+                    began[i].store(IDLE, Ordering::SeqCst);
                     served += 1;
                     tokio::task::yield_now().await;
                 }
@@ -249,6 +264,14 @@ where
         })
         .collect();
     for n in 0..200u64 {
+        // A request that began `OVERLAP` changes ago ends before the next change.
+        while began
+            .iter()
+            .any(|b| b.load(Ordering::SeqCst).saturating_add(OVERLAP) <= n)
+            && !servers.iter().any(|s| s.is_finished())
+        {
+            tokio::task::yield_now().await;
+        }
         let at = next.load(Ordering::Relaxed);
         if again {
             // Outer: b a . a b . b a . a …; inner: b . a a . b b . a …
@@ -262,6 +285,7 @@ where
             oh.apply(&outer(n % 2 == 0)).unwrap();
             ih.apply(&inner(n % 2 == 0)).unwrap();
         }
+        changes.store(n + 1, Ordering::SeqCst);
         // Each policy serves a request or two before the next change.
         while next.load(Ordering::Relaxed) < at + 2 && !servers.iter().any(|s| s.is_finished()) {
             tokio::task::yield_now().await;
@@ -307,13 +331,11 @@ async fn stacked_layers_changed_again_while_serving_send_the_fields_of_the_decis
 }
 
 /// A request decided by one policy over which two changes were made (the second putting
-/// back the policy already in force, or a third one) is told by its figures against only the
-/// policy in force and the one it replaced: when neither is the one that decided, it gets
-/// the fields of the one in force (documented on `RateLimitHandle`). Pinned here as the rule
-/// docs/design.md section 2 states, for the decision to carry the policy that judged it.
+/// back the policy already in force, or a third one) gets the fields of the policy that
+/// decided it, the rule docs/design.md section 2 states: the decision carries the
+/// generation of its quotas, and the layer keeps the policies of its last changes.
 mod overlapping {
     #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
-    #[ignore = "a request overlapping two changes of its layer's policy gets the RateLimit-Policy of the policy in force, not of the one that decided it"]
     async fn memory() {
         super::stacked_layers_changed_again_while_serving_send_the_fields_of_the_decisions_they_made(
             &crate::common::stores::Memory,
@@ -323,7 +345,6 @@ mod overlapping {
 
     #[cfg(feature = "redis")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
-    #[ignore = "a request overlapping two changes of its layer's policy gets the RateLimit-Policy of the policy in force, not of the one that decided it"]
     async fn redis() {
         super::stacked_layers_changed_again_while_serving_send_the_fields_of_the_decisions_they_made(
             &crate::common::stores::OnRedis::start().await,
