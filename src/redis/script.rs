@@ -24,6 +24,7 @@ use crate::algo::warmup::{Curve, WarmGcra};
 use crate::algo::{Rule, Window};
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use crate::error::ConfigError;
+use crate::limiter::renews_idle_keys;
 use crate::penalty::PenaltyBox;
 use crate::quota::Quota;
 
@@ -258,11 +259,8 @@ impl Renewals {
             })
             .filter(|r| at < r.at.saturating_add(r.span))
             .collect();
-        let changed = old
-            .iter()
-            .zip(new)
-            .any(|pair| matches!(pair, (Rule::WarmUp(a), Rule::WarmUp(b)) if a.curve != b.curve));
-        if changed {
+        // One more when the memory store would make the keys idle at this change new.
+        if renews_idle_keys(old, new) {
             let curves = old
                 .iter()
                 .filter_map(|r| match r {
