@@ -13,9 +13,11 @@
 # gcra_only.lua (each with prelude.lua), on the same arguments, as the store sends a request
 # (the zeros that end the arguments left out).
 #
-# BEFORE: the scripts of another tree (a worktree of a commit before the store left out the
-# ending zeros) are loaded beside these, and each row of theirs, marked `<`, runs right before
-# the same row of these, with the arguments that store sent.
+# BEFORE: the scripts of another tree are loaded beside these, and each row of theirs, marked
+# `<`, runs right before the same row of these, with the arguments that store sent: by default
+# a commit before the store left out the ending zeros (every row sends them); with
+# BEFORE_SENT=warm, one before a warm-up policy's call left them out (d35e172: only the `warm`
+# row sends them).
 #
 # CALLGRIND: the server runs under valgrind's callgrind, and each row is counted in
 # instructions per call (the whole server: reading the command, the script, the reply) with
@@ -49,12 +51,18 @@ declare -A QUOTAS=(
   [counter]="1 3 1000000 1000000"
   [log]="1 2 10000 1000000"
   [all4]="4 0 1 1000000 1 1000000 1000000 2 10000 1000000 3 1000000 1000000"
+  # GCRA with warm-up (kind 4), then the reservation's 0 and its period and cold factor,
+  # which are sent by position whatever ends the arguments.
+  [warm]="1 4 1 1000000 0 1000000 3"
 )
 zeros() { local s=0; for _ in $(seq $((2 * $1))); do s="$s 0"; done; echo "$s"; }
 # The arguments of a request on quotas $1, keys named $2, with the zeros that end them ($3).
 args() {
   local q=${QUOTAS[$1]}
-  if [ -n "$3" ]; then q="$q $(zeros "${q%% *}")"; fi
+  if [ -n "$3" ]; then
+    if [ "$1" = warm ]; then q="$q $(zeros "${q%% *}" | cut -d' ' -f2-)"
+    elif [ "${BEFORE_SENT:-all}" = all ]; then q="$q $(zeros "${q%% *}")"; fi
+  fi
   echo "1 $2:__rand_int__ 1 '' $q"
 }
 ROWS=""
@@ -70,13 +78,15 @@ rows() {
     SHA[${k}_general$2]=$general; ARGS[${k}_general$2]=$(args $k "${k}g$3" "$4")
     SHA[${k}_plain$2]=$plain; ARGS[${k}_plain$2]=$(args $k "${k}p$3" "$4")
   done
+  # A warm-up policy runs the general script only.
+  SHA[warm_general$2]=$general; ARGS[warm_general$2]=$(args warm "wg$3" "$4")
 }
 rows "$SRC" "" "" ""
 # The store sent the ending zeros before it left them out: so do the rows of BEFORE.
 if [ -n "${BEFORE:-}" ]; then rows "$BEFORE" "<" "b" zeros; fi
 ROWS="floor"
 for k in gcra_only fixed_general fixed_plain counter_general counter_plain log_general log_plain \
-    all4_general all4_plain; do
+    all4_general all4_plain warm_general; do
   if [ -n "${BEFORE:-}" ]; then ROWS="$ROWS $k<"; fi
   ROWS="$ROWS $k"
 done

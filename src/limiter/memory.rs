@@ -429,7 +429,7 @@ fn decide_direct_mixed(d: &Direct<Mixed>, live: &Live, now: u64, cost: u32) -> D
 /// judged by the rules in force, so its stored deficit, regained under the new curve, would
 /// not be the fully cold state that a key forgotten while idle (or expired on Redis) starts
 /// from. Any other change leaves an idle key deciding as a new one.
-fn renews_idle_keys(old: &[Rule], new: &[Rule]) -> bool {
+pub(crate) fn renews_idle_keys(old: &[Rule], new: &[Rule]) -> bool {
     old.iter()
         .zip(new)
         .any(|pair| matches!(pair, (Rule::WarmUp(a), Rule::WarmUp(b)) if a.curve != b.curve))

@@ -22,6 +22,8 @@ mod live;
 mod live_meet;
 
 mod memory;
+#[cfg(feature = "redis")]
+pub(crate) use memory::renews_idle_keys;
 pub(crate) mod wait;
 
 use live::{Limits, Live};

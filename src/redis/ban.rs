@@ -110,7 +110,7 @@ impl<K: RedisKey + Hash + Eq + Clone> Penalty<K> {
     }
 
     /// `args` followed by the penalty box's, with `time`.
-    pub(super) fn args<'a>(&self, args: &[Arg<'a>], time: Arg<'a>) -> Vec<Arg<'a>> {
+    pub(super) fn args<'a>(&self, args: Vec<Arg<'a>>, time: Arg<'a>) -> Vec<Arg<'a>> {
         with_penalty_args(&self.rules, args, time)
     }
 
@@ -144,7 +144,7 @@ impl<K: RedisKey + Hash + Eq + Clone> Penalty<K> {
         now: u64,
         time: Arg<'_>,
     ) -> Option<u64> {
-        let args = self.args(&[], time);
+        let args = self.args(Vec::new(), time);
         let ban_key = self.key(key);
         // The quota key is never touched by these scripts; it is passed for the slot.
         let keys: [&[u8]; 2] = [quota_key, &ban_key];

@@ -119,7 +119,7 @@ impl Limits {
         cost: Arg<'a>,
         time: Arg<'a>,
         taken: Option<&Reservation>,
-    ) -> ([Arg<'a>; super::script::ARGS], usize) {
+    ) -> Vec<Arg<'a>> {
         decision_args(&self.rules, &self.renewals, cost, time, taken)
     }
 }
@@ -315,7 +315,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         let inner = self;
         // One set of quotas for the whole decision, whatever changes while it is on its way.
         let limits = inner.limits.load_full();
-        let (args, n) = limits.args(
+        let args = limits.args(
             Arg::Int(u64::from(cost)),
             time_arg(inner.local_time, now),
             None,
@@ -324,7 +324,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         let reply = match &inner.penalty {
             Some(p) => {
                 let ban_key = p.key(key);
-                let args = p.args(&args[..n], time_arg(inner.local_time, now));
+                let args = p.args(args, time_arg(inner.local_time, now));
                 let keys: [&[u8]; 2] = [&redis_key, &ban_key];
                 inner
                     .store
@@ -335,7 +335,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
                 let script = decision_script(&limits.rules, false);
                 inner
                     .store
-                    .try_eval_script(script, &[&redis_key], &args[..n], &inner.meter, deadline)
+                    .try_eval_script(script, &[&redis_key], &args, &inner.meter, deadline)
                     .await
             }
         };
@@ -464,11 +464,11 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         // `none()`'s spots (see `decision_of`).
         let taken = taken.filter(|t| t.spots != Reservation::none().spots);
         let args = Arg::Bytes(cost.as_bytes());
-        let (args, n) = limits.args(args, time_arg(inner.local_time, now), taken);
+        let args = limits.args(args, time_arg(inner.local_time, now), taken);
         let script = decision_script(&limits.rules, true);
         let reply = inner
             .store
-            .eval_script(script, &[&self.redis_key(key)], &args[..n], &inner.meter)
+            .eval_script(script, &[&self.redis_key(key)], &args, &inner.meter)
             .await?;
         match decision_of(&limits.rules, &reply, 0) {
             Some(d) => {

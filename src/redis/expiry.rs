@@ -199,8 +199,8 @@ impl Walk {
             };
             let limits = limits.load_full();
             let time = time_arg(self.local_time, self.clock.now());
-            let (args, n) = lengthening_args(&limits.rules, &limits.renewals, time);
-            let args = &args[..n];
+            let args = lengthening_args(&limits.rules, &limits.renewals, time);
+            let args = &args[..];
             let failures = AtomicU64::new(0);
             for chunk in keys.chunks(AT_ONCE) {
                 let calls: Vec<_> = chunk

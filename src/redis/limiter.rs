@@ -69,7 +69,11 @@ use crate::quota::Quota;
 /// limiter used directly), e.g. `tollgate:21:3-per-1m#5c0f9a1b2e47:42`: the same limiter in
 /// every process writes the same keys, and limiters that differ in any of those never meet.
 /// Two live unnamed limiters with the same scope on one store are a
-/// [`ConfigError::SharedRedisKeys`] when the second is built. The scope is fixed when the
+/// [`ConfigError::SharedRedisKeys`] when the second is built. The check is of one store and
+/// its clones: two stores of this process connected to one server are two instances, as two
+/// processes are, and unnamed limiters alike on them share their Redis keys, one limit for
+/// both (as `tests/redis/namespace.rs` pins). Give each limit a name, or build every limiter
+/// of one server on one store. The scope is fixed when the
 /// limiter is built: [`set_quotas`](Self::set_quotas) keeps it. A key's value it holds the state of all the policy's quotas (so they share one
 /// Cluster slot), and expires when the key is back to its full burst. It is a string, or, when
 /// the policy has a [`sliding_log`](Quota::sliding_log) quota, a sorted set holding one member

@@ -24,6 +24,7 @@ use crate::algo::warmup::{Curve, WarmGcra};
 use crate::algo::{Rule, Window};
 use crate::decision::{Decision, Outcome, QuotaState, Reservation, MAX_QUOTAS};
 use crate::error::ConfigError;
+use crate::limiter::renews_idle_keys;
 use crate::penalty::PenaltyBox;
 use crate::quota::Quota;
 
@@ -258,11 +259,8 @@ impl Renewals {
             })
             .filter(|r| at < r.at.saturating_add(r.span))
             .collect();
-        let changed = old
-            .iter()
-            .zip(new)
-            .any(|pair| matches!(pair, (Rule::WarmUp(a), Rule::WarmUp(b)) if a.curve != b.curve));
-        if changed {
+        // One more when the memory store would make the keys idle at this change new.
+        if renews_idle_keys(old, new) {
             let curves = old
                 .iter()
                 .filter_map(|r| match r {
@@ -304,89 +302,91 @@ impl Renewals {
 /// `Window::replacing`), then `taken`'s spots (as the script gave them, see [`decision_of`]),
 /// then, after changes of a warm-up curve, how many [`Renewals`] and for each its time,
 /// each warm-up quota's period and cold factor before it, and each sliding window's or log's
-/// width and gone times before it. Returns them with how many are
-/// used: without a reservation, a warm-up quota or a renewal, not the zeros after the
-/// quotas' numbers, which the scripts read as 0.
+/// width and gone times before it.
+///
+/// Only what the call needs is sent: without a reservation or a renewal, not the zeros that
+/// end the arguments after the quotas' numbers and warm-up settings, which the scripts read
+/// as 0 (each one sent costs the server about a thousand instructions); without a renewal,
+/// no room for one. The list has room for the penalty box's arguments after it
+/// ([`with_penalty_args`]).
 pub(super) fn decision_args<'a>(
     rules: &[Rule],
     renewals: &Renewals,
     cost: Arg<'a>,
     time: Arg<'a>,
     taken: Option<&Reservation>,
-) -> ([Arg<'a>; ARGS], usize) {
-    let mut args = [Arg::Int(0); ARGS];
-    args[0] = cost;
-    args[1] = time;
-    args[2] = Arg::Int(rules.len() as u64);
-    for (i, r) in rules.iter().enumerate() {
+) -> Vec<Arg<'a>> {
+    let renewed = if renewals.0.is_empty() {
+        0
+    } else {
+        let each = |r: &Renewal| 1 + 2 * r.curves.len() + 3 * r.windows.len();
+        1 + renewals.0.iter().map(each).sum::<usize>()
+    };
+    let mut args = Vec::with_capacity(4 + 9 * rules.len() + renewed + PENALTY_ARGS);
+    args.extend([cost, time, Arg::Int(rules.len() as u64)]);
+    for r in rules {
         let (kind, a, b) = rule_args(r);
-        args[3 + 3 * i] = Arg::Int(kind);
-        args[4 + 3 * i] = Arg::Int(a);
-        args[5 + 3 * i] = Arg::Int(b);
+        args.extend([Arg::Int(kind), Arg::Int(a), Arg::Int(b)]);
     }
-    args[3 + 3 * rules.len()] = Arg::Int(taken.map_or(0, |t| u64::from(t.cost)));
-    let mut used = 4 + 3 * rules.len();
+    args.push(Arg::Int(taken.map_or(0, |t| u64::from(t.cost))));
     for r in rules {
         if let Rule::WarmUp(g) = r {
-            args[used] = Arg::Int(g.curve.period);
-            args[used + 1] = Arg::Int(g.curve.cold_factor);
-            used += 2;
+            args.extend([Arg::Int(g.curve.period), Arg::Int(g.curve.cold_factor)]);
         }
     }
+    // What a warm-up quota's settings end, read by position: never left out.
+    let settings = args.len();
     for r in rules {
         let (gone, gone_cur) = match r {
             Rule::SlidingLog(w) | Rule::SlidingWindow(w) => (w.gone, w.gone_cur),
             _ => (0, 0),
         };
         // Exclusive bounds: rounded up, they keep the same whole microseconds.
-        args[used] = Arg::Int(gone.div_ceil(MICRO));
-        args[used + 1] = Arg::Int(gone_cur.div_ceil(MICRO));
-        used += 2;
+        args.extend([
+            Arg::Int(gone.div_ceil(MICRO)),
+            Arg::Int(gone_cur.div_ceil(MICRO)),
+        ]);
     }
     if let Some(t) = taken.filter(|t| t.cost > 0) {
         // Kept one above the script's numbers (see `decision_of`).
         for spot in &t.spots[..rules.len()] {
-            args[used] = Arg::Int(spot[0].saturating_sub(1));
-            args[used + 1] = Arg::Int(spot[1].saturating_sub(1));
-            used += 2;
+            args.extend([
+                Arg::Int(spot[0].saturating_sub(1)),
+                Arg::Int(spot[1].saturating_sub(1)),
+            ]);
         }
-    } else if !renewals.0.is_empty() {
+    } else if renewed > 0 {
         // The spots' place is kept (zeros) for the renewal after them.
-        used += 2 * rules.len();
-    } else if !rules.iter().any(|r| matches!(r, Rule::WarmUp(_))) {
+        args.resize(args.len() + 2 * rules.len(), Arg::Int(0));
+    } else {
         // The zeros that end a request's arguments (no reservation, nothing gone) are not
-        // sent: every script reads a missing one as 0, and each one sent costs the server
-        // about a thousand instructions. A warm-up quota's settings, read by position, stay.
-        while used > 3 + 3 * rules.len() && matches!(args[used - 1], Arg::Int(0)) {
-            used -= 1;
+        // sent: every script reads a missing one as 0.
+        let keep = if settings > 4 + 3 * rules.len() {
+            settings
+        } else {
+            3 + 3 * rules.len()
+        };
+        while args.len() > keep && matches!(args.last(), Some(Arg::Int(0))) {
+            args.pop();
         }
     }
-    if !renewals.0.is_empty() {
-        args[used] = Arg::Int(renewals.0.len() as u64);
-        used += 1;
+    if renewed > 0 {
+        args.push(Arg::Int(renewals.0.len() as u64));
         for r in &renewals.0 {
-            args[used] = Arg::Int(r.at);
-            used += 1;
+            args.push(Arg::Int(r.at));
             for &(period, cold_factor) in &r.curves {
-                args[used] = Arg::Int(period);
-                args[used + 1] = Arg::Int(cold_factor);
-                used += 2;
+                args.extend([Arg::Int(period), Arg::Int(cold_factor)]);
             }
             for &(width, gone, gone_cur) in &r.windows {
-                args[used] = Arg::Int(width);
-                args[used + 1] = Arg::Int(gone);
-                args[used + 2] = Arg::Int(gone_cur);
-                used += 3;
+                args.extend([Arg::Int(width), Arg::Int(gone), Arg::Int(gone_cur)]);
             }
         }
     }
-    (args, used)
+    args
 }
 
-/// The most arguments [`decision_args`] gives: three per quota and the reservation's cost,
-/// then per quota two warm-up settings, two gone times and two spots, then the renewals'
-/// count, and for each its time and at most three numbers per quota.
-pub(super) const ARGS: usize = 5 + 9 * MAX_QUOTAS + MAX_RENEWALS * (1 + 3 * MAX_QUOTAS);
+/// How many arguments the penalty box adds after a decision's ([`with_penalty_args`]).
+const PENALTY_ARGS: usize = 6;
 
 /// The arguments of a report (to [`SCRIPT`]) that lengthens a key's expiry to when it is idle
 /// under `rules`, never shortening it (see `expiry.rs`): a request's of cost 0, with `"~"`
@@ -395,11 +395,14 @@ pub(super) fn lengthening_args<'a>(
     rules: &[Rule],
     renewals: &Renewals,
     time: Arg<'a>,
-) -> ([Arg<'a>; ARGS], usize) {
-    let (mut args, n) = decision_args(rules, renewals, Arg::Int(0), time, None);
+) -> Vec<Arg<'a>> {
+    let mut args = decision_args(rules, renewals, Arg::Int(0), time, None);
     let at = 3 + 3 * rules.len();
+    if args.len() <= at {
+        args.resize(at + 1, Arg::Int(0));
+    }
     args[at] = Arg::Bytes(b"~");
-    (args, n.max(at + 1))
+    args
 }
 
 /// The script arguments of a penalty box's rules, in microseconds (at most [`MAX_MICROS`]).
@@ -419,14 +422,13 @@ pub(super) fn penalty_rules(p: &PenaltyBox) -> [u64; 5] {
 /// [`penalty_rules`]).
 pub(super) fn with_penalty_args<'a>(
     rules: &[u64; 5],
-    args: &[Arg<'a>],
+    mut args: Vec<Arg<'a>>,
     time: Arg<'a>,
 ) -> Vec<Arg<'a>> {
-    let mut all = Vec::with_capacity(args.len() + 6);
-    all.extend_from_slice(args);
-    all.push(time);
-    all.extend(rules.iter().map(|&r| Arg::Int(r)));
-    all
+    args.reserve(PENALTY_ARGS);
+    args.push(time);
+    args.extend(rules.iter().map(|&r| Arg::Int(r)));
+    args
 }
 
 /// The time until the ban of a banned reply (`{3, wait, ban}`) ends, in ns.
@@ -501,6 +503,7 @@ pub(super) fn decision_of(rules: &[Rule], r: &[i64], cost: u32) -> Option<Decisi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quota::QuotaKind;
     use std::time::Duration;
 
     fn rules(burst: u32, period_s: u64) -> Vec<Rule> {
@@ -537,5 +540,124 @@ mod tests {
             0,
             "every key idle at those changes is idle under any curve since"
         );
+    }
+
+    /// An argument as the server reads it.
+    fn text(a: &Arg<'_>) -> String {
+        match a {
+            Arg::Int(n) => n.to_string(),
+            Arg::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+        }
+    }
+
+    /// Every argument of a call in its place, zeros included, as the scripts lay them out
+    /// (gcra.lua's header; the renewals' count once there are any): the reference the
+    /// arguments sent are held to.
+    fn whole(rules: &[Rule], renewals: &Renewals, taken: Option<&Reservation>) -> Vec<String> {
+        let mut v = vec!["3".to_owned(), "7".to_owned(), rules.len().to_string()];
+        for r in rules {
+            let (k, a, b) = rule_args(r);
+            v.extend([k, a, b].map(|x| x.to_string()));
+        }
+        v.push(taken.map_or(0, |t| t.cost).to_string());
+        for r in rules {
+            if let Rule::WarmUp(g) = r {
+                v.extend([g.curve.period, g.curve.cold_factor].map(|x| x.to_string()));
+            }
+        }
+        for r in rules {
+            let (g, c) = match r {
+                Rule::SlidingLog(w) | Rule::SlidingWindow(w) => (w.gone, w.gone_cur),
+                _ => (0, 0),
+            };
+            v.extend([g.div_ceil(MICRO), c.div_ceil(MICRO)].map(|x| x.to_string()));
+        }
+        for q in 0..rules.len() {
+            let spot = taken.filter(|t| t.cost > 0).map_or([1, 1], |t| t.spots[q]);
+            v.extend(spot.map(|x| x.saturating_sub(1).to_string()));
+        }
+        if !renewals.0.is_empty() {
+            v.push(renewals.0.len().to_string());
+        }
+        for r in &renewals.0 {
+            v.push(r.at.to_string());
+            v.extend(
+                r.curves
+                    .iter()
+                    .flat_map(|&(p, c)| [p, c])
+                    .map(|x| x.to_string()),
+            );
+            let windows = r.windows.iter().flat_map(|&(w, g, c)| [w, g, c]);
+            v.extend(windows.map(|x| x.to_string()));
+        }
+        v
+    }
+
+    #[test]
+    fn the_arguments_sent_are_the_whole_layout_less_only_its_ending_zeros() {
+        let second = Duration::from_secs(1);
+        let warm = || Quota::per_second(2).warm_up(3 * second, 3);
+        let policies: Vec<Vec<Quota>> = vec![
+            vec![Quota::per_second(5)],
+            vec![Quota::fixed_window(5, second)],
+            vec![Quota::sliding_log(5, second)],
+            vec![Quota::sliding_window(5, second)],
+            vec![warm()],
+            vec![warm(), Quota::sliding_log(5, second)],
+            vec![
+                Quota::per_second(5),
+                Quota::fixed_window(5, second),
+                Quota::sliding_log(5, second),
+                warm(),
+            ],
+        ];
+        let mut taken = Reservation::none();
+        taken.cost = 2;
+        taken.spots = [[9, 11], [12, 14], [15, 1], [20, 30]];
+        for quotas in policies {
+            let before: Vec<Rule> = quotas.iter().map(|q| micros(q).unwrap()).collect();
+            // The same kinds, windows narrowed at 5 s (something gone) and a curve changed.
+            let mut after: Vec<Rule> = quotas
+                .iter()
+                .map(|q| match q.kind() {
+                    QuotaKind::SlidingLog => Quota::sliding_log(5, second / 2),
+                    QuotaKind::SlidingWindow => Quota::sliding_window(5, second / 2),
+                    QuotaKind::WarmUp => Quota::per_second(2).warm_up(second, 3),
+                    _ => q.clone(),
+                })
+                .map(|q| micros(&q).unwrap())
+                .collect();
+            Rule::replacing(&mut after, &before, 5 * S);
+            let renewed = Renewals::default().after(&before, &after, 5 * S);
+            for (rules, renewals) in [
+                (&before, Renewals::default()),
+                (&after, Renewals::default()),
+                (&after, renewed),
+            ] {
+                for taken in [None, Some(&taken)] {
+                    let args = decision_args(rules, &renewals, Arg::Int(3), Arg::Int(7), taken);
+                    assert!(args.capacity() >= args.len() + PENALTY_ARGS, "{quotas:?}");
+                    let sent: Vec<String> = args.iter().map(text).collect();
+                    let all = whole(rules, &renewals, taken);
+                    if taken.is_some() || !renewals.0.is_empty() {
+                        assert_eq!(sent, all, "{quotas:?}");
+                        continue;
+                    }
+                    // Whatever is left out is a zero at the end, never a quota's number or
+                    // a warm-up setting; what ends the list sent is not a zero.
+                    assert_eq!(sent[..], all[..sent.len()], "{quotas:?}");
+                    assert!(all[sent.len()..].iter().all(|a| a == "0"), "{quotas:?}");
+                    let warm_settings = 2 * rules
+                        .iter()
+                        .filter(|r| matches!(r, Rule::WarmUp(_)))
+                        .count();
+                    let floor = 3 + 3 * rules.len() + (warm_settings > 0) as usize;
+                    assert!(sent.len() >= floor + warm_settings, "{quotas:?}");
+                    if sent.len() > floor {
+                        assert_ne!(sent.last().unwrap(), "0", "{quotas:?}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -505,9 +505,10 @@ fn the_redis_layer_keeps_the_account_of_the_model() {
         .run(&strategy, |(start, ops)| {
             case.set(case.get() + 1);
             let name = format!("model{}", case.get());
-            rt.block_on(the_layer_keeps_the_account_of_the_model(
-                &redis, &name, start, ops,
-            ))
+            rt.block_on(async {
+                let outcome = the_layer_keeps_the_account_of_the_model(&redis, &name, start, ops);
+                redis.judge(outcome.await).await
+            })
         })
         .unwrap();
 }

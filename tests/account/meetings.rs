@@ -348,7 +348,10 @@ pub(crate) mod told {
             .run(&strategy, |(kind, ops)| {
                 case.set(case.get() + 1);
                 let name = format!("told{}", case.get());
-                let r = rt.block_on(run(&redis, &name, kind, ops, true));
+                let r = rt.block_on(async {
+                    let r = run(&redis, &name, kind, ops, true).await;
+                    redis.judge(Ok(r)).await
+                })?;
                 prop_assert!(r.is_ok(), "{:?}", r);
                 waited.set(waited.get() + r.unwrap_or(0));
                 Ok(())

@@ -221,15 +221,28 @@ pub use on_redis::OnRedis;
 #[cfg(feature = "redis")]
 mod on_redis {
     use super::*;
-    use crate::common::redis_server::RedisServer;
+    use crate::common::redis_server::{expired_keys, RedisServer};
+    use proptest::test_runner::TestCaseError;
+    use std::sync::atomic::Ordering;
     use tollgate::redis::{RedisRateLimiter, RedisStore};
 
     /// A `RedisStore` on a redis-server of its own.
+    ///
+    /// The tests decide on the manual clock, but the server expires keys on its own: a key
+    /// written with a time to live of `d` (until it is idle on the manual clock) is gone once
+    /// `d` of real time passed, however still the manual clock stood, and on a loaded machine
+    /// that happens between two steps (a burst of 100 per second starts with a key of 10 ms).
+    /// So an outcome is judged only when the server expired no key on its own clock meanwhile
+    /// (`INFO stats`, `expired_keys`): a suite's run in which it did is void and runs again on
+    /// a new server ([`over_both_stores!`](crate::over_both_stores)), a property case is void
+    /// ([`judge`](Self::judge)).
     pub struct OnRedis {
         /// The server, stopped when this is dropped.
         _server: RedisServer,
         pub store: RedisStore,
         conn: redis::aio::MultiplexedConnection,
+        /// The server's `expired_keys` when the outcome being judged began.
+        expired: std::sync::atomic::AtomicU64,
     }
 
     impl OnRedis {
@@ -240,14 +253,66 @@ mod on_redis {
                 .await
                 .unwrap()
                 .timeout(Duration::from_secs(5));
-            let conn = crate::common::redis_server::connection(&server).await;
+            let mut conn = crate::common::redis_server::connection(&server).await;
+            let expired = expired_keys(&mut conn).await.into();
             OnRedis {
                 _server: server,
                 store,
                 conn,
+                expired,
             }
         }
+
+        /// Whether the server expired a key on its own clock since the outcome being judged
+        /// began; the next begins now.
+        async fn expired_any(&self) -> bool {
+            let now = expired_keys(&mut self.conn.clone()).await;
+            now > self.expired.swap(now, Ordering::Relaxed)
+        }
+
+        /// The verdict of a property case run on the manual clock since the last verdict:
+        /// `outcome` as it is, unless the server expired a key on its own clock meanwhile,
+        /// which voids the case (a rejection: proptest draws another).
+        pub async fn judge<T>(
+            &self,
+            outcome: Result<T, TestCaseError>,
+        ) -> Result<T, TestCaseError> {
+            if self.expired_any().await {
+                eprintln!("{}: a case is void: {VOID}", test_name());
+                return Err(TestCaseError::reject(VOID));
+            }
+            outcome
+        }
+
+        /// The verdict of attempt `attempt` of a suite's test on this server: `true` when it
+        /// passed, `false` when it is void and runs again; a failure it had stands (the panic
+        /// goes on), unless void.
+        pub async fn verdict(&self, attempt: u32, outcome: std::thread::Result<()>) -> bool {
+            if !self.expired_any().await {
+                match outcome {
+                    Ok(()) => return true,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            assert!(
+                attempt < ATTEMPTS,
+                "the server expired a key on its own clock in each of {ATTEMPTS} attempts"
+            );
+            eprintln!("{}: attempt {attempt} is void: {VOID}", test_name());
+            false
+        }
     }
+
+    const VOID: &str = "the server expired a key on its own clock while the manual clock stood";
+
+    /// The running test's name, as the harness names its thread.
+    fn test_name() -> String {
+        std::thread::current().name().unwrap_or("?").to_owned()
+    }
+
+    /// How many times a suite's test runs at most on Redis before every attempt being void
+    /// fails it.
+    pub const ATTEMPTS: u32 = 5;
 
     impl Store for OnRedis {
         type Layer = RateLimitLayer<Header, RedisStore>;
@@ -330,13 +395,25 @@ macro_rules! over_both_stores {
             )*
         }
 
-        /// The shared suite on a real redis-server.
+        /// The shared suite on a real redis-server, each test judged only on a run in which
+        /// the server expired no key on its own clock (see `OnRedis`).
         #[cfg(feature = "redis")]
         mod redis {
             $(
                 #[tokio::test$(($($runtime)*))?]
                 async fn $name() {
-                    super::$name(&$crate::common::stores::OnRedis::start().await).await;
+                    let mut attempt = 1;
+                    loop {
+                        let s = $crate::common::stores::OnRedis::start().await;
+                        let outcome = ::futures_util::FutureExt::catch_unwind(
+                            ::std::panic::AssertUnwindSafe(super::$name(&s)),
+                        )
+                        .await;
+                        if s.verdict(attempt, outcome).await {
+                            break;
+                        }
+                        attempt += 1;
+                    }
                 }
             )*
         }

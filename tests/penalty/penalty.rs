@@ -552,11 +552,11 @@ fn a_client_that_waits_as_told_is_always_admitted_on_redis() {
     TestRunner::new(Config::with_cases(32))
         .run(&waits(), |waits| {
             case.set(case.get() + 1);
-            rt.block_on(a_client_that_waits_as_told_is_always_admitted(
-                &redis,
-                format!("polite-{}", case.get()),
-                waits,
-            ))
+            rt.block_on(async {
+                let name = format!("polite-{}", case.get());
+                let outcome = a_client_that_waits_as_told_is_always_admitted(&redis, name, waits);
+                redis.judge(outcome.await).await
+            })
         })
         .unwrap();
 }

@@ -49,12 +49,12 @@ fn redis_store_agrees_with_the_reference_model() {
             &(prop::collection::vec(quota(), 1..=4), requests()),
             |(quotas, reqs)| {
                 case_no.set(case_no.get() + 1);
-                rt.block_on(agrees_with_the_reference_model(
-                    &redis,
-                    &format!("prop-{}", case_no.get()),
-                    &quotas,
-                    &reqs,
-                ))
+                rt.block_on(async {
+                    let name = format!("prop-{}", case_no.get());
+                    let outcome =
+                        agrees_with_the_reference_model(&redis, &name, &quotas, &reqs).await;
+                    redis.judge(outcome).await
+                })
             },
         )
         .unwrap();

@@ -217,10 +217,10 @@ async fn replay(seed: u64, warm_up: bool, ahead: bool, first: Pick<'_>, second: 
             if let Some((_, spots)) = &reservation {
                 args.extend(spots.iter().map(|s| s.to_string()));
             }
-            // This store leaves out the zeros at the end without a reservation or a warm-up
-            // quota; the earlier one sent every argument.
+            // This store leaves out the zeros at the end without a reservation (never a
+            // warm-up quota's settings, which are not 0); the earlier one sent every argument.
             let mut trimmed = args.clone();
-            if reservation.is_none() && warm.is_empty() {
+            if reservation.is_none() {
                 while trimmed.len() > 3 + 3 * n && trimmed.last().is_some_and(|a| a == "0") {
                     trimmed.pop();
                 }
