@@ -36,13 +36,13 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tokio::sync::watch;
-use tollgate::key::Header;
 use tollgate::observe::DryRunRejection;
 use tollgate::rate_limit::settle::ActualCost;
 use tollgate::{ConfigError, Policy, Quota, RateLimitHandle, RateLimitLayer, RateLimiter};
 use tower::{Service, ServiceExt};
 
 use crate::common::account::rig::manual;
+use crate::common::race::{Handled, Rng};
 use crate::common::stores::{self, Boxed, Memory, Store};
 
 /// Every window; a Redis key's time to live runs on the server's clock while the manual one
@@ -117,39 +117,6 @@ fn most(kinds: &[usize], tight: bool) -> u64 {
 /// The limit (burst) of each quota of a setting.
 fn limits(q: &[Quota]) -> Vec<u64> {
     q.iter().map(|q| u64::from(q.burst_size())).collect()
-}
-
-/// A small deterministic generator, so that a round is drawn from its number.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// The layer's handle, on either store.
-trait Handled {
-    fn handle_of(&self) -> RateLimitHandle;
-}
-
-impl Handled for RateLimitLayer<Header> {
-    fn handle_of(&self) -> RateLimitHandle {
-        self.handle().unwrap()
-    }
-}
-
-#[cfg(feature = "redis")]
-impl Handled for RateLimitLayer<Header, tollgate::redis::RedisStore> {
-    fn handle_of(&self) -> RateLimitHandle {
-        self.handle().unwrap()
-    }
 }
 
 /// What the handler saw of request `x-id`: whether the layer took its cost (not a dry run's

@@ -28,6 +28,7 @@ use tollgate::{Policy, Quota, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
 use crate::common::account::rig::manual;
+use crate::common::race::Rng;
 use crate::common::redis_server::RedisServer;
 
 /// The most units a batch holds.
@@ -47,18 +48,6 @@ fn policy(v: u64) -> Policy {
     Policy::new("leased", Quota::new(1, Duration::from_nanos(T[0])).burst(a))
         .quota(Quota::new(1, Duration::from_nanos(T[1])).burst(b))
         .quota(Quota::per_day(100_000).burst(100_000))
-}
-
-/// A small deterministic generator, one per task.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// Answers with `x-status` and settles `x-actual`, if given.

@@ -17,6 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::race::Rng;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use tollgate::key::{IpKey, PeerIp};
@@ -49,18 +50,6 @@ fn policy(name: &str, q: Vec<Quota>) -> Policy {
 
 fn ip(n: u64) -> IpAddr {
     IpAddr::from([10, 0, 0, n as u8])
-}
-
-/// A small deterministic generator, one per task.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 fn request(n: u64, pro: bool, actual: u64) -> Request<()> {

@@ -16,35 +16,17 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tokio::sync::Semaphore;
-use tollgate::key::Header;
-use tollgate::{Quota, RateLimitHandle, RateLimitLayer};
+use tollgate::Quota;
 use tower::ServiceExt;
 
 use crate::common::account::rig::manual;
+use crate::common::race::Handled;
 use crate::common::stores::{Boxed, Store};
 
 crate::over_both_stores!(
     a_settled_request_over_one_change_gets_the_fields_of_the_policy_that_decided_it,
     a_settled_request_over_a_change_back_gets_the_fields_of_the_policy_that_decided_it,
 );
-
-/// The layer's handle, on either store.
-trait Handled {
-    fn handle_of(&self) -> RateLimitHandle;
-}
-
-impl Handled for RateLimitLayer<Header> {
-    fn handle_of(&self) -> RateLimitHandle {
-        self.handle().unwrap()
-    }
-}
-
-#[cfg(feature = "redis")]
-impl Handled for RateLimitLayer<Header, tollgate::redis::RedisStore> {
-    fn handle_of(&self) -> RateLimitHandle {
-        self.handle().unwrap()
-    }
-}
 
 /// The number after `k=` in the response's field `name`.
 fn number(resp: &Response<Full<Bytes>>, name: &str, k: &str) -> u64 {

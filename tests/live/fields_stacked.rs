@@ -28,10 +28,11 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tollgate::key::Header;
-use tollgate::{Decisions, Policy, Quota, RateLimitHandle, RateLimitLayer};
+use tollgate::{Decisions, Policy, Quota, RateLimitLayer};
 use tower::ServiceExt;
 
 use crate::common::account::rig::manual;
+use crate::common::race::Handled;
 use crate::common::stores::{x_cost, Boxed, Store};
 
 crate::over_both_stores!(
@@ -72,24 +73,6 @@ fn figures(outer_layer: bool, b: bool) -> [(u64, u64); 2] {
         (true, true) => [(8, 1), (20, 2)],
         (false, false) => [(5, 1), (6, 3)],
         (false, true) => [(9, 1), (12, 3)],
-    }
-}
-
-/// The layer's handle, on either store.
-trait Handled {
-    fn handle_of(&self) -> RateLimitHandle;
-}
-
-impl Handled for RateLimitLayer<Header> {
-    fn handle_of(&self) -> RateLimitHandle {
-        self.handle().unwrap()
-    }
-}
-
-#[cfg(feature = "redis")]
-impl Handled for RateLimitLayer<Header, tollgate::redis::RedisStore> {
-    fn handle_of(&self) -> RateLimitHandle {
-        self.handle().unwrap()
     }
 }
 

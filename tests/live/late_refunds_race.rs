@@ -30,12 +30,12 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tokio::sync::watch;
-use tollgate::key::Header;
 use tollgate::rate_limit::settle::ActualCost;
-use tollgate::{ConfigError, Quota, RateLimitHandle, RateLimitLayer};
+use tollgate::{ConfigError, Quota};
 use tower::{Service, ServiceExt};
 
 use crate::common::account::rig::manual;
+use crate::common::race::Handled;
 use crate::common::stores::{Boxed, Store};
 
 /// Every window; a Redis key's time to live runs on the server's clock while the manual one
@@ -77,24 +77,6 @@ fn quota(kind: Kind, n: u32) -> Quota {
         Kind::Log => Quota::sliding_log(n, W),
         Kind::Counter => Quota::sliding_window(n, W),
         Kind::WarmUp => Quota::new(1, W / 4).burst(n).warm_up(2 * W, 3),
-    }
-}
-
-/// The layer's handle, on either store.
-trait Handled {
-    fn handle_of(&self) -> RateLimitHandle;
-}
-
-impl Handled for RateLimitLayer<Header> {
-    fn handle_of(&self) -> RateLimitHandle {
-        self.handle().unwrap()
-    }
-}
-
-#[cfg(feature = "redis")]
-impl Handled for RateLimitLayer<Header, tollgate::redis::RedisStore> {
-    fn handle_of(&self) -> RateLimitHandle {
-        self.handle().unwrap()
     }
 }
 
