@@ -162,7 +162,11 @@ fn logs_in_debt_through_raises_lowerings_and_late_refunds_keep_the_model_on_redi
         .run(&prop::collection::vec(op(), 1..60), |ops| {
             case.set(case.get() + 1);
             let name = format!("logdebt{}", case.get());
-            rt.block_on(the_store_keeps_the_account_of_the_model(&redis, &name, ops))
+            // A case in which the server expired a key on its own clock is void.
+            rt.block_on(async {
+                let outcome = the_store_keeps_the_account_of_the_model(&redis, &name, ops).await;
+                redis.judge(outcome).await
+            })
         })
         .unwrap();
 }

@@ -221,7 +221,11 @@ fn a_settled_responses_fields_report_the_settled_account_on_redis() {
         .run(&prop::collection::vec(op(), 1..60), |ops| {
             case.set(case.get() + 1);
             let name = format!("fields{}", case.get());
-            rt.block_on(the_fields_report_the_settled_account(&redis, &name, ops))
+            // A case in which the server expired a key on its own clock is void.
+            rt.block_on(async {
+                let outcome = the_fields_report_the_settled_account(&redis, &name, ops).await;
+                redis.judge(outcome).await
+            })
         })
         .unwrap();
 }
