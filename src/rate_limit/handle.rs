@@ -25,12 +25,12 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 /// alone included). Each decision carries the generation of the quotas the limiter judged it
 /// with, and the layer keeps the policies of its last seven changes beside the one in
 /// force. A request answered after eight changes or more since its quotas were loaded (a
-/// handler or a settlement that outlived them) gets the fields of the quotas in force. So do
-/// all requests after
+/// handler or a settlement that outlived them) gets the fields of the quotas in force. Once
 /// the quotas were replaced on the tier's limiter itself
-/// ([`RateLimitLayer::limiter`](super::RateLimitLayer::limiter)) rather than through a handle:
-/// the layer's fields then describe the policy this handle last set. Changes are made one at a
-/// time, through
+/// ([`RateLimitLayer::limiter`](super::RateLimitLayer::limiter)) rather than through a handle,
+/// the limiter counts changes the layer did not see: the fields then describe a policy this
+/// handle set, the last one or, for a decision answered after later changes, one before it,
+/// never the quotas set on the limiter. Changes are made one at a time, through
 /// this handle, its clones or another handle of the same layer, so that once they are done the
 /// fields are those of the quotas the limiter kept.
 ///
