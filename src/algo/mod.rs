@@ -688,7 +688,9 @@ impl<S> Kept<S> {
     #[inline]
     fn replace<T>(&self, f: impl FnOnce(&mut S) -> (T, u64)) -> T {
         // A poisoned lock only means another thread panicked while deciding; the state is
-        // still a valid state (every change is made after the decision's arithmetic).
+        // still a valid state: every quota's words are valid words, though a policy of
+        // several quotas writes each one's as it goes (`decide_many`), so a panic half way
+        // would leave the request taken from the quotas before it.
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (said, horizon) = f(&mut state);
         self.horizon.store(horizon, Ordering::Release);

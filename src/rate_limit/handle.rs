@@ -25,13 +25,14 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 /// alone included). Each decision carries the generation of the quotas the limiter judged it
 /// with, and the layer keeps the policies of its last seven changes beside the one in
 /// force. A request answered after eight changes or more since its quotas were loaded (a
-/// handler or a settlement that outlived them) gets the fields of the quotas in force. Once
-/// the quotas were replaced on the tier's limiter itself
-/// ([`RateLimitLayer::limiter`](super::RateLimitLayer::limiter)) rather than through a handle,
-/// the limiter counts changes the layer did not see: the fields then describe a policy this
-/// handle set, the last one or, for a decision answered after later changes, one before it,
-/// never the quotas set on the limiter. Changes are made one at a time, through
-/// this handle, its clones or another handle of the same layer, so that once they are done the
+/// handler or a settlement that outlived them) gets the fields of the quotas in force.
+/// Replacing the quotas on the tier's limiter itself
+/// ([`RateLimitLayer::limiter`](super::RateLimitLayer::limiter)) rather than through a handle
+/// counts a change the layer does not see: a request decided after it gets the fields of the
+/// policy this handle last set, and, for good, a request answered after a later change through
+/// the handle may get the fields of a policy this handle set other than the one that judged
+/// it (one that followed it, in force or kept). Changes are made one at a time, through this
+/// handle, its clones or another handle of the same layer, so that once they are done the
 /// fields are those of the quotas the limiter kept.
 ///
 /// A change that is not valid (an unknown tier, a policy with another number of quotas than
