@@ -253,7 +253,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
                 };
                 if d.is_allowed() {
                     let took = leases.took(key, &limits.gcras, now, &plan, plan.batch, &d);
-                    return took.stamped(d.generation());
+                    return took.stamped(limits.generation);
                 }
                 leases.refused(key, true);
                 // The refusal says what the key has left: the cost alone may be known to be
@@ -266,7 +266,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
                     match self.ask(key, left, now, limit).await {
                         Ok(d) if d.is_allowed() => {
                             let took = leases.took(key, &limits.gcras, now, &plan, left, &d);
-                            return took.stamped(d.generation());
+                            return took.stamped(limits.generation);
                         }
                         Ok(_) => {}
                         Err(failure) => {
@@ -280,7 +280,7 @@ impl<K: RedisKey + std::hash::Hash + Eq + Clone + Send + Sync> Inner<K> {
         if d.is_allowed() && !d.is_degraded() {
             // A batch of the cost alone: how soon the key needs the next one sizes that one.
             let took = leases.took(key, &limits.gcras, now, &plan, cost, &d);
-            return took.stamped(d.generation());
+            return took.stamped(limits.generation);
         }
         d
     }
