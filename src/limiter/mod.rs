@@ -415,6 +415,12 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiter<K> {
         self.inner.live.load().quotas.clone()
     }
 
+    /// The generation of the quotas in force: one more at each change of them
+    /// ([`Decision::generation`]).
+    pub(crate) fn generation(&self) -> u16 {
+        self.inner.live.load().generation
+    }
+
     /// Replaces the quotas of this limiter and of every clone of it, from the next decision
     /// on, keeping the state of every key.
     ///
@@ -567,6 +573,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Backend<K> for Memory {
 
     fn set_quotas(limiter: &RateLimiter<K>, quotas: &[Quota]) -> Result<(), ConfigError> {
         limiter.set_quotas(quotas.iter().cloned())
+    }
+
+    fn generation(limiter: &RateLimiter<K>) -> u16 {
+        limiter.generation()
     }
 
     #[inline]

@@ -87,18 +87,20 @@ impl Tier {
     }
 
     /// Makes `quotas` the quotas of the policy in force, and `set` gives them to the
-    /// limiter; when they are not valid or `set` fails, the policy stays as it was. Changes
-    /// are made one at a time, whichever handle makes them.
+    /// limiter (`set(None)` leaves its quotas); when they are not valid or `set` fails, the
+    /// policy stays as it was. Changes are made one at a time, whichever handle makes them.
     ///
-    /// The limiter counts its changes ([`Decision::generation`]), and so does the tier: the
-    /// new policy, one generation on, is in force here before the limiter judges with its
-    /// quotas, and keeps the policies it replaced ([`KEPT`] in all), so that a decision of
-    /// any of their generations is answered with the fields of its own, whenever it is
-    /// answered.
+    /// The limiter counts its changes ([`Decision::generation`]), and `set` says the
+    /// generation it then decides with: the new policy takes the limiter's next one, is in
+    /// force here before the limiter judges with its quotas, and keeps the policies it
+    /// replaced ([`KEPT`] in all), so that a decision of any of their generations is answered
+    /// with the fields of its own, whenever it is answered. A change made on the limiter
+    /// itself, which the tier does not see, moves the limiter's count on: the next change
+    /// here takes the count from the limiter again, so that the two never stay apart.
     pub(crate) fn change(
         &self,
         quotas: Vec<crate::Quota>,
-        set: impl FnOnce(&[crate::Quota]) -> Result<(), ConfigError>,
+        set: impl Fn(Option<&[crate::Quota]>) -> Result<u16, ConfigError>,
     ) -> Result<(), ConfigError> {
         // A change that panicked half way left valid values behind: carry on.
         let _one_at_a_time = self.changing.lock().unwrap_or_else(|e| e.into_inner());
@@ -106,18 +108,31 @@ impl Tier {
         let mut policy = old.policy.clone();
         policy.quotas = quotas;
         policy.validate()?;
+        let next = set(None)?.wrapping_add(1);
         let live = Arc::new(LiveTier {
-            generation: old.generation.wrapping_add(1),
+            generation: next,
             previous: Some(Box::new(old.kept(KEPT - 1))),
             ..LiveTier::new(policy, self.local_share)
         });
         self.publish(live.clone());
-        if let Err(e) = set(&live.policy.quotas) {
-            // The limiter kept its quotas, and judged with them throughout.
-            self.publish(old);
-            return Err(e);
+        match set(Some(&live.policy.quotas)) {
+            Err(e) => {
+                // The limiter kept its quotas, and judged with them throughout.
+                self.publish(old);
+                Err(e)
+            }
+            Ok(g) if g != next => {
+                // A change made on the limiter itself at the same moment: the policy takes
+                // the generation the limiter gave it.
+                self.publish(Arc::new(LiveTier {
+                    generation: g,
+                    previous: Some(Box::new(old.kept(KEPT - 1))),
+                    ..LiveTier::new(live.policy.clone(), self.local_share)
+                }));
+                Ok(())
+            }
+            Ok(_) => Ok(()),
         }
-        Ok(())
     }
 
     fn publish(&self, live: Arc<LiveTier>) {
@@ -547,8 +562,27 @@ mod tests {
 
     /// Changes `t` and `limiter` to `p`, as a handle does.
     fn change(t: &Tier, limiter: &RateLimiter<u8>, p: &Policy) {
-        t.change(p.quotas.clone(), |q| limiter.set_quotas(q.iter().cloned()))
-            .unwrap();
+        t.change(p.quotas.clone(), |q| set(limiter, q)).unwrap();
+    }
+
+    /// What a handle's setter does to `limiter`.
+    fn set(limiter: &RateLimiter<u8>, quotas: Option<&[Quota]>) -> Result<u16, ConfigError> {
+        if let Some(q) = quotas {
+            limiter.set_quotas(q.iter().cloned())?;
+        }
+        Ok(limiter.generation())
+    }
+
+    /// A limiter that only counts its changes, as a handle's setter reports them.
+    fn counting(
+        changes: &std::cell::Cell<u16>,
+    ) -> impl Fn(Option<&[Quota]>) -> Result<u16, ConfigError> + '_ {
+        move |q| {
+            if q.is_some() {
+                changes.set(changes.get() + 1);
+            }
+            Ok(changes.get())
+        }
     }
 
     fn bytes(v: &(HeaderValue, HeaderValue)) -> (Vec<u8>, Vec<u8>) {
@@ -666,8 +700,9 @@ mod tests {
     fn a_change_the_limiter_refuses_leaves_the_policy_and_its_generation() {
         let t = tier(Policy::new("api", Quota::per_second(4)));
         let current = t.current.load(Ordering::SeqCst);
-        let refused = t.change(vec![Quota::per_second(8)], |_| {
-            Err(ConfigError::UnknownTier("refused".into()))
+        let refused = t.change(vec![Quota::per_second(8)], |q| match q {
+            Some(_) => Err(ConfigError::UnknownTier("refused".into())),
+            None => Ok(0),
         });
         assert!(refused.is_err());
         assert_eq!(t.current.load(Ordering::SeqCst), current);
@@ -680,8 +715,10 @@ mod tests {
     fn a_change_keeps_the_policies_it_replaced_up_to_kept_in_all() {
         let t = tier(Policy::new("api", Quota::per_second(4)));
         let first = t.current.load(Ordering::SeqCst);
+        let changes = std::cell::Cell::new(0);
         for n in 5..5 + KEPT as u32 + 2 {
-            t.change(vec![Quota::per_second(n)], |_| Ok(())).unwrap();
+            t.change(vec![Quota::per_second(n)], counting(&changes))
+                .unwrap();
         }
         let live = t.live.load();
         let mut kept = vec![];
@@ -699,26 +736,68 @@ mod tests {
         assert_eq!(t.current.load(Ordering::SeqCst), live.current());
     }
 
+    /// Quotas set on the limiter itself, which the tier does not see, put the limiter's
+    /// count ahead of the tier's; the next change through the tier takes the limiter's count
+    /// again, so that each later decision is answered with the policy that judged it, and a
+    /// decision of the quotas the tier never saw with the policy in force.
+    #[test]
+    fn a_change_made_on_the_limiter_itself_leaves_the_tier_in_step_at_its_next_change() {
+        let (p0, p1, p2) = (
+            policy(&[(0, 4, 1)]),
+            policy(&[(0, 8, 1)]),
+            policy(&[(0, 16, 1)]),
+        );
+        let t = tier(p0.clone());
+        let (limiter, _time) = limiter(&p0, &[]);
+        let ids = |t: &Tier| t.live.load().headers.id();
+        for direct in [1, 2, 3] {
+            for _ in 0..direct {
+                limiter.set_quotas([Quota::per_second(5)]).unwrap();
+            }
+            let unseen = limiter.check(&1);
+            assert_eq!(answered(&t, &unseen), ids(&t), "the policy in force");
+            change(&t, &limiter, &p1);
+            let first = ids(&t);
+            let by_p1 = limiter.check(&1);
+            assert_eq!(answered(&t, &by_p1), first);
+            change(&t, &limiter, &p2);
+            assert_eq!(
+                answered(&t, &by_p1),
+                first,
+                "after {direct} change(s) on the limiter"
+            );
+            assert_eq!(answered(&t, &limiter.check(&1)), ids(&t));
+            assert_eq!(answered(&t, &unseen), ids(&t), "the policy in force");
+            change(&t, &limiter, &p0);
+        }
+    }
+
     #[test]
     fn changes_made_at_once_leave_the_fields_of_the_quotas_the_limiter_kept() {
         use std::sync::atomic::AtomicU32;
         use std::sync::Barrier;
         // The limiter: the rate of the last quotas it was given.
         let limiter = AtomicU32::new(4);
+        let changes = std::sync::atomic::AtomicU16::new(0);
         let t = tier(Policy::new("api", Quota::per_second(4)));
         let rounds = Barrier::new(2);
         let disagreed = AtomicU32::new(0);
         std::thread::scope(|s| {
             for n in [4u32, 8] {
                 let (t, limiter, rounds, disagreed) = (&t, &limiter, &rounds, &disagreed);
+                let changes = &changes;
                 s.spawn(move || {
                     for _ in 0..500 {
                         rounds.wait();
-                        let set = |_: &[Quota]| {
-                            limiter.store(n, Ordering::SeqCst);
-                            // The other change may come in here unless changes wait their turn.
-                            std::thread::yield_now();
-                            Ok(())
+                        let set = |q: Option<&[Quota]>| {
+                            if q.is_some() {
+                                limiter.store(n, Ordering::SeqCst);
+                                // The other change may come in here unless changes wait
+                                // their turn.
+                                std::thread::yield_now();
+                                changes.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Ok(changes.load(Ordering::SeqCst))
                         };
                         t.change(vec![Quota::per_second(n)], set).unwrap();
                         // Both changes done: the fields are those of the limiter's quotas.

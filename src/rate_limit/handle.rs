@@ -10,7 +10,9 @@ use crate::error::ConfigError;
 use crate::quota::Quota;
 
 /// Replaces a tier's quotas in its limiter (memory or Redis).
-pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Send + Sync;
+/// Gives the limiter of a tier new quotas (`Some`), or leaves them (`None`); either way says
+/// the generation of the quotas it then decides with.
+pub(crate) type SetFn = dyn Fn(usize, Option<&[Quota]>) -> Result<u16, ConfigError> + Send + Sync;
 
 /// Changes the quotas of a [`RateLimitLayer`](super::RateLimitLayer)'s policies while it
 /// serves, from [`RateLimitLayer::handle`](super::RateLimitLayer::handle).
@@ -28,10 +30,10 @@ pub(crate) type SetFn = dyn Fn(usize, &[Quota]) -> Result<(), ConfigError> + Sen
 /// handler or a settlement that outlived them) gets the fields of the quotas in force.
 /// Replacing the quotas on the tier's limiter itself
 /// ([`RateLimitLayer::limiter`](super::RateLimitLayer::limiter)) rather than through a handle
-/// counts a change the layer does not see: a request decided after it gets the fields of the
-/// policy this handle last set, and, for good, a request answered after a later change through
-/// the handle may get the fields of a policy this handle set other than the one that judged
-/// it (one that followed it, in force or kept). Changes are made one at a time, through this
+/// is a change the layer does not see: a request those quotas decide gets the fields of the
+/// policy in force, which this handle last set. The next change through a handle takes the
+/// limiter's count of changes again, so that later requests get the fields of the quotas
+/// that judged them as before. Changes are made one at a time, through this
 /// handle, its clones or another handle of the same layer, so that once they are done the
 /// fields are those of the quotas the limiter kept.
 ///

@@ -509,8 +509,12 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         let limiters = shared.limiters().to_vec();
         Ok(RateLimitHandle::new(
             shared.answers().clone(),
-            Arc::new(move |tier: usize, quotas: &[crate::Quota]| {
-                B::set_quotas(&limiters[tier], quotas)
+            Arc::new(move |tier: usize, quotas: Option<&[crate::Quota]>| {
+                let limiter = &limiters[tier];
+                match quotas {
+                    Some(quotas) => B::set_quotas(limiter, quotas).map(|()| B::generation(limiter)),
+                    None => Ok(B::generation(limiter)),
+                }
             }),
         ))
     }

@@ -50,6 +50,10 @@ where
         limiter.set_quotas(quotas.iter().cloned())
     }
 
+    fn generation(limiter: &Self::Limiter) -> u16 {
+        limiter.generation()
+    }
+
     /// One script call that moves the key's times back, and forgets a cached rejection of the
     /// key that the refund makes stale; an admission of the local fallback is given back to
     /// it, at once.

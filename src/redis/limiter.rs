@@ -435,6 +435,12 @@ impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiter<K> {
         self.inner.limits.load().quotas.clone()
     }
 
+    /// The generation of the quotas in force: one more at each change of them, what its
+    /// decisions are stamped with.
+    pub(crate) fn generation(&self) -> u16 {
+        self.inner.limits.load().generation
+    }
+
     /// Replaces the quotas of this limiter and of every clone of it, from its next decision
     /// on; the state in Redis is kept.
     ///

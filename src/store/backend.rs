@@ -62,6 +62,11 @@ pub trait Backend<K>: sealed::Sealed + Clone + Send + Sync + 'static {
     #[doc(hidden)]
     fn set_quotas(limiter: &Self::Limiter, quotas: &[Quota]) -> Result<(), ConfigError>;
 
+    /// The generation of the quotas `limiter` decides with: one more at each change of them,
+    /// whoever made it, and what its decisions are stamped with.
+    #[doc(hidden)]
+    fn generation(limiter: &Self::Limiter) -> u16;
+
     /// Decides `cost` for `key`: at once, or with a future.
     #[doc(hidden)]
     fn decide(limiter: &Self::Limiter, key: &K, cost: u32) -> Answer<Self::Later>;
