@@ -124,11 +124,9 @@ impl Tier {
             Ok(g) if g != next => {
                 // A change made on the limiter itself at the same moment: the policy takes
                 // the generation the limiter gave it.
-                self.publish(Arc::new(LiveTier {
-                    generation: g,
-                    previous: Some(Box::new(old.kept(KEPT - 1))),
-                    ..LiveTier::new(live.policy.clone(), self.local_share)
-                }));
+                let mut again = live.kept(KEPT);
+                again.generation = g;
+                self.publish(Arc::new(again));
                 Ok(())
             }
             Ok(_) => Ok(()),
