@@ -770,6 +770,42 @@ mod tests {
         }
     }
 
+    /// Generations are 16-bit and wrap: past 65 536 changes, each shape of policy still
+    /// stamps its decisions with the generation the limiter reports, and the tier answers a
+    /// decision of a kept policy, one of them on each side of the wrap, with that policy.
+    #[test]
+    fn decisions_keep_their_policy_across_the_wrap_of_the_generation() {
+        // One GCRA quota, two GCRA quotas, one window quota, and kinds mixed with a log.
+        for specs in [
+            vec![(0, 4, 1)],
+            vec![(0, 4, 1), (0, 9, 1)],
+            vec![(1, 4, 1)],
+            vec![(2, 4, 2), (3, 5, 1)],
+        ] {
+            let p0 = policy(&specs);
+            let t = tier(p0.clone());
+            let (limiter, _time) = limiter(&p0, &[]);
+            // Changed on the limiter itself up to one change before the wrap.
+            for _ in 0..u16::MAX - 1 {
+                limiter.set_quotas(p0.quotas.iter().cloned()).unwrap();
+            }
+            assert_eq!(limiter.generation(), u16::MAX - 1);
+            let mut kept = vec![];
+            for round in 0..4u32 {
+                let mut p = p0.clone();
+                p.quotas[0] = quota(specs[0].0, 10 + round, specs[0].2);
+                change(&t, &limiter, &p);
+                let d = limiter.check(&1);
+                assert_eq!(d.generation(), limiter.generation(), "{specs:?} {round}");
+                kept.push((d, t.live.load().headers.id()));
+            }
+            assert_eq!(limiter.generation(), 2, "the wrap was passed");
+            for (d, id) in &kept {
+                assert_eq!(answered(&t, d), *id, "{specs:?} {}", d.generation());
+            }
+        }
+    }
+
     #[test]
     fn changes_made_at_once_leave_the_fields_of_the_quotas_the_limiter_kept() {
         use std::sync::atomic::AtomicU32;
