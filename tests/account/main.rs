@@ -19,6 +19,7 @@ mod log_debt;
 mod log_debt_model;
 mod meetings;
 mod meetings_redis;
+mod mixed_model;
 mod settle;
 mod settle_redis;
 mod stacked;

@@ -14,6 +14,7 @@ mod log_bytes;
 mod meet_slot;
 mod properties;
 mod properties_redis;
+mod recent_sets;
 mod spec_memory;
 mod waiting;
 mod warmup;
