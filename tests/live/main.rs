@@ -8,6 +8,7 @@ mod common;
 mod curve_bound;
 mod curve_idle_edge;
 mod curve_renewal;
+mod fields_kept;
 mod fields_overlap;
 mod fields_stacked;
 mod late_refunds_race;
