@@ -17,6 +17,7 @@ mod lease_race_redis;
 mod log_comes_back;
 mod log_debt;
 mod log_debt_model;
+mod log_growth;
 mod meetings;
 mod meetings_redis;
 mod mixed_model;
