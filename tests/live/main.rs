@@ -17,3 +17,4 @@ mod live_concurrency;
 mod live_fields;
 mod live_redis;
 mod live_refunds;
+mod span_bound;
