@@ -7,7 +7,8 @@
 //! decision's `r=3`; over eight or more, those of the policy in force. A change made on the
 //! limiter itself is one the layer never sees: it keeps no policy for it, so it takes no place
 //! among those kept, and a request its quotas judged gets the fields of the policy in force.
-//! On memory and on Redis.
+//! Two stacked layers of one policy name (one state per key on Redis), each changed apart:
+//! each layer answers with its own policy by the same rule. On memory and on Redis.
 //!
 //! Pins docs/design.md section 2 (`RateLimit-Policy` and `RateLimit`) and section 3 ("A live
 //! quota change").
@@ -33,6 +34,7 @@ crate::over_both_stores!(
     a_request_given_back_after_changes_gets_the_fields_of_the_quotas_in_force,
     changes_made_on_the_limiter_itself_take_no_place_among_the_policies_kept,
     a_request_judged_by_quotas_set_on_the_limiter_itself_gets_the_fields_in_force,
+    stacked_layers_of_one_name_each_answer_with_the_policy_that_judged_the_request,
 );
 
 /// A change of the policy to `per_second(n)`.
@@ -206,4 +208,97 @@ async fn a_request_judged_by_quotas_set_on_the_limiter_itself_gets_the_fields_in
     assert_eq!(q, 4, "no change since: the policy the handle last set");
     let (q, _) = over(s, "unseen2", &[Limiter(6)], &[Handle(9)], FAILED).await;
     assert_eq!(q, 9, "a handle change since: the policy in force");
+}
+
+/// Two stacked layers of one policy name (on Redis one state per key, judged by each layer's
+/// own quotas), a request held while each layer's handle changes its policy `outer` and
+/// `inner` times, the changes interleaved: each layer's items (the inner layer's first) are
+/// those of its own policy that judged the request when that layer changed at most seven
+/// times, else those of its policy in force.
+async fn stacked_layers_of_one_name_each_answer_with_the_policy_that_judged_the_request<S: Store>(
+    s: &S,
+) where
+    S::Layer: Handled,
+{
+    for (round, (outer, inner)) in [(7, 0), (0, 7), (7, 7), (8, 1), (1, 8), (9, 9)]
+        .into_iter()
+        .enumerate()
+    {
+        let (clock, _time) = manual();
+        let name = format!("shared{round}");
+        let l_out = s.on(crate::common::stores::layer(
+            &[Quota::per_second(4)],
+            &name,
+            &clock,
+        ));
+        let l_in = s.on(crate::common::stores::layer(
+            &[Quota::per_second(6)],
+            &name,
+            &clock,
+        ));
+        let (h_out, h_in) = (l_out.handle_of(), l_in.handle_of());
+        let gate = Arc::new(Semaphore::new(0));
+        let entered = Arc::new(AtomicBool::new(false));
+        let handler = {
+            let (gate, entered) = (gate.clone(), entered.clone());
+            tower::service_fn(move |_: Request<()>| {
+                let (gate, entered) = (gate.clone(), entered.clone());
+                async move {
+                    entered.store(true, Ordering::SeqCst);
+                    gate.acquire().await.unwrap().forget();
+                    let mut resp = Response::new(Full::new(Bytes::new()));
+                    *resp.status_mut() = FAILED;
+                    Ok::<_, Infallible>(resp)
+                }
+            })
+        };
+        let app = s.around(&l_out, s.around(&l_in, Boxed::new(handler)));
+        let req = Request::post("/").header("x-key", "k").body(()).unwrap();
+        let task = tokio::spawn(app.oneshot(req));
+        while !entered.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+        for i in 0..outer.max(inner) {
+            if i < outer {
+                h_out
+                    .set_default_quotas([Quota::per_second(10 + i)])
+                    .unwrap();
+            }
+            if i < inner {
+                h_in.set_default_quotas([Quota::per_second(30 + i)])
+                    .unwrap();
+            }
+        }
+        gate.add_permits(1);
+        let resp = task.await.unwrap().unwrap();
+        assert_eq!(resp.status(), FAILED);
+        let policies: Vec<String> = resp
+            .headers()
+            .get_all("ratelimit-policy")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect();
+        let q = |v: &str| -> u64 {
+            let at = v.find("q=").unwrap() + 2;
+            v[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .unwrap()
+        };
+        let got: Vec<u64> = policies.iter().map(|v| q(v)).collect();
+        let own = |changes: u32, first: u64, base: u32| {
+            if changes <= 7 {
+                first
+            } else {
+                u64::from(base + changes - 1)
+            }
+        };
+        assert_eq!(
+            got,
+            vec![own(inner, 6, 30), own(outer, 4, 10)],
+            "outer changed {outer} times, inner {inner}: {policies:?}"
+        );
+    }
 }
