@@ -635,6 +635,17 @@ impl Lag {
             now
         }
     }
+
+    /// The first reading of the clock at which the store sweeps at `at` or later (the
+    /// inverse of [`sweep_time`](Self::sweep_time)): a key idle at `at` by the table's times
+    /// is dropped then, `by` later while lagging, or once the lag ends.
+    pub(crate) fn clock_time(&self, at: u64) -> u64 {
+        let until = self.until.load(Ordering::Acquire);
+        match at.saturating_add(self.by.load(Ordering::Acquire)) {
+            lagged if lagged < until => lagged,
+            _ => until.max(at),
+        }
+    }
 }
 
 impl<K, V> MemoryStore<K, V>
@@ -797,10 +808,10 @@ where
             return d;
         }
         let (decision, _) = V::decide_absent(rules, now, 0);
-        let swept = self.sweep_time(clock.now().max(now));
-        match self.table.room(swept) {
+        let at = clock.now().max(now);
+        match self.table.room(self.sweep_time(at)) {
             Ok(()) => decision,
-            Err(full) => V::full(rules, full_retry(swept, full.retry_at)),
+            Err(full) => V::full(rules, full_retry(at, self.lag.clock_time(full.retry_at))),
         }
     }
 
@@ -875,7 +886,10 @@ where
         );
         match result {
             Ok(d) => d,
-            Err(full) => V::full(gcras, full_retry(self.sweep_time(at.get()), full.retry_at)),
+            Err(full) => V::full(
+                gcras,
+                full_retry(at.get(), self.lag.clock_time(full.retry_at)),
+            ),
         }
     }
 
@@ -896,7 +910,8 @@ where
 }
 
 /// The wait of a new key turned away because the store is full of active keys: retry when
-/// the first tracked key goes idle (`retry_at`), since a new key is admitted then.
+/// the first tracked key goes idle (`retry_at`, a reading of the clock), since a new key is
+/// admitted then.
 fn full_retry(now: u64, retry_at: u64) -> u64 {
     retry_at.saturating_sub(now).max(1)
 }

@@ -10,5 +10,6 @@ mod bound_race;
 mod bounds;
 mod flood;
 mod hostile;
+mod idle_hint;
 mod key_ip;
 mod misconfigured;
