@@ -10,6 +10,7 @@ mod adversary;
 mod curve_renewal_redis;
 mod dry_run_penalty;
 mod fallback;
+mod fallback_fields;
 mod fallback_refunds;
 mod hostile_settings;
 mod key_errors;
