@@ -70,7 +70,7 @@ async fn a_log_admits_at_most_the_largest_limit_in_force_over_any_span(
                         .iter()
                         .enumerate()
                         .filter(|(i, (t, _))| {
-                            *t >= start || limits.get(i + 1).is_none_or(|n| n.0 > start)
+                            *t >= start || limits.get(i + 1).map_or(true, |n| n.0 > start)
                         })
                         .map(|(_, l)| l.1)
                         .max()
