@@ -6,6 +6,7 @@
 //!
 //! Pins docs/design.md section 2 (`RateLimit-Policy` and `RateLimit`) and section 3
 //! ("Redis": fall back locally as configured; "A live quota change").
+#![cfg(feature = "redis")]
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
