@@ -21,6 +21,7 @@ mod log_growth;
 mod meetings;
 mod meetings_redis;
 mod mixed_model;
+mod mixed_threads;
 mod settle;
 mod settle_redis;
 mod stacked;
