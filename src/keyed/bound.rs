@@ -21,6 +21,10 @@ pub enum OnFull {
     /// Reject requests from new keys (as rate limited) until a tracked key goes idle; the
     /// rejection's retry time is when the first tracked key goes idle. Tracked keys keep their
     /// exact state; new clients are turned away while the table is full of active keys.
+    /// For a while after a live widening of a sliding window or log, the table judges idleness
+    /// behind the clock by the widening (a key written by a check racing the change must not
+    /// be dropped early), so a new key may be turned away up to that much longer; the retry
+    /// time it is given includes it.
     RejectNewKeys,
 }
 
