@@ -50,6 +50,13 @@ fn mul_div_ceil(x: u64, y: u64, d: u64) -> u64 {
     u64::try_from(q).unwrap_or(u64::MAX)
 }
 
+/// `x` as a float for a guess, through a signed integer (one instruction, where an unsigned
+/// one takes several); above `i64::MAX`, `i64::MAX`.
+#[inline(always)]
+fn float(x: u64) -> f64 {
+    x.min(i64::MAX as u64) as i64 as f64
+}
+
 /// The warm-up curve in integers of one time unit (`unit` ns: 1 µs for quotas, in memory as
 /// in Redis, so that both stores compute the same floors; 1 ns for the shaper). Stored permits
 /// are measured in time (`permits × T`), in units; the state keeps the *deficit*
@@ -319,22 +326,19 @@ impl Curve {
     /// [`fits`](Self::fits) settles the exact answer.
     fn guess(&self, a: u64, budget: u64) -> u64 {
         let (u, i, t) = (
-            self.unit as f64,
-            self.interval_units as f64,
-            self.interval as f64,
+            float(self.unit),
+            float(self.interval_units),
+            float(self.interval),
         );
-        let (f, zone) = ((self.cold_factor - 1) as f64, self.zone.max(1) as f64);
+        let (f, zone) = (float(self.cold_factor - 1), float(self.zone.max(1)));
         let sq = u * f * i * i / (2.0 * zone);
-        let lin = t + u * f * a as f64 * i / zone;
-        let budget = budget as f64;
+        let lin = t + u * f * float(a) * i / zone;
+        let budget = float(budget);
         let disc = (lin * lin - 4.0 * sq * budget).max(0.0);
         // The smaller root, written so that it does not cancel when `sq` is small.
         let n = 2.0 * budget / (lin + disc.sqrt());
-        if n.is_finite() && n > 0.0 {
-            n as u64
-        } else {
-            0
-        }
+        // Not a number and below 0 give 0, above the range its end.
+        (n as i64).max(0) as u64
     }
 
     /// The cost in units of the next request of cost 1 at `stored` permits (in time units) on
