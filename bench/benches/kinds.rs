@@ -22,7 +22,9 @@
 //!
 //! * `kinds_keyed_10k`: 10 000 keys visited round-robin, limit never reached (10 000 per
 //!   100 ms for the window kinds; GCRA as in `rate_limit`'s `keyed_10k`, and GCRA with a
-//!   warm-up of 60 s, whose keys stay in the warm zone);
+//!   warm-up of 60 s, whose keys stay in the warm zone; and, in the instructions mode only,
+//!   `warm_up_near`, the same warm-up with a burst of 40, whose figures count the requests
+//!   left within the warm zone, as for a key near its limit);
 //! * `kinds_rejecting`: one key over its limit (1 per hour), as `rate_limit`'s `rejecting`;
 //! * `kinds_mixed`: GCRA plus one quota of each window kind on one key, 10 000 keys, each seen
 //!   once before the count;
@@ -209,6 +211,11 @@ fn keyed_limiter(name: &str, q: Quota, clock: Clock) -> RateLimiter<u64> {
         "warm_up" => Quota::per_second(1)
             .burst(u32::MAX)
             .warm_up(Duration::from_secs(60), 3),
+        // Room for fewer requests than the warm zone holds: what remains is counted on the
+        // curve, not past it (eleven checks a key, all admitted).
+        "warm_up_near" => Quota::per_second(1)
+            .burst(40)
+            .warm_up(Duration::from_secs(60), 3),
         _ => q,
     };
     let limiter = RateLimiter::<u64>::builder(q).clock(clock).build();
@@ -328,6 +335,10 @@ fn instructions(row: &str) {
     let (clock, time) = Clock::manual();
     time.set(Duration::from_secs(1_000));
     let (limiter, keys) = match row.split_once('/') {
+        Some(("kinds_keyed_10k", "warm_up_near")) => {
+            let q = Quota::per_second(1);
+            (keyed_limiter("warm_up_near", q, clock), KEYS)
+        }
         Some(("kinds_keyed_10k", kind)) => {
             let (name, q) = kinds(10_000, Duration::from_millis(100))
                 .into_iter()

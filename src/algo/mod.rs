@@ -452,7 +452,7 @@ pub(super) fn decide_many(
             Rule::Gcra(g) => p.judge(g, i, words, now, cost, figures, spot),
             Rule::FixedWindow(w) => p.judge(&Fixed(*w), i, words, now, cost, figures, spot),
             Rule::SlidingWindow(w) => p.judge(&Counter(*w), i, words, now, cost, figures, spot),
-            Rule::WarmUp(g) => p.judge(g, i, words, now, cost, figures, spot),
+            Rule::WarmUp(g) => p.judge_warm(g, i, words, now, cost, figures, spot),
             Rule::SlidingLog(w) => {
                 let (step, below) = w.log_step(&state.log, now, cost);
                 p.below[i] = below;
@@ -582,6 +582,23 @@ impl Pass {
             }
             None => self.idle_stay = self.idle_stay.max(idle),
         }
+    }
+
+    /// [`judge`](Self::judge) of a warm-up quota, kept out of line: inlined in the pass, the
+    /// curve's arithmetic costs the arms of the other kinds their registers.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn judge_warm(
+        &mut self,
+        rule: &WarmGcra,
+        i: usize,
+        words: &mut Words,
+        now: u64,
+        cost: u32,
+        figures: &mut QuotaState,
+        spot: &mut Words,
+    ) {
+        self.judge(rule, i, words, now, cost, figures, spot);
     }
 
     /// Counts one quota's step, whose cost lands at `spot` when admitted.

@@ -212,6 +212,22 @@ impl TwoKind for WarmGcra {
         WarmGcra::idle_at(self, warm(words))
     }
 
+    #[inline(always)]
+    fn judge(&self, words: Words, now: u64, cost: u32) -> (Step, QuotaState) {
+        let (step, state, _) = self.judged(warm(words), now, cost);
+        (step, state)
+    }
+
+    #[inline(always)]
+    fn judge_kept(&self, words: Words, now: u64, cost: u32) -> Judged {
+        let (step, state, after) = self.judged(warm(words), now, cost);
+        let idle = match after {
+            Some(after) => WarmGcra::idle_at(self, after),
+            None => WarmGcra::idle_at(self, warm(words)),
+        };
+        ((step, state), after.map(|a| [a.tat, a.deficit]), idle)
+    }
+
     fn rule(&self) -> Rule {
         Rule::WarmUp(*self)
     }

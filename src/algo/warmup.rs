@@ -50,6 +50,13 @@ fn mul_div_ceil(x: u64, y: u64, d: u64) -> u64 {
     u64::try_from(q).unwrap_or(u64::MAX)
 }
 
+/// `x` as a float for a guess, through a signed integer (one instruction, where an unsigned
+/// one takes several); above `i64::MAX`, `i64::MAX`.
+#[inline(always)]
+fn float(x: u64) -> f64 {
+    x.min(i64::MAX as u64) as i64 as f64
+}
+
 /// The warm-up curve in integers of one time unit (`unit` ns: 1 µs for quotas, in memory as
 /// in Redis, so that both stores compute the same floors; 1 ns for the shaper). Stored permits
 /// are measured in time (`permits × T`), in units; the state keeps the *deficit*
@@ -122,9 +129,21 @@ impl Curve {
     }
 
     /// The surcharge integral, in units: `⌊(f − 1)·x² / (2·zone)⌋` for `x` stored above the
-    /// threshold.
+    /// threshold (`x <= zone`).
+    ///
+    /// No case needs a test of its own: `x` is 0 whenever the zone is (the division is then
+    /// by 1, of 0), the product is 0 when `f` is 1, and `(f − 1)·x` stays under
+    /// `2·period`, since `x <= zone = ⌊2·period / (f + 1)⌋`.
     #[inline]
     fn surcharge_to(&self, x: u64) -> u64 {
+        debug_assert!(x <= self.zone);
+        mul_div(x, (self.cold_factor - 1) * x, 2 * self.zone)
+    }
+
+    /// [`surcharge_to`](Self::surcharge_to) as it was, testing each case apart: the
+    /// reference the property tests hold it to.
+    #[cfg(test)]
+    fn surcharge_to_before(&self, x: u64) -> u64 {
         if self.zone == 0 || self.cold_factor == 1 || x == 0 {
             return 0;
         }
@@ -137,6 +156,14 @@ impl Curve {
         self.max
             .saturating_sub(deficit)
             .saturating_sub(self.threshold)
+    }
+
+    /// Stored permits above the threshold for a key with `deficit`, and their surcharge
+    /// integral.
+    #[inline(always)]
+    fn integral_above(&self, deficit: u64) -> (u64, u64) {
+        let a = self.above(deficit);
+        (a, self.surcharge_to(a))
     }
 
     /// What `cost` requests cost when taken at once by a key with `deficit`: the nanoseconds
@@ -157,11 +184,11 @@ impl Curve {
 
     /// The surcharge in ns (beyond `T` each) of `n` requests taken one after another by a key
     /// with `deficit`; the same as taking them at once.
-    #[inline]
+    #[cfg(test)]
     fn surcharge(&self, deficit: u64, n: u64) -> u64 {
         let a = self.above(deficit);
         let k = a.min(self.interval_units.saturating_mul(n));
-        (self.surcharge_to(a) - self.surcharge_to(a - k)).saturating_mul(self.unit)
+        (self.surcharge_to_before(a) - self.surcharge_to_before(a - k)).saturating_mul(self.unit)
     }
 
     /// The most requests of cost 1 that a key with `deficit` can take one after another
@@ -169,9 +196,86 @@ impl Curve {
     ///
     /// Past the requests that spend every permit above the threshold each one costs `T`, so
     /// that part is a division; below it the cost is a quadratic in `n`, whose real root
-    /// gives a first guess that the exact test then corrects in a few steps (the cost rises
+    /// gives a first guess that the exact test then confirms or corrects (the cost rises
     /// with `n`, so the answer is the same whatever the guess).
+    #[inline]
     pub(crate) fn fits(&self, deficit: u64, budget: u64) -> u64 {
+        let (a, integral) = self.integral_above(deficit);
+        self.fits_above(a, integral, budget)
+    }
+
+    /// [`fits`](Self::fits) for a key with `a` units stored above the threshold, whose
+    /// surcharge integral `surcharge_to(a)` is `whole_integral` (a caller that has it already
+    /// does not compute it again).
+    #[inline(always)]
+    fn fits_above(&self, a: u64, whole_integral: u64, budget: u64) -> u64 {
+        // When the requests that spend every stored permit above the threshold fit, their
+        // surcharge is the whole integral above it, and every request costs `T` besides: `n`
+        // requests fit, `n = ⌊(budget − integral) / T⌋`, if those requests (`⌈a / I⌉`, `I`
+        // the interval in units) are among them, that is if `a <= n·I`.
+        let rest = whole_integral
+            .checked_mul(self.unit)
+            .and_then(|integral| budget.checked_sub(integral));
+        if let Some(rest) = rest {
+            let n = rest / self.interval;
+            if a <= n.saturating_mul(self.interval_units.max(1)) {
+                return n;
+            }
+        }
+        let whole = a.div_ceil(self.interval_units.max(1));
+        self.fits_warm(a, whole_integral, whole, budget)
+    }
+
+    /// [`fits_above`](Self::fits_above) when not every permit above the threshold fits:
+    /// fewer than `whole` requests fit (`whole >= 1`, since nothing costs nothing). The real
+    /// root of the quadratic is checked first with two exact tests (it is the answer, or
+    /// one off, but for the floors); a wrong guess is corrected by a galloping search.
+    #[inline(never)]
+    fn fits_warm(&self, a: u64, whole_integral: u64, whole: u64, budget: u64) -> u64 {
+        let t = self.interval;
+        // The cost of `n` requests (`n < whole`, each within the permits above): `n·T` and
+        // the integral between `a` and where they stop, exactly as `price` charges it.
+        let fits = |n: u64| {
+            let k = a.min(self.interval_units.saturating_mul(n));
+            let surcharge = (whole_integral - self.surcharge_to(a - k)).saturating_mul(self.unit);
+            n.checked_mul(t)
+                .and_then(|c| c.checked_add(surcharge))
+                .is_some_and(|c| c <= budget)
+        };
+        // `fits(0)` holds and `fits(whole)` does not.
+        let (mut lo, mut hi) = (0, whole);
+        let guess = self.guess(a, budget).min(whole - 1);
+        let mut step = 1;
+        if fits(guess) {
+            lo = guess;
+            while lo + step < hi && fits(lo + step) {
+                lo += step;
+                step = step.saturating_mul(2);
+            }
+            hi = hi.min(lo.saturating_add(step));
+        } else {
+            hi = guess;
+            while hi - lo > step && !fits(hi - step) {
+                hi -= step;
+                step = step.saturating_mul(2);
+            }
+            lo = lo.max(hi.saturating_sub(step));
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// [`fits`](Self::fits) as it was before the integral was shared and the guess was
+    /// checked first: the reference the property tests hold it to.
+    #[cfg(test)]
+    fn fits_before(&self, deficit: u64, budget: u64) -> u64 {
         let t = self.interval;
         let cost = |n: u64| {
             n.checked_mul(t)
@@ -179,16 +283,13 @@ impl Curve {
         };
         let fits = |n: u64| cost(n).is_some_and(|c| c <= budget);
         let a = self.above(deficit);
-        // The requests that spend every stored permit above the threshold: their surcharge is
-        // the whole integral above it (`cost(whole)`, without asking where they stop).
         let whole = a.div_ceil(self.interval_units.max(1));
         let all_above = whole
             .checked_mul(t)
-            .and_then(|c| c.checked_add(self.surcharge_to(a).saturating_mul(self.unit)));
+            .and_then(|c| c.checked_add(self.surcharge_to_before(a).saturating_mul(self.unit)));
         if let Some(c) = all_above.filter(|&c| c <= budget) {
             return whole.saturating_add((budget - c) / t);
         }
-        // `fits(0)` holds (nothing costs nothing) and `fits(whole)` does not.
         let (mut lo, mut hi) = (0, whole);
         let guess = self.guess(a, budget).clamp(1, whole) - 1;
         let mut step = 1;
@@ -225,22 +326,19 @@ impl Curve {
     /// [`fits`](Self::fits) settles the exact answer.
     fn guess(&self, a: u64, budget: u64) -> u64 {
         let (u, i, t) = (
-            self.unit as f64,
-            self.interval_units as f64,
-            self.interval as f64,
+            float(self.unit),
+            float(self.interval_units),
+            float(self.interval),
         );
-        let (f, zone) = ((self.cold_factor - 1) as f64, self.zone.max(1) as f64);
+        let (f, zone) = (float(self.cold_factor - 1), float(self.zone.max(1)));
         let sq = u * f * i * i / (2.0 * zone);
-        let lin = t + u * f * a as f64 * i / zone;
-        let budget = budget as f64;
+        let lin = t + u * f * float(a) * i / zone;
+        let budget = float(budget);
         let disc = (lin * lin - 4.0 * sq * budget).max(0.0);
         // The smaller root, written so that it does not cancel when `sq` is small.
         let n = 2.0 * budget / (lin + disc.sqrt());
-        if n.is_finite() && n > 0.0 {
-            n as u64
-        } else {
-            0
-        }
+        // Not a number and below 0 give 0, above the range its end.
+        (n as i64).max(0) as u64
     }
 
     /// The cost in units of the next request of cost 1 at `stored` permits (in time units) on
@@ -383,8 +481,17 @@ impl WarmGcra {
     }
 
     /// How many requests of cost 1, sent one after another now, would be admitted.
+    #[cfg(test)]
     pub(crate) fn remaining(&self, s: WarmState, now: u64) -> u64 {
         let s = self.resync(s, now);
+        self.remaining_synced(s, now, || self.curve.integral_above(s.deficit))
+    }
+
+    /// [`remaining`](Self::remaining) for a key whose state `s` is as of `now` already
+    /// (`s.tat >= now`); `above` gives its permits stored above the threshold and their
+    /// surcharge integral, asked only when a request could fit.
+    #[inline(always)]
+    fn remaining_synced(&self, s: WarmState, now: u64, above: impl FnOnce() -> (u64, u64)) -> u64 {
         let ahead = s.tat - now;
         // The n-th request (from 1) is admitted when ahead + (n−1)·T + surcharge(n−1) + T
         // <= tau.
@@ -393,7 +500,10 @@ impl WarmGcra {
             .checked_sub(ahead)
             .and_then(|room| room.checked_sub(self.curve.interval))
         {
-            Some(budget) => self.curve.fits(s.deficit, budget).saturating_add(1),
+            Some(budget) => {
+                let (a, integral) = above();
+                self.curve.fits_above(a, integral, budget).saturating_add(1)
+            }
             None => 0,
         }
     }
@@ -401,14 +511,78 @@ impl WarmGcra {
     /// The figures of the quota for a key in state `s` at `now`.
     #[inline]
     pub(crate) fn state(&self, s: WarmState, now: u64) -> QuotaState {
+        let s = self.resync(s, now);
+        self.figures(s, now, || self.curve.integral_above(s.deficit))
+    }
+
+    /// [`state`](Self::state) for a key whose state `s` is as of `now` already, `above` as
+    /// in [`remaining_synced`](Self::remaining_synced).
+    #[inline(always)]
+    fn figures(&self, s: WarmState, now: u64, above: impl FnOnce() -> (u64, u64)) -> QuotaState {
         QuotaState::counted(
             self.burst(),
-            self.remaining(s, now),
-            s.tat.saturating_sub(now),
+            self.remaining_synced(s, now, above),
+            s.tat - now,
+        )
+    }
+
+    /// [`step`](Self::step), the figures of the state it leaves ([`state`](Self::state)),
+    /// and that state when it is kept (admitted at a cost), with no work done twice: the
+    /// key's state as of `now` is found once, and the figures after an admission start from
+    /// the surcharge integral its price ends at (the permits it leaves above the threshold).
+    #[inline(always)]
+    pub(crate) fn judged(
+        &self,
+        s: WarmState,
+        now: u64,
+        cost: u32,
+    ) -> (Step, QuotaState, Option<WarmState>) {
+        let c = &self.curve;
+        let t = c.interval;
+        let inc = t.saturating_mul(u64::from(cost));
+        let r = self.resync(s, now);
+        let step = if inc > self.tolerance {
+            Step::Never
+        } else {
+            match r.tat.checked_add(inc) {
+                Some(stable_tat) if stable_tat - now > self.tolerance => Step::Deny {
+                    retry_after: stable_tat - now - self.tolerance,
+                },
+                Some(_) => {
+                    // `Curve::price`, keeping the integral where the request leaves it.
+                    let stored = c.max.saturating_sub(r.deficit);
+                    let spent = c.interval_units.saturating_mul(u64::from(cost)).min(stored);
+                    let a = stored.saturating_sub(c.threshold);
+                    let left = a - a.min(spent);
+                    let integral_left = c.surcharge_to(left);
+                    let extra = c.surcharge_to(a) - integral_left;
+                    let price = inc.saturating_add(extra.saturating_mul(c.unit));
+                    if let Some(tat) = r.tat.checked_add(price) {
+                        let after = WarmState {
+                            tat,
+                            deficit: r.deficit + spent,
+                        };
+                        let figures = self.figures(after, now, || (left, integral_left));
+                        let step = Step::Allow {
+                            words: [tat, after.deficit],
+                            spot: [r.tat, tat],
+                        };
+                        return (step, figures, (cost > 0).then_some(after));
+                    }
+                    Step::Deny { retry_after: t }
+                }
+                None => Step::Deny { retry_after: t },
+            }
+        };
+        (
+            step,
+            self.figures(r, now, || c.integral_above(r.deficit)),
+            None,
         )
     }
 
     /// Time from `now` until the key is the same as one never seen: no backlog and fully cold.
+    #[inline]
     pub(crate) fn idle_at(&self, s: WarmState) -> u64 {
         s.tat.saturating_add(self.curve.cold_in(s.deficit))
     }
@@ -708,13 +882,6 @@ mod tests {
     }
 }
 
-/// The model against a reference written from Guava's description in floating point, with
-/// stored permits counted in permits (not time) and no shared code.
-///
-/// Each request starts both from the same state (the reference reads the integers), so the
-/// test pins what one step does. Run apart for long, the two drift: a few ns of `tat` change
-/// how much an idle key regains, which changes the next surcharge, and so on; the same holds
-/// between Guava's `double`s and exact arithmetic.
 /// [`Curve::fits`] against the plain search over every count it replaced.
 #[cfg(test)]
 mod fits {
@@ -757,11 +924,35 @@ mod fits {
         ) {
             let c = Curve::new(interval, period, cold, unit);
             let deficit = mul_div(c.max, share, 1_000);
-            prop_assert_eq!(c.fits(deficit, budget), by_search(&c, deficit, budget));
+            let searched = by_search(&c, deficit, budget);
+            prop_assert_eq!(c.fits(deficit, budget), searched);
+            prop_assert_eq!(c.fits_before(deficit, budget), searched);
+        }
+
+        /// The integral with no case tested apart is the integral with each case tested, for
+        /// every amount a key can store above the threshold.
+        #[test]
+        fn the_integral_needs_no_case_of_its_own(
+            period in prop_oneof![1u64..1_000, 1u64..(1 << 60), Just(1u64 << 60)],
+            cold in prop_oneof![1u32..=10, 1u32..=u32::MAX, Just(u32::MAX)],
+            unit in prop_oneof![Just(1u64), Just(1_000u64)],
+            share in prop_oneof![0u64..=1_000, Just(0u64), Just(1_000u64)],
+        ) {
+            let c = Curve::new(1, period, cold, unit);
+            for x in [mul_div(c.zone, share, 1_000), c.zone, c.zone.saturating_sub(1), 0, 1.min(c.zone)] {
+                prop_assert_eq!(c.surcharge_to(x), c.surcharge_to_before(x), "x {}", x);
+            }
         }
     }
 }
 
+/// The model against a reference written from Guava's description in floating point, with
+/// stored permits counted in permits (not time) and no shared code.
+///
+/// Each request starts both from the same state (the reference reads the integers), so the
+/// test pins what one step does. Run apart for long, the two drift: a few ns of `tat` change
+/// how much an idle key regains, which changes the next surcharge, and so on; the same holds
+/// between Guava's `double`s and exact arithmetic.
 #[cfg(test)]
 mod model {
     use super::*;
@@ -898,6 +1089,276 @@ mod model {
                 );
                 let stored = (g.curve.max.saturating_sub(s.deficit)) as f64 / r.t;
                 prop_assert!((r.stored - stored).abs() * r.t <= eps);
+            }
+        }
+    }
+}
+
+/// The check of a warm-up quota with its work shared ([`WarmGcra::judged`] and the idle time
+/// of what it keeps, the path every memory check takes) against the arithmetic as it was,
+/// each part computed apart: [`before`]'s step, figures and price, with the idle time of the
+/// words kept, over random curves and states, and over runs of checks, settled charges,
+/// refunds and changes of the curve or the rate.
+#[cfg(test)]
+mod shared {
+    use super::*;
+    use crate::algo::two::TwoKind;
+    use crate::algo::Rule;
+    use proptest::prelude::*;
+
+    /// The arithmetic of a warm-up check as it was before its parts shared their work.
+    mod before {
+        use super::*;
+
+        pub(super) fn price(c: &Curve, deficit: u64, cost: u64) -> (u64, u64) {
+            let stable = c.interval.saturating_mul(cost);
+            let stored = c.max.saturating_sub(deficit);
+            let spent = c.interval_units.saturating_mul(cost).min(stored);
+            let a = c.above(deficit);
+            let k = a.min(spent);
+            let extra = c.surcharge_to_before(a) - c.surcharge_to_before(a - k);
+            (
+                stable.saturating_add(extra.saturating_mul(c.unit)),
+                deficit + spent,
+            )
+        }
+
+        pub(super) fn step(w: &WarmGcra, s: WarmState, now: u64, cost: u32) -> Step {
+            let t = w.curve.interval;
+            let inc = t.saturating_mul(u64::from(cost));
+            if inc > w.tolerance {
+                return Step::Never;
+            }
+            let s = w.resync(s, now);
+            let Some(stable_tat) = s.tat.checked_add(inc) else {
+                return Step::Deny { retry_after: t };
+            };
+            let ahead = stable_tat - now;
+            if ahead > w.tolerance {
+                return Step::Deny {
+                    retry_after: ahead - w.tolerance,
+                };
+            }
+            let (price, deficit) = price(&w.curve, s.deficit, u64::from(cost));
+            match s.tat.checked_add(price) {
+                Some(tat) => Step::Allow {
+                    words: [tat, deficit],
+                    spot: [s.tat, tat],
+                },
+                None => Step::Deny { retry_after: t },
+            }
+        }
+
+        pub(super) fn state(w: &WarmGcra, s: WarmState, now: u64) -> QuotaState {
+            let r = w.resync(s, now);
+            let ahead = r.tat - now;
+            let remaining = match w
+                .tolerance
+                .checked_sub(ahead)
+                .and_then(|room| room.checked_sub(w.curve.interval))
+            {
+                Some(budget) => w.curve.fits_before(r.deficit, budget).saturating_add(1),
+                None => 0,
+            };
+            QuotaState::counted(w.burst(), remaining, s.tat.saturating_sub(now))
+        }
+
+        pub(super) fn charged(w: &WarmGcra, s: WarmState, now: u64, cost: u32) -> WarmState {
+            let s = w.resync(s, now);
+            let (price, deficit) = price(&w.curve, s.deficit, u64::from(cost));
+            WarmState {
+                tat: s.tat.saturating_add(price),
+                deficit,
+            }
+        }
+
+        /// What a check judged: the step, the figures after it, the words kept and the idle
+        /// time of the words after it.
+        pub(super) fn judge_kept(
+            w: &WarmGcra,
+            words: Words,
+            now: u64,
+            cost: u32,
+        ) -> (Step, QuotaState, Option<Words>, u64) {
+            let step = step(w, warm(words), now, cost);
+            let kept = match step {
+                Step::Allow { words, .. } if cost > 0 => Some(words),
+                _ => None,
+            };
+            let after = kept.unwrap_or(words);
+            (
+                step,
+                state(w, warm(after), now),
+                kept,
+                w.idle_at(warm(after)),
+            )
+        }
+    }
+
+    use super::super::step::Words;
+    use super::super::two::warm;
+
+    fn judge_kept(
+        w: &WarmGcra,
+        words: Words,
+        now: u64,
+        cost: u32,
+    ) -> (Step, QuotaState, Option<Words>, u64) {
+        let ((step, state), kept, idle) = TwoKind::judge_kept(w, words, now, cost);
+        // The parts a check asks for alone say the same.
+        assert_eq!(TwoKind::judge(w, words, now, cost), (step, state));
+        assert_eq!(WarmGcra::state(w, warm(kept.unwrap_or(words)), now), state);
+        assert_eq!(WarmGcra::step(w, warm(words), now, cost), step);
+        (step, state, kept, idle)
+    }
+
+    /// Intervals from 1 ns and 1 µs (10^6 per second) to an hour, at the edges too.
+    fn interval() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            1u64..1_000,
+            1_000u64..=3_600_000_000_000,
+            Just(1_000u64),
+            Just(1_000_000_000u64),
+            Just(3_600_000_000_000u64),
+        ]
+    }
+
+    /// Periods up to the longest a quota accepts; cold factors 1 to 10 mostly, and to the
+    /// largest; both units.
+    fn curve() -> impl Strategy<Value = Curve> {
+        (
+            interval(),
+            prop_oneof![
+                1u64..1_000_000,
+                1_000_000u64..100_000_000_000,
+                1u64..=(1 << 60)
+            ],
+            prop_oneof![4 => 1u32..=10, 1 => 1u32..=u32::MAX],
+            prop_oneof![Just(1u64), Just(1_000u64)],
+        )
+            .prop_map(|(t, p, f, u)| Curve::new(t, p, f, u))
+    }
+
+    /// A tolerance of a few requests, of many, or up to the edge of the clock.
+    fn quota() -> impl Strategy<Value = WarmGcra> {
+        (
+            curve(),
+            prop_oneof![1u64..=10, 1u64..=u64::from(u32::MAX)],
+            0u64..=u64::MAX,
+            0u8..4,
+        )
+            .prop_map(|(c, burst, any, pick)| {
+                let tolerance = match pick {
+                    0 => any,
+                    1 => u64::MAX,
+                    _ => c.interval.saturating_mul(burst),
+                };
+                WarmGcra::new(c, tolerance)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+        /// One check on any state: `tat` before, at or after now (by up to the tolerance
+        /// and beyond, to the clock's edge), a deficit of any share of the curve's most and
+        /// beyond it (stored under a larger curve before a change), any cost.
+        #[test]
+        fn a_check_with_its_work_shared_judges_as_each_part_apart(
+            w in quota(),
+            now in prop_oneof![0u64..1_000_000_000_000, 0u64..=u64::MAX, Just(u64::MAX)],
+            back in prop_oneof![Just(0u64), 0u64..=u64::MAX],
+            ahead in prop_oneof![0u64..=u64::MAX, 0u64..10_000_000_000],
+            later in proptest::bool::ANY,
+            share in prop_oneof![0u64..=1_000, 1_000u64..=3_000, Just(0u64), Just(1_000u64)],
+            huge_deficit in proptest::bool::weighted(0.02),
+            cost in prop_oneof![0u32..=3, 0u32..=u32::MAX, Just(u32::MAX)],
+        ) {
+            // `ahead` as a share of the tolerance, mostly, so that both sides of the test
+            // are met.
+            let tat = if later {
+                now.saturating_add(ahead % w.tolerance.saturating_add(2).max(1))
+            } else {
+                now.saturating_sub(back)
+            };
+            let deficit = if huge_deficit { u64::MAX } else { mul_div(w.curve.max, share, 1_000) };
+            let words = [tat, deficit];
+            prop_assert_eq!(judge_kept(&w, words, now, cost), before::judge_kept(&w, words, now, cost));
+        }
+    }
+
+    /// What is done to a key in a run.
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A check of `cost`, `gap` ns after the last instant.
+        Check { gap: u64, cost: u32 },
+        /// `cost` settled after the response (taken whatever the limit).
+        Settle { gap: u64, cost: u32 },
+        /// `units` of the last admission given back.
+        Refund { gap: u64, units: u32 },
+        /// The quota replaced: another curve, rate or tolerance.
+        Change(WarmGcra),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let gap = prop_oneof![Just(0u64), 0u64..2_000_000_000, 0u64..200_000_000_000];
+        prop_oneof![
+            12 => (gap.clone(), prop_oneof![0u32..=3, 0u32..=100]).prop_map(|(gap, cost)| Op::Check { gap, cost }),
+            2 => (gap.clone(), 0u32..=5).prop_map(|(gap, cost)| Op::Settle { gap, cost }),
+            2 => (gap, 0u32..=3).prop_map(|(gap, units)| Op::Refund { gap, units }),
+            1 => quota().prop_map(Op::Change),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+        /// Runs of checks, settled charges, refunds of the last admission and changes of the
+        /// quota: the key's words, every step, figure and idle time are the same on both
+        /// paths at every point.
+        #[test]
+        fn runs_of_checks_refunds_settles_and_changes_keep_both_paths_alike(
+            first in quota(),
+            ops in proptest::collection::vec(op(), 1..80),
+        ) {
+            let mut w = first;
+            let mut now = 1_000_000_000_000u64;
+            let (mut ours, mut theirs) = ([0u64; 2], [0u64; 2]);
+            let mut last: Option<(Words, u32)> = None;
+            for op in ops {
+                match op {
+                    Op::Check { gap, cost } => {
+                        now = now.saturating_add(gap);
+                        let a = judge_kept(&w, ours, now, cost);
+                        let b = before::judge_kept(&w, theirs, now, cost);
+                        prop_assert_eq!(a, b);
+                        if let (Step::Allow { spot, .. }, Some(kept)) = (a.0, a.2) {
+                            ours = kept;
+                            theirs = b.2.unwrap_or(theirs);
+                            last = Some((spot, cost));
+                        }
+                    }
+                    Op::Settle { gap, cost } => {
+                        now = now.saturating_add(gap);
+                        ours = Rule::WarmUp(w).charge(ours, now, cost);
+                        let s = before::charged(&w, warm(theirs), now, cost);
+                        theirs = [s.tat, s.deficit];
+                    }
+                    Op::Refund { gap, units } => {
+                        now = now.saturating_add(gap);
+                        if let Some((spot, cost)) = last.take() {
+                            let units = units.min(cost);
+                            ours = Rule::WarmUp(w).refund(ours, now, spot, cost, units);
+                            theirs = Rule::WarmUp(w).refund(theirs, now, spot, cost, units);
+                        }
+                    }
+                    Op::Change(next) => {
+                        w = next;
+                        last = None;
+                    }
+                }
+                prop_assert_eq!(ours, theirs);
+                prop_assert_eq!(w.idle_at(warm(ours)), w.idle_at(warm(theirs)));
             }
         }
     }
