@@ -849,4 +849,48 @@ mod tests {
         });
         assert_eq!(disagreed.load(Ordering::SeqCst), 0);
     }
+
+    /// A request that goes on carries the decision that judged it to its handler: its
+    /// admission, and in dry run the refusal that let it through; a rejected one reaches no
+    /// handler. The answer of a decision says which (`Answers::finish`).
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_goes_on_carries_the_decision_that_judged_it_admitted_or_let_through() {
+        use tower::{Layer, ServiceExt};
+
+        let handler = tower::service_fn(|req: Request<()>| async move {
+            let d = req.extensions().get::<Decision>().copied();
+            let seen = d.map(|d| (d.is_allowed(), d.remaining()));
+            Ok::<_, std::convert::Infallible>(Response::new(Bytes::from(format!("{seen:?}"))))
+        });
+        for dry_run in [false, true] {
+            let (clock, _time) = Clock::manual();
+            let layer = crate::RateLimitLayer::new(Quota::per_second(1).burst(2))
+                .clock(clock)
+                .dry_run(dry_run);
+            let mut answers = Vec::new();
+            for _ in 0..3 {
+                let resp = layer
+                    .clone()
+                    .layer(handler)
+                    .oneshot(Request::new(()))
+                    .await
+                    .unwrap();
+                answers.push((resp.status().as_u16(), resp.into_body()));
+            }
+            let third = match dry_run {
+                // The default rejection: the handler never saw it.
+                false => (429, Bytes::from("Too Many Requests\n")),
+                true => (200, Bytes::from("Some((false, 0))")),
+            };
+            assert_eq!(
+                answers,
+                [
+                    (200, Bytes::from("Some((true, 1))")),
+                    (200, Bytes::from("Some((true, 0))")),
+                    third,
+                ],
+                "dry run {dry_run}"
+            );
+        }
+    }
 }
