@@ -412,6 +412,7 @@ impl Decision {
     }
 
     /// The state of each quota, in the order the policy lists them.
+    #[inline]
     pub fn states(&self) -> &[QuotaState] {
         &self.quotas[..usize::from(self.len & LEN)]
     }

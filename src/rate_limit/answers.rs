@@ -245,11 +245,11 @@ pub(crate) struct Answers {
 
 impl Answers {
     /// Everything after the decision of `cost` (for `key`, when the layer traces keys): an
-    /// admitted request gets the decision in its extensions (`Ok`); a rejected one gets its
-    /// response (`Err`), or in dry-run mode the would-be rejection in its extensions and `Ok`.
-    /// A request that goes on takes the header fields of [`fields`](Self::fields) to its
-    /// response, asked for where the response future is built, so that they are not moved
-    /// through this answer first.
+    /// admitted request gets the decision in its extensions and goes on (`None`); a rejected
+    /// one gets its response (`Some`), or in dry-run mode the would-be rejection in its
+    /// extensions and goes on. A request that goes on takes the header fields of
+    /// [`fields`](Self::fields) to its response, asked for where the response future is
+    /// built, so that they are not moved through this answer first.
     #[inline]
     pub(crate) fn finish<ReqBody, B: From<Bytes>>(
         &self,
@@ -258,7 +258,7 @@ impl Answers {
         cost: u32,
         key: Option<&dyn std::fmt::Debug>,
         req: &mut Request<ReqBody>,
-    ) -> Result<(), Response<B>> {
+    ) -> Option<Response<B>> {
         let tier = &self.tiers[tier];
         if decision.is_allowed() {
             let verdict = if decision.is_local() {
@@ -270,13 +270,13 @@ impl Answers {
             };
             tier.meter.count(verdict, None);
             crate::decision::record_admitted(req.extensions_mut(), decision);
-            return Ok(());
+            return None;
         }
         self.rejected(tier, decision, cost, key, req)
     }
 
     /// The header fields `decision` on tier `tier` adds to the response of a request that
-    /// goes on ([`finish`](Self::finish) said `Ok`), if it adds any now.
+    /// goes on ([`finish`](Self::finish) said `None`), if it adds any now.
     #[inline]
     pub(crate) fn fields(&self, tier: usize, decision: &Decision) -> Option<RateHeaders> {
         self.fields_of(&self.tiers[tier], decision)
@@ -298,7 +298,7 @@ impl Answers {
         }
     }
 
-    /// The rejection of a request, or in dry-run mode its record.
+    /// The rejection of a request, or in dry-run mode its record (`None`).
     #[inline(never)]
     fn rejected<ReqBody, B: From<Bytes>>(
         &self,
@@ -307,7 +307,7 @@ impl Answers {
         cost: u32,
         key: Option<&dyn std::fmt::Debug>,
         req: &mut Request<ReqBody>,
-    ) -> Result<(), Response<B>> {
+    ) -> Option<Response<B>> {
         let blind = decision.is_degraded() && !decision.is_local();
         let (kind, status) = match decision.outcome() {
             _ if blind => (
@@ -332,19 +332,18 @@ impl Answers {
             observe: self.observe,
             hook: self.on_reject.as_ref(),
         };
-        match refuser.refuse(&r, key, req.extensions_mut()) {
-            None => {
-                crate::decision::record_admitted(req.extensions_mut(), decision);
-                Ok(())
-            }
-            Some(mut resp) => {
+        // The response is built where it is returned, and its fields added there.
+        let mut answer = refuser.refuse(&r, key, req.extensions_mut());
+        match &mut answer {
+            None => crate::decision::record_admitted(req.extensions_mut(), decision),
+            Some(resp) => {
                 // Rendered where they go, once the rejection is known to answer.
                 if let Some(h) = self.fields_of(tier, decision) {
                     h.apply(resp.headers_mut());
                 }
-                Err(resp)
             }
         }
+        answer
     }
 
     /// The header fields of tier `tier` reporting `d`: the state after a settlement (none in
@@ -849,5 +848,49 @@ mod tests {
             }
         });
         assert_eq!(disagreed.load(Ordering::SeqCst), 0);
+    }
+
+    /// A request that goes on carries the decision that judged it to its handler: its
+    /// admission, and in dry run the refusal that let it through; a rejected one reaches no
+    /// handler. The answer of a decision says which (`Answers::finish`).
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_goes_on_carries_the_decision_that_judged_it_admitted_or_let_through() {
+        use tower::{Layer, ServiceExt};
+
+        let handler = tower::service_fn(|req: Request<()>| async move {
+            let d = req.extensions().get::<Decision>().copied();
+            let seen = d.map(|d| (d.is_allowed(), d.remaining()));
+            Ok::<_, std::convert::Infallible>(Response::new(Bytes::from(format!("{seen:?}"))))
+        });
+        for dry_run in [false, true] {
+            let (clock, _time) = Clock::manual();
+            let layer = crate::RateLimitLayer::new(Quota::per_second(1).burst(2))
+                .clock(clock)
+                .dry_run(dry_run);
+            let mut answers = Vec::new();
+            for _ in 0..3 {
+                let resp = layer
+                    .clone()
+                    .layer(handler)
+                    .oneshot(Request::new(()))
+                    .await
+                    .unwrap();
+                answers.push((resp.status().as_u16(), resp.into_body()));
+            }
+            let third = match dry_run {
+                // The default rejection: the handler never saw it.
+                false => (429, Bytes::from("Too Many Requests\n")),
+                true => (200, Bytes::from("Some((false, 0))")),
+            };
+            assert_eq!(
+                answers,
+                [
+                    (200, Bytes::from("Some((true, 1))")),
+                    (200, Bytes::from("Some((true, 0))")),
+                    third,
+                ],
+                "dry run {dry_run}"
+            );
+        }
     }
 }

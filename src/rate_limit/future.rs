@@ -111,10 +111,16 @@ where
     }
 
     pub(crate) fn ready(response: S::Response) -> Self {
+        Self::answered(Some(response))
+    }
+
+    /// The future of a request answered where it was decided: `response` is the answer of
+    /// [`Answers::finish`], moved here as it was returned.
+    #[inline]
+    pub(crate) fn answered(response: Option<S::Response>) -> Self {
+        debug_assert!(response.is_some());
         ResponseFuture {
-            kind: Kind::Ready {
-                response: Some(response),
-            },
+            kind: Kind::Ready { response },
         }
     }
 
@@ -243,14 +249,12 @@ where
         .answers
         .finish(*d.tier, &decision, *d.cost, key, &mut request)
     {
-        Ok(()) => Kind::Inner {
+        None => Kind::Inner {
             headers: d.answers.fields(*d.tier, &decision),
             future: service.call(request),
             taken,
         },
-        Err(response) => Kind::Ready {
-            response: Some(response),
-        },
+        response @ Some(_) => Kind::Ready { response },
     }
 }
 

@@ -62,9 +62,9 @@ where
             let traced = shared.traced(&key);
             let answers = shared.answers();
             return match answers.finish(tier, &banned, cost, traced, &mut req) {
-                Err(resp) => ResponseFuture::ready(resp),
+                answer @ Some(_) => ResponseFuture::answered(answer),
                 // A banned decision is never admitted; were it, the request would pass.
-                Ok(()) => {
+                None => {
                     let headers = answers.fields(tier, &banned);
                     ResponseFuture::inner(self.inner.call(req), headers, None)
                 }
@@ -94,12 +94,12 @@ where
                     .answers()
                     .finish(tier, decision, cost, traced, &mut req)
                 {
-                    Ok(()) => {
+                    None => {
                         let taken = took.then(|| shared.taken(tier, key, cost, Some(decision)));
                         let headers = shared.answers().fields(tier, decision);
                         ResponseFuture::inner(self.inner.call(req), headers, taken)
                     }
-                    Err(resp) => ResponseFuture::ready(resp),
+                    answer @ Some(_) => ResponseFuture::answered(answer),
                 }
             }
             Answer::Later(later) => self.later(later, tier, req, key, cost),

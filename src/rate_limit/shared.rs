@@ -164,7 +164,7 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     }
 
     /// Skip rules, tier, key and cost of a request: everything before the decision.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn prepare(&self, head: &RequestHead<'_>) -> Prepared<E::Key> {
         if self.skips(head) {
             return Prepared::Pass;
@@ -198,9 +198,21 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     }
 
     /// The decision for `key` if the penalty box bans it now, before the quotas are asked.
-    #[inline]
+    /// Most layers have no penalty box: that is read here, where the request is decided,
+    /// and the box is asked out of line.
+    #[inline(always)]
     pub(crate) fn banned(&self, tier: usize, key: &E::Key) -> Option<Decision> {
         let penalty = self.parts.penalty.as_ref()?;
+        self.banned_by(penalty, tier, key)
+    }
+
+    #[inline(never)]
+    fn banned_by(
+        &self,
+        penalty: &Penalties<E::Key>,
+        tier: usize,
+        key: &E::Key,
+    ) -> Option<Decision> {
         match penalty.wait_at(key, penalty.now()) {
             0 => None,
             wait => Some(banned(&self.parts.answers.tiers[tier], wait)),
@@ -210,11 +222,22 @@ impl<E: KeyExtractor, L> Shared<E, L> {
     /// A refusal the key's own traffic caused is a strike against it (see
     /// [`penalty::is_offence`]): `decision` becomes the ban's if this strike (or one racing
     /// it) banned the key. A dry run records no strikes.
-    #[inline]
+    /// Without a penalty box (most layers) nothing is called.
+    #[inline(always)]
     pub(crate) fn strike(&self, tier: usize, key: &E::Key, decision: &mut Decision) {
-        let Some(penalty) = &self.parts.penalty else {
-            return;
-        };
+        if let Some(penalty) = &self.parts.penalty {
+            self.strike_by(penalty, tier, key, decision);
+        }
+    }
+
+    #[inline(never)]
+    fn strike_by(
+        &self,
+        penalty: &Penalties<E::Key>,
+        tier: usize,
+        key: &E::Key,
+        decision: &mut Decision,
+    ) {
         if !penalty::is_offence(decision) || self.parts.answers.observe.dry_run {
             return;
         }
