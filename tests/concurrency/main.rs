@@ -6,4 +6,5 @@ mod common;
 
 mod adaptive;
 mod concurrency;
+mod live_model;
 mod queue_model;
