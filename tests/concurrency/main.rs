@@ -7,4 +7,5 @@ mod common;
 mod adaptive;
 mod concurrency;
 mod live_model;
+mod meetings;
 mod queue_model;
