@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bounded_model;
 mod shape;
 mod shape_warmup;
 mod shaper_model;
