@@ -6,6 +6,7 @@
 mod common;
 
 mod bounded_model;
+mod meetings;
 mod shape;
 mod shape_warmup;
 mod shaper_model;
