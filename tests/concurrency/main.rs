@@ -5,6 +5,7 @@
 mod common;
 
 mod adaptive;
+mod adaptive_bound;
 mod concurrency;
 mod live_model;
 mod meetings;
