@@ -1,13 +1,15 @@
-//! The concurrency limit against a model of its promise while its maximum changes live
-//! (docs/design.md section 1, "Concurrency limit"; `ConcurrencyHandle::set_max`): on tokio's
-//! paused clock requests arrive at random instants, hold their place for a random time, some
-//! clients go away waiting or in flight, and the maximum is set to random values at random
-//! instants. A lower maximum lets the requests in flight finish and admits nobody until fewer
-//! than it are in flight; a higher one hands its new places to the first waiters at once. Every
-//! request starts, or is refused, exactly when the model says, so no request ever starts while
-//! as many as the maximum in force are in flight, and the queue stays first in first out and
-//! within its bound through every change (never two events at one instant, where either may
-//! come first).
+//! The concurrency limit, global and per key, against a model of its promise while its
+//! maximum changes live (docs/design.md section 1, "Concurrency limit";
+//! `ConcurrencyHandle::set_max`): on tokio's paused clock requests arrive at random instants,
+//! hold their place for a random time, some clients go away waiting or in flight, and the
+//! maximum is set to random values at random instants. A lower maximum lets the requests in
+//! flight finish and admits nobody until fewer than it are in flight; a higher one hands its
+//! new places to the first waiters at once. Every request starts, or is refused (503 globally,
+//! 429 per key), exactly when the model says, so no request ever starts while as many as the
+//! maximum in force are in flight, and each queue stays first in first out and within its bound
+//! through every change (never two events of one queue at one instant, where either may come
+//! first). Per key, each key is its own limit and queue, and a key with nothing in flight and
+//! nobody waiting is forgotten.
 //!
 //! Pins docs/design.md section 1 ("Concurrency limit").
 
@@ -21,6 +23,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use proptest::prelude::*;
 use tokio::time::Instant;
+use tollgate::key::Header;
 use tollgate::ConcurrencyLimitLayer;
 use tower::{Layer, Service, ServiceExt};
 
@@ -28,18 +31,26 @@ use tower::{Layer, Service, ServiceExt};
 /// and when its client goes away (after its arrival), if it does.
 #[derive(Debug, Clone)]
 struct Arrival {
+    /// The key, for a limit per key (a global limit ignores it).
+    key: u8,
     at: u64,
     hold: u64,
     gives_up: Option<u64>,
 }
 
 fn arrivals() -> impl Strategy<Value = Vec<Arrival>> {
-    prop::collection::vec((1u64..40, 1u64..200, prop::option::of(1u64..300)), 1..30).prop_map(|v| {
+    let one = (0u8..3, 1u64..40, 1u64..200, prop::option::of(1u64..300));
+    prop::collection::vec(one, 1..30).prop_map(|v| {
         let mut at = 0;
         v.into_iter()
-            .map(|(gap, hold, gives_up)| {
+            .map(|(key, gap, hold, gives_up)| {
                 at += gap;
-                Arrival { at, hold, gives_up }
+                Arrival {
+                    key,
+                    at,
+                    hold,
+                    gives_up,
+                }
             })
             .collect()
     })
@@ -158,7 +169,35 @@ fn model(arrivals: &[Arrival], changes: &[(u64, usize)], l: Limits) -> Result<Ve
     Ok(fates)
 }
 
-async fn run(arrivals: Vec<Arrival>, changes: Vec<(u64, usize)>, l: Limits) -> Vec<Fate> {
+/// [`model`] for a limit per key: each key its own limit and queue, every change for all.
+fn model_keyed(arrivals: &[Arrival], changes: &[(u64, usize)], l: Limits) -> Result<Vec<Fate>, ()> {
+    let mut fates = vec![Fate::Left; arrivals.len()];
+    for k in 0..3 {
+        let mine: Vec<usize> = (0..arrivals.len())
+            .filter(|&i| arrivals[i].key == k)
+            .collect();
+        let sub: Vec<Arrival> = mine.iter().map(|&i| arrivals[i].clone()).collect();
+        for (fate, &i) in model(&sub, changes, l)?.into_iter().zip(&mine) {
+            fates[i] = fate;
+        }
+    }
+    Ok(fates)
+}
+
+type Boxed = tower::util::BoxCloneService<
+    Request<()>,
+    Response<tollgate::concurrency::ResponseBody<Full<Bytes>>>,
+    Infallible,
+>;
+
+/// The fates of `arrivals` through a limit, global or per key, whose maximum `changes` set;
+/// for a limit per key, also how many keys it still tracks at the end.
+async fn run(
+    arrivals: Vec<Arrival>,
+    changes: Vec<(u64, usize)>,
+    l: Limits,
+    keyed: bool,
+) -> (Vec<Fate>, usize) {
     let start = Instant::now();
     let ms = move |t: Instant| (t - start).as_millis() as u64;
     let fates = Arc::new(Mutex::new(vec![Fate::Left; arrivals.len()]));
@@ -178,8 +217,21 @@ async fn run(arrivals: Vec<Arrival>, changes: Vec<(u64, usize)>, l: Limits) -> V
     let layer = ConcurrencyLimitLayer::new(l.max)
         .queue(l.waiting, Duration::from_millis(l.wait))
         .release_on_headers();
-    let handle = layer.handle().unwrap();
-    let svc = layer.layer(handler);
+    let (svc, handle, tracked): (Boxed, _, Box<dyn Fn() -> usize>) = if keyed {
+        let layer = layer.key(Header::new("x-key"));
+        let handle = layer.handle().unwrap();
+        let svc = Boxed::new(layer.layer(handler));
+        (svc, handle, Box::new(move || layer.tracked_keys()))
+    } else {
+        let handle = layer.handle().unwrap();
+        (Boxed::new(layer.layer(handler)), handle, Box::new(|| 0))
+    };
+    // Over a limit per key: 429; over the global limit: 503.
+    let refused = if keyed {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     let changer = tokio::spawn(async move {
         for (at, max) in changes {
             tokio::time::sleep_until(start + Duration::from_millis(at)).await;
@@ -194,6 +246,7 @@ async fn run(arrivals: Vec<Arrival>, changes: Vec<(u64, usize)>, l: Limits) -> V
             tokio::spawn(async move {
                 tokio::time::sleep_until(start + Duration::from_millis(a.at)).await;
                 let req = Request::get("/")
+                    .header("x-key", a.key.to_string())
                     .header("x-id", i.to_string())
                     .header("x-hold", a.hold.to_string())
                     .body(())
@@ -205,7 +258,7 @@ async fn run(arrivals: Vec<Arrival>, changes: Vec<(u64, usize)>, l: Limits) -> V
                     resp = fut => {
                         let resp = resp.unwrap();
                         if resp.status() != StatusCode::OK {
-                            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+                            assert_eq!(resp.status(), refused);
                             fates.lock().unwrap()[i] = Fate::Refused(ms(Instant::now()));
                         }
                     }
@@ -219,7 +272,15 @@ async fn run(arrivals: Vec<Arrival>, changes: Vec<(u64, usize)>, l: Limits) -> V
     }
     changer.await.unwrap();
     let fates = fates.lock().unwrap().clone();
-    fates
+    (fates, tracked())
+}
+
+fn paused() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
 }
 
 proptest! {
@@ -241,11 +302,24 @@ proptest! {
         let l = Limits { max, waiting, wait };
         let want = model(&arrivals, &changes, l);
         prop_assume!(want.is_ok());
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        prop_assert_eq!(rt.block_on(run(arrivals, changes, l)), want.unwrap());
+        let (fates, _) = paused().block_on(run(arrivals, changes, l, false));
+        prop_assert_eq!(fates, want.unwrap());
+    }
+
+    #[test]
+    fn per_key_requests_start_or_are_refused_exactly_when_each_key_s_model_says_through_live_changes(
+        arrivals in arrivals(),
+        changes in changes(),
+        max in 1usize..4,
+        waiting in 0usize..4,
+        wait in 1u64..400,
+    ) {
+        let l = Limits { max, waiting, wait };
+        let want = model_keyed(&arrivals, &changes, l);
+        prop_assume!(want.is_ok());
+        let (fates, tracked) = paused().block_on(run(arrivals, changes, l, true));
+        prop_assert_eq!(fates, want.unwrap());
+        // Nothing in flight, nobody waiting: every key forgotten.
+        prop_assert_eq!(tracked, 0);
     }
 }
