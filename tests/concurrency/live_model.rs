@@ -1,10 +1,11 @@
 //! The concurrency limit, global and per key, against a model of its promise while its
-//! maximum changes live (docs/design.md section 1, "Concurrency limit";
-//! `ConcurrencyHandle::set_max`): on tokio's paused clock requests arrive at random instants,
+//! maximum and its queue's bound change live (docs/design.md section 1, "Concurrency limit";
+//! `ConcurrencyHandle::set_max`, `set_queue`): on tokio's paused clock requests arrive at random instants,
 //! hold their place for a random time, some clients go away waiting or in flight, and the
 //! maximum is set to random values at random instants. A lower maximum lets the requests in
 //! flight finish and admits nobody until fewer than it are in flight; a higher one hands its
-//! new places to the first waiters at once. Every request starts, or is refused (503 globally,
+//! new places to the first waiters at once; a shorter queue keeps those in line and turns
+//! newcomers away until it has room. Every request starts, or is refused (503 globally,
 //! 429 per key), exactly when the model says, so no request ever starts while as many as the
 //! maximum in force are in flight, and each queue stays first in first out and within its bound
 //! through every change (never two events of one queue at one instant, where either may come
@@ -56,14 +57,19 @@ fn arrivals() -> impl Strategy<Value = Vec<Arrival>> {
     })
 }
 
-/// Changes of the maximum: (instant in ms, the new maximum), instants increasing.
-fn changes() -> impl Strategy<Value = Vec<(u64, usize)>> {
-    prop::collection::vec((1u64..120, 1usize..5), 0..8).prop_map(|v| {
+/// A live change: its instant (ms), the new maximum, and the new bound on those waiting if
+/// it sets one (their longest wait unchanged).
+type Change = (u64, usize, Option<usize>);
+
+/// Changes at increasing instants.
+fn changes() -> impl Strategy<Value = Vec<Change>> {
+    let one = (1u64..120, 1usize..5, prop::option::of(0usize..4));
+    prop::collection::vec(one, 0..8).prop_map(|v| {
         let mut at = 0;
         v.into_iter()
-            .map(|(gap, max)| {
+            .map(|(gap, max, waiting)| {
                 at += gap;
-                (at, max)
+                (at, max, waiting)
             })
             .collect()
     })
@@ -102,10 +108,10 @@ fn start_end(a: &Arrival, t: u64) -> Result<u64, ()> {
 
 /// The fate of each request; `Err` when two events that may come in either order fall on one
 /// instant.
-fn model(arrivals: &[Arrival], changes: &[(u64, usize)], l: Limits) -> Result<Vec<Fate>, ()> {
+fn model(arrivals: &[Arrival], changes: &[Change], l: Limits) -> Result<Vec<Fate>, ()> {
     let n = arrivals.len();
     let mut fates = vec![Fate::Left; n];
-    let mut max = l.max;
+    let (mut max, mut waiting) = (l.max, l.waiting);
     let mut flying: Vec<(usize, u64)> = Vec::new();
     let mut queue: VecDeque<usize> = VecDeque::new();
     let gone = |i: usize| arrivals[i].gives_up.map(|g| arrivals[i].at + g);
@@ -142,7 +148,7 @@ fn model(arrivals: &[Arrival], changes: &[(u64, usize)], l: Limits) -> Result<Ve
                     if flying.len() < max && queue.is_empty() {
                         fates[i] = Fate::Started(t);
                         flying.push((i, start_end(&arrivals[i], t)?));
-                    } else if queue.len() < l.waiting {
+                    } else if queue.len() < waiting {
                         queue.push_back(i);
                     } else {
                         fates[i] = Fate::Refused(t);
@@ -157,6 +163,8 @@ fn model(arrivals: &[Arrival], changes: &[(u64, usize)], l: Limits) -> Result<Ve
                 _ => {
                     change += 1;
                     max = changes[i].1;
+                    // A shorter queue keeps those in line and turns newcomers away.
+                    waiting = changes[i].2.unwrap_or(waiting);
                 }
             }
         }
@@ -170,7 +178,7 @@ fn model(arrivals: &[Arrival], changes: &[(u64, usize)], l: Limits) -> Result<Ve
 }
 
 /// [`model`] for a limit per key: each key its own limit and queue, every change for all.
-fn model_keyed(arrivals: &[Arrival], changes: &[(u64, usize)], l: Limits) -> Result<Vec<Fate>, ()> {
+fn model_keyed(arrivals: &[Arrival], changes: &[Change], l: Limits) -> Result<Vec<Fate>, ()> {
     let mut fates = vec![Fate::Left; arrivals.len()];
     for k in 0..3 {
         let mine: Vec<usize> = (0..arrivals.len())
@@ -194,7 +202,7 @@ type Boxed = tower::util::BoxCloneService<
 /// for a limit per key, also how many keys it still tracks at the end.
 async fn run(
     arrivals: Vec<Arrival>,
-    changes: Vec<(u64, usize)>,
+    changes: Vec<Change>,
     l: Limits,
     keyed: bool,
 ) -> (Vec<Fate>, usize) {
@@ -233,9 +241,12 @@ async fn run(
         StatusCode::SERVICE_UNAVAILABLE
     };
     let changer = tokio::spawn(async move {
-        for (at, max) in changes {
+        for (at, max, waiting) in changes {
             tokio::time::sleep_until(start + Duration::from_millis(at)).await;
             handle.set_max(max).unwrap();
+            if let Some(w) = waiting {
+                handle.set_queue(w, Duration::from_millis(l.wait)).unwrap();
+            }
         }
     });
     let tasks: Vec<_> = arrivals
@@ -292,7 +303,7 @@ proptest! {
     })]
 
     #[test]
-    fn requests_start_or_are_refused_exactly_when_the_model_says_through_live_changes_of_the_maximum(
+    fn requests_start_or_are_refused_exactly_when_the_model_says_through_live_changes_of_the_maximum_and_the_queue(
         arrivals in arrivals(),
         changes in changes(),
         max in 1usize..4,
