@@ -1,16 +1,16 @@
 //! The concurrency limit, global and per key, against a model of its promise while its
 //! maximum and its queue's bound change live (docs/design.md section 1, "Concurrency limit";
-//! `ConcurrencyHandle::set_max`, `set_queue`): on tokio's paused clock requests arrive at random instants,
-//! hold their place for a random time, some clients go away waiting or in flight, and the
-//! maximum is set to random values at random instants. A lower maximum lets the requests in
+//! `ConcurrencyHandle::set_max`, `set_queue`): on tokio's paused clock requests arrive at
+//! random instants, hold their place for a random time, some clients go away waiting or in
+//! flight, and the settings change at random instants. A lower maximum lets the requests in
 //! flight finish and admits nobody until fewer than it are in flight; a higher one hands its
 //! new places to the first waiters at once; a shorter queue keeps those in line and turns
-//! newcomers away until it has room. Every request starts, or is refused (503 globally,
-//! 429 per key), exactly when the model says, so no request ever starts while as many as the
-//! maximum in force are in flight, and each queue stays first in first out and within its bound
-//! through every change (never two events of one queue at one instant, where either may come
-//! first). Per key, each key is its own limit and queue, and a key with nothing in flight and
-//! nobody waiting is forgotten.
+//! newcomers away until it has room. Every request starts, or is refused (503 globally, 429
+//! per key), exactly when the model says, so no request ever starts while as many as the
+//! maximum in force are in flight, and each queue stays first in first out and within its
+//! bound through every change (never two events of one queue at one instant, where either may
+//! come first). Per key, each key is its own limit and queue, and a key with nothing in flight
+//! and nobody waiting is forgotten.
 //!
 //! Pins docs/design.md section 1 ("Concurrency limit").
 
