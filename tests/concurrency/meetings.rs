@@ -191,3 +191,72 @@ async fn a_per_key_concurrency_refusal_inside_is_no_strike_for_a_penalty_box_out
     let fields = after.headers()["ratelimit"].to_str().unwrap();
     assert!(fields.contains("r=98"), "{fields}");
 }
+
+/// Polls `fut` once.
+fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> Poll<F::Output> {
+    let waker = futures_util::task::noop_waker_ref();
+    std::pin::Pin::new(fut).poll(&mut Context::from_waker(waker))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_place_handed_to_a_waiter_that_goes_away_in_that_instant_goes_to_the_next() {
+    for keyed in [false, true] {
+        let layer = ConcurrencyLimitLayer::new(1).queue(2, Duration::from_secs(10));
+        let (svc, tracked): (
+            tower::util::BoxCloneService<_, _, _>,
+            Box<dyn Fn() -> usize>,
+        ) = if keyed {
+            let layer = layer.key(Header::new("x-key"));
+            let svc = tower::util::BoxCloneService::new(layer.layer(handler()));
+            (svc, Box::new(move || layer.tracked_keys()))
+        } else {
+            (
+                tower::util::BoxCloneService::new(layer.clone().layer(handler())),
+                Box::new(|| 0),
+            )
+        };
+        let held = send(&svc, req("a", 200)).await;
+        let mut first = Box::pin(svc.clone().oneshot(req("a", 200)));
+        let mut second = Box::pin(svc.clone().oneshot(req("a", 200)));
+        assert!(poll_once(&mut first).is_pending());
+        assert!(poll_once(&mut second).is_pending());
+        // The place goes to the first waiter, which goes away before it runs.
+        drop(held);
+        drop(first);
+        let resp = second.await.unwrap();
+        assert_eq!(resp.status(), 200, "keyed: {keyed}");
+        drop(resp);
+        // Nothing leaked: one place, free, and no key left behind.
+        let again = send(&svc, req("a", 200)).await;
+        assert_eq!(again.status(), 200);
+        // A third waits its 10 s and is refused: the place is held by the one in flight.
+        let refused = if keyed { 429 } else { 503 };
+        assert_eq!(send(&svc, req("a", 200)).await.status(), refused);
+        drop(again);
+        assert_eq!(tracked(), 0);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+#[ignore = "a place handed to a waiter before a lower maximum, given back as that waiter goes away, goes to the next waiter instead of paying the lower maximum's debt"]
+async fn a_place_a_cancelled_waiter_hands_back_after_the_maximum_was_lowered_pays_the_debt() {
+    let layer = ConcurrencyLimitLayer::new(2).queue(2, Duration::from_secs(10));
+    let handle = layer.handle().unwrap();
+    let svc = layer.clone().layer(handler());
+    let a = send(&svc, req("-", 200)).await;
+    let _b = send(&svc, req("-", 200)).await;
+    let mut first = Box::pin(svc.clone().oneshot(req("-", 200)));
+    let mut second = Box::pin(svc.clone().oneshot(req("-", 200)));
+    assert!(poll_once(&mut first).is_pending());
+    assert!(poll_once(&mut second).is_pending());
+    // A's place goes to the first waiter; then the maximum becomes 1, with b in flight.
+    drop(a);
+    handle.set_max(1).unwrap();
+    // The first waiter goes away before it runs: its place pays the debt.
+    drop(first);
+    assert!(
+        poll_once(&mut second).is_pending(),
+        "a second request started beside b under a maximum of 1"
+    );
+    assert_eq!(layer.in_flight(), 1);
+}
