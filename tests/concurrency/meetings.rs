@@ -1,6 +1,8 @@
-//! The concurrency limit where it meets its neighbours: a response body that fails, and a rate
-//! limit stacked outside it that counts with `count_if`, keeps a penalty box, or gives back
-//! what a request the queue turned away took.
+//! The concurrency limit where it meets its neighbours: a response body that fails; a waiter
+//! that goes away in the instant a place is handed to it, before and after a lower maximum;
+//! and a rate limit stacked outside it that counts with `count_if`, settles (holding a
+//! waiter's reservation while it waits), keeps a penalty box, or gives back what a request
+//! the queue turned away took.
 //!
 //! Pins docs/design.md section 1 ("Concurrency limit": a permit is held until the response body
 //! is finished or dropped) and section 3 ("Stacked layers are all or nothing", "The penalty box
@@ -259,4 +261,59 @@ async fn a_place_a_cancelled_waiter_hands_back_after_the_maximum_was_lowered_pay
         "a second request started beside b under a maximum of 1"
     );
     assert_eq!(layer.in_flight(), 1);
+}
+
+/// Answers `200` with the `x-used` header the request asks for.
+fn reporting() -> impl Service<
+    Request<()>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
+       + Send
+       + Sync
+       + 'static {
+    service_fn(|r: Request<()>| async move {
+        let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
+        if let Some(used) = r.headers().get("x-used") {
+            resp.headers_mut().insert("x-used", used.clone());
+        }
+        Ok::<_, Infallible>(resp)
+    })
+}
+
+fn used(n: u32) -> Request<()> {
+    Request::get("/")
+        .header("x-used", n.to_string())
+        .body(())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_settling_layer_outside_holds_a_waiter_s_reservation_and_gives_it_back_when_the_queue_turns_it_away(
+) {
+    // One a minute, settled at what the response reports; one place, one waiting 100 ms.
+    let svc = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(Quota::per_minute(1))
+                .clock(Clock::tokio())
+                .settle(tollgate::rate_limit::settle::ActualCost::header("x-used")),
+        )
+        .layer(ConcurrencyLimitLayer::new(1).queue(1, Duration::from_millis(100)))
+        .service(reporting());
+    // In flight, settled at 0: it holds the place and nothing of the quota.
+    let held = send(&svc, used(0)).await;
+    assert_eq!(held.status(), 200);
+    let waiter = tokio::spawn({
+        let svc = svc.clone();
+        async move { send(&svc, used(1)).await.status() }
+    });
+    tokio::task::yield_now().await;
+    // The waiter holds the one unit while it waits: a third is refused by the rate limit.
+    assert_eq!(send(&svc, used(1)).await.status(), 429);
+    // Turned away after its 100 ms, it gives its unit back.
+    assert_eq!(waiter.await.unwrap(), 503);
+    drop(held);
+    assert_eq!(send(&svc, used(1)).await.status(), 200);
+    assert_eq!(send(&svc, used(1)).await.status(), 429);
 }
