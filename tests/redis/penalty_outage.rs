@@ -1,7 +1,9 @@
 //! The penalty box on Redis through an outage with the local fallback (`FailMode::Local`): a
 //! ban Redis announced is answered locally for at most the deny cache's age, then the
 //! fallback decides; Redis, back, still holds the ban; and a request the fallback decided is
-//! no strike. Against a real redis-server paused and resumed (its state kept).
+//! no strike. Through the HTTP layer, the banned answer from the cache tells the same retry
+//! and fields as Redis's, and the fallback's answer the fields of its scaled quota. Against a
+//! real redis-server paused and resumed (its state kept).
 //!
 //! Pins docs/design.md section 3 ("The penalty box punishes the client's own traffic",
 //! "Redis": fall back locally) and README's penalty box table ("Not a strike: ... a decision
@@ -134,4 +136,90 @@ async fn a_request_the_fallback_decided_while_redis_was_paused_is_no_strike_once
     // The second strike bans now, for 10 s.
     assert_eq!(d.outcome(), B);
     assert_eq!(limiter.ban_left(&1).await, Some(10 * SEC));
+}
+
+/// What a client sees of an answer: status, `Retry-After`, `RateLimit-Policy`, `RateLimit`.
+type Seen = (u16, Option<String>, Option<String>, Option<String>);
+
+async fn seen<S>(svc: &S, key: &str) -> Seen
+where
+    S: tower::Service<
+            http::Request<()>,
+            Response = http::Response<http_body_util::Full<bytes::Bytes>>,
+            Error = std::convert::Infallible,
+        > + Clone,
+{
+    use tower::ServiceExt;
+    let req = http::Request::get("/")
+        .header("x-key", key)
+        .body(())
+        .unwrap();
+    let resp = svc.clone().oneshot(req).await.unwrap();
+    let get = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    (
+        resp.status().as_u16(),
+        get("retry-after"),
+        get("ratelimit-policy"),
+        get("ratelimit"),
+    )
+}
+
+fn s(v: &str) -> Option<String> {
+    Some(v.to_owned())
+}
+
+#[tokio::test]
+async fn through_the_http_layer_a_ban_answered_during_a_pause_tells_the_retry_and_the_fields_of_the_policy(
+) {
+    use tollgate::key::Header;
+    use tollgate::{Policy, RateLimitLayer};
+    use tower::Layer;
+
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .timeout(TIMEOUT)
+        .on_failure(FailMode::local(0.5));
+    let (clock, time) = Clock::manual();
+    let layer = RateLimitLayer::new(Policy::new("login", Quota::per_minute(2)))
+        .key(Header::new("x-key"))
+        .clock(clock)
+        .penalty_box(PenaltyBox::new(3, 60 * SEC, 10 * SEC))
+        .store(store);
+    let svc = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+            bytes::Bytes::from_static(b"ok"),
+        )))
+    }));
+    let policy = s("\"login\";q=2;w=60");
+    for _ in 0..4 {
+        seen(&svc, "k").await;
+    }
+    let banned = seen(&svc, "k").await;
+    assert_eq!(
+        banned,
+        (429, s("30"), policy.clone(), s("\"login\";r=0;t=60"))
+    );
+
+    server.pause();
+    pause();
+    // From the ban cache: the retry when the quota admits one, 29.5 s, rounded up.
+    time.advance(Duration::from_millis(500));
+    assert_eq!(
+        seen(&svc, "k").await,
+        (429, s("30"), policy, s("\"login\";r=0;t=60"))
+    );
+    // Past the cache's age: the fallback, with the fields of its quota at half.
+    time.advance(Duration::from_millis(500));
+    assert_eq!(
+        seen(&svc, "k").await,
+        (200, None, s("\"login\";q=1;w=60"), s("\"login\";r=0;t=60"))
+    );
+    resume();
+    server.resume();
 }
