@@ -1,10 +1,10 @@
 //! An adaptive concurrency limit whose limit moves while permits are held and requests wait.
 //! A response that ends and teaches the algorithm a lower limit pays the debt with its own
 //! place: it is not handed to a waiter. Over random arrivals, latencies and failures, under
-//! each algorithm, no request enters with more in flight than the highest limit in force at
-//! that instant (a waiter handed a place may start after another response, ending at the same
-//! instant, lowered the limit: it was let in under the higher one, and requests in flight are
-//! never cut short).
+//! each algorithm, globally and per key (one limit learnt from every key), no request enters
+//! with more of its key in flight than the highest limit in force at that instant (a waiter
+//! handed a place may start after another response, ending at the same instant, lowered the
+//! limit: it was let in under the higher one, and requests in flight are never cut short).
 //!
 //! Pins docs/design.md section 1 ("Concurrency limit": at most `max` requests in flight).
 
@@ -17,6 +17,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use tollgate::concurrency::{Aimd, Gradient2, Vegas};
+use tollgate::key::Header;
 use tollgate::ConcurrencyLimitLayer;
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -58,29 +59,47 @@ impl Highest {
     }
 }
 
-/// Runs `arrivals` through `layer` and returns every time a request reached the handler with
-/// more in flight than the highest limit in force at that instant: (request, in flight,
-/// limit).
-async fn run(layer: ConcurrencyLimitLayer, arrivals: Vec<Arrival>) -> Vec<(usize, usize, usize)> {
+type Boxed = tower::util::BoxCloneService<
+    Request<()>,
+    Response<tollgate::concurrency::ResponseBody<Full<Bytes>>>,
+    Infallible,
+>;
+
+/// Runs `arrivals` through `svc`, request `i` of key `i % keys`, and returns every time a
+/// request reached the handler with more of its key in flight than the highest limit in force
+/// at that instant (`limit` reads the limit in force): (request, in flight, limit).
+async fn run(
+    svc: impl FnOnce(service_fn_of::Handler) -> Boxed,
+    limit: Arc<dyn Fn() -> usize + Send + Sync>,
+    arrivals: Vec<Arrival>,
+    keys: usize,
+) -> Vec<(usize, usize, usize)> {
     let start = tokio::time::Instant::now();
     let over = Arc::new(Mutex::new(Vec::new()));
     let highest = Arc::new(Mutex::new(Highest {
-        last: layer.limit(),
+        last: limit(),
         ..Highest::default()
     }));
+    // Per key, the requests that reached the handler and whose body is not read to its end.
+    let flying = Arc::new(Mutex::new(vec![0usize; keys]));
     let handler = {
-        let (layer, over, highest) = (layer.clone(), over.clone(), highest.clone());
-        service_fn(move |r: Request<()>| {
-            let (layer, over, highest) = (layer.clone(), over.clone(), highest.clone());
+        let (limit, over, highest, flying) =
+            (limit.clone(), over.clone(), highest.clone(), flying.clone());
+        service_fn_of::handler(move |r: Request<()>| {
+            let (limit, over, highest, flying) =
+                (limit.clone(), over.clone(), highest.clone(), flying.clone());
             async move {
                 let id: usize = r.headers()["x-id"].to_str().unwrap().parse().unwrap();
                 let took: u64 = r.headers()["x-took"].to_str().unwrap().parse().unwrap();
                 let fails = r.headers().contains_key("x-fails");
-                // This request holds one of the places in flight.
-                let n = layer.in_flight();
-                let limit = highest.lock().unwrap().see(layer.limit());
-                if n > limit {
-                    over.lock().unwrap().push((id, n, limit));
+                let n = {
+                    let mut flying = flying.lock().unwrap();
+                    flying[id % keys] += 1;
+                    flying[id % keys]
+                };
+                let most = highest.lock().unwrap().see(limit());
+                if n > most {
+                    over.lock().unwrap().push((id, n, most));
                 }
                 tokio::time::sleep(Duration::from_millis(took)).await;
                 let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
@@ -91,24 +110,31 @@ async fn run(layer: ConcurrencyLimitLayer, arrivals: Vec<Arrival>) -> Vec<(usize
             }
         })
     };
-    let svc = layer.clone().layer(handler);
+    let svc = svc(handler);
     let tasks: Vec<_> = arrivals
         .into_iter()
         .enumerate()
         .map(|(i, (at, took, fails))| {
-            let (svc, layer, highest) = (svc.clone(), layer.clone(), highest.clone());
+            let (svc, limit, highest, flying) =
+                (svc.clone(), limit.clone(), highest.clone(), flying.clone());
             tokio::spawn(async move {
                 tokio::time::sleep_until(start + Duration::from_millis(at)).await;
                 let mut req = Request::get("/")
+                    .header("x-key", (i % keys).to_string())
                     .header("x-id", i.to_string())
                     .header("x-took", took.to_string());
                 if fails {
                     req = req.header("x-fails", "1");
                 }
                 let resp = svc.oneshot(req.body(()).unwrap()).await.unwrap();
-                // Read to the end: each response teaches the algorithm.
+                let reached = resp.status() != StatusCode::TOO_MANY_REQUESTS
+                    && !resp.headers().contains_key("retry-after");
+                // Read to the end: each response teaches the algorithm, and its place is free.
                 let _ = resp.into_body().collect().await;
-                highest.lock().unwrap().see(layer.limit());
+                if reached {
+                    flying.lock().unwrap()[i % keys] -= 1;
+                }
+                highest.lock().unwrap().see(limit());
             })
         })
         .collect();
@@ -117,6 +143,23 @@ async fn run(layer: ConcurrencyLimitLayer, arrivals: Vec<Arrival>) -> Vec<(usize
     }
     let over = over.lock().unwrap().clone();
     over
+}
+
+/// The handler's type, boxed, so that a layer with a key and one without wrap the same.
+mod service_fn_of {
+    use super::*;
+
+    pub type Handler = tower::util::BoxCloneService<Request<()>, Response<Full<Bytes>>, Infallible>;
+
+    pub fn handler<F, Fut>(f: F) -> Handler
+    where
+        F: FnMut(Request<()>) -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = Result<Response<Full<Bytes>>, Infallible>>
+            + Send
+            + 'static,
+    {
+        Handler::new(service_fn(f))
+    }
 }
 
 fn paused() -> tokio::runtime::Runtime {
@@ -135,6 +178,7 @@ proptest! {
         arrivals in arrivals(),
         algorithm in 0u8..3,
         initial in 1usize..8,
+        keyed in any::<bool>(),
     ) {
         let layer = ConcurrencyLimitLayer::new(16).queue(64, Duration::from_secs(10));
         let layer = match algorithm {
@@ -142,7 +186,21 @@ proptest! {
             1 => layer.adaptive(Vegas::new(initial, 1, 16)),
             _ => layer.adaptive(Gradient2::new(initial, 1, 16)),
         };
-        let over = paused().block_on(run(layer, arrivals));
+        let over = if keyed {
+            // One limit learnt from every key, each key held to it.
+            let layer = layer.key(Header::new("x-key"));
+            let limit: Arc<dyn Fn() -> usize + Send + Sync> = Arc::new({
+                let layer = layer.clone();
+                move || layer.limit()
+            });
+            paused().block_on(run(move |h| Boxed::new(layer.layer(h)), limit, arrivals, 3))
+        } else {
+            let limit: Arc<dyn Fn() -> usize + Send + Sync> = Arc::new({
+                let layer = layer.clone();
+                move || layer.limit()
+            });
+            paused().block_on(run(move |h| Boxed::new(layer.layer(h)), limit, arrivals, 1))
+        };
         prop_assert!(over.is_empty(), "(request, in flight, limit): {over:?}");
     }
 }
