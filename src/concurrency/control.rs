@@ -448,13 +448,16 @@ impl GateCtl {
     }
 
     /// A permit comes back: returned to the semaphore, or forgotten to pay the debt.
+    ///
+    /// The limit is followed first: the request giving the permit back may just have taught
+    /// the algorithm a lower one, and its permit must pay that debt, not go to a waiter.
     #[inline]
     pub(crate) fn release(&self, sem: &Semaphore) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.sync(sem);
         if self.take_debt(1) == 0 {
             sem.add_permits(1);
         }
-        self.sync(sem);
     }
 }
 

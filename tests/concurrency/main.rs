@@ -5,5 +5,8 @@
 mod common;
 
 mod adaptive;
+mod adaptive_bound;
 mod concurrency;
+mod live_model;
+mod meetings;
 mod queue_model;

@@ -6,6 +6,7 @@
 mod common;
 
 mod ban_change;
+mod debt_strikes;
 mod meet_keyed;
 mod penalty;
 mod penalty_redis;

@@ -26,6 +26,7 @@ mod meet_lua;
 mod meet_split;
 mod namespace;
 mod one_name_stacked;
+mod penalty_outage;
 mod plain_limits;
 mod plain_meets;
 mod probe;

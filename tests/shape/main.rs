@@ -5,6 +5,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bounded_model;
+mod meetings;
 mod shape;
 mod shape_warmup;
 mod shaper_model;
