@@ -633,7 +633,8 @@ let layer = RateLimitLayer::new(Quota::per_second(1)).store(store).max_keys(10_0
         self.changed()
     }
 
-    /// What to do with a new key when `max_keys` active keys are tracked.
+    /// What to do with a new key when `max_keys` active keys are tracked (default
+    /// [`OnFull::EvictNearestIdle`]).
     ///
     /// A setting of the memory store, as [`max_keys`](Self::max_keys) is: it does not compile
     /// on a layer whose limits live in Redis.
