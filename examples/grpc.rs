@@ -6,8 +6,12 @@
 //!
 //! The service is the standard gRPC health service (`grpc.health.v1.Health`), so the example
 //! needs no code generation: `Check` is rate-limited per client address and per method,
-//! `Watch` is excluded. The client calls `Check` until it is turned away, and prints the gRPC
-//! status, message and retry pushback it sees.
+//! `Watch` is excluded. The client calls `Check` five times and prints what it sees: calls 1
+//! to 3 are served, each answer carrying one `ratelimit` entry per layer that sends one (the
+//! shaper's, then the rate limit's, `"5-per-1s";r=2` down to `r=0`); call 4 gets
+//! `ResourceExhausted "rate limit exceeded"` with a retry pushback of at most 200 ms, after
+//! which a call is served again; that call spent the returned token, so call 5 is turned away
+//! the same way.
 
 use std::time::Duration;
 
@@ -57,8 +61,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         match client.check(req).await {
             Ok(resp) => {
-                let rl = resp.metadata().get("ratelimit").map(|v| v.to_str());
-                println!("call {i}: {:?}, ratelimit {rl:?}", resp.get_ref().status());
+                // One `ratelimit` entry per layer that sends one: the rate limit's and the
+                // shaper's.
+                let rl: Vec<&str> = resp
+                    .metadata()
+                    .get_all("ratelimit")
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .collect();
+                println!(
+                    "call {i}: {:?}, ratelimit {}",
+                    resp.get_ref().status(),
+                    rl.join(", ")
+                );
             }
             Err(status) => {
                 let pushback = status.metadata().get("grpc-retry-pushback-ms");

@@ -2,8 +2,8 @@
 //!
 //! * [`RateLimitLayer`]: rate limiting with GCRA — an exact burst, a cost per request, several
 //!   quotas per key decided all or nothing, tiers, and the IETF `RateLimit` header fields; or
-//!   with a fixed window, an exact sliding-window log or a sliding-window counter per quota
-//!   ([`QuotaKind`]).
+//!   with a fixed window, an exact sliding-window log, a sliding-window counter, or GCRA that
+//!   warms up after idleness ([`warmup`]), per quota ([`QuotaKind`]).
 //! * [`RateLimiter`]: the same limiter without HTTP, for queue consumers and outbound calls.
 //! * [`ShapeLayer`]: traffic shaping — requests wait in a bounded FIFO queue and are forwarded
 //!   at a fixed rate; [`PoliteLayer`] and [`Shaper`] do the same for outbound calls and queue
@@ -106,8 +106,8 @@
 //! `Router::layer` call wraps the routes in one more boxed service that axum clones for every
 //! request, with everything inside it: a rate limit, a shaping layer and a concurrency limit
 //! as three `Router::layer` calls cost more than the three layers each alone, and as one
-//! `ServiceBuilder` less (instructions per request over bare Axum: 7,446 as one builder,
-//! 8,335 for the three each alone, 10,122 as three calls; BENCHMARKS.md, "Three layers in one
+//! `ServiceBuilder` less (instructions per request over bare Axum: 7,435 as one builder,
+//! 8,335 for the three each alone, 10,111 as three calls; BENCHMARKS.md, "Three layers in one
 //! `ServiceBuilder`").
 //!
 //! ```
@@ -237,6 +237,9 @@
 //! * `tonic`: [`key::PeerIp`](struct@key::PeerIp) reads tonic's `TcpConnectInfo`. gRPC rejections ([`response::grpc`])
 //!   need no feature.
 //! * `stream`: adapters that rate-limit or shape any `futures::Stream` (module `stream`).
+//! * `serde`: `Serialize` / `Deserialize` for [`Quota`], [`Policy`] and the layers' settings
+//!   ([`settings`]), durations written as `"1s"` or `"1h30m"`: limits read from a configuration
+//!   file and changed while serving through the layers' handles.
 //! * `metrics`: every layer and limiter counts its decisions through the `metrics` facade
 //!   (see [`observe`] for the series). Tracing events and dry-run mode need no feature.
 #![deny(missing_docs)]

@@ -286,10 +286,11 @@ impl Quota {
         Self::new(n, Duration::from_secs(86_400))
     }
 
-    /// Sets how many requests an idle key may send back to back.
+    /// Sets how many requests an idle key may send back to back (default: the quota's count).
     ///
     /// # Panics
-    /// When `burst` is zero or the tolerance `burst × T` overflows; see [`Quota::try_burst`].
+    /// When `burst` is zero, the tolerance `burst × T` overflows, or the quota is a window
+    /// quota, which has no burst besides its count; see [`Quota::try_burst`].
     #[track_caller]
     #[must_use]
     pub fn burst(self, burst: u32) -> Self {

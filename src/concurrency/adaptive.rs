@@ -385,22 +385,23 @@ impl fmt::Debug for Aimd {
 }
 
 impl Aimd {
-    /// The limit to start with (clamped into the bounds).
+    /// The limit to start with (default 20), clamped into the [`range`](Self::range).
     pub fn initial(mut self, limit: usize) -> Self {
         self.initial = limit;
         self.limit = clamp_limit(limit as f64, self.bounds);
         self
     }
 
-    /// The smallest and largest limits (a `min` of 0 counts as 1; `max` below `min` as
-    /// `min`).
+    /// The smallest and largest limits (default 1 and 1000; a `min` of 0 counts as 1, a `max`
+    /// below `min` as `min`).
     pub fn range(mut self, min: usize, max: usize) -> Self {
         self.bounds = bounds(min, max);
         self.limit = clamp_limit(self.initial as f64, self.bounds);
         self
     }
 
-    /// The factor a decrease multiplies the limit by, in `[0.5, 1)` (clamped).
+    /// The factor a decrease multiplies the limit by (default 0.9), clamped into `[0.5, 0.99]`;
+    /// NaN means the default.
     pub fn backoff(mut self, ratio: f64) -> Self {
         self.backoff = if ratio.is_nan() {
             0.9
@@ -410,7 +411,8 @@ impl Aimd {
         self
     }
 
-    /// The latency over which a request counts as a failure, as if it had been dropped.
+    /// The latency over which a request counts as a failure, as if it had been dropped
+    /// (default 5 s).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

@@ -148,7 +148,8 @@ impl<E: KeyExtractor> ConcurrencyLimitLayer<E> {
         fn allow_key;
     }
 
-    /// Lets requests over the limit wait for a place instead of being rejected at once.
+    /// Lets requests over the limit wait for a place instead of being rejected at once (the
+    /// default, without a queue).
     ///
     /// At most `max_waiting` requests wait (per key, for a keyed limit), first in first out,
     /// each for at most `max_wait`:

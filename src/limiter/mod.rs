@@ -168,7 +168,8 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
         self
     }
 
-    /// Adds a quota, decided together with the others (at most 4).
+    /// Adds a quota, decided together with the others (at most 4 in all: more is
+    /// [`ConfigError::TooManyQuotas`] from [`try_build`](Self::try_build)).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);
         self
@@ -180,13 +181,15 @@ impl<K: Hash + Eq + Clone + Send + Sync> RateLimiterBuilder<K> {
         self
     }
 
-    /// Bounds the number of tracked keys (default 1 000 000).
+    /// Bounds the number of tracked keys (default 1 000 000; `0` is
+    /// [`ConfigError::ZeroMaxKeys`] from [`try_build`](Self::try_build)).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
     }
 
-    /// What to do with a new key when `max_keys` active keys are tracked.
+    /// What to do with a new key when `max_keys` active keys are tracked (default
+    /// [`OnFull::EvictNearestIdle`]).
     pub fn on_full(mut self, on_full: OnFull) -> Self {
         self.on_full = on_full;
         self

@@ -146,7 +146,9 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         }
     }
 
-    /// Adds a quota to the default policy; all its quotas are decided together (at most 4).
+    /// Adds a quota to the default policy; all its quotas are decided together (at most 4:
+    /// more is [`ConfigError::TooManyQuotas`] from [`validate`](Self::validate), or a panic
+    /// naming it when the layer is applied).
     #[track_caller]
     pub fn quota(mut self, quota: crate::Quota) -> Self {
         self.settings.policies[0].quotas.push(quota);
@@ -372,8 +374,9 @@ impl<E: KeyExtractor, B: Backend<E::Key>> RateLimitLayer<E, B> {
         self.changed()
     }
 
-    /// Decides with `clock` (e.g. [`Clock::tokio`] under a paused test clock). With Redis, the
-    /// clock's time is sent to the server instead of its own `TIME` (for tests).
+    /// Decides with `clock` (default [`Clock::system`]; e.g. [`Clock::tokio`] under a paused
+    /// test clock). With Redis, the clock's time is sent to the server instead of its own
+    /// `TIME` (for tests).
     pub fn clock(mut self, clock: Clock) -> Self {
         self.settings.clock = Some(clock);
         self.changed()
@@ -633,7 +636,8 @@ let layer = RateLimitLayer::new(Quota::per_second(1)).store(store).max_keys(10_0
         self.changed()
     }
 
-    /// What to do with a new key when `max_keys` active keys are tracked.
+    /// What to do with a new key when `max_keys` active keys are tracked (default
+    /// [`OnFull::EvictNearestIdle`]).
     ///
     /// A setting of the memory store, as [`max_keys`](Self::max_keys) is: it does not compile
     /// on a layer whose limits live in Redis.

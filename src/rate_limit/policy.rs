@@ -72,7 +72,8 @@ impl Policy {
         }
     }
 
-    /// Adds a quota (at most 4 per policy).
+    /// Adds a quota (at most 4 per policy: more is [`ConfigError::TooManyQuotas`] from the
+    /// layer's `validate()`, or a panic naming it when the layer is applied).
     #[must_use]
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);

@@ -164,7 +164,8 @@ pub struct RedisRateLimiterBuilder<K> {
 }
 
 impl<K: RedisKey + Hash + Eq + Clone + Send + Sync> RedisRateLimiterBuilder<K> {
-    /// Adds a quota, decided together with the others (at most 4).
+    /// Adds a quota, decided together with the others (at most 4 in all: more is
+    /// [`ConfigError::TooManyQuotas`] from [`try_build`](Self::try_build)).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas.push(quota);
         self

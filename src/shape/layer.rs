@@ -134,13 +134,18 @@ impl<E: KeyExtractor> ShapeLayer<E> {
     /// Requests whose slot has come are not counted; `0` forwards at the rate and refuses
     /// whatever comes faster. The same setting, of the same name, as the first bound of
     /// [`ConcurrencyLimitLayer::queue`](crate::ConcurrencyLimitLayer::queue).
+    ///
+    /// With neither this nor [`max_wait`](Self::max_wait) set, a key's queue holds one
+    /// period's worth of requests (see [`new`](Self::new)); setting only one of the two
+    /// bounds leaves the other unlimited.
     pub fn max_waiting(mut self, n: usize) -> Self {
         self.max_queue = Some(n);
         self.changed()
     }
 
     /// Refuses (429) a request that would have to wait longer than `d`: it is refused at
-    /// once, when its place in the schedule is known, rather than after waiting `d`.
+    /// once, when its place in the schedule is known, rather than after waiting `d`. Unset by
+    /// default; see [`max_waiting`](Self::max_waiting) for the bound that applies then.
     pub fn max_wait(mut self, d: Duration) -> Self {
         self.max_delay = Some(d);
         self.changed()

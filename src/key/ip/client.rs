@@ -218,7 +218,8 @@ impl ClientIp {
 
     /// Reads the first of `headers`, in order, that the request carries; the others are
     /// ignored even when that one yields no address. Repeated entries count once. An empty
-    /// list reads no header: the key is the peer address.
+    /// list reads no header: the key is the peer address. The default list is
+    /// `X-Forwarded-For`, then `Forwarded`.
     #[must_use]
     pub fn headers<I: IntoIterator<Item = ForwardedHeader>>(mut self, headers: I) -> Self {
         self.headers.clear();

@@ -95,9 +95,9 @@ impl PeerIp {
         PeerIp
     }
 
-    /// Groups IPv6 addresses by their first `bits` bits: `128` keys every address on its own,
-    /// `48` keys a whole site, `0` puts all of IPv6 in one bucket. Values above 128 mean 128.
-    /// IPv4 addresses are never grouped.
+    /// Groups IPv6 addresses by their first `bits` bits (default 64): `128` keys every address
+    /// on its own, `48` keys a whole site, `0` puts all of IPv6 in one bucket. Values above 128
+    /// mean 128. IPv4 addresses are never grouped.
     #[must_use]
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
         self.v6_prefix = bits.min(128);
