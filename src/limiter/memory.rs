@@ -924,18 +924,18 @@ where
     }
 
     /// The wait of a new key turned away by the table, full when it swept at `swept` (its
-    /// sweep time when the clock said `now`): until a place frees, the earlier of this
-    /// table's first entry to go idle (`Full::retry_at` when it is that one, a time of the
-    /// table) and the first place to free in another table sharing its bound (when earlier,
-    /// `Full::retry_at` is `swept` plus a time from the clock, see `idle_in`).
+    /// sweep time when the clock said `now`): until a place frees, the earlier of the
+    /// instant the table drops its first entry gone idle (a time of the table, told on the
+    /// clock) and the first place to free in another table sharing its bound (when that is
+    /// earlier, `retry_at` is `swept` plus a time from the clock: see `idle_in`).
     fn full_wait(&self, swept: u64, now: u64, retry_at: u64) -> u64 {
         let own = swept.saturating_add(self.table.idle_in(swept));
-        let at = if retry_at < own {
+        let elsewhere = if retry_at < own {
             now.saturating_add(retry_at.saturating_sub(swept))
         } else {
-            self.lag.clock_time(retry_at)
+            u64::MAX
         };
-        full_retry(now, at)
+        full_retry(now, self.lag.clock_time(own).min(elsewhere))
     }
 
     /// Drops every idle entry now; returns how many keys are still tracked.
