@@ -34,6 +34,9 @@ trait Keys<K, V: Slot> {
     fn evict_idle(&self, now: u64) -> usize;
     /// The table and the time it sweeps at when the clock says `now`; none for one slot.
     fn table(&self, now: u64) -> Option<(&Table<K, V>, u64)>;
+    /// Nanoseconds from `now`, a reading of the clock, until the table drops an entry gone
+    /// idle (`u64::MAX`: none); none for one slot.
+    fn idle_in(&self, now: u64) -> u64;
 }
 
 impl<K: Hash + Eq + Clone, V: Slot + Entry> Keys<K, V> for MemoryStore<K, V> {
@@ -64,6 +67,10 @@ impl<K: Hash + Eq + Clone, V: Slot + Entry> Keys<K, V> for MemoryStore<K, V> {
 
     fn table(&self, now: u64) -> Option<(&Table<K, V>, u64)> {
         Some((MemoryStore::table(self), self.sweep_time(now)))
+    }
+
+    fn idle_in(&self, now: u64) -> u64 {
+        MemoryStore::idle_in(self, now)
     }
 }
 
@@ -119,6 +126,10 @@ impl<K, V: Slot> Keys<K, V> for Direct<V> {
 
     fn table(&self, _: u64) -> Option<(&Table<K, V>, u64)> {
         None
+    }
+
+    fn idle_in(&self, _: u64) -> u64 {
+        u64::MAX
     }
 }
 
@@ -487,8 +498,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> State<K> {
     }
 
     pub(super) fn idle_in(&self, now: u64) -> u64 {
-        with_slots!(&self.0, |s| Keys::<K, _>::table(s, now)
-            .map_or(u64::MAX, |(t, at)| t.idle_in(at)))
+        with_slots!(&self.0, |s| Keys::<K, _>::idle_in(s, now))
     }
 }
 
@@ -809,9 +819,10 @@ where
         }
         let (decision, _) = V::decide_absent(rules, now, 0);
         let at = clock.now().max(now);
-        match self.table.room(self.sweep_time(at)) {
+        let swept = self.sweep_time(at);
+        match self.table.room(swept) {
             Ok(()) => decision,
-            Err(full) => V::full(rules, full_retry(at, self.lag.clock_time(full.retry_at))),
+            Err(full) => V::full(rules, self.full_wait(swept, at, full.retry_at)),
         }
     }
 
@@ -886,16 +897,45 @@ where
         );
         match result {
             Ok(d) => d,
-            Err(full) => V::full(
-                gcras,
-                full_retry(at.get(), self.lag.clock_time(full.retry_at)),
-            ),
+            Err(full) => {
+                let swept = self.sweep_time(at.get());
+                V::full(gcras, self.full_wait(swept, at.get(), full.retry_at))
+            }
         }
     }
 
     /// The table of the keys' times.
     pub(crate) fn table(&self) -> &Table<K, V> {
         &self.table
+    }
+
+    /// Nanoseconds from `now`, a reading of the clock, until the table drops an entry gone
+    /// idle (`u64::MAX`: none): the entries' times are the table's, which sweeps behind the
+    /// clock for a while after a widening, so the first of them is told on the clock.
+    pub(crate) fn idle_in(&self, now: u64) -> u64 {
+        let swept = self.sweep_time(now);
+        match self.table.idle_in(swept) {
+            u64::MAX => u64::MAX,
+            d => self
+                .lag
+                .clock_time(swept.saturating_add(d))
+                .saturating_sub(now),
+        }
+    }
+
+    /// The wait of a new key turned away by the table, full when it swept at `swept` (its
+    /// sweep time when the clock said `now`): until a place frees, the earlier of the
+    /// instant the table drops its first entry gone idle (a time of the table, told on the
+    /// clock) and the first place to free in another table sharing its bound (when that is
+    /// earlier, `retry_at` is `swept` plus a time from the clock: see `idle_in`).
+    fn full_wait(&self, swept: u64, now: u64, retry_at: u64) -> u64 {
+        let own = swept.saturating_add(self.table.idle_in(swept));
+        let elsewhere = if retry_at < own {
+            now.saturating_add(retry_at.saturating_sub(swept))
+        } else {
+            u64::MAX
+        };
+        full_retry(now, self.lag.clock_time(own).min(elsewhere))
     }
 
     /// Drops every idle entry now; returns how many keys are still tracked.

@@ -12,4 +12,5 @@ mod flood;
 mod hostile;
 mod idle_hint;
 mod key_ip;
+mod lag_elsewhere;
 mod misconfigured;

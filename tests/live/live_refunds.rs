@@ -192,8 +192,9 @@ async fn a_fixed_window_changed_while_requests_settle_keeps_an_exact_account() {
         s.await.unwrap();
     }
     let used = used.load(Ordering::Relaxed);
-    // Admitted only while what it reserves fits in 6, a request settling 3 leaves at most 7.
-    assert!(used <= 7, "{used}");
+    // Admitted only while what it reserves fits in 6, each request in flight settling 3 goes
+    // one over: the two threads' requests, admitted together at 2 settled, leave at most 8.
+    assert!(used <= 8, "{used}");
     let mut more = 0;
     while send(1).await == StatusCode::OK {
         more += 1;

@@ -17,5 +17,6 @@ mod properties_redis;
 mod recent_sets;
 mod spec_memory;
 mod waiting;
+mod warm_remaining;
 mod warmup;
 mod warmup_redis;
