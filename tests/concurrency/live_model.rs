@@ -1,8 +1,14 @@
-//! The concurrency limit, global and per key, against a model of its promise while its
-//! maximum and its queue's bound change live (docs/design.md section 1, "Concurrency limit";
+//! The concurrency limit, global and per key, against a model of its promise (at most `max`
+//! requests in flight; over the limit, wait first in first out in a bounded queue for at most
+//! the queue's wait, then reject), with and without live changes of its maximum and its
+//! queue's bound (docs/design.md section 1, "Concurrency limit";
 //! `ConcurrencyHandle::set_max`, `set_queue`): on tokio's paused clock requests arrive at
 //! random instants, hold their place for a random time, some clients go away waiting or in
-//! flight, and the settings change at random instants. A lower maximum lets the requests in
+//! flight, and the settings change at random instants. A request that finds a place free and
+//! nobody waiting starts at once; else it waits if fewer than `max_waiting` do, and is
+//! refused at once otherwise; a place given back (a response, or a client that went away in
+//! flight) goes to the first waiter at that instant; a waiter still waiting after `max_wait`
+//! is refused then; one that goes away leaves the queue. A lower maximum lets the requests in
 //! flight finish and admits nobody until fewer than it are in flight; a higher one hands its
 //! new places to the first waiters at once; a shorter queue keeps those in line and turns
 //! newcomers away until it has room. Every request starts, or is refused (503 globally, 429
@@ -225,13 +231,16 @@ async fn run(
     let layer = ConcurrencyLimitLayer::new(l.max)
         .queue(l.waiting, Duration::from_millis(l.wait))
         .release_on_headers();
+    // A layer is given a handle only when something changes it, so that a run without
+    // changes takes the path of a layer that never changes.
+    let live = !changes.is_empty();
     let (svc, handle, tracked): (Boxed, _, Box<dyn Fn() -> usize>) = if keyed {
         let layer = layer.key(Header::new("x-key"));
-        let handle = layer.handle().unwrap();
+        let handle = live.then(|| layer.handle().unwrap());
         let svc = Boxed::new(layer.layer(handler));
         (svc, handle, Box::new(move || layer.tracked_keys()))
     } else {
-        let handle = layer.handle().unwrap();
+        let handle = live.then(|| layer.handle().unwrap());
         (Boxed::new(layer.layer(handler)), handle, Box::new(|| 0))
     };
     // Over a limit per key: 429; over the global limit: 503.
@@ -241,6 +250,7 @@ async fn run(
         StatusCode::SERVICE_UNAVAILABLE
     };
     let changer = tokio::spawn(async move {
+        let Some(handle) = handle else { return };
         for (at, max, waiting) in changes {
             tokio::time::sleep_until(start + Duration::from_millis(at)).await;
             handle.set_max(max).unwrap();
@@ -301,6 +311,20 @@ proptest! {
         max_global_rejects: 4096,
         ..ProptestConfig::default()
     })]
+
+    #[test]
+    fn requests_start_or_are_refused_exactly_when_the_queue_model_says(
+        arrivals in arrivals(),
+        max in 1usize..4,
+        waiting in 0usize..4,
+        wait in 1u64..400,
+    ) {
+        let l = Limits { max, waiting, wait };
+        let want = model(&arrivals, &[], l);
+        prop_assume!(want.is_ok());
+        let (fates, _) = paused().block_on(run(arrivals, Vec::new(), l, false));
+        prop_assert_eq!(fates, want.unwrap());
+    }
 
     #[test]
     fn requests_start_or_are_refused_exactly_when_the_model_says_through_live_changes_of_the_maximum_and_the_queue(

@@ -9,4 +9,3 @@ mod adaptive_bound;
 mod concurrency;
 mod live_model;
 mod meetings;
-mod queue_model;
