@@ -7,7 +7,8 @@
 //!   layer's limit lazily, whenever a permit is taken or given back: a higher limit adds
 //!   permits at once (waiters are woken); a lower one becomes a **debt**, paid first with free
 //!   permits and then with permits given back, which are forgotten instead of returned until
-//!   the debt is paid. Requests in flight are never cut short.
+//!   the debt is paid; a permit that reaches a waiter while a debt is owed pays it too, and
+//!   the waiter waits again. Requests in flight are never cut short.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -445,6 +446,17 @@ impl GateCtl {
     /// A permit was taken without a reservation (critical requests, waiters).
     pub(crate) fn taken(&self) {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A waiter was handed a permit: whether it must pay the debt with it instead of
+    /// starting. A permit reaches a waiter while the limit owes permits only when it was
+    /// handed before the limit came down (the waiter had not started yet), or handed on
+    /// inside the semaphore by a waiter that went away meanwhile; either way starting would
+    /// put more in flight than the limit in force.
+    #[inline]
+    pub(crate) fn owed(&self, sem: &Semaphore) -> bool {
+        self.sync(sem);
+        self.take_debt(1) == 1
     }
 
     /// A permit comes back: returned to the semaphore, or forgotten to pay the debt.

@@ -138,6 +138,11 @@ impl ConcurrencyHandle {
 
     /// Sets the most requests in flight at once (per key, for a keyed limit).
     ///
+    /// A lower maximum lets the requests in flight finish and starts nobody until fewer than
+    /// it are in flight: a place handed to a waiter that has not started yet, or handed on by
+    /// a waiter that went away, counts against the new maximum, and that waiter waits again
+    /// behind those already waiting.
+    ///
     /// `max` must be at least 1 and fit a semaphore; otherwise this returns
     /// [`ConfigError::InvalidConcurrency`] and the maximum in force stays.
     pub fn set_max(&self, max: usize) -> Result<(), ConfigError> {

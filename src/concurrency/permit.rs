@@ -280,11 +280,25 @@ impl Waiter {
     ///
     /// Cancellation safe: dropping the future leaves the queue and, should a permit have been
     /// assigned to it meanwhile, hands that permit on.
+    ///
+    /// A permit that reaches it while a lowered limit still owes permits pays that debt, and
+    /// the waiter waits again (behind those who came after it: the limit in force comes
+    /// first).
     pub(crate) async fn acquire(mut self, max_wait: Duration) -> Option<Permit> {
         let gate = self.0.as_ref()?;
-        match tokio::time::timeout(max_wait, gate.sem.acquire()).await {
-            Ok(Ok(p)) => p.forget(),
-            // The semaphore is never closed: this is the timeout. Dropping `self` leaves.
+        let handed = async {
+            loop {
+                // The semaphore is never closed.
+                gate.sem.acquire().await.ok()?.forget();
+                match &gate.ctl {
+                    Some(ctl) if ctl.owed(&gate.sem) => continue,
+                    _ => return Some(()),
+                }
+            }
+        };
+        match tokio::time::timeout(max_wait, handed).await {
+            Ok(Some(())) => {}
+            // The timeout. Dropping `self` leaves.
             _ => return None,
         }
         let gate = self.0.take()?;

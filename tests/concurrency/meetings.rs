@@ -240,7 +240,6 @@ async fn a_place_handed_to_a_waiter_that_goes_away_in_that_instant_goes_to_the_n
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "a place handed to a waiter before a lower maximum, given back as that waiter goes away, goes to the next waiter instead of paying the lower maximum's debt"]
 async fn a_place_a_cancelled_waiter_hands_back_after_the_maximum_was_lowered_pays_the_debt() {
     let layer = ConcurrencyLimitLayer::new(2).queue(2, Duration::from_secs(10));
     let handle = layer.handle().unwrap();
@@ -261,6 +260,72 @@ async fn a_place_a_cancelled_waiter_hands_back_after_the_maximum_was_lowered_pay
         "a second request started beside b under a maximum of 1"
     );
     assert_eq!(layer.in_flight(), 1);
+}
+
+/// The same per key, and the second waiter starts once the one in flight is done.
+#[tokio::test(start_paused = true)]
+async fn per_key_a_place_a_cancelled_waiter_hands_back_after_the_maximum_was_lowered_pays_the_debt()
+{
+    let layer = ConcurrencyLimitLayer::new(2)
+        .queue(2, Duration::from_secs(10))
+        .key(Header::new("x-key"));
+    let handle = layer.handle().unwrap();
+    let svc = layer.clone().layer(handler());
+    let a = send(&svc, req("k", 200)).await;
+    let b = send(&svc, req("k", 200)).await;
+    let mut first = Box::pin(svc.clone().oneshot(req("k", 200)));
+    let mut second = Box::pin(svc.clone().oneshot(req("k", 200)));
+    assert!(poll_once(&mut first).is_pending());
+    assert!(poll_once(&mut second).is_pending());
+    drop(a);
+    handle.set_max(1).unwrap();
+    drop(first);
+    assert!(
+        poll_once(&mut second).is_pending(),
+        "a second request of the key started beside b under a maximum of 1"
+    );
+    // B is done: one place under the maximum of 1, and it goes to the waiter.
+    drop(b);
+    let resp = second.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    drop(resp);
+    assert_eq!(layer.tracked_keys(), 0);
+}
+
+/// A place handed to a waiter just before the maximum came down, to a waiter that had not
+/// run yet: it pays the debt instead of starting, and the waiter starts once the requests in
+/// flight are under the new maximum.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_handed_a_place_before_the_maximum_came_down_starts_only_under_the_new_one() {
+    let global = ConcurrencyLimitLayer::new(2).queue(2, Duration::from_secs(10));
+    let handle = global.handle().unwrap();
+    handed_before_the_change(global.layer(handler()), handle, "global").await;
+    let keyed = ConcurrencyLimitLayer::new(2)
+        .queue(2, Duration::from_secs(10))
+        .key(Header::new("x-key"));
+    let handle = keyed.handle().unwrap();
+    handed_before_the_change(keyed.layer(handler()), handle, "keyed").await;
+}
+
+async fn handed_before_the_change<S>(svc: S, handle: tollgate::ConcurrencyHandle, what: &str)
+where
+    S: Service<Request<()>, Error = Infallible> + Clone + Send + 'static,
+    S::Response: Send,
+    S::Future: Send,
+{
+    let a = send(&svc, req("k", 200)).await;
+    let b = send(&svc, req("k", 200)).await;
+    let mut waiter = Box::pin(svc.clone().oneshot(req("k", 200)));
+    assert!(poll_once(&mut waiter).is_pending());
+    // A's place is handed to the waiter, which has not run when the maximum becomes 1.
+    drop(a);
+    handle.set_max(1).unwrap();
+    assert!(
+        poll_once(&mut waiter).is_pending(),
+        "{what}: the waiter started beside b under a maximum of 1"
+    );
+    drop(b);
+    assert!(waiter.await.is_ok(), "{what}");
 }
 
 /// Answers `200` with the `x-used` header the request asks for.
