@@ -266,6 +266,13 @@ impl Control {
     /// held under it (the algorithm moves it from there). Each semaphore follows the new
     /// limit on its next permit taken or given back.
     pub(crate) fn set_cap(&self, max: usize) {
+        // Under the algorithm's lock, which a sample holds from reading the cap to storing
+        // the limit it learnt: else a sample that read the old cap could store a limit above
+        // the new one after this returned.
+        let _samples = self
+            .algorithm
+            .as_ref()
+            .map(|a| a.lock().unwrap_or_else(|e| e.into_inner()));
         self.cap.store(max, Ordering::Release);
         let _ = self
             .limit
@@ -602,6 +609,51 @@ mod tests {
         assert_eq!(sem.available_permits(), 0);
         ctl.release(&sem);
         assert_eq!(sem.available_permits(), 1);
+    }
+
+    /// Always up by one, from 1 to 100.
+    struct Climb(usize);
+
+    impl LimitAlgorithm for Climb {
+        fn initial_limit(&self) -> usize {
+            1
+        }
+        fn bounds(&self) -> (usize, usize) {
+            (1, 100)
+        }
+        fn update(&mut self, _: Sample) -> usize {
+            self.0 = self.0 % 100 + 1;
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_lower_max_holds_the_limit_under_it_from_the_moment_it_is_set_while_samples_race() {
+        let control = Arc::new(Control::adaptive(100, Box::new(Climb(1))));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sampler = {
+            let (control, stop) = (control.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    control.record(Duration::ZERO, 1, false);
+                }
+            })
+        };
+        for i in 0..200_000usize {
+            let max = 1 + i % 7;
+            control.set_cap(max);
+            // Only this thread changes the cap: from now on every limit is under it.
+            for _ in 0..3 {
+                assert!(
+                    control.limit() <= max,
+                    "limit {} over max {max}",
+                    control.limit()
+                );
+            }
+            control.set_cap(100);
+        }
+        stop.store(true, Ordering::Release);
+        sampler.join().unwrap();
     }
 
     #[test]
