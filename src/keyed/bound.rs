@@ -31,9 +31,13 @@ pub enum OnFull {
 /// A new key was refused: the table is full of active keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Full {
-    /// The earliest time (table clock) at which a tracked key may be idle, `u64::MAX` when no
-    /// tracked key goes idle by itself.
+    /// The earliest time (table clock) at which a key this table tracks may be idle,
+    /// `u64::MAX` when none goes idle by itself.
     pub(crate) retry_at: u64,
+    /// Nanoseconds from the refusal until a key of another table sharing the bound may be
+    /// idle, read on that table's clock (`u64::MAX`: none). Kept apart from `retry_at`,
+    /// which is a time of this table: a table may sweep behind the clock for a while.
+    pub(crate) elsewhere: u64,
 }
 
 /// Entries of this rank or lower give way to any new key under

@@ -308,9 +308,9 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
                     }
                 }
             }
-            let elsewhere = now.saturating_add(self.bound().idle_in());
             return Err(Full {
-                retry_at: self.retry_at(now).min(elsewhere),
+                retry_at: self.retry_at(now),
+                elsewhere: self.bound().idle_in(),
             });
         }
     }
@@ -334,12 +334,10 @@ impl<K: Hash + Eq + Clone, V: Entry> Table<K, V> {
         }
         match self.on_full {
             OnFull::EvictNearestIdle => Ok(()),
-            OnFull::RejectNewKeys => {
-                let elsewhere = now.saturating_add(self.bound().idle_in());
-                Err(Full {
-                    retry_at: self.retry_at(now).min(elsewhere),
-                })
-            }
+            OnFull::RejectNewKeys => Err(Full {
+                retry_at: self.retry_at(now),
+                elsewhere: self.bound().idle_in(),
+            }),
         }
     }
 

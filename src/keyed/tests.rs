@@ -360,7 +360,13 @@ fn a_visit_that_moves_idle_times_either_way_leaves_every_shard_hint_exact() {
         assert_eq!(insert(k, 1, if k == 5 { 999 } else { 1_000 }), Ok(()));
     }
     assert_eq!(table.evict_idle(2), KEYS as usize);
-    assert_eq!(insert(KEYS, 2, 3_000), Err(Full { retry_at: 999 }));
+    assert_eq!(
+        insert(KEYS, 2, 3_000),
+        Err(Full {
+            retry_at: 999,
+            elsewhere: u64::MAX
+        })
+    );
     // The visit: key 5 now goes idle at 10, the others at 2 000.
     let visit = table.drop_where(|v| {
         let at = v.0.load(Ordering::Relaxed);
@@ -369,10 +375,22 @@ fn a_visit_that_moves_idle_times_either_way_leaves_every_shard_hint_exact() {
     });
     assert_eq!(visit, 0);
     assert!(table.hints_hold());
-    assert_eq!(insert(KEYS, 9, 3_000), Err(Full { retry_at: 10 }));
+    assert_eq!(
+        insert(KEYS, 9, 3_000),
+        Err(Full {
+            retry_at: 10,
+            elsewhere: u64::MAX
+        })
+    );
     assert_eq!(insert(KEYS, 10, 3_000), Ok(()));
     assert_eq!(table.len(), KEYS as usize);
     // The others' hints say 2 000 now, where they said 1 000 before the visit.
-    assert_eq!(insert(KEYS + 1, 11, 3_000), Err(Full { retry_at: 2_000 }));
+    assert_eq!(
+        insert(KEYS + 1, 11, 3_000),
+        Err(Full {
+            retry_at: 2_000,
+            elsewhere: u64::MAX
+        })
+    );
     assert!(table.hints_hold());
 }

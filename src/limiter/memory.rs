@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::algo::{decision_two, Gcra, Many, Mixed, One, Rule, Slot, Two, TwoKind, WithKind};
 use crate::clock::Clock;
 use crate::decision::{Decision, Outcome, Reservation};
-use crate::keyed::{Absent, Bound, Entry, OnFull, Table};
+use crate::keyed::{Absent, Bound, Entry, Full, OnFull, Table};
 
 use super::live::{Limits, Live};
 
@@ -822,7 +822,7 @@ where
         let swept = self.sweep_time(at);
         match self.table.room(swept) {
             Ok(()) => decision,
-            Err(full) => V::full(rules, self.full_wait(swept, at, full.retry_at)),
+            Err(full) => V::full(rules, self.full_wait(at, full)),
         }
     }
 
@@ -897,10 +897,7 @@ where
         );
         match result {
             Ok(d) => d,
-            Err(full) => {
-                let swept = self.sweep_time(at.get());
-                V::full(gcras, self.full_wait(swept, at.get(), full.retry_at))
-            }
+            Err(full) => V::full(gcras, self.full_wait(at.get(), full)),
         }
     }
 
@@ -923,19 +920,13 @@ where
         }
     }
 
-    /// The wait of a new key turned away by the table, full when it swept at `swept` (its
-    /// sweep time when the clock said `now`): until a place frees, the earlier of the
-    /// instant the table drops its first entry gone idle (a time of the table, told on the
-    /// clock) and the first place to free in another table sharing its bound (when that is
-    /// earlier, `retry_at` is `swept` plus a time from the clock: see `idle_in`).
-    fn full_wait(&self, swept: u64, now: u64, retry_at: u64) -> u64 {
-        let own = swept.saturating_add(self.table.idle_in(swept));
-        let elsewhere = if retry_at < own {
-            now.saturating_add(retry_at.saturating_sub(swept))
-        } else {
-            u64::MAX
-        };
-        full_retry(now, self.lag.clock_time(own).min(elsewhere))
+    /// The wait of a new key turned away by the table when the clock said `now`: until a
+    /// place frees, the earlier of the instant the table drops its first entry gone idle (a
+    /// time of the table, told on the clock) and the first place to free in another table
+    /// sharing its bound.
+    fn full_wait(&self, now: u64, full: Full) -> u64 {
+        let own = self.lag.clock_time(full.retry_at);
+        full_retry(now, own.min(now.saturating_add(full.elsewhere)))
     }
 
     /// Drops every idle entry now; returns how many keys are still tracked.
