@@ -379,39 +379,40 @@ impl GateCtl {
     pub(crate) fn sync(&self, sem: &Semaphore) {
         let target = self.control.limit();
         let mut applied = self.applied.load(Ordering::Acquire);
-        loop {
-            if applied == target {
-                return;
-            }
+        while applied != target {
             match self.applied.compare_exchange_weak(
                 applied,
                 target,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => break,
+                Ok(_) => {
+                    if target > applied {
+                        let grow = target - applied;
+                        let paid = self.take_debt(grow);
+                        if grow > paid {
+                            sem.add_permits(grow - paid);
+                        }
+                    } else {
+                        self.debt.fetch_add(applied - target, Ordering::AcqRel);
+                    }
+                    break;
+                }
                 Err(now) => applied = now,
             }
         }
-        if target > applied {
-            let grow = target - applied;
-            let paid = self.take_debt(grow);
-            if grow > paid {
-                sem.add_permits(grow - paid);
-            }
-        } else {
-            self.debt.fetch_add(applied - target, Ordering::AcqRel);
-            // Free permits pay the debt now; permits in flight pay it as they come back.
-            while self.debt.load(Ordering::Acquire) > 0 {
-                let Ok(permit) = sem.try_acquire() else {
-                    break;
-                };
-                permit.forget();
-                if self.take_debt(1) == 0 {
-                    // Paid meanwhile by a permit given back: this one is not owed.
-                    sem.add_permits(1);
-                    break;
-                }
+        // Free permits pay the debt: at once after a lower limit, and a permit that came back
+        // free while it was owed (handed on inside the semaphore by a waiter that went away)
+        // before anyone takes it. Permits in flight pay it as they come back.
+        while self.debt.load(Ordering::Acquire) > 0 {
+            let Ok(permit) = sem.try_acquire() else {
+                break;
+            };
+            permit.forget();
+            if self.take_debt(1) == 0 {
+                // Paid meanwhile by a permit given back: this one is not owed.
+                sem.add_permits(1);
+                break;
             }
         }
     }

@@ -7,5 +7,6 @@ mod common;
 mod adaptive;
 mod adaptive_bound;
 mod concurrency;
+mod debt_race;
 mod live_model;
 mod meetings;
