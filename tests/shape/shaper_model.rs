@@ -121,48 +121,7 @@ fn model(arrivals: &[Arrival], bound: Option<usize>) -> Result<Vec<Fate>, ()> {
 }
 
 async fn run(arrivals: Vec<Arrival>, bound: Option<usize>) -> Vec<Fate> {
-    let shaper: Shaper<u8> = match bound {
-        Some(n) => Shaper::builder(Quota::per_second(10))
-            .max_waiting(n)
-            .build(),
-        None => Shaper::new(Quota::per_second(10)),
-    };
-    let start = Instant::now();
-    let fates = Arc::new(Mutex::new(vec![Fate::GaveUp; arrivals.len()]));
-    let tasks: Vec<_> = arrivals
-        .into_iter()
-        .enumerate()
-        .map(|(i, a)| {
-            let (shaper, fates) = (shaper.clone(), fates.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep_until(start + Duration::from_micros(a.at)).await;
-                let slot = match bound {
-                    None => shaper.until_slot(&a.key),
-                    Some(_) => match shaper.reserve(&a.key) {
-                        Ok(slot) => slot,
-                        Err(full) => {
-                            let r = full.retry_after().as_micros() as u64;
-                            fates.lock().unwrap()[i] = Fate::Refused(r);
-                            return;
-                        }
-                    },
-                };
-                let give_up = a.gives_up.unwrap_or(u64::MAX / 4);
-                tokio::select! {
-                    _ = slot => {
-                        let at = start.elapsed().as_micros() as u64;
-                        fates.lock().unwrap()[i] = Fate::Left(at);
-                    }
-                    _ = tokio::time::sleep(Duration::from_micros(give_up)) => {}
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let fates = fates.lock().unwrap().clone();
-    fates
+    run_changed(arrivals, Vec::new(), bound).await
 }
 
 /// What a key's next newcomer follows once the last waiter went away.
@@ -287,7 +246,8 @@ fn model_changed(
     Ok(fates)
 }
 
-/// [`run`] with the rate changed at the instants of `changes`.
+/// The fates of `arrivals` through a shaper of 10 per second (`bound` on those waiting per
+/// key, if any) whose rate `changes` set at their instants (ms) to one per `every` ms.
 async fn run_changed(
     arrivals: Vec<Arrival>,
     changes: Vec<(u64, u64)>,
